@@ -1,0 +1,143 @@
+//! Errors: the fixed set of tool error codes the model is taught, and the
+//! errors a provider or the library itself can return.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The fixed set of tool error codes. A failed call reaches the model as
+/// `Error [code]: message`, and the system prompt explains every code with
+/// [`ToolErrorCode::meaning`], so that a small model can tell "fix your
+/// arguments" from "the page is gone".
+///
+/// The set is closed on purpose: the prompt can only teach codes it knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolErrorCode {
+    /// The model named a tool that is not offered.
+    UnknownTool,
+    /// The arguments do not match the tool's input schema, or could not be read.
+    InvalidArguments,
+    /// The tool ran and reported a failure of its own.
+    ToolFailed,
+    /// The tool did not answer in time.
+    Timeout,
+    /// The call was cancelled before it finished.
+    Cancelled,
+    /// The tool's source (a page, a server process) is not reachable right now.
+    Unavailable,
+    /// A host policy refused the call (allow/deny lists, a result over the size limit).
+    Denied,
+}
+
+impl ToolErrorCode {
+    /// Every code, in the order the system prompt lists them.
+    pub const ALL: [ToolErrorCode; 7] = [
+        Self::UnknownTool,
+        Self::InvalidArguments,
+        Self::ToolFailed,
+        Self::Timeout,
+        Self::Cancelled,
+        Self::Unavailable,
+        Self::Denied,
+    ];
+
+    /// The code as the model sees it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::UnknownTool => "unknown_tool",
+            Self::InvalidArguments => "invalid_arguments",
+            Self::ToolFailed => "tool_failed",
+            Self::Timeout => "timeout",
+            Self::Cancelled => "cancelled",
+            Self::Unavailable => "unavailable",
+            Self::Denied => "denied",
+        }
+    }
+
+    /// The sentence the system prompt uses to explain the code.
+    pub fn meaning(self) -> &'static str {
+        match self {
+            Self::UnknownTool => "no tool has that name here; call one of the listed tools",
+            Self::InvalidArguments => {
+                "the arguments are wrong; fix the argument the message names and call again"
+            }
+            Self::ToolFailed => {
+                "the tool ran but could not do it; read its message and tell the user or try another way"
+            }
+            Self::Timeout => "the tool took too long; try once more or tell the user",
+            Self::Cancelled => "the call was stopped; do not say it worked",
+            Self::Unavailable => {
+                "the tool cannot be reached right now (for example, it exists only on another page)"
+            }
+            Self::Denied => "the host does not allow this call; do not try it again",
+        }
+    }
+}
+
+impl fmt::Display for ToolErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A failed tool call: a code from the fixed set and the tool's own message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("Error [{code}]: {message}")]
+pub struct ToolError {
+    /// What kind of failure this is.
+    pub code: ToolErrorCode,
+    /// The message, kept as the tool or host wrote it.
+    pub message: String,
+}
+
+impl ToolError {
+    /// A tool error with the given code and message.
+    pub fn new(code: ToolErrorCode, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+/// A failure of the model provider.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProviderError {
+    /// The provider is not ready: prepare() was not called or failed.
+    #[error("the model is not loaded: {0}")]
+    NotReady(String),
+    /// The model or one of its files could not be loaded.
+    #[error("could not load the model: {0}")]
+    Load(String),
+    /// The prompt does not fit the model's context window.
+    #[error("the prompt has {tokens} tokens but the model takes at most {limit}")]
+    TooLong {
+        /// Tokens in the prompt, including the room kept for the answer.
+        tokens: usize,
+        /// The most the model accepts.
+        limit: usize,
+    },
+    /// The work was cancelled.
+    #[error("cancelled")]
+    Cancelled,
+    /// Generation failed.
+    #[error("{0}")]
+    Generation(String),
+}
+
+/// An error of this crate's own functions (not of a run: a run reports its
+/// errors as stream parts).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum AgentError {
+    /// A tool's input schema is not a valid JSON Schema.
+    #[error("the input schema of tool `{tool}` is invalid: {reason}")]
+    InvalidSchema {
+        /// The tool.
+        tool: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+}

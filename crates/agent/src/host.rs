@@ -1,0 +1,87 @@
+//! The tool host trait and the request a run is started with.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::ToolError;
+use crate::message::ChatMessage;
+use crate::tool::{AgentProfile, PageContext, ToolDefinition};
+
+/// Where tools come from: a web page, MCP servers, Rust functions, or all of
+/// them behind a bridge. The loop lists tools fresh at every step, because a
+/// page's tools change as it navigates.
+#[async_trait]
+pub trait ToolHost: Send + Sync {
+    /// The tools offered right now.
+    async fn list_tools(&self) -> Vec<ToolDefinition>;
+
+    /// Runs one tool. The arguments were validated against its schema already.
+    /// Returns the output text, or a coded error.
+    async fn call_tool(
+        &self,
+        name: &str,
+        arguments: Value,
+        cancel: CancellationToken,
+    ) -> Result<String, ToolError>;
+
+    /// The page the person is on, when the tools belong to a page.
+    async fn page_context(&self) -> Option<PageContext> {
+        None
+    }
+}
+
+#[async_trait]
+impl<H: ToolHost + ?Sized> ToolHost for Arc<H> {
+    async fn list_tools(&self) -> Vec<ToolDefinition> {
+        (**self).list_tools().await
+    }
+    async fn call_tool(
+        &self,
+        name: &str,
+        arguments: Value,
+        cancel: CancellationToken,
+    ) -> Result<String, ToolError> {
+        (**self).call_tool(name, arguments, cancel).await
+    }
+    async fn page_context(&self) -> Option<PageContext> {
+        (**self).page_context().await
+    }
+}
+
+/// What a host hands the loop to start a run.
+#[derive(Clone)]
+pub struct AgentRunRequest {
+    /// The conversation so far; normally it ends with the person's message.
+    pub messages: Vec<ChatMessage>,
+    /// Where the tools come from.
+    pub tools: Arc<dyn ToolHost>,
+    /// Stop: cancelling it ends the run with finish `aborted`.
+    pub cancel: CancellationToken,
+    /// The agent the page or host describes; wins for max steps and instructions.
+    pub agent: Option<AgentProfile>,
+}
+
+impl AgentRunRequest {
+    /// A request with the given messages and tools, a fresh cancellation token and no profile.
+    pub fn new(messages: Vec<ChatMessage>, tools: Arc<dyn ToolHost>) -> Self {
+        Self {
+            messages,
+            tools,
+            cancel: CancellationToken::new(),
+            agent: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for AgentRunRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentRunRequest")
+            .field("messages", &self.messages)
+            .field("cancel", &self.cancel.is_cancelled())
+            .field("agent", &self.agent)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,36 @@
+//! The on-device agent loop and its vocabulary.
+//!
+//! [`run_local_agent`] takes a [`Provider`] (the engine that generates text),
+//! an [`AgentRunRequest`] (the conversation, a [`ToolHost`], a cancellation
+//! token and an optional [`AgentProfile`]) and [`LocalLoopOptions`], and
+//! returns a stream of [`AgentStreamPart`]s that ends with exactly one finish
+//! or error. Each step ranks the host's tools against the request, fits the
+//! prompt to the model, generates, reads the reply whole (parse, validate),
+//! corrects or repairs what a small model gets wrong, and runs the calls one
+//! at a time. `docs/loop.md` explains every step.
+//!
+//! This crate knows nothing of ONNX Runtime or actors: the runtime runs this
+//! very function against actor handles that implement the two traits.
+
+mod error;
+mod host;
+mod message;
+mod parse;
+mod part;
+mod provider;
+mod rank;
+mod tool;
+mod validate;
+
+pub use error::{AgentError, ProviderError, ToolError, ToolErrorCode};
+pub use host::{AgentRunRequest, ToolHost};
+pub use message::{ChatMessage, ToolCall};
+pub use parse::{ParsedCall, ParsedReply, parse_tool_calls};
+pub use part::{AgentStreamPart, FinishReason};
+pub use provider::{
+    CallFormat, Constraint, GenerateRequest, Generation, Progress, ProgressFn, PromptMessage,
+    PromptRole, Provider, ProviderInfo,
+};
+pub use rank::rank_tools;
+pub use tool::{AgentProfile, PageContext, SubAgentInfo, ToolAnnotations, ToolDefinition};
+pub use validate::{ArgsError, validate_args};

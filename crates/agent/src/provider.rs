@@ -1,0 +1,257 @@
+//! The provider trait: the engine that turns a prompt into text.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::ProviderError;
+use crate::message::ToolCall;
+use crate::tool::ToolDefinition;
+
+/// The role of one prompt turn, as chat templates know them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PromptRole {
+    /// The system prompt.
+    System,
+    /// A user turn (also the loop's own restatements and corrections).
+    User,
+    /// A model turn, with earlier calls written in the provider's call format.
+    Assistant,
+    /// A tool result.
+    Tool,
+}
+
+impl PromptRole {
+    /// The role's name as chat templates expect it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::System => "system",
+            Self::User => "user",
+            Self::Assistant => "assistant",
+            Self::Tool => "tool",
+        }
+    }
+}
+
+/// One turn of the prompt the loop builds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptMessage {
+    /// Who speaks.
+    pub role: PromptRole,
+    /// The text of the turn.
+    pub content: String,
+}
+
+impl PromptMessage {
+    /// A turn with the given role and content.
+    pub fn new(role: PromptRole, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: content.into(),
+        }
+    }
+}
+
+/// How a provider writes tool calls, both in what it shows the model and in
+/// how the loop writes earlier calls back into the history.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CallFormat {
+    /// One JSON object per call: `{"name": "...", "arguments": {...}}`.
+    #[default]
+    Json,
+    /// Hermes/Qwen style: `<tool_call>{"name": ..., "arguments": ...}</tool_call>`.
+    Hermes,
+}
+
+impl CallFormat {
+    /// Writes one call the way the model is taught to write it.
+    pub fn write(self, call: &ToolCall) -> String {
+        let body = serde_json::json!({"name": call.name, "arguments": call.arguments});
+        match self {
+            Self::Json => body.to_string(),
+            Self::Hermes => format!("<tool_call>\n{body}\n</tool_call>"),
+        }
+    }
+
+    /// Writes several calls, one per line.
+    pub fn write_all(self, calls: &[ToolCall]) -> String {
+        calls
+            .iter()
+            .map(|c| self.write(c))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+/// A limit on what a generation may produce, for providers that can decode
+/// under a grammar. Providers that cannot ignore it (see
+/// [`Provider::supports_constraints`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Constraint {
+    /// Prose, or calls to the given tools with arguments that follow their schemas.
+    TextOrCalls {
+        /// The tools shown this step.
+        tools: Vec<ToolDefinition>,
+    },
+    /// Only calls to the given tools, with arguments that follow their schemas.
+    CallsOnly {
+        /// The tools shown this step.
+        tools: Vec<ToolDefinition>,
+    },
+    /// Output that is one JSON value following this schema.
+    JsonSchema {
+        /// The schema.
+        schema: Value,
+    },
+    /// Output that follows this Lark grammar (llguidance's dialect).
+    Grammar {
+        /// The grammar text.
+        lark: String,
+    },
+}
+
+/// What the loop asks the provider to generate.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct GenerateRequest {
+    /// The prompt turns, system prompt first.
+    pub messages: Vec<PromptMessage>,
+    /// Tools for chat templates that take them; empty when tools are inline.
+    pub tools: Vec<ToolDefinition>,
+    /// An optional decoding constraint.
+    pub constraint: Option<Constraint>,
+    /// Upper bound on new tokens; `None` lets the provider choose.
+    pub max_new_tokens: Option<u32>,
+}
+
+/// What a generation produced, with the counts and timings the provider knows.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Generation {
+    /// The generated text, without the stop token.
+    pub text: String,
+    /// Tokens in the prompt, when known.
+    pub input_tokens: Option<u32>,
+    /// Tokens generated, when known.
+    pub output_tokens: Option<u32>,
+    /// Prompt tokens served from a cache instead of being computed again.
+    pub cached_tokens: Option<u32>,
+    /// Time until the first new token.
+    pub time_to_first_token: Option<Duration>,
+    /// Time for the whole generation.
+    pub total_time: Option<Duration>,
+    /// Why generation stopped (`stop`, `length`, ...).
+    pub finish_reason: Option<String>,
+}
+
+impl Generation {
+    /// A generation with only text.
+    pub fn text(text: impl Into<String>) -> Self {
+        Self {
+            text: text.into(),
+            ..Self::default()
+        }
+    }
+}
+
+/// Progress of long work (downloading, loading a model).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Progress {
+    /// What is happening ("download model.onnx", "load session").
+    pub stage: String,
+    /// Units done.
+    pub done: u64,
+    /// Units in all, when known.
+    pub total: Option<u64>,
+}
+
+/// Callback that receives progress.
+pub type ProgressFn = Arc<dyn Fn(Progress) + Send + Sync>;
+
+/// Facts about a provider, for traces and for the person.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ProviderInfo {
+    /// The provider's kind (`onnxruntime`, `scripted`); `gen_ai.provider.name`.
+    pub provider: String,
+    /// The model's name; `gen_ai.request.model`.
+    pub model: String,
+    /// Context window in tokens, when known.
+    pub context_length: Option<u32>,
+}
+
+/// The engine that generates text, mirroring the original's LocalProvider.
+///
+/// The loop calls [`Provider::generate`] once per attempt and races it against
+/// Stop and the step timeout; a provider should also watch `cancel` itself so
+/// that abandoned work stops at the next token.
+#[async_trait]
+pub trait Provider: Send + Sync {
+    /// Names for traces.
+    fn info(&self) -> ProviderInfo;
+
+    /// Loads the model (downloading it if needed), reporting progress.
+    async fn prepare(
+        &self,
+        progress: ProgressFn,
+        cancel: CancellationToken,
+    ) -> Result<(), ProviderError>;
+
+    /// Generates one reply.
+    async fn generate(
+        &self,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> Result<Generation, ProviderError>;
+
+    /// Whether the prompt fits the context, with room kept for the answer.
+    async fn fits(&self, request: &GenerateRequest) -> Result<bool, ProviderError>;
+
+    /// How calls are written for this model.
+    fn call_format(&self) -> CallFormat;
+
+    /// Whether tools must be listed in the prompt text (no chat-template tools).
+    fn tools_inline(&self) -> bool;
+
+    /// Whether [`GenerateRequest::constraint`] is honoured.
+    fn supports_constraints(&self) -> bool {
+        false
+    }
+}
+
+#[async_trait]
+impl<P: Provider + ?Sized> Provider for Arc<P> {
+    fn info(&self) -> ProviderInfo {
+        (**self).info()
+    }
+    async fn prepare(
+        &self,
+        progress: ProgressFn,
+        cancel: CancellationToken,
+    ) -> Result<(), ProviderError> {
+        (**self).prepare(progress, cancel).await
+    }
+    async fn generate(
+        &self,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> Result<Generation, ProviderError> {
+        (**self).generate(request, cancel).await
+    }
+    async fn fits(&self, request: &GenerateRequest) -> Result<bool, ProviderError> {
+        (**self).fits(request).await
+    }
+    fn call_format(&self) -> CallFormat {
+        (**self).call_format()
+    }
+    fn tools_inline(&self) -> bool {
+        (**self).tools_inline()
+    }
+    fn supports_constraints(&self) -> bool {
+        (**self).supports_constraints()
+    }
+}
