@@ -15,10 +15,13 @@
 mod error;
 mod host;
 mod message;
+pub mod messages;
 mod parse;
 mod part;
+mod prompt;
 mod provider;
 mod rank;
+mod run;
 mod tool;
 mod validate;
 
@@ -27,10 +30,15 @@ pub use host::{AgentRunRequest, ToolHost};
 pub use message::{ChatMessage, ToolCall};
 pub use parse::{ParsedCall, ParsedReply, parse_tool_calls};
 pub use part::{AgentStreamPart, FinishReason};
+pub use prompt::{
+    HISTORY_TURNS, RESULT_CHARS, SystemPromptInput, compact_schema, example_arguments, gist,
+    system_prompt, tool_line, truncate_chars,
+};
 pub use provider::{
     CallFormat, Constraint, GenerateRequest, Generation, Progress, ProgressFn, PromptMessage,
     PromptRole, Provider, ProviderInfo,
 };
 pub use rank::rank_tools;
+pub use run::{AgentStream, ConstraintMode, LocalLoopOptions, run_local_agent};
 pub use tool::{AgentProfile, PageContext, SubAgentInfo, ToolAnnotations, ToolDefinition};
 pub use validate::{ArgsError, validate_args};

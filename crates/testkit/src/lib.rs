@@ -1,1 +1,27 @@
-//! Test doubles.
+//! Test doubles for webmcp-agents.
+//!
+//! - [`ScriptedProvider`]: a [`Provider`] that answers with replies given in
+//!   order, each with an optional delay or failure, and records every request
+//!   it receives so a test can assert on the prompt.
+//! - [`InMemoryToolHost`]: a [`ToolHost`] whose tools are Rust closures, with
+//!   a page context and a log of the calls made.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use wma_agent::{ChatMessage, AgentRunRequest, LocalLoopOptions, run_local_agent};
+//! use wma_testkit::{InMemoryToolHost, ScriptedProvider};
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! use futures::StreamExt;
+//! let provider = ScriptedProvider::new(["Paris."]);
+//! let tools = Arc::new(InMemoryToolHost::new());
+//! let request = AgentRunRequest::new(vec![ChatMessage::user("Capital of France?")], tools);
+//! let parts: Vec<_> = run_local_agent(provider, request, LocalLoopOptions::default()).collect().await;
+//! assert_eq!(parts.len(), 3); // message-start, text, finish
+//! # }
+//! ```
+
+mod host;
+mod provider;
+
+pub use host::{InMemoryToolHost, RecordedCall, ToolFn};
+pub use provider::{ScriptedProvider, ScriptedReply};

@@ -1,0 +1,60 @@
+//! Every sentence the loop itself says, to the person or to the model, in one
+//! place, so that tests, docs and translations refer to the same words.
+
+/// The prompt does not fit even with one tool and only the newest user turn.
+pub const TOO_LONG: &str =
+    "This request is too long for the on-device model. Shorten it, or start a new conversation.";
+
+/// A generation ran past the step timeout.
+pub const TIMEOUT: &str =
+    "The on-device model took too long. Try again, or ask for something smaller.";
+
+/// Prefix of the message for a provider failure; the provider's error follows.
+pub const FAILED_PREFIX: &str = "The on-device model failed: ";
+
+/// The second bad reply in a step.
+pub const APOLOGY: &str = "Sorry, I could not make a valid tool call for that. Please rephrase your request, or do it in smaller parts.";
+
+/// Loop detection's second hit.
+pub const CIRCLES: &str = "I stopped because I was going in circles. Try rephrasing your request, or do one part at a time.";
+
+/// The run reached its step limit.
+pub fn max_steps(steps: u32) -> String {
+    format!(
+        "I stopped after {steps} steps without finishing. Ask me to continue, or make the request more specific."
+    )
+}
+
+/// The person's request, restated after a step so a small model continues it
+/// instead of echoing the last result.
+pub fn restate(request: &str) -> String {
+    format!("My request: {request}\nDo the next step for it, or answer me if it is done.")
+}
+
+/// The turn added when a run resumes after a finished call.
+pub fn resume(request: &str) -> String {
+    format!("Continue with the next step for my request: {request}")
+}
+
+/// Correction: a plain reply that ignores the last failed call.
+pub fn dont_say_it_worked(failure: &str) -> String {
+    format!(
+        "{failure}\nThat call failed. Don't say it worked. Call the tool again with fixed arguments, or tell me what went wrong."
+    )
+}
+
+/// Correction: a reply that tells the person to use a tool the agent has.
+pub const CALL_NOW: &str = "Don't tell me to do it: the tool is right here, so you do it. Call now. Reply with only the tool call.";
+
+/// Repair: suffix of the tool error that sends a bad call back.
+pub const TRY_AGAIN: &str = "Try again.";
+
+/// Repair: the reply was empty.
+pub const EMPTY_REPLY: &str = "the reply was empty; reply with a tool call or an answer";
+
+/// Loop detection's first hit, appended to the repeated call's result.
+pub fn repeated_call(tool: &str) -> String {
+    format!(
+        "Note: you already called {tool} with these arguments and got this same result. Do not call it again: use the result, or do something else."
+    )
+}

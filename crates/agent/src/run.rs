@@ -1,0 +1,1000 @@
+//! `run_local_agent`: the loop itself.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::Stream;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, Span, field};
+
+use crate::error::{ProviderError, ToolError, ToolErrorCode};
+use crate::host::{AgentRunRequest, ToolHost};
+use crate::message::{ChatMessage, ToolCall};
+use crate::messages;
+use crate::parse::{ParsedReply, parse_tool_calls};
+use crate::part::{AgentStreamPart, FinishReason};
+use crate::prompt::{
+    HISTORY_TURNS, RESULT_CHARS, SystemPromptInput, Turn, compact_schema, gist, history_turns,
+    prompt_messages, system_prompt, truncate_chars, window,
+};
+use crate::provider::{Constraint, GenerateRequest, Generation, PromptRole, Provider};
+use crate::rank::rank_tools;
+use crate::tool::{PageContext, SubAgentInfo, ToolDefinition};
+use crate::validate::{ArgsError, validate_args};
+
+/// The stream of parts a run returns.
+pub type AgentStream = Pin<Box<dyn Stream<Item = AgentStreamPart> + Send>>;
+
+/// When the loop asks the provider for constrained decoding (providers that
+/// cannot constrain ignore it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ConstraintMode {
+    /// Never constrain.
+    Off,
+    /// A step's first attempt may answer in text or call one of the tools
+    /// shown; the "call now" correction and the repair retry allow calls only,
+    /// so the retry cannot fail the same way again. The default.
+    #[default]
+    Auto,
+    /// Every attempt must be a call.
+    CallsOnly,
+}
+
+/// The loop's limits and prompt options.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LocalLoopOptions {
+    /// Model steps per user message. Default 6. The request's agent profile wins.
+    pub max_steps: u32,
+    /// Time limit per generation. Default 60 s.
+    pub step_timeout: Duration,
+    /// Most tools shown to the model per step. Default 8.
+    pub max_tools: usize,
+    /// List the tools in the prompt text with a JSON reply format, for
+    /// providers without chat-template tools. Default false; pass
+    /// [`Provider::tools_inline`] to follow the provider.
+    pub tools_inline: bool,
+    /// What the site is and how its tools fit together ("About this site").
+    /// Default none. The request's agent profile wins.
+    pub instructions: Option<String>,
+    /// Constrained decoding per attempt. Default [`ConstraintMode::Auto`].
+    pub constraints: ConstraintMode,
+}
+
+impl Default for LocalLoopOptions {
+    fn default() -> Self {
+        Self {
+            max_steps: 6,
+            step_timeout: Duration::from_secs(60),
+            max_tools: 8,
+            tools_inline: false,
+            instructions: None,
+            constraints: ConstraintMode::Auto,
+        }
+    }
+}
+
+/// Runs the agent loop and returns its parts as a stream.
+///
+/// The run makes progress only while the stream is polled, like the
+/// original's async generator; dropping the stream drops the run (and
+/// cancels the generation and call in flight through their tokens).
+pub fn run_local_agent<P>(
+    provider: P,
+    request: AgentRunRequest,
+    options: LocalLoopOptions,
+) -> AgentStream
+where
+    P: Provider + 'static,
+{
+    let (tx, rx) = mpsc::unbounded_channel();
+    let run = Run::new(provider, request, options, tx);
+    Box::pin(Driven {
+        run: Some(Box::pin(run.execute())),
+        rx,
+    })
+}
+
+/// A stream that drives the run's future whenever the consumer asks for the
+/// next part, so no task is spawned and nothing outlives the stream.
+struct Driven {
+    run: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+    rx: mpsc::UnboundedReceiver<AgentStreamPart>,
+}
+
+impl Stream for Driven {
+    type Item = AgentStreamPart;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if let Poll::Ready(item) = this.rx.poll_recv(cx) {
+                return Poll::Ready(item);
+            }
+            let Some(run) = this.run.as_mut() else {
+                return Poll::Pending;
+            };
+            match run.as_mut().poll(cx) {
+                // The sender went with the run: drain, then the channel says None.
+                Poll::Ready(()) => this.run = None,
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
+
+/// How a run ends.
+enum End {
+    Finish(FinishReason),
+    Error(String),
+}
+
+/// Why this attempt is being made; picks the constraint and names the trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Attempt {
+    First,
+    FailureCorrection,
+    CallNow,
+    Repair,
+}
+
+impl Attempt {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::First => "first",
+            Self::FailureCorrection => "correction:failed-call",
+            Self::CallNow => "correction:call-now",
+            Self::Repair => "repair",
+        }
+    }
+}
+
+struct Run<P> {
+    provider: P,
+    tools: Arc<dyn ToolHost>,
+    cancel: CancellationToken,
+    messages: Vec<ChatMessage>,
+    max_steps: u32,
+    step_timeout: Duration,
+    max_tools: usize,
+    tools_inline: bool,
+    constraints: ConstraintMode,
+    instructions: Option<String>,
+    sub_agents: Vec<SubAgentInfo>,
+    agent_name: String,
+    tx: mpsc::UnboundedSender<AgentStreamPart>,
+    /// The conversation as prompt turns; append-only so a provider's prefix
+    /// cache stays valid from one step to the next.
+    turns: Vec<Turn>,
+    /// The person's request: what tools are ranked against and what is restated.
+    request_text: String,
+    /// (name, canonical arguments) → the answer it gave, for loop detection.
+    seen: HashMap<String, String>,
+    /// Loop detection already warned the model once.
+    loop_flagged: bool,
+    /// The newest call's failure, until a later call succeeds.
+    last_failure: Option<String>,
+    /// The newest successful result, for gists.
+    last_result: Option<String>,
+    /// Every result of this run, to spot a reply that only echoes one.
+    results: Vec<String>,
+    /// Tools used, most recent first, for the ranking bonus.
+    recent: Vec<String>,
+}
+
+impl<P: Provider + 'static> Run<P> {
+    fn new(
+        provider: P,
+        request: AgentRunRequest,
+        options: LocalLoopOptions,
+        tx: mpsc::UnboundedSender<AgentStreamPart>,
+    ) -> Self {
+        let profile = request.agent.unwrap_or_default();
+        Self {
+            max_steps: profile.max_steps.unwrap_or(options.max_steps).max(1),
+            instructions: profile.instructions.or(options.instructions),
+            sub_agents: profile.sub_agents,
+            agent_name: profile.name.unwrap_or_else(|| "agent".to_string()),
+            step_timeout: options.step_timeout,
+            max_tools: options.max_tools.max(1),
+            tools_inline: options.tools_inline,
+            constraints: options.constraints,
+            provider,
+            tools: request.tools,
+            cancel: request.cancel,
+            messages: request.messages,
+            tx,
+            turns: Vec::new(),
+            request_text: String::new(),
+            seen: HashMap::new(),
+            loop_flagged: false,
+            last_failure: None,
+            last_result: None,
+            results: Vec::new(),
+            recent: Vec::new(),
+        }
+    }
+
+    fn emit(&self, part: AgentStreamPart) {
+        // A closed channel means the consumer dropped the stream; the run is
+        // being dropped with it, so there is nobody left to tell.
+        let _ = self.tx.send(part);
+    }
+
+    async fn execute(mut self) {
+        let info = self.provider.info();
+        let span = tracing::info_span!(
+            "invoke_agent",
+            otel.name = %format!("invoke_agent {}", self.agent_name),
+            gen_ai.operation.name = "invoke_agent",
+            gen_ai.agent.name = %self.agent_name,
+            gen_ai.provider.name = %info.provider,
+            gen_ai.request.model = %info.model,
+            wma.steps = field::Empty,
+            wma.finish_reason = field::Empty,
+            error.type = field::Empty,
+        );
+        let end = self.run().instrument(span.clone()).await;
+        match end {
+            End::Finish(reason) => {
+                span.record("wma.finish_reason", reason.as_str());
+                self.emit(AgentStreamPart::Finish { reason });
+            }
+            End::Error(message) => {
+                span.record("error.type", "agent_error");
+                tracing::error!(parent: &span, %message, "run ended with an error");
+                self.emit(AgentStreamPart::Error { message });
+            }
+        }
+    }
+
+    async fn run(&mut self) -> End {
+        let Some(request_index) = self.messages.iter().rposition(ChatMessage::is_user) else {
+            return End::Error(
+                "There is nothing to answer: the conversation has no user message.".to_string(),
+            );
+        };
+        if let ChatMessage::User { content } = &self.messages[request_index] {
+            self.request_text = content.clone();
+        }
+        self.turns = history_turns(&self.messages, self.provider.call_format());
+        if matches!(self.messages.last(), Some(ChatMessage::Tool { .. })) {
+            self.resume(request_index);
+        }
+        for step in 1..=self.max_steps {
+            if self.cancel.is_cancelled() {
+                return End::Finish(FinishReason::Aborted);
+            }
+            Span::current().record("wma.steps", step);
+            self.emit(AgentStreamPart::MessageStart { step });
+            let span = tracing::info_span!(
+                "step",
+                otel.name = %format!("step {step}"),
+                wma.step = step,
+                wma.tools_shown = field::Empty,
+                wma.outcome = field::Empty,
+            );
+            if let Some(end) = self.step(step).instrument(span).await {
+                return end;
+            }
+        }
+        let mut text = String::new();
+        if let Some(result) = &self.last_result {
+            text.push_str(&gist(result));
+            text.push_str("\n\n");
+        }
+        text.push_str(&messages::max_steps(self.max_steps));
+        self.emit(AgentStreamPart::Text { text });
+        End::Finish(FinishReason::MaxSteps)
+    }
+
+    /// The calls that finished after the person's last message count as if
+    /// this run had made them: they seed loop detection and the last failure.
+    fn resume(&mut self, request_index: usize) {
+        let mut calls: HashMap<String, ToolCall> = HashMap::new();
+        for message in &self.messages[request_index + 1..] {
+            match message {
+                ChatMessage::Assistant { tool_calls, .. } => {
+                    for call in tool_calls {
+                        calls.insert(call.id.clone(), call.clone());
+                    }
+                }
+                ChatMessage::Tool {
+                    call_id,
+                    name,
+                    content,
+                    is_error,
+                } => {
+                    let arguments = calls
+                        .get(call_id)
+                        .map(|c| c.arguments.clone())
+                        .unwrap_or(Value::Null);
+                    self.seen
+                        .insert(call_key(name, &arguments), content.clone());
+                    touch_recent(&mut self.recent, name);
+                    if *is_error {
+                        self.last_failure = Some(content.clone());
+                    } else {
+                        self.last_failure = None;
+                        self.last_result = Some(content.clone());
+                        self.results.push(content.clone());
+                    }
+                }
+                ChatMessage::User { .. } => {}
+            }
+        }
+        self.turns.push(Turn::new(
+            PromptRole::User,
+            messages::resume(&self.request_text),
+        ));
+    }
+
+    /// One model step. `None` means the loop goes on.
+    async fn step(&mut self, step: u32) -> Option<End> {
+        let all_tools = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => return Some(End::Finish(FinishReason::Aborted)),
+            tools = self.tools.list_tools() => tools,
+        };
+        let page = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => return Some(End::Finish(FinishReason::Aborted)),
+            page = self.tools.page_context() => page,
+        };
+        let ranked = rank_tools(&all_tools, &self.request_text, &self.recent, self.max_tools);
+        let (mut request, shown) = match self.fit(&ranked, page.as_ref()).await {
+            Ok(fitted) => fitted,
+            Err(end) => return Some(end),
+        };
+        Span::current().record("wma.tools_shown", shown.len());
+        let mut attempt = Attempt::First;
+        let mut corrected = false;
+        let mut repaired = false;
+        loop {
+            request.constraint = self.constraint(attempt, &shown);
+            let generation = match self.generate(request.clone(), attempt).await {
+                Ok(g) => g,
+                Err(end) => return Some(end),
+            };
+            let reply = parse_tool_calls(&generation.text);
+            if let Some(problem) = check_reply(&generation.text, &reply, &all_tools) {
+                if repaired {
+                    Span::current().record("wma.outcome", "apology");
+                    self.emit(AgentStreamPart::Text {
+                        text: messages::APOLOGY.to_string(),
+                    });
+                    return Some(End::Finish(FinishReason::Stop));
+                }
+                repaired = true;
+                tracing::debug!(%problem, "repairing a bad reply");
+                self.push_turn(PromptRole::Assistant, generation.text.trim());
+                self.push_turn(
+                    PromptRole::Tool,
+                    format!("{problem} {}", messages::TRY_AGAIN),
+                );
+                attempt = Attempt::Repair;
+                self.append_to(&mut request);
+                continue;
+            }
+            if reply.calls.is_empty() {
+                let text = reply.text;
+                if !corrected {
+                    if let Some(failure) = self
+                        .last_failure
+                        .clone()
+                        .filter(|f| !acknowledges_failure(&text, f))
+                    {
+                        corrected = true;
+                        self.push_turn(PromptRole::Assistant, text.clone());
+                        self.push_turn(PromptRole::User, messages::dont_say_it_worked(&failure));
+                        attempt = Attempt::FailureCorrection;
+                        self.append_to(&mut request);
+                        continue;
+                    }
+                    if is_action_request(&self.request_text) && tells_user_to_act(&text, &shown) {
+                        corrected = true;
+                        self.push_turn(PromptRole::Assistant, text.clone());
+                        self.push_turn(PromptRole::User, messages::CALL_NOW);
+                        attempt = Attempt::CallNow;
+                        self.append_to(&mut request);
+                        continue;
+                    }
+                }
+                let text = match &self.last_result {
+                    Some(last) if echoes_a_result(&text, &self.results) => gist(last),
+                    _ => text,
+                };
+                Span::current().record("wma.outcome", "answer");
+                self.emit(AgentStreamPart::Text { text });
+                return Some(End::Finish(FinishReason::Stop));
+            }
+            Span::current().record("wma.outcome", "calls");
+            return self.run_calls(step, reply).await;
+        }
+    }
+
+    /// Picks the most tools (max_tools, then 4, 2, 1) and then the most
+    /// history that fit the model; the newest user turn always stays.
+    async fn fit(
+        &self,
+        ranked: &[ToolDefinition],
+        page: Option<&PageContext>,
+    ) -> Result<(GenerateRequest, Vec<ToolDefinition>), End> {
+        let mut counts: Vec<usize> = [self.max_tools, 4, 2, 1]
+            .into_iter()
+            .filter(|&n| n <= self.max_tools)
+            .map(|n| n.min(ranked.len()))
+            .collect();
+        counts.dedup();
+        let turns = window(&self.turns, HISTORY_TURNS);
+        for &count in &counts {
+            let shown = &ranked[..count];
+            let request = self.build_request(shown, page, turns);
+            if self.fits(&request).await? {
+                return Ok((request, shown.to_vec()));
+            }
+        }
+        let fewest = &ranked[..counts.last().copied().unwrap_or(0)];
+        let newest_user = turns
+            .iter()
+            .rposition(|t| t.role == PromptRole::User)
+            .unwrap_or(0);
+        for start in 1..=newest_user {
+            let request = self.build_request(fewest, page, &turns[start..]);
+            if self.fits(&request).await? {
+                return Ok((request, fewest.to_vec()));
+            }
+        }
+        Err(End::Error(messages::TOO_LONG.to_string()))
+    }
+
+    async fn fits(&self, request: &GenerateRequest) -> Result<bool, End> {
+        tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => Err(End::Finish(FinishReason::Aborted)),
+            fits = self.provider.fits(request) => {
+                fits.map_err(|e| End::Error(format!("{}{e}", messages::FAILED_PREFIX)))
+            }
+        }
+    }
+
+    fn build_request(
+        &self,
+        shown: &[ToolDefinition],
+        page: Option<&PageContext>,
+        turns: &[Turn],
+    ) -> GenerateRequest {
+        let system = system_prompt(&SystemPromptInput {
+            page,
+            instructions: self.instructions.as_deref(),
+            sub_agents: &self.sub_agents,
+            tools: shown,
+            tools_inline: self.tools_inline,
+            call_format: self.provider.call_format(),
+        });
+        let tools = if self.tools_inline {
+            Vec::new()
+        } else {
+            shown
+                .iter()
+                .map(|t| ToolDefinition {
+                    input_schema: compact_schema(&t.input_schema),
+                    ..t.clone()
+                })
+                .collect()
+        };
+        GenerateRequest {
+            messages: prompt_messages(&system, turns),
+            tools,
+            constraint: None,
+            max_new_tokens: None,
+        }
+    }
+
+    fn constraint(&self, attempt: Attempt, shown: &[ToolDefinition]) -> Option<Constraint> {
+        if !self.provider.supports_constraints() || shown.is_empty() {
+            return None;
+        }
+        let tools = shown.to_vec();
+        match (self.constraints, attempt) {
+            (ConstraintMode::Off, _) => None,
+            (ConstraintMode::CallsOnly, _)
+            | (ConstraintMode::Auto, Attempt::CallNow | Attempt::Repair) => {
+                Some(Constraint::CallsOnly { tools })
+            }
+            (ConstraintMode::Auto, Attempt::First | Attempt::FailureCorrection) => {
+                Some(Constraint::TextOrCalls { tools })
+            }
+        }
+    }
+
+    /// One generation, raced against Stop and the step timeout.
+    async fn generate(
+        &self,
+        request: GenerateRequest,
+        attempt: Attempt,
+    ) -> Result<Generation, End> {
+        let info = self.provider.info();
+        let span = tracing::info_span!(
+            "chat",
+            otel.name = %format!("chat {}", info.model),
+            otel.kind = "client",
+            gen_ai.operation.name = "chat",
+            gen_ai.provider.name = %info.provider,
+            gen_ai.request.model = %info.model,
+            gen_ai.usage.input_tokens = field::Empty,
+            gen_ai.usage.output_tokens = field::Empty,
+            gen_ai.usage.cached_tokens = field::Empty,
+            gen_ai.response.finish_reasons = field::Empty,
+            gen_ai.server.time_to_first_token = field::Empty,
+            wma.attempt = attempt.as_str(),
+            wma.constraint = request.constraint.as_ref().map(constraint_name).unwrap_or("none"),
+            error.type = field::Empty,
+        );
+        let token = self.cancel.child_token();
+        let generation = self.provider.generate(request, token.clone());
+        let outcome = async {
+            tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => Err(End::Finish(FinishReason::Aborted)),
+                result = tokio::time::timeout(self.step_timeout, generation) => match result {
+                    Err(_) => Err(End::Error(messages::TIMEOUT.to_string())),
+                    Ok(Err(ProviderError::Cancelled)) if self.cancel.is_cancelled() => {
+                        Err(End::Finish(FinishReason::Aborted))
+                    }
+                    Ok(Err(e)) => Err(End::Error(format!("{}{e}", messages::FAILED_PREFIX))),
+                    Ok(Ok(g)) => Ok(g),
+                },
+            }
+        }
+        .instrument(span.clone())
+        .await;
+        // Whatever ended the race, the provider must stop working for it.
+        token.cancel();
+        match &outcome {
+            Ok(g) => {
+                if let Some(n) = g.input_tokens {
+                    span.record("gen_ai.usage.input_tokens", n);
+                }
+                if let Some(n) = g.output_tokens {
+                    span.record("gen_ai.usage.output_tokens", n);
+                }
+                if let Some(n) = g.cached_tokens {
+                    span.record("gen_ai.usage.cached_tokens", n);
+                }
+                if let Some(t) = g.time_to_first_token {
+                    span.record("gen_ai.server.time_to_first_token", t.as_secs_f64());
+                }
+                let reason = g
+                    .finish_reason
+                    .clone()
+                    .unwrap_or_else(|| "stop".to_string());
+                span.record(
+                    "gen_ai.response.finish_reasons",
+                    field::display(format!("[\"{reason}\"]")),
+                );
+            }
+            Err(End::Finish(_)) => {
+                span.record("error.type", "cancelled");
+            }
+            Err(End::Error(message)) => {
+                let kind = if message == messages::TIMEOUT {
+                    "timeout"
+                } else {
+                    "provider_error"
+                };
+                span.record("error.type", kind);
+            }
+        }
+        outcome
+    }
+
+    /// Runs a validated reply's calls in order.
+    async fn run_calls(&mut self, step: u32, reply: ParsedReply) -> Option<End> {
+        let calls: Vec<ToolCall> = reply
+            .calls
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| ToolCall::new(format!("call_{step}_{}", i + 1), c.name, c.arguments))
+            .collect();
+        if !reply.text.is_empty() {
+            self.emit(AgentStreamPart::Text {
+                text: reply.text.clone(),
+            });
+        }
+        let mut content = reply.text;
+        if !content.is_empty() {
+            content.push('\n');
+        }
+        content.push_str(&self.provider.call_format().write_all(&calls));
+        self.push_turn(PromptRole::Assistant, content);
+        for call in calls {
+            if self.cancel.is_cancelled() {
+                return Some(End::Finish(FinishReason::Aborted));
+            }
+            self.emit(AgentStreamPart::ToolCall {
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            });
+            let outcome = match self.call_tool(&call).await {
+                Some(outcome) => outcome,
+                None => return Some(End::Finish(FinishReason::Aborted)),
+            };
+            touch_recent(&mut self.recent, &call.name);
+            let answer = match &outcome {
+                Ok(output) => output.clone(),
+                Err(error) => error.to_string(),
+            };
+            let key = call_key(&call.name, &call.arguments);
+            let repeated = self.seen.get(&key) == Some(&answer);
+            self.seen.insert(key, answer.clone());
+            let mut for_model = truncate_chars(&answer, RESULT_CHARS);
+            match outcome {
+                Ok(output) => {
+                    self.emit(AgentStreamPart::ToolResult {
+                        call_id: call.id.clone(),
+                        name: call.name.clone(),
+                        output: output.clone(),
+                    });
+                    self.last_failure = None;
+                    self.last_result = Some(output.clone());
+                    self.results.push(output);
+                }
+                Err(error) => {
+                    self.emit(AgentStreamPart::ToolError {
+                        call_id: call.id.clone(),
+                        name: call.name.clone(),
+                        error,
+                    });
+                    self.last_failure = Some(answer.clone());
+                }
+            }
+            if repeated {
+                if self.loop_flagged {
+                    Span::current().record("wma.outcome", "circles");
+                    self.emit(AgentStreamPart::Text {
+                        text: messages::CIRCLES.to_string(),
+                    });
+                    return Some(End::Finish(FinishReason::Stop));
+                }
+                self.loop_flagged = true;
+                for_model.push('\n');
+                for_model.push_str(&messages::repeated_call(&call.name));
+            }
+            self.push_turn(PromptRole::Tool, for_model);
+        }
+        self.push_turn(PromptRole::User, messages::restate(&self.request_text));
+        None
+    }
+
+    /// One call, raced against Stop. `None` means the run was stopped.
+    async fn call_tool(&self, call: &ToolCall) -> Option<Result<String, ToolError>> {
+        let span = tracing::info_span!(
+            "execute_tool",
+            otel.name = %format!("execute_tool {}", call.name),
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = %call.name,
+            gen_ai.tool.call.id = %call.id,
+            gen_ai.tool.type = "function",
+            error.type = field::Empty,
+        );
+        let token = self.cancel.child_token();
+        let result = async {
+            tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => None,
+                result = self.tools.call_tool(&call.name, call.arguments.clone(), token.clone()) => Some(result),
+            }
+        }
+        .instrument(span.clone())
+        .await;
+        token.cancel();
+        match &result {
+            Some(Err(error)) => {
+                span.record("error.type", error.code.as_str());
+            }
+            None => {
+                span.record("error.type", "cancelled");
+            }
+            Some(Ok(_)) => {}
+        }
+        result
+    }
+
+    fn push_turn(&mut self, role: PromptRole, content: impl Into<String>) {
+        self.turns.push(Turn::new(role, content));
+    }
+
+    /// Appends this step's new turns to the request already fitted, so a
+    /// retry does not reshuffle tools or history.
+    fn append_to(&self, request: &mut GenerateRequest) {
+        let last_two = &self.turns[self.turns.len().saturating_sub(2)..];
+        request
+            .messages
+            .extend(prompt_messages("", last_two).into_iter().skip(1));
+    }
+}
+
+fn constraint_name(c: &Constraint) -> &'static str {
+    match c {
+        Constraint::TextOrCalls { .. } => "text-or-calls",
+        Constraint::CallsOnly { .. } => "calls-only",
+        Constraint::JsonSchema { .. } => "json-schema",
+        Constraint::Grammar { .. } => "grammar",
+    }
+}
+
+/// What is wrong with a reply, as the tool error that sends it back; `None`
+/// when every call names a tool and has valid arguments (or there are none).
+fn check_reply(raw: &str, reply: &ParsedReply, tools: &[ToolDefinition]) -> Option<ToolError> {
+    if let Some(reason) = &reply.malformed {
+        return Some(ToolError::new(
+            ToolErrorCode::InvalidArguments,
+            reason.clone(),
+        ));
+    }
+    if raw.trim().is_empty() {
+        return Some(ToolError::new(
+            ToolErrorCode::InvalidArguments,
+            messages::EMPTY_REPLY,
+        ));
+    }
+    for call in &reply.calls {
+        let Some(tool) = tools.iter().find(|t| t.name == call.name) else {
+            let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+            return Some(ToolError::new(
+                ToolErrorCode::UnknownTool,
+                format!(
+                    "there is no tool named \"{}\". The tools are: {}.",
+                    call.name,
+                    names.join(", ")
+                ),
+            ));
+        };
+        match validate_args(&tool.input_schema, &call.arguments) {
+            Ok(()) => {}
+            Err(ArgsError::Invalid(message)) => {
+                return Some(ToolError::new(
+                    ToolErrorCode::InvalidArguments,
+                    format!("{} for {}", message, call.name),
+                ));
+            }
+            // A tool whose own schema is broken cannot be called correctly;
+            // tell the model so it picks another way instead of retrying.
+            Err(error @ ArgsError::BadSchema(_)) => {
+                return Some(ToolError::new(
+                    ToolErrorCode::Unavailable,
+                    format!("{}: {error}", call.name),
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Key for loop detection: the tool and its arguments with object keys sorted,
+/// so `{"a":1,"b":2}` and `{"b":2,"a":1}` are the same call.
+fn call_key(name: &str, arguments: &Value) -> String {
+    fn canonical(v: &Value) -> Value {
+        match v {
+            Value::Object(map) => {
+                let mut entries: Vec<_> = map.iter().collect();
+                entries.sort_by(|a, b| a.0.cmp(b.0));
+                Value::Object(
+                    entries
+                        .into_iter()
+                        .map(|(k, v)| (k.clone(), canonical(v)))
+                        .collect(),
+                )
+            }
+            Value::Array(items) => Value::Array(items.iter().map(canonical).collect()),
+            other => other.clone(),
+        }
+    }
+    format!("{name}\u{0}{}", canonical(arguments))
+}
+
+fn touch_recent(recent: &mut Vec<String>, name: &str) {
+    recent.retain(|n| n != name);
+    recent.insert(0, name.to_string());
+}
+
+fn words(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// Whether a plain reply admits that the last call failed. A reply that does
+/// not is the "it worked!" a small model likes to make up.
+fn acknowledges_failure(reply: &str, failure: &str) -> bool {
+    const MARKERS: [&str; 16] = [
+        "error",
+        "fail",
+        "couldn't",
+        "could not",
+        "can't",
+        "cannot",
+        "unable",
+        "sorry",
+        "not possible",
+        "didn't",
+        "did not",
+        "problem",
+        "wasn't",
+        "was not",
+        "isn't",
+        "not available",
+    ];
+    let lower = reply.to_lowercase();
+    if MARKERS.iter().any(|m| lower.contains(m)) {
+        return true;
+    }
+    let message = failure
+        .split_once("]: ")
+        .map(|(_, m)| m)
+        .unwrap_or(failure)
+        .to_lowercase();
+    let probe: String = message.chars().take(24).collect();
+    probe.len() >= 8 && lower.contains(probe.trim())
+}
+
+/// Whether the person asked for something to be done (not just a question).
+fn is_action_request(request: &str) -> bool {
+    const VERBS: [&str; 36] = [
+        "add",
+        "buy",
+        "purchase",
+        "order",
+        "put",
+        "remove",
+        "delete",
+        "open",
+        "show",
+        "search",
+        "find",
+        "look",
+        "get",
+        "check",
+        "apply",
+        "book",
+        "go",
+        "navigate",
+        "set",
+        "change",
+        "update",
+        "create",
+        "make",
+        "send",
+        "cancel",
+        "subscribe",
+        "save",
+        "fill",
+        "submit",
+        "pick",
+        "choose",
+        "select",
+        "compare",
+        "list",
+        "view",
+        "call",
+    ];
+    words(request).iter().any(|w| VERBS.contains(&w.as_str()))
+}
+
+/// Whether a plain reply tells the person to do it themselves with a tool the
+/// agent has right here ("click Add to cart").
+fn tells_user_to_act(reply: &str, shown: &[ToolDefinition]) -> bool {
+    if shown.is_empty() {
+        return false;
+    }
+    const MARKERS: [&str; 14] = [
+        "click",
+        "tap ",
+        "press ",
+        "you can use",
+        "you could use",
+        "use the",
+        "go to",
+        "navigate to",
+        "select the",
+        "button",
+        "you can add",
+        "you can search",
+        "you should",
+        "you need to",
+    ];
+    let lower = reply.to_lowercase();
+    if MARKERS.iter().any(|m| lower.contains(m)) {
+        return true;
+    }
+    shown.iter().any(|t| {
+        let name = t.name.to_lowercase();
+        lower.contains(&name) || (name.contains('_') && lower.contains(&name.replace('_', " ")))
+    })
+}
+
+/// Whether a plain reply only repeats an earlier tool result: nearly all of
+/// its words come from one result, or it is that result.
+fn echoes_a_result(reply: &str, results: &[String]) -> bool {
+    let reply_words = words(reply);
+    if reply_words.len() < 3 {
+        return false;
+    }
+    let trimmed = reply.trim();
+    results.iter().any(|result| {
+        if result.trim() == trimmed {
+            return true;
+        }
+        let result_words: std::collections::HashSet<String> = words(result).into_iter().collect();
+        let shared = reply_words
+            .iter()
+            .filter(|w| result_words.contains(*w))
+            .count();
+        shared * 100 >= reply_words.len() * 85
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn call_key_ignores_key_order() {
+        assert_eq!(
+            call_key("t", &json!({"a": 1, "b": {"y": 2, "x": 1}})),
+            call_key("t", &json!({"b": {"x": 1, "y": 2}, "a": 1}))
+        );
+        assert_ne!(
+            call_key("t", &json!({"a": 1})),
+            call_key("t", &json!({"a": 2}))
+        );
+    }
+
+    #[test]
+    fn failure_acknowledgement() {
+        let failure = "Error [tool_failed]: product p-9 is out of stock";
+        assert!(!acknowledges_failure("Done! It is in your cart.", failure));
+        assert!(acknowledges_failure("Sorry, that did not work.", failure));
+        assert!(acknowledges_failure(
+            "Product p-9 is out of stock right now.",
+            failure
+        ));
+    }
+
+    #[test]
+    fn action_requests_and_telling_the_user_to_act() {
+        assert!(is_action_request("Please add two tents to my cart"));
+        assert!(!is_action_request("What is the capital of France?"));
+        let tools = vec![ToolDefinition::new("add_to_cart", "", json!({}))];
+        assert!(tells_user_to_act("Click the Add to cart button.", &tools));
+        assert!(tells_user_to_act(
+            "You may add to cart from the page",
+            &tools
+        ));
+        assert!(!tells_user_to_act("Paris is the capital.", &tools));
+        assert!(!tells_user_to_act("Click it", &[]));
+    }
+
+    #[test]
+    fn echo_detection() {
+        let results =
+            vec![r#"{"id": "p-17", "title": "Summit 30L Backpack", "price": 99}"#.to_string()];
+        assert!(echoes_a_result(
+            "id p-17 title Summit 30L Backpack price 99",
+            &results
+        ));
+        assert!(!echoes_a_result(
+            "I found the Summit 30L Backpack for you, it costs 99 dollars and is in stock.",
+            &results
+        ));
+    }
+}
