@@ -1,1 +1,5 @@
+//! End-to-end tests, compiled as one binary.
 
+mod support;
+
+mod loop_behaviour;

@@ -12,6 +12,7 @@
 //! This crate knows nothing of ONNX Runtime or actors: the runtime runs this
 //! very function against actor handles that implement the two traits.
 
+mod adapter;
 mod error;
 mod host;
 mod message;
@@ -25,6 +26,7 @@ mod run;
 mod tool;
 mod validate;
 
+pub use adapter::{AgentAdapter, LocalAdapter, LocalAdapterOptions, create_local_adapter};
 pub use error::{AgentError, ProviderError, ToolError, ToolErrorCode};
 pub use host::{AgentRunRequest, ToolHost};
 pub use message::{ChatMessage, ToolCall};

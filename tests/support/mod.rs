@@ -1,0 +1,148 @@
+//! Helpers shared by the end-to-end tests.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use serde_json::{Value, json};
+use webmcp_agents::agent::{
+    AgentRunRequest, AgentStreamPart, ChatMessage, FinishReason, LocalLoopOptions, PromptRole,
+    Provider, ToolDefinition, ToolError, ToolErrorCode, run_local_agent,
+};
+use wma_testkit::InMemoryToolHost;
+
+/// Runs the loop to the end and returns every part.
+pub(crate) async fn run_all<P: Provider + 'static>(
+    provider: P,
+    request: AgentRunRequest,
+    options: LocalLoopOptions,
+) -> Vec<AgentStreamPart> {
+    run_local_agent(provider, request, options).collect().await
+}
+
+/// A request with one user message.
+pub(crate) fn ask(text: &str, host: Arc<InMemoryToolHost>) -> AgentRunRequest {
+    AgentRunRequest::new(vec![ChatMessage::user(text)], host)
+}
+
+/// The loop's options with tools listed inline, as the scripted provider wants.
+pub(crate) fn inline() -> LocalLoopOptions {
+    LocalLoopOptions {
+        tools_inline: true,
+        ..LocalLoopOptions::default()
+    }
+}
+
+/// The last part, which must be the one terminal part.
+pub(crate) fn end(parts: &[AgentStreamPart]) -> &AgentStreamPart {
+    let terminal: Vec<_> = parts.iter().filter(|p| p.is_terminal()).collect();
+    assert_eq!(terminal.len(), 1, "exactly one terminal part: {parts:#?}");
+    let last = parts.last().expect("a run yields parts");
+    assert!(
+        last.is_terminal(),
+        "the terminal part comes last: {parts:#?}"
+    );
+    last
+}
+
+/// Asserts the run finished with `reason`.
+pub(crate) fn assert_finish(parts: &[AgentStreamPart], reason: FinishReason) {
+    assert_eq!(
+        end(parts),
+        &AgentStreamPart::Finish { reason },
+        "{parts:#?}"
+    );
+}
+
+/// Asserts the run ended with an error starting with `prefix`.
+pub(crate) fn assert_error(parts: &[AgentStreamPart], prefix: &str) {
+    match end(parts) {
+        AgentStreamPart::Error { message } => {
+            assert!(
+                message.starts_with(prefix),
+                "error {message:?} should start with {prefix:?}"
+            )
+        }
+        other => panic!("expected an error, got {other:?}: {parts:#?}"),
+    }
+}
+
+/// Every text part, joined.
+pub(crate) fn texts(parts: &[AgentStreamPart]) -> Vec<String> {
+    parts
+        .iter()
+        .filter_map(|p| match p {
+            AgentStreamPart::Text { text } => Some(text.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The content of the prompt turns with this role.
+pub(crate) fn turns_with(
+    request: &webmcp_agents::agent::GenerateRequest,
+    role: PromptRole,
+) -> Vec<String> {
+    request
+        .messages
+        .iter()
+        .filter(|m| m.role == role)
+        .map(|m| m.content.clone())
+        .collect()
+}
+
+/// The prompt as one string.
+pub(crate) fn prompt_text(request: &webmcp_agents::agent::GenerateRequest) -> String {
+    request
+        .messages
+        .iter()
+        .map(|m| format!("[{}] {}", m.role.as_str(), m.content))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A small shop: search, open a product, add to cart, view the cart.
+pub(crate) fn shop() -> Arc<InMemoryToolHost> {
+    let host = Arc::new(InMemoryToolHost::new());
+    host.add(
+        ToolDefinition::new(
+            "search_products",
+            "Search the catalog by words. Returns matching products.",
+            json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}),
+        ),
+        |args| Ok(json!([{"id": "p-17", "title": "Summit 30L Backpack"}, {"id": "p-4", "title": "Trail Tent"}]).to_string() + &args["query"].to_string()[..0]),
+    );
+    host.add(
+        ToolDefinition::new(
+            "open_product",
+            "Open a product page by id.",
+            json!({"type": "object", "properties": {"product_id": {"type": "string"}}, "required": ["product_id"]}),
+        ),
+        |args| Ok(json!({"id": args["product_id"], "title": "Summit 30L Backpack", "price": 99}).to_string()),
+    );
+    host.add(
+        ToolDefinition::new(
+            "add_to_cart",
+            "Add a product to the cart.",
+            json!({"type": "object", "properties": {
+                "product_id": {"type": "string"},
+                "quantity": {"type": "integer", "minimum": 1}},
+                "required": ["product_id"], "additionalProperties": false}),
+        ),
+        |args| {
+            if args["product_id"] == "p-404" {
+                return Err(ToolError::new(ToolErrorCode::ToolFailed, "product p-404 is out of stock"));
+            }
+            Ok(json!({"ok": true, "message": format!("Added {} to the cart", args["product_id"].as_str().unwrap_or("?"))}).to_string())
+        },
+    );
+    host.add(
+        ToolDefinition::new("view_cart", "Show the cart items and total.", json!({"type": "object", "properties": {}})),
+        |_| Ok(json!({"items": [{"id": "p-17", "title": "Summit 30L Backpack", "quantity": 1}], "total": 99}).to_string()),
+    );
+    host
+}
+
+/// A JSON call as a small model writes it.
+pub(crate) fn call(name: &str, arguments: Value) -> String {
+    json!({"name": name, "arguments": arguments}).to_string()
+}
