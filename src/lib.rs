@@ -7,4 +7,7 @@
 
 pub use wma_agent as agent;
 
+pub mod demo_shop;
 pub mod display;
+
+pub use wma_tools as tools;
