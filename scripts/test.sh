@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command: make sure the set-up is done (it skips what is already
+# there), then run every test of the workspace, the real-model ones included.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+cargo test --workspace --all-targets
+cargo test --workspace --doc
