@@ -68,6 +68,7 @@ class Q4Linear:
     scales: np.ndarray  # float32 [n, k/32]
     zero_points: np.ndarray  # uint8 [n, ceil((k/32)/2)], two 4-bit values per byte
     correction: np.ndarray  # float32 [n, k/32]
+    act_block: int = 32  # MatMulNBits block size in the graph (16 or 32)
 
 
 @dataclasses.dataclass
@@ -80,6 +81,7 @@ class Q8Table:
 
     u8: np.ndarray  # uint8 [vocab, hidden/32, 32]
     scales: np.ndarray  # float32 [vocab, hidden/32]
+    act_block: int = 32  # LM head MatMulNBits block size (16 or 32)
 
 
 Linear = Union[np.ndarray, Q4Linear]
@@ -166,12 +168,22 @@ def _linear(g: GraphBuilder, x: str, w: Linear, hint: str, blocksum_cache: dict)
         wt = g.init(hint + ".weight_t", w.T.astype(np.float32))
         return g.op("MatMul", [x, wt], hint)
     nb = w.k // 32
-    b = g.init(hint + ".qweight", w.blob)
-    s = g.init(hint + ".scales", w.scales.reshape(-1).astype(np.float32))
-    z = g.init(hint + ".qzeros", w.zero_points.reshape(-1))
+    blob, scales, zps, bs = w.blob, w.scales, w.zero_points, 32
+    if w.act_block == 16:
+        # Same weights split into blocks of 16: with accuracy_level 4 the activations
+        # are quantized to int8 per block, so smaller blocks lose less precision.
+        z = np.stack([zps & 0x0F, zps >> 4], axis=-1).reshape(w.n, -1)[:, :nb]
+        z = np.repeat(z, 2, axis=1)
+        zps = (z[:, 0::2] | (z[:, 1::2] << 4)).astype(np.uint8)
+        blob = blob.reshape(w.n, nb * 2, 8)
+        scales = np.repeat(scales, 2, axis=1)
+        bs = 16
+    b = g.init(hint + ".qweight", blob)
+    s = g.init(hint + ".scales", scales.reshape(-1).astype(np.float32))
+    z = g.init(hint + ".qzeros", zps.reshape(-1))
     y = g.op(
         "MatMulNBits", [x, b, s, z], hint, domain="com.microsoft",
-        K=w.k, N=w.n, bits=4, block_size=32, accuracy_level=4,
+        K=w.k, N=w.n, bits=4, block_size=bs, accuracy_level=4,
     )
     # Exact Q4_1 correction: sum of activations per 32-block times c. Computed once
     # per distinct input (q/k/v and gate/up share it) and kept tiny ([.., k/32]).
@@ -220,9 +232,14 @@ def build_model(cfg: LlamaConfig, weights: ModelWeights, attention: str = "plain
     if isinstance(weights.embed, Q8Table):
         tab = weights.embed
         nb = H // 32
-        table = g.init("model.embed_tokens.qweight", tab.u8)
+        # Stored in the LM head's block layout ([vocab, hidden/bs, bs], same bytes).
+        hb = tab.act_block
+        table = g.init("model.embed_tokens.qweight", tab.u8.reshape(cfg.vocab, H // hb, hb))
         emb_scales = g.init("model.embed_tokens.scales", tab.scales.reshape(-1, nb, 1).astype(np.float32))
-        rows = g.op("Cast", [g.op("Gather", [table, "input_ids"], "embed.q", axis=0)], "embed.qf", to=f32)
+        rows = g.op("Gather", [table, "input_ids"], "embed.q", axis=0)
+        if hb != 32:
+            rows = g.op("Reshape", [rows, g.const([0, 0, nb, 32])])
+        rows = g.op("Cast", [rows], "embed.qf", to=f32)
         rows = g.op("Sub", [rows, g.const(np.float32(128.0), np.float32)], "embed.centered")
         sc = g.op("Gather", [emb_scales, "input_ids"], "embed.s", axis=0)
         h = g.op("Reshape", [g.op("Mul", [rows, sc]), g.const([0, 0, H])], "embed")
@@ -312,11 +329,12 @@ def build_model(cfg: LlamaConfig, weights: ModelWeights, attention: str = "plain
 
     # ---- tied LM head (reuses the embedding table, no second copy)
     if isinstance(weights.embed, Q8Table):
-        nb = H // 32
-        zp = g.init("lm_head.qzeros", np.full((cfg.vocab * nb,), 128, dtype=np.uint8))
-        lm_scales = g.init("lm_head.scales", weights.embed.scales.reshape(-1).astype(np.float32))
+        hb = weights.embed.act_block
+        zp = g.init("lm_head.qzeros", np.full((cfg.vocab * (H // hb),), 128, dtype=np.uint8))
+        lm_scales = np.repeat(weights.embed.scales, 32 // hb, axis=1)
+        lm_scales = g.init("lm_head.scales", lm_scales.reshape(-1).astype(np.float32))
         g.op("MatMulNBits", [h, table, lm_scales, zp], outputs=["logits"], domain="com.microsoft",
-             K=H, N=cfg.vocab, bits=8, block_size=32, accuracy_level=4)
+             K=H, N=cfg.vocab, bits=8, block_size=hb, accuracy_level=4)
     else:
         flat = g.op("Reshape", [h, g.const([-1, H])])
         lg = g.op("Gemm", [flat, table], "lm_head", transB=1)
