@@ -115,6 +115,9 @@ def make_weights(cfg: lo.LlamaConfig) -> lo.ModelWeights:
     H, D = cfg.hidden, cfg.head_dim
     # Embedding std 0.5 gives logits with a std of about 4 after the final norm:
     # a clear argmax at every step, so greedy outputs are stable across runtimes.
+    # The large gain on the residual branches (o_proj, down_proj) lets context
+    # outweigh the current token's own embedding; with unit gain the tied head
+    # just echoes the last token, which would hide KV-cache and position bugs.
     embed = (0.5 * rng.standard_normal((cfg.vocab, H))).astype(np.float32)
     layers = []
     for _ in range(cfg.n_layers):
@@ -123,11 +126,11 @@ def make_weights(cfg: lo.LlamaConfig) -> lo.ModelWeights:
             q=lin(cfg.n_heads * D, H, 2.0),
             k=lin(cfg.n_kv_heads * D, H, 2.0),
             v=lin(cfg.n_kv_heads * D, H),
-            o=lin(H, cfg.n_heads * D),
+            o=lin(H, cfg.n_heads * D, 8.0),
             ffn_norm=norm(H),
             gate=lin(cfg.ffn, H),
             up=lin(cfg.ffn, H),
-            down=lin(H, cfg.ffn),
+            down=lin(H, cfg.ffn, 8.0),
         ))
     return lo.ModelWeights(embed=embed, layers=layers, final_norm=norm(H))
 
