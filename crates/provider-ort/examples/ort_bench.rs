@@ -1,0 +1,212 @@
+//! Replays an agent workload (prompt ids of each loop step) on the default
+//! model, with the KV cache's prefix reuse on and then off, and prints what
+//! one agent request costs.
+//!
+//! ```text
+//! cargo run --release -p wma-provider-ort --example ort_bench -- \
+//!     [WORKLOAD.json] [--threads N] [--repeat N] [--model DIR] [--variant NAME]
+//! ```
+//!
+//! The workload defaults to `shared/bench/agent-workload-4step.json` (looked
+//! for here and one folder up). Each step generates greedily from its
+//! `prompt_ids` until the eos id or `max_new_tokens`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use wma_provider_ort::{GenerateParams, OrtProvider, OrtProviderOptions};
+
+const DEFAULT_WORKLOAD: &str = "shared/bench/agent-workload-4step.json";
+
+struct Args {
+    workload: Option<PathBuf>,
+    threads: usize,
+    repeat: usize,
+    model: Option<String>,
+    variant: Option<String>,
+}
+
+fn parse_args() -> Result<Args> {
+    let mut args = Args {
+        workload: None,
+        threads: 2,
+        repeat: 3,
+        model: None,
+        variant: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().with_context(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "--threads" => args.threads = value("--threads")?.parse()?,
+            "--repeat" => args.repeat = value("--repeat")?.parse()?,
+            "--model" => args.model = Some(value("--model")?),
+            "--variant" => args.variant = Some(value("--variant")?),
+            "-h" | "--help" => {
+                println!(
+                    "ort_bench [WORKLOAD.json] [--threads N] [--repeat N] [--model DIR] [--variant NAME]"
+                );
+                std::process::exit(0);
+            }
+            other if other.starts_with("--") => bail!("unknown option {other}"),
+            other => args.workload = Some(PathBuf::from(other)),
+        }
+    }
+    Ok(args)
+}
+
+struct Step {
+    prompt_ids: Vec<u32>,
+    reference: Vec<u32>,
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_u64)
+                .map(|n| n as u32)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn load_workload(path: Option<PathBuf>) -> Result<(PathBuf, Vec<Step>, usize, u32)> {
+    let path = match path {
+        Some(p) => p,
+        None => [
+            PathBuf::from(DEFAULT_WORKLOAD),
+            PathBuf::from("..").join(DEFAULT_WORKLOAD),
+        ]
+        .into_iter()
+        .find(|p| p.is_file())
+        .with_context(|| format!("{DEFAULT_WORKLOAD} not found; pass the workload file"))?,
+    };
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    let max_new = json["max_new_tokens"].as_u64().unwrap_or(40) as usize;
+    let eos = json["eos"].as_u64().unwrap_or(2) as u32;
+    let steps = json["steps"]
+        .as_array()
+        .context("workload has no steps")?
+        .iter()
+        .map(|s| Step {
+            prompt_ids: ids(&s["prompt_ids"]),
+            reference: ids(&s["reference_output_ids"]),
+        })
+        .collect();
+    Ok((path, steps, max_new, eos))
+}
+
+#[derive(Default, Clone, Copy)]
+struct Totals {
+    wall: Duration,
+    prefill_tokens: usize,
+    cached_tokens: usize,
+    prefill_time: Duration,
+    decode_steps: usize,
+    decode_time: Duration,
+    matching_steps: usize,
+}
+
+fn replay(
+    provider: &OrtProvider,
+    steps: &[Step],
+    params: &GenerateParams,
+    reuse: bool,
+) -> Result<Totals> {
+    provider.with_model(|m| {
+        m.set_reuse_prefix(reuse);
+        m.clear_cache();
+    })?;
+    let cancel = CancellationToken::new();
+    let mut t = Totals::default();
+    for step in steps {
+        let g = provider.generate_ids_blocking(&step.prompt_ids, params, &cancel)?;
+        t.wall += g.stats.total_time;
+        t.prefill_tokens += g.stats.prefill_tokens;
+        t.cached_tokens += g.stats.cached_tokens;
+        t.prefill_time += g.stats.prefill_time;
+        t.decode_steps += g.stats.decode_steps;
+        t.decode_time += g.stats.decode_time;
+        if g.ids == step.reference {
+            t.matching_steps += 1;
+        }
+    }
+    Ok(t)
+}
+
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
+fn median(mut runs: Vec<Totals>) -> Totals {
+    runs.sort_by_key(|t| t.wall);
+    runs[runs.len() / 2]
+}
+
+fn main() -> Result<()> {
+    let args = parse_args()?;
+    let (path, steps, max_new, eos) = load_workload(args.workload)?;
+    let mut options = OrtProviderOptions::default().with_threads(args.threads);
+    options.model = args.model;
+    options.variant = args.variant;
+    let load_start = std::time::Instant::now();
+    let provider = OrtProvider::load(options)?;
+    println!(
+        "model {} ({} threads), loaded in {:.2} s",
+        provider.model_dir().display(),
+        args.threads,
+        load_start.elapsed().as_secs_f64()
+    );
+    println!(
+        "workload {}: {} steps, prompts {:?} tokens, max {} new tokens, eos {}",
+        path.display(),
+        steps.len(),
+        steps.iter().map(|s| s.prompt_ids.len()).collect::<Vec<_>>(),
+        max_new,
+        eos
+    );
+    let params = GenerateParams::greedy(max_new, vec![eos]);
+    // One untimed pass warms ONNX Runtime's allocators and kernels.
+    replay(&provider, &steps[..1], &params, false)?;
+
+    println!(
+        "\n{:<14} {:>9} {:>9} {:>12} {:>11} {:>11} {:>10}",
+        "prefix reuse", "total s", "cached", "prefill tok", "prefill t/s", "decode t/s", "= ref"
+    );
+    let mut totals = Vec::new();
+    for reuse in [true, false] {
+        let runs = (0..args.repeat.max(1))
+            .map(|_| replay(&provider, &steps, &params, reuse))
+            .collect::<Result<Vec<_>>>()?;
+        let t = median(runs);
+        println!(
+            "{:<14} {:>9.2} {:>9} {:>12} {:>11.1} {:>11.1} {:>6}/{}",
+            if reuse { "on" } else { "off" },
+            t.wall.as_secs_f64(),
+            t.cached_tokens,
+            t.prefill_tokens,
+            t.prefill_tokens as f64 / t.prefill_time.as_secs_f64(),
+            t.decode_steps as f64 / t.decode_time.as_secs_f64(),
+            t.matching_steps,
+            steps.len()
+        );
+        totals.push(t);
+    }
+    println!(
+        "\nreuse speed-up: {:.2}x (median of {} runs each)",
+        totals[1].wall.as_secs_f64() / totals[0].wall.as_secs_f64(),
+        args.repeat.max(1)
+    );
+    match peak_rss_mib() {
+        Some(mib) => println!("peak RSS: {mib:.0} MiB"),
+        None => println!("peak RSS: unknown (no /proc/self/status)"),
+    }
+    Ok(())
+}

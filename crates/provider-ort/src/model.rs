@@ -1,0 +1,580 @@
+//! The decoder: one ONNX Runtime session, its KV cache, and token-level
+//! generation with prefix reuse.
+
+use std::borrow::Cow;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use half::f16;
+use ort::session::{RunOptions, Session, SessionInputValue};
+use ort::value::{DynValue, PrimitiveTensorElementType, Tensor};
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{ModelConfig, ModelFiles};
+use crate::error::OrtError;
+use crate::options::OrtProviderOptions;
+use crate::paths;
+use crate::runtime::{self, FloatType, GraphIo};
+use crate::sampling::{Sampler, SamplingOptions};
+
+/// Why a token-level generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StopReason {
+    /// A stop token was generated, or the caller's check said stop.
+    Stop,
+    /// The token limit (or the end of the context window) was reached.
+    Length,
+}
+
+impl StopReason {
+    /// The name used in `Generation::finish_reason` and traces.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+        }
+    }
+}
+
+/// Settings of one token-level generation.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateParams {
+    /// Upper bound on new tokens.
+    pub max_new_tokens: usize,
+    /// How tokens are chosen.
+    pub sampling: SamplingOptions,
+    /// Tokens that end the generation (usually the model's eos ids).
+    pub stop_ids: Vec<u32>,
+}
+
+impl GenerateParams {
+    /// Greedy decoding of at most `max_new_tokens`, stopping at `stop_ids`.
+    pub fn greedy(max_new_tokens: usize, stop_ids: impl Into<Vec<u32>>) -> Self {
+        Self {
+            max_new_tokens,
+            sampling: SamplingOptions::greedy(),
+            stop_ids: stop_ids.into(),
+        }
+    }
+}
+
+/// Timings and counts of one generation, for traces and benchmarks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct GenerationStats {
+    /// Tokens in the prompt.
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV came from the cache instead of being computed.
+    pub cached_tokens: usize,
+    /// Prompt tokens computed in the prefill (`prompt_tokens - cached_tokens`).
+    pub prefill_tokens: usize,
+    /// Time of the prefill run (including trimming the cache).
+    pub prefill_time: Duration,
+    /// Single-token decode runs (one fewer than the tokens generated: the
+    /// first comes from the prefill, the last is never fed back).
+    pub decode_steps: usize,
+    /// Time of the decode runs and the sampling between them.
+    pub decode_time: Duration,
+    /// Time until the first new token was chosen.
+    pub time_to_first_token: Duration,
+    /// Time of the whole generation.
+    pub total_time: Duration,
+}
+
+impl GenerationStats {
+    /// Prompt tokens computed per second in the prefill.
+    pub fn prefill_tokens_per_second(&self) -> f64 {
+        per_second(self.prefill_tokens, self.prefill_time)
+    }
+
+    /// Tokens per second of the decode loop.
+    pub fn decode_tokens_per_second(&self) -> f64 {
+        per_second(self.decode_steps, self.decode_time)
+    }
+}
+
+fn per_second(n: usize, t: Duration) -> f64 {
+    if t.is_zero() {
+        0.0
+    } else {
+        n as f64 / t.as_secs_f64()
+    }
+}
+
+/// The result of [`OrtModel::generate_ids`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdGeneration {
+    /// The new tokens, including the stop token when one ended the generation.
+    pub ids: Vec<u32>,
+    /// Why it ended.
+    pub reason: StopReason,
+    /// Counts and timings.
+    pub stats: GenerationStats,
+}
+
+/// The KV cache: the tokens whose keys and values the tensors hold.
+///
+/// Invariant: every tensor in `values` has `ids.len()` positions. A token is
+/// in `ids` only once it has been fed to the model: the last token of a
+/// generation never is (it was chosen, not computed), so it is not here.
+#[derive(Default)]
+struct KvCache {
+    /// Tokens fed so far, in order.
+    ids: Vec<u32>,
+    /// Key and value of each layer: `[2 * layer]` keys, `[2 * layer + 1]` values.
+    values: Vec<DynValue>,
+}
+
+/// A decoder-only language model in ONNX Runtime, with the KV cache it keeps
+/// between calls.
+///
+/// This is the level below [`OrtProvider`](crate::OrtProvider): token ids in,
+/// token ids and timings out. It is what benchmarks use.
+pub struct OrtModel {
+    /// The ONNX Runtime session.
+    session: Session,
+    /// Names and types of the graph's inputs and outputs.
+    io: GraphIo,
+    /// What config.json says.
+    config: ModelConfig,
+    /// The cached keys and values and the tokens they belong to.
+    cache: KvCache,
+    /// Whether the next prompt may reuse the cache's common prefix.
+    reuse_prefix: bool,
+    /// The context window in tokens.
+    context_length: usize,
+    /// Lets another thread stop a running forward pass (see [`OrtModel::terminator`]).
+    run_options: Arc<RunOptions>,
+}
+
+impl std::fmt::Debug for OrtModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OrtModel")
+            .field("io", &self.io)
+            .field("cached_tokens", &self.cache.ids.len())
+            .field("reuse_prefix", &self.reuse_prefix)
+            .field("context_length", &self.context_length)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Stops the forward pass running on an [`OrtModel`] from another thread;
+/// the pass then fails with [`OrtError::Cancelled`].
+#[derive(Clone)]
+pub struct Terminator(Arc<RunOptions>);
+
+impl Terminator {
+    /// Asks ONNX Runtime to stop the running pass (and every later one of the
+    /// same generation) as soon as it can.
+    pub fn terminate(&self) {
+        if let Err(e) = self.0.terminate() {
+            tracing::warn!(error = %e, "could not terminate the ONNX Runtime run");
+        }
+    }
+}
+
+impl std::fmt::Debug for Terminator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Terminator")
+    }
+}
+
+impl OrtModel {
+    /// Loads the graph in `files` with `options`' library, threads and
+    /// execution provider.
+    pub fn load(
+        files: &ModelFiles,
+        config: ModelConfig,
+        options: &OrtProviderOptions,
+    ) -> Result<Self, OrtError> {
+        let cache = match &options.cache_dir {
+            Some(dir) => dir.clone(),
+            None => paths::cache_dir()?,
+        };
+        let dylib = options
+            .dylib_path
+            .clone()
+            .unwrap_or_else(|| paths::dylib_path(&cache));
+        let env = runtime::environment(&dylib)?;
+        let session = runtime::create_session(&env, &files.graph, options)?;
+        let io = GraphIo::discover(&session, &config)?;
+        let context_length = options
+            .context_length
+            .map(|n| n as usize)
+            .unwrap_or(config.max_position_embeddings)
+            .min(config.max_position_embeddings);
+        tracing::debug!(
+            graph = %files.graph.display(),
+            layers = io.layers.len(),
+            kv_type = ?io.kv_type,
+            position_ids = io.position_ids.is_some(),
+            "loaded model"
+        );
+        Ok(Self {
+            session,
+            io,
+            config,
+            cache: KvCache::default(),
+            reuse_prefix: options.reuse_prefix,
+            context_length,
+            run_options: Arc::new(RunOptions::new().map_err(OrtError::runtime)?),
+        })
+    }
+
+    /// Loads the model folder `dir` (graph chosen by `options.variant`).
+    pub fn open(dir: &Path, options: &OrtProviderOptions) -> Result<Self, OrtError> {
+        let files = ModelFiles::locate(dir, options.variant.as_deref())?;
+        let config = ModelConfig::load(dir)?;
+        Self::load(&files, config, options)
+    }
+
+    /// What config.json says.
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The graph's inputs and outputs.
+    pub fn graph_io(&self) -> &GraphIo {
+        &self.io
+    }
+
+    /// The context window in tokens.
+    pub fn context_length(&self) -> usize {
+        self.context_length
+    }
+
+    /// The tokens whose keys and values are cached.
+    pub fn cached_ids(&self) -> &[u32] {
+        &self.cache.ids
+    }
+
+    /// Forgets the cache.
+    pub fn clear_cache(&mut self) {
+        self.cache = KvCache::default();
+    }
+
+    /// Turns prefix reuse on or off (off clears the cache before each prompt).
+    pub fn set_reuse_prefix(&mut self, reuse: bool) {
+        self.reuse_prefix = reuse;
+        if !reuse {
+            self.clear_cache();
+        }
+    }
+
+    /// A handle that stops the running forward pass from another thread.
+    /// Each [`generate_ids`](Self::generate_ids) starts with a fresh one, so
+    /// take it right before the generation it should stop.
+    pub fn terminator(&self) -> Terminator {
+        Terminator(Arc::clone(&self.run_options))
+    }
+
+    /// Prepares a fresh terminator for the next generation (a terminated
+    /// run options object stays terminated).
+    pub fn reset_terminator(&mut self) -> Result<Terminator, OrtError> {
+        self.run_options = Arc::new(RunOptions::new().map_err(OrtError::runtime)?);
+        Ok(self.terminator())
+    }
+
+    /// Feeds `ids` after the cached tokens and returns the logits of the last
+    /// one. The cache then holds the old tokens plus `ids`.
+    pub fn forward(&mut self, ids: &[u32]) -> Result<Vec<f32>, OrtError> {
+        if ids.is_empty() {
+            return Err(OrtError::InvalidOption {
+                name: "ids",
+                reason: "forward needs at least one token".into(),
+            });
+        }
+        let past_len = self.cache.ids.len();
+        let total = past_len + ids.len();
+        if total > self.context_length {
+            return Err(OrtError::TooLong {
+                tokens: total,
+                limit: self.context_length,
+            });
+        }
+        let n = ids.len();
+        let input_ids: Vec<i64> = ids.iter().map(|&id| i64::from(id)).collect();
+        let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
+            Vec::with_capacity(4 + 2 * self.io.layers.len());
+        inputs.push((
+            Cow::Borrowed(self.io.input_ids.as_str()),
+            tensor_i64(vec![1, n], input_ids)?.into(),
+        ));
+        if let Some(name) = &self.io.attention_mask {
+            inputs.push((
+                Cow::Borrowed(name.as_str()),
+                tensor_i64(vec![1, total], vec![1; total])?.into(),
+            ));
+        }
+        if let Some(name) = &self.io.position_ids {
+            let positions = (past_len as i64..total as i64).collect();
+            inputs.push((
+                Cow::Borrowed(name.as_str()),
+                tensor_i64(vec![1, n], positions)?.into(),
+            ));
+        }
+        if let Some(name) = &self.io.use_cache_branch {
+            let flag = Tensor::from_array((vec![1usize], vec![past_len > 0]))
+                .map_err(OrtError::runtime)?;
+            inputs.push((Cow::Borrowed(name.as_str()), flag.into()));
+        }
+        for (i, layer) in self.io.layers.iter().enumerate() {
+            for (slot, name) in [(2 * i, &layer.past_key), (2 * i + 1, &layer.past_value)] {
+                let value: SessionInputValue<'_> = match self.cache.values.get(slot) {
+                    Some(v) => v.into(),
+                    None => empty_kv(self.io.kv_type, self.io.kv_heads, self.io.head_dim)?.into(),
+                };
+                inputs.push((Cow::Borrowed(name.as_str()), value));
+            }
+        }
+
+        let mut outputs = self
+            .session
+            .run_with_options(inputs, &*self.run_options)
+            .map_err(|e| {
+                if e.to_string().contains("terminate") {
+                    OrtError::Cancelled
+                } else {
+                    OrtError::runtime(e)
+                }
+            })?;
+        let logits = outputs
+            .get(&self.io.logits)
+            .ok_or_else(|| OrtError::Runtime("no logits in the outputs".into()))?;
+        let logits = last_row(logits, self.io.logits_type)?;
+        let mut values = Vec::with_capacity(2 * self.io.layers.len());
+        for layer in &self.io.layers {
+            for name in [&layer.present_key, &layer.present_value] {
+                values.push(
+                    outputs
+                        .remove(name)
+                        .ok_or_else(|| OrtError::Runtime(format!("no `{name}` in the outputs")))?,
+                );
+            }
+        }
+        drop(outputs);
+        self.cache.values = values;
+        self.cache.ids.extend_from_slice(ids);
+        Ok(logits)
+    }
+
+    /// Makes the cache a prefix of `prompt` and returns how many of its tokens
+    /// it still holds. At least one prompt token is always left to compute,
+    /// because the next token's logits come from computing the last one.
+    pub fn reuse_prefix_of(&mut self, prompt: &[u32]) -> Result<usize, OrtError> {
+        let keep = if self.reuse_prefix {
+            common_prefix(&self.cache.ids, prompt).min(prompt.len().saturating_sub(1))
+        } else {
+            0
+        };
+        self.truncate_cache(keep)?;
+        Ok(keep)
+    }
+
+    /// Runs `prompt` through the model, reusing the cached prefix when
+    /// allowed, and returns the logits of its last token.
+    pub fn logits_for(&mut self, prompt: &[u32]) -> Result<Vec<f32>, OrtError> {
+        let cached = self.reuse_prefix_of(prompt)?;
+        self.forward(&prompt[cached..])
+    }
+
+    /// Generates up to `params.max_new_tokens` tokens after `prompt`.
+    ///
+    /// `cancel` is checked before every token; `should_stop` sees the tokens
+    /// generated so far after each one and ends the generation (as
+    /// [`StopReason::Stop`]) by returning true, which is how stop strings
+    /// are found. On cancellation the cache keeps what was computed.
+    pub fn generate_ids(
+        &mut self,
+        prompt: &[u32],
+        params: &GenerateParams,
+        cancel: &CancellationToken,
+        mut should_stop: impl FnMut(&[u32]) -> bool,
+    ) -> Result<IdGeneration, OrtError> {
+        let start = Instant::now();
+        if prompt.is_empty() {
+            return Err(OrtError::InvalidOption {
+                name: "prompt",
+                reason: "the prompt has no tokens".into(),
+            });
+        }
+        if prompt.len() >= self.context_length {
+            return Err(OrtError::TooLong {
+                tokens: prompt.len() + 1,
+                limit: self.context_length,
+            });
+        }
+        if cancel.is_cancelled() {
+            return Err(OrtError::Cancelled);
+        }
+        // New tokens are fed back one by one, and the last one never is, so
+        // the context bounds the count at `context - prompt + 1`.
+        let max_new = params
+            .max_new_tokens
+            .min(self.context_length - prompt.len() + 1);
+        let mut stats = GenerationStats {
+            prompt_tokens: prompt.len(),
+            ..GenerationStats::default()
+        };
+        let result = self.reuse_prefix_of(prompt).and_then(|cached| {
+            stats.cached_tokens = cached;
+            stats.prefill_tokens = prompt.len() - cached;
+            self.forward(&prompt[cached..])
+        });
+        let mut logits = match result {
+            Ok(l) => l,
+            Err(e) => return Err(self.after_error(e, cancel)),
+        };
+        stats.prefill_time = start.elapsed();
+
+        let mut sampler = Sampler::new(&params.sampling, prompt);
+        let mut ids = Vec::new();
+        let decode_start = Instant::now();
+        let reason = loop {
+            if cancel.is_cancelled() {
+                return Err(OrtError::Cancelled);
+            }
+            let id = sampler.sample(&mut logits);
+            if ids.is_empty() {
+                stats.time_to_first_token = start.elapsed();
+            }
+            ids.push(id);
+            if params.stop_ids.contains(&id) || should_stop(&ids) {
+                break StopReason::Stop;
+            }
+            if ids.len() >= max_new {
+                break StopReason::Length;
+            }
+            logits = match self.forward(&[id]) {
+                Ok(l) => l,
+                Err(e) => return Err(self.after_error(e, cancel)),
+            };
+            stats.decode_steps += 1;
+        };
+        stats.decode_time = decode_start.elapsed();
+        stats.total_time = start.elapsed();
+        Ok(IdGeneration { ids, reason, stats })
+    }
+
+    /// After a failed run the cache is as it was before the run (it is only
+    /// replaced on success), so it stays usable; the error is reported as a
+    /// cancellation when that is what stopped the run.
+    fn after_error(&self, e: OrtError, cancel: &CancellationToken) -> OrtError {
+        if cancel.is_cancelled() {
+            OrtError::Cancelled
+        } else {
+            e
+        }
+    }
+
+    /// Keeps the first `len` cached positions.
+    fn truncate_cache(&mut self, len: usize) -> Result<(), OrtError> {
+        if len >= self.cache.ids.len() {
+            return Ok(());
+        }
+        if len == 0 {
+            self.clear_cache();
+            return Ok(());
+        }
+        let values = self
+            .cache
+            .values
+            .iter()
+            .map(|v| match self.io.kv_type {
+                FloatType::F32 => slice_sequence::<f32>(v, len),
+                FloatType::F16 => slice_sequence::<f16>(v, len),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        self.cache.values = values;
+        self.cache.ids.truncate(len);
+        Ok(())
+    }
+}
+
+/// Length of the common prefix of two token lists.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+fn tensor_i64(shape: Vec<usize>, data: Vec<i64>) -> Result<DynValue, OrtError> {
+    Tensor::from_array((shape, data))
+        .map(|t| t.into_dyn())
+        .map_err(OrtError::runtime)
+}
+
+/// A cache tensor with no positions, for the first run.
+fn empty_kv(ty: FloatType, heads: usize, head_dim: usize) -> Result<DynValue, OrtError> {
+    let shape = vec![1usize, heads, 0, head_dim];
+    match ty {
+        FloatType::F32 => Tensor::from_array((shape, Vec::<f32>::new())).map(|t| t.into_dyn()),
+        FloatType::F16 => Tensor::from_array((shape, Vec::<f16>::new())).map(|t| t.into_dyn()),
+    }
+    .map_err(OrtError::runtime)
+}
+
+/// The logits of the last position of a `[batch, sequence, vocab]` output.
+fn last_row(value: &DynValue, ty: FloatType) -> Result<Vec<f32>, OrtError> {
+    match ty {
+        FloatType::F32 => {
+            let (shape, data) = value
+                .try_extract_tensor::<f32>()
+                .map_err(OrtError::runtime)?;
+            let vocab = vocab_width(shape)?;
+            Ok(data[data.len() - vocab..].to_vec())
+        }
+        FloatType::F16 => {
+            let (shape, data) = value
+                .try_extract_tensor::<f16>()
+                .map_err(OrtError::runtime)?;
+            let vocab = vocab_width(shape)?;
+            Ok(data[data.len() - vocab..]
+                .iter()
+                .map(|x| x.to_f32())
+                .collect())
+        }
+    }
+}
+
+fn vocab_width(shape: &[i64]) -> Result<usize, OrtError> {
+    shape
+        .last()
+        .and_then(|&v| usize::try_from(v).ok())
+        .filter(|&v| v > 0)
+        .ok_or_else(|| OrtError::Runtime(format!("logits have shape {shape:?}")))
+}
+
+/// The first `keep` positions of a `[batch, heads, sequence, head_dim]` tensor.
+fn slice_sequence<T>(value: &DynValue, keep: usize) -> Result<DynValue, OrtError>
+where
+    T: PrimitiveTensorElementType + Copy + std::fmt::Debug + 'static,
+{
+    let (shape, data) = value.try_extract_tensor::<T>().map_err(OrtError::runtime)?;
+    let dims: Vec<usize> = shape.iter().map(|&d| d.max(0) as usize).collect();
+    let [b, h, s, d] = dims[..] else {
+        return Err(OrtError::Runtime(format!(
+            "cache tensor has shape {dims:?}"
+        )));
+    };
+    let keep = keep.min(s);
+    let mut out = Vec::with_capacity(b * h * keep * d);
+    for row in 0..b * h {
+        let start = row * s * d;
+        out.extend_from_slice(&data[start..start + keep * d]);
+    }
+    Tensor::from_array((vec![b, h, keep, d], out))
+        .map(|t| t.into_dyn())
+        .map_err(OrtError::runtime)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::common_prefix;
+
+    #[test]
+    fn common_prefix_counts_equal_leading_tokens() {
+        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4]), 2);
+        assert_eq!(common_prefix(&[], &[1]), 0);
+        assert_eq!(common_prefix(&[1, 2], &[1, 2, 3]), 2);
+    }
+}

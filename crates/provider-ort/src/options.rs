@@ -1,0 +1,180 @@
+//! The provider's settings, each with its documented default.
+
+use std::path::PathBuf;
+
+use crate::sampling::SamplingOptions;
+
+/// Default upper bound on new tokens per generation.
+pub const DEFAULT_MAX_NEW_TOKENS: u32 = 256;
+
+/// Where the model runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum ExecutionProvider {
+    /// ONNX Runtime's CPU kernels (the default; works everywhere).
+    #[default]
+    Cpu,
+    /// DirectML on Windows (GPU or NPU through DirectX 12). Needs the
+    /// `directml` cargo feature and a DirectML build of ONNX Runtime.
+    DirectMl {
+        /// The adapter index (0 is the default adapter).
+        device_id: i32,
+    },
+    /// CoreML on macOS (Apple Neural Engine / GPU). Needs the `coreml` cargo
+    /// feature.
+    CoreMl,
+}
+
+/// Settings of an [`OrtProvider`](crate::OrtProvider).
+///
+/// Build one with [`OrtProviderOptions::default`] and the `with_*` methods,
+/// or set the public fields:
+///
+/// ```
+/// use wma_provider_ort::{OrtProviderOptions, SamplingOptions};
+///
+/// let options = OrtProviderOptions::default()
+///     .with_model("HuggingFaceTB/SmolLM2-135M-Instruct")
+///     .with_threads(2)
+///     .with_sampling(SamplingOptions::seeded(0.7, 42));
+/// assert!(options.reuse_prefix);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct OrtProviderOptions {
+    /// A model folder or a hub id (`org/name`). Default: `$WMA_MODEL` when
+    /// set, else `CACHE/models/SmolLM2-135M-Instruct`.
+    pub model: Option<String>,
+    /// Which graph file to load: a path inside the folder
+    /// (`onnx/model_fp16.onnx`) or a short name (`q4` means
+    /// `onnx/model_q4.onnx`). Default: the first of `onnx/model_q4.onnx`,
+    /// `onnx/model.onnx`, `model.onnx` that exists.
+    pub variant: Option<String>,
+    /// The cache folder (downloads, the default model, the runtime library).
+    /// Default: `$WMA_CACHE_DIR`, else `$XDG_CACHE_HOME/webmcp-agents`, else
+    /// the platform's cache folder.
+    pub cache_dir: Option<PathBuf>,
+    /// The ONNX Runtime shared library. Default: `$ORT_DYLIB_PATH`, else
+    /// `CACHE/onnxruntime/libonnxruntime.so` (`.dylib`, `.dll`).
+    pub dylib_path: Option<PathBuf>,
+    /// Threads used inside one operator. Default: `None`, ONNX Runtime's
+    /// choice (one per physical core).
+    pub intra_threads: Option<usize>,
+    /// Threads used to run independent operators at once. Default: `None`,
+    /// ONNX Runtime's choice (a decoder's graph is sequential anyway).
+    pub inter_threads: Option<usize>,
+    /// Where the model runs. Default: CPU.
+    pub execution_provider: ExecutionProvider,
+    /// How tokens are chosen. Default: greedy.
+    pub sampling: SamplingOptions,
+    /// Upper bound on new tokens; a request's own `max_new_tokens` wins.
+    /// Default: 256.
+    pub max_new_tokens: u32,
+    /// Strings that end a generation (not included in the text). Default:
+    /// empty, meaning the text of the model's end-of-sequence tokens.
+    pub stop: Vec<String>,
+    /// Keep the KV cache between generations and reuse the longest common
+    /// token prefix of the next prompt. Default: true. Turn it off to measure
+    /// a full re-prefill.
+    pub reuse_prefix: bool,
+    /// Tokens kept free for the answer when [`fits`](wma_agent::Provider::fits)
+    /// judges a prompt. Default: `None`, meaning `max_new_tokens`.
+    pub context_reserve: Option<u32>,
+    /// The context window. Default: `None`, meaning the model's
+    /// `max_position_embeddings`. Lower it to bound memory.
+    pub context_length: Option<u32>,
+}
+
+impl Default for OrtProviderOptions {
+    fn default() -> Self {
+        Self {
+            model: None,
+            variant: None,
+            cache_dir: None,
+            dylib_path: None,
+            intra_threads: None,
+            inter_threads: None,
+            execution_provider: ExecutionProvider::Cpu,
+            sampling: SamplingOptions::default(),
+            max_new_tokens: DEFAULT_MAX_NEW_TOKENS,
+            stop: Vec::new(),
+            reuse_prefix: true,
+            context_reserve: None,
+            context_length: None,
+        }
+    }
+}
+
+impl OrtProviderOptions {
+    /// Loads this model folder or hub id.
+    pub fn with_model(mut self, model: impl Into<String>) -> Self {
+        self.model = Some(model.into());
+        self
+    }
+
+    /// Loads this graph file or variant.
+    pub fn with_variant(mut self, variant: impl Into<String>) -> Self {
+        self.variant = Some(variant.into());
+        self
+    }
+
+    /// Uses this cache folder.
+    pub fn with_cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cache_dir = Some(dir.into());
+        self
+    }
+
+    /// Loads ONNX Runtime from this file.
+    pub fn with_dylib_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.dylib_path = Some(path.into());
+        self
+    }
+
+    /// Runs operators on `n` threads (and one operator at a time).
+    pub fn with_threads(mut self, n: usize) -> Self {
+        self.intra_threads = Some(n);
+        self.inter_threads = Some(1);
+        self
+    }
+
+    /// Runs on this execution provider.
+    pub fn with_execution_provider(mut self, ep: ExecutionProvider) -> Self {
+        self.execution_provider = ep;
+        self
+    }
+
+    /// Chooses tokens this way.
+    pub fn with_sampling(mut self, sampling: SamplingOptions) -> Self {
+        self.sampling = sampling;
+        self
+    }
+
+    /// Generates at most `n` new tokens unless a request says otherwise.
+    pub fn with_max_new_tokens(mut self, n: u32) -> Self {
+        self.max_new_tokens = n;
+        self
+    }
+
+    /// Ends generations at these strings instead of the end-of-sequence text.
+    pub fn with_stop(mut self, stop: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.stop = stop.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Keeps (true) or drops (false) the KV cache between generations.
+    pub fn with_reuse_prefix(mut self, reuse: bool) -> Self {
+        self.reuse_prefix = reuse;
+        self
+    }
+
+    /// Keeps `n` tokens free for the answer in `fits()`.
+    pub fn with_context_reserve(mut self, n: u32) -> Self {
+        self.context_reserve = Some(n);
+        self
+    }
+
+    /// Limits the context window to `n` tokens.
+    pub fn with_context_length(mut self, n: u32) -> Self {
+        self.context_length = Some(n);
+        self
+    }
+}

@@ -1,0 +1,151 @@
+//! Where things live: the cache folder, the ONNX Runtime library, the default
+//! model, and whether a model name is a local folder or a hub id.
+
+use std::env;
+use std::path::{Path, PathBuf};
+
+use crate::error::OrtError;
+
+/// Folder name of the default model inside `$CACHE/models/`.
+pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
+
+/// The cache folder: `$WMA_CACHE_DIR`, else `$XDG_CACHE_HOME/webmcp-agents`,
+/// else the platform's cache folder (`~/.cache/webmcp-agents` on Linux,
+/// `~/Library/Caches/webmcp-agents` on macOS, `%LOCALAPPDATA%\webmcp-agents`
+/// on Windows).
+pub fn cache_dir() -> Result<PathBuf, OrtError> {
+    if let Some(dir) = non_empty_var("WMA_CACHE_DIR") {
+        return Ok(PathBuf::from(dir));
+    }
+    if let Some(dir) = non_empty_var("XDG_CACHE_HOME") {
+        return Ok(Path::new(&dir).join("webmcp-agents"));
+    }
+    if cfg!(windows)
+        && let Some(dir) = non_empty_var("LOCALAPPDATA")
+    {
+        return Ok(Path::new(&dir).join("webmcp-agents"));
+    }
+    let home = non_empty_var("HOME")
+        .or_else(|| non_empty_var("USERPROFILE"))
+        .ok_or(OrtError::NoCacheDir)?;
+    let home = PathBuf::from(home);
+    Ok(if cfg!(target_os = "macos") {
+        home.join("Library/Caches/webmcp-agents")
+    } else {
+        home.join(".cache/webmcp-agents")
+    })
+}
+
+/// The ONNX Runtime library: `$ORT_DYLIB_PATH` when set, else
+/// `CACHE/onnxruntime/libonnxruntime.so` (`.dylib` on macOS,
+/// `onnxruntime.dll` on Windows).
+pub fn dylib_path(cache: &Path) -> PathBuf {
+    if let Some(path) = non_empty_var("ORT_DYLIB_PATH") {
+        return PathBuf::from(path);
+    }
+    cache.join("onnxruntime").join(format!(
+        "{}onnxruntime{}",
+        env::consts::DLL_PREFIX,
+        env::consts::DLL_SUFFIX
+    ))
+}
+
+/// The default model folder: `CACHE/models/SmolLM2-135M-Instruct`.
+pub fn default_model_dir(cache: &Path) -> PathBuf {
+    cache.join("models").join(DEFAULT_MODEL_NAME)
+}
+
+/// Where a model comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelSource {
+    /// A folder on disk.
+    Local(PathBuf),
+    /// A hub repository id (`org/name`), downloaded into `CACHE/hub/org--name/`.
+    Hub {
+        /// The `org/name` id.
+        repo: String,
+    },
+}
+
+impl ModelSource {
+    /// Reads a model name: an existing path is a folder; `org/name` that is
+    /// not a path on disk is a hub id; anything else is taken as a folder
+    /// (and reported missing when it is loaded).
+    pub fn parse(name: &str) -> Self {
+        let path = Path::new(name);
+        if path.exists() || !looks_like_hub_id(name) {
+            Self::Local(path.to_path_buf())
+        } else {
+            Self::Hub {
+                repo: name.to_string(),
+            }
+        }
+    }
+
+    /// The folder the model's files are (or will be) in.
+    pub fn folder(&self, cache: &Path) -> PathBuf {
+        match self {
+            Self::Local(path) => path.clone(),
+            Self::Hub { repo } => hub_dir(cache, repo),
+        }
+    }
+
+    /// A short name for traces (`gen_ai.request.model`).
+    pub fn display_name(&self) -> String {
+        match self {
+            Self::Local(path) => path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_else(|| path.display().to_string()),
+            Self::Hub { repo } => repo.clone(),
+        }
+    }
+}
+
+/// The folder a hub repository is downloaded into.
+pub fn hub_dir(cache: &Path, repo: &str) -> PathBuf {
+    cache.join("hub").join(repo.replace('/', "--"))
+}
+
+fn looks_like_hub_id(name: &str) -> bool {
+    let mut parts = name.split('/');
+    let (Some(org), Some(model), None) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    let ok = |s: &str| {
+        !s.is_empty()
+            && !s.starts_with('.')
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    };
+    ok(org) && ok(model)
+}
+
+fn non_empty_var(name: &str) -> Option<String> {
+    env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hub_ids_are_told_from_paths() {
+        assert!(matches!(
+            ModelSource::parse("HuggingFaceTB/SmolLM2-135M-Instruct"),
+            ModelSource::Hub { .. }
+        ));
+        for local in ["./models/x", "/abs/path", "a/b/c", "plain", "../x"] {
+            assert!(
+                matches!(ModelSource::parse(local), ModelSource::Local(_)),
+                "{local}"
+            );
+        }
+    }
+
+    #[test]
+    fn hub_folder_replaces_the_slash() {
+        let dir = hub_dir(Path::new("/c"), "org/name");
+        assert_eq!(dir, Path::new("/c/hub/org--name"));
+    }
+}

@@ -1,0 +1,509 @@
+//! [`OrtProvider`]: the [`Provider`] the agent loop talks to.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use tokenizers::Tokenizer;
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+use wma_agent::{
+    CallFormat, GenerateRequest, Generation, Progress, ProgressFn, Provider, ProviderError,
+    ProviderInfo,
+};
+
+use crate::config::{ModelConfig, ModelFiles, TokenizerConfig};
+use crate::error::OrtError;
+use crate::hub;
+use crate::model::{GenerateParams, IdGeneration, OrtModel, StopReason};
+use crate::options::OrtProviderOptions;
+use crate::paths::{self, ModelSource};
+use crate::template::ChatTemplate;
+
+/// The `gen_ai.provider.name` of this provider.
+pub const PROVIDER_NAME: &str = "onnxruntime";
+
+/// Runs a local model with ONNX Runtime.
+///
+/// Create it with [`OrtProvider::new`] (cheap: it only resolves paths), then
+/// call [`Provider::prepare`] (downloads a hub model when needed, loads the
+/// runtime, the session and the tokenizer). Inference runs on a blocking
+/// thread; the KV cache is kept between generations so that an agent's next
+/// step only computes the tokens its prompt added.
+pub struct OrtProvider {
+    /// The settings it was made with.
+    options: OrtProviderOptions,
+    /// Where the model comes from.
+    source: ModelSource,
+    /// The cache folder (downloads, the runtime library).
+    cache: PathBuf,
+    /// Everything `prepare` loads; empty until it succeeds.
+    loaded: OnceCell<Arc<Loaded>>,
+    /// Call format and tools-inline, known before `prepare` when the folder
+    /// is local (the loop may ask before loading).
+    traits: OnceLock<TemplateTraits>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct TemplateTraits {
+    call_format: CallFormat,
+    tools_inline: bool,
+}
+
+impl TemplateTraits {
+    fn of(template: &ChatTemplate) -> Self {
+        Self {
+            call_format: template.call_format(),
+            tools_inline: template.tools_inline(),
+        }
+    }
+}
+
+/// What `prepare` loads.
+struct Loaded {
+    /// The session and its KV cache; one generation at a time.
+    model: Mutex<OrtModel>,
+    /// Turns text into ids and back.
+    tokenizer: Tokenizer,
+    /// The model's chat template.
+    template: ChatTemplate,
+    /// Token ids that end a generation.
+    stop_ids: Vec<u32>,
+    /// Strings that end a generation (cut from the text).
+    stop_strings: Vec<String>,
+    /// The folder the model was loaded from.
+    dir: PathBuf,
+    /// The context window.
+    context_length: usize,
+}
+
+impl std::fmt::Debug for OrtProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OrtProvider")
+            .field("source", &self.source)
+            .field("prepared", &self.loaded.initialized())
+            .finish_non_exhaustive()
+    }
+}
+
+impl OrtProvider {
+    /// A provider for `options.model`, else `$WMA_MODEL`, else the default
+    /// model in the cache. Reads no model file yet (except the chat template
+    /// of a local folder, to answer [`Provider::call_format`] early).
+    pub fn new(options: OrtProviderOptions) -> Result<Self, OrtError> {
+        let cache = match &options.cache_dir {
+            Some(dir) => dir.clone(),
+            None => paths::cache_dir()?,
+        };
+        let source = match options
+            .model
+            .clone()
+            .or_else(|| std::env::var("WMA_MODEL").ok().filter(|s| !s.is_empty()))
+        {
+            Some(name) => ModelSource::parse(&name),
+            None => ModelSource::Local(paths::default_model_dir(&cache)),
+        };
+        let provider = Self {
+            options,
+            source,
+            cache,
+            loaded: OnceCell::new(),
+            traits: OnceLock::new(),
+        };
+        let dir = provider.source.folder(&provider.cache);
+        if let Ok(Some(template)) = read_template(&dir) {
+            let _ = provider.traits.set(TemplateTraits::of(&template));
+        }
+        Ok(provider)
+    }
+
+    /// [`OrtProvider::new`] and a blocking [`prepare`](Provider::prepare), for
+    /// programs and benchmarks without an async runtime.
+    pub fn load(options: OrtProviderOptions) -> Result<Self, OrtError> {
+        let provider = Self::new(options)?;
+        let noop: ProgressFn = Arc::new(|_| {});
+        let loaded = load(
+            &provider.options,
+            &provider.source,
+            &provider.cache,
+            &noop,
+            &CancellationToken::new(),
+        )?;
+        let _ = provider.traits.set(TemplateTraits::of(&loaded.template));
+        provider
+            .loaded
+            .set(Arc::new(loaded))
+            .map_err(|_| OrtError::NotPrepared)?;
+        Ok(provider)
+    }
+
+    /// The settings.
+    pub fn options(&self) -> &OrtProviderOptions {
+        &self.options
+    }
+
+    /// Where the model comes from.
+    pub fn source(&self) -> &ModelSource {
+        &self.source
+    }
+
+    /// The folder the model is (or will be) loaded from.
+    pub fn model_dir(&self) -> PathBuf {
+        match self.loaded.get() {
+            Some(l) => l.dir.clone(),
+            None => self.source.folder(&self.cache),
+        }
+    }
+
+    fn loaded(&self) -> Result<&Arc<Loaded>, OrtError> {
+        self.loaded.get().ok_or(OrtError::NotPrepared)
+    }
+
+    /// The chat template, once prepared.
+    pub fn chat_template(&self) -> Result<&ChatTemplate, OrtError> {
+        Ok(&self.loaded()?.template)
+    }
+
+    /// Renders a request's prompt with the model's template.
+    pub fn render_prompt(&self, request: &GenerateRequest) -> Result<String, OrtError> {
+        self.loaded()?.render(request)
+    }
+
+    /// Tokenizes text as a rendered prompt is tokenized (special tokens are
+    /// read from the text, none are added).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, OrtError> {
+        self.loaded()?.encode(text)
+    }
+
+    /// Turns ids back into text (special tokens kept).
+    pub fn decode(&self, ids: &[u32]) -> Result<String, OrtError> {
+        self.loaded()?.decode(ids)
+    }
+
+    /// The token ids that end a generation.
+    pub fn stop_ids(&self) -> Result<Vec<u32>, OrtError> {
+        Ok(self.loaded()?.stop_ids.clone())
+    }
+
+    /// Runs `f` with the model (and its KV cache), on the calling thread;
+    /// waits for a running generation to end first.
+    pub fn with_model<R>(&self, f: impl FnOnce(&mut OrtModel) -> R) -> Result<R, OrtError> {
+        Ok(f(&mut self.loaded()?.lock_model()))
+    }
+
+    /// Token-level generation on the calling thread, with the provider's KV
+    /// cache: what benchmarks measure.
+    pub fn generate_ids_blocking(
+        &self,
+        prompt: &[u32],
+        params: &GenerateParams,
+        cancel: &CancellationToken,
+    ) -> Result<IdGeneration, OrtError> {
+        self.loaded()?
+            .lock_model()
+            .generate_ids(prompt, params, cancel, |_| false)
+    }
+
+    fn params(&self, request: &GenerateRequest, stop_ids: &[u32]) -> GenerateParams {
+        GenerateParams {
+            max_new_tokens: request
+                .max_new_tokens
+                .unwrap_or(self.options.max_new_tokens) as usize,
+            sampling: self.options.sampling.clone(),
+            stop_ids: stop_ids.to_vec(),
+        }
+    }
+
+    fn reserve(&self, request: &GenerateRequest) -> usize {
+        self.options
+            .context_reserve
+            .or(request.max_new_tokens)
+            .unwrap_or(self.options.max_new_tokens) as usize
+    }
+}
+
+impl Loaded {
+    fn lock_model(&self) -> MutexGuard<'_, OrtModel> {
+        // A panic inside a generation leaves the model usable: its cache is
+        // only replaced after a successful run.
+        self.model.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn render(&self, request: &GenerateRequest) -> Result<String, OrtError> {
+        self.template
+            .render(&request.messages, &request.tools, true)
+    }
+
+    fn encode(&self, text: &str) -> Result<Vec<u32>, OrtError> {
+        // The template already wrote the special tokens (bos included), as
+        // Hugging Face's apply_chat_template(tokenize=True) does.
+        self.tokenizer
+            .encode(text, false)
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| OrtError::Tokenizer(e.to_string()))
+    }
+
+    fn decode(&self, ids: &[u32]) -> Result<String, OrtError> {
+        self.tokenizer
+            .decode(ids, false)
+            .map_err(|e| OrtError::Tokenizer(e.to_string()))
+    }
+
+    /// Where the earliest stop string starts in `text`.
+    fn stop_at(&self, text: &str) -> Option<usize> {
+        self.stop_strings
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| text.find(s.as_str()))
+            .min()
+    }
+
+    /// Renders, tokenizes and generates; runs on a blocking thread.
+    fn generate(
+        &self,
+        request: &GenerateRequest,
+        params: &GenerateParams,
+        cancel: &CancellationToken,
+    ) -> Result<Generation, OrtError> {
+        let start = Instant::now();
+        let prompt = self.encode(&self.render(request)?)?;
+        let mut model = self.lock_model();
+        let terminator = model.reset_terminator()?;
+        // A forward pass over a long prompt takes seconds; cancelling must not
+        // wait for it to end, so a watcher tells ONNX Runtime to stop.
+        let finished = CancellationToken::new();
+        let _finish_watcher = finished.clone().drop_guard();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let cancel = cancel.clone();
+            handle.spawn(async move {
+                tokio::select! {
+                    _ = cancel.cancelled() => terminator.terminate(),
+                    _ = finished.cancelled() => {}
+                }
+            });
+        }
+        let setup = start.elapsed();
+        let mut found_stop = None;
+        let generated = model.generate_ids(&prompt, params, cancel, |ids| {
+            // Stop strings may span tokens: look at the whole decoded answer.
+            match self.decode(ids) {
+                Ok(text) => {
+                    found_stop = self.stop_at(&text);
+                    found_stop.is_some()
+                }
+                Err(_) => false,
+            }
+        })?;
+        drop(model);
+        let IdGeneration { ids, reason, stats } = generated;
+        let text_ids = match ids.last() {
+            Some(last) if reason == StopReason::Stop && params.stop_ids.contains(last) => {
+                &ids[..ids.len() - 1]
+            }
+            _ => &ids[..],
+        };
+        let mut text = self.decode(text_ids)?;
+        if let Some(at) = self.stop_at(&text) {
+            text.truncate(at);
+        }
+        tracing::debug!(
+            input_tokens = prompt.len(),
+            cached_tokens = stats.cached_tokens,
+            output_tokens = ids.len(),
+            prefill_ms = stats.prefill_time.as_millis() as u64,
+            decode_tok_s = stats.decode_tokens_per_second(),
+            "generated"
+        );
+        Ok(Generation {
+            text,
+            input_tokens: Some(prompt.len() as u32),
+            output_tokens: Some(ids.len() as u32),
+            cached_tokens: Some(stats.cached_tokens as u32),
+            // Rendering, tokenizing and waiting for the model count too: the
+            // caller waited for them.
+            time_to_first_token: Some(setup + stats.time_to_first_token),
+            total_time: Some(start.elapsed()),
+            finish_reason: Some(reason.as_str().to_string()),
+        })
+    }
+}
+
+/// Reads a local folder's chat template, if it has one.
+fn read_template(dir: &Path) -> Result<Option<ChatTemplate>, OrtError> {
+    if !dir.is_dir() {
+        return Ok(None);
+    }
+    let config = TokenizerConfig::load(dir)?;
+    match config.chat_template {
+        Some(source) => ChatTemplate::new(source, config.bos_token, config.eos_token).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Everything `prepare` does, on a blocking thread.
+fn load(
+    options: &OrtProviderOptions,
+    source: &ModelSource,
+    cache: &Path,
+    progress: &ProgressFn,
+    cancel: &CancellationToken,
+) -> Result<Loaded, OrtError> {
+    const STEPS: u64 = 4;
+    let step = |done: u64, stage: &str| {
+        progress(Progress {
+            stage: stage.to_string(),
+            done,
+            total: Some(STEPS),
+        })
+    };
+    let dir = match source {
+        ModelSource::Local(dir) => dir.clone(),
+        ModelSource::Hub { repo } => {
+            hub::download(repo, options.variant.as_deref(), cache, progress, cancel)?
+        }
+    };
+    let files = ModelFiles::locate(&dir, options.variant.as_deref())?;
+    step(0, "load tokenizer");
+    let tokenizer = Tokenizer::from_file(&files.tokenizer)
+        .map_err(|e| OrtError::invalid("tokenizer.json", e))?;
+    if cancel.is_cancelled() {
+        return Err(OrtError::Cancelled);
+    }
+    step(1, "load chat template");
+    let config = ModelConfig::load(&dir)?;
+    let template = match read_template(&dir)? {
+        Some(t) => t,
+        None => {
+            tracing::warn!(dir = %dir.display(), "the model has no chat template; using ChatML");
+            ChatTemplate::chatml()
+        }
+    };
+    let tok_config = TokenizerConfig::load(&dir)?;
+    let mut stop_ids = config.eos_token_ids.clone();
+    if let Some(id) = tok_config
+        .eos_token
+        .as_deref()
+        .and_then(|t| tokenizer.token_to_id(t))
+        && !stop_ids.contains(&id)
+    {
+        stop_ids.push(id);
+    }
+    let stop_strings = if options.stop.is_empty() {
+        let mut texts: Vec<String> = stop_ids
+            .iter()
+            .filter_map(|&id| tokenizer.id_to_token(id))
+            .collect();
+        texts.extend(tok_config.eos_token.clone());
+        texts.sort();
+        texts.dedup();
+        texts
+    } else {
+        options.stop.clone()
+    };
+    if cancel.is_cancelled() {
+        return Err(OrtError::Cancelled);
+    }
+    step(2, "load onnxruntime session");
+    let model = OrtModel::load(&files, config, options)?;
+    step(STEPS, "ready");
+    let context_length = model.context_length();
+    Ok(Loaded {
+        model: Mutex::new(model),
+        tokenizer,
+        template,
+        stop_ids,
+        stop_strings,
+        dir,
+        context_length,
+    })
+}
+
+fn join_error(e: tokio::task::JoinError) -> ProviderError {
+    ProviderError::Generation(format!("the model thread failed: {e}"))
+}
+
+#[async_trait]
+impl Provider for OrtProvider {
+    fn info(&self) -> ProviderInfo {
+        ProviderInfo {
+            provider: PROVIDER_NAME.to_string(),
+            model: self.source.display_name(),
+            context_length: self.loaded.get().map(|l| l.context_length as u32),
+        }
+    }
+
+    async fn prepare(
+        &self,
+        progress: ProgressFn,
+        cancel: CancellationToken,
+    ) -> Result<(), ProviderError> {
+        let loaded = self
+            .loaded
+            .get_or_try_init(|| async {
+                let options = self.options.clone();
+                let source = self.source.clone();
+                let cache = self.cache.clone();
+                let work_cancel = cancel.child_token();
+                // Dropping prepare (or cancelling) stops the download between chunks.
+                let _stop_work = work_cancel.clone().drop_guard();
+                let task = tokio::task::spawn_blocking(move || {
+                    load(&options, &source, &cache, &progress, &work_cancel)
+                });
+                tokio::select! {
+                    result = task => result.map_err(join_error)?.map(Arc::new).map_err(ProviderError::from),
+                    _ = cancel.cancelled() => Err(ProviderError::Cancelled),
+                }
+            })
+            .await?;
+        let _ = self.traits.set(TemplateTraits::of(&loaded.template));
+        Ok(())
+    }
+
+    async fn generate(
+        &self,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> Result<Generation, ProviderError> {
+        let loaded = Arc::clone(self.loaded()?);
+        let params = self.params(&request, &loaded.stop_ids);
+        // When the loop drops this future (a step timeout), the guard stops
+        // the blocking work at its next token instead of letting it run on.
+        let work_cancel = cancel.child_token();
+        let _stop_work = work_cancel.clone().drop_guard();
+        let task =
+            tokio::task::spawn_blocking(move || loaded.generate(&request, &params, &work_cancel));
+        tokio::select! {
+            result = task => result.map_err(join_error)?.map_err(ProviderError::from),
+            _ = cancel.cancelled() => Err(ProviderError::Cancelled),
+        }
+    }
+
+    async fn fits(&self, request: &GenerateRequest) -> Result<bool, ProviderError> {
+        let loaded = Arc::clone(self.loaded()?);
+        let reserve = self.reserve(request);
+        let request = request.clone();
+        let tokens = tokio::task::spawn_blocking(move || {
+            loaded
+                .render(&request)
+                .and_then(|p| loaded.encode(&p))
+                .map(|ids| ids.len())
+        })
+        .await
+        .map_err(join_error)??;
+        let limit = self.loaded()?.context_length;
+        Ok(tokens + reserve <= limit)
+    }
+
+    fn call_format(&self) -> CallFormat {
+        self.traits.get().map(|t| t.call_format).unwrap_or_default()
+    }
+
+    fn tools_inline(&self) -> bool {
+        self.traits.get().map(|t| t.tools_inline).unwrap_or(true)
+    }
+
+    fn supports_constraints(&self) -> bool {
+        false
+    }
+}
