@@ -1,0 +1,395 @@
+//! The agent actor: runs `run_local_agent` against the provider and tool
+//! bridge handles, with bounded admission and Stop.
+
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use futures::{Stream, StreamExt};
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, Span};
+use wma_agent::{
+    AgentProfile, AgentRunRequest, AgentStreamPart, ChatMessage, LocalLoopOptions, run_local_agent,
+};
+
+use crate::bridge::ToolBridgeHandle;
+use crate::error::RuntimeError;
+use crate::provider::ProviderHandle;
+use crate::slot::Slot;
+use crate::supervisor::Timeouts;
+
+/// Concurrent runs one agent accepts unless [`AgentConfig::max_concurrent_runs`]
+/// says otherwise. One more is refused at once with [`RuntimeError::Busy`];
+/// nothing queues, because a queued request to an on-device model can wait
+/// for minutes without the person knowing why.
+pub const DEFAULT_MAX_CONCURRENT_RUNS: usize = 4;
+
+/// Parts a run may get ahead of its reader. A reader that falls further
+/// behind slows the run down (backpressure) instead of growing memory.
+pub const RUN_PART_BUFFER: usize = 64;
+
+/// One agent the runtime hosts.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// The name callers look it up by; also the profile's name in traces
+    /// (`invoke_agent {name}`) unless the profile names it.
+    pub name: String,
+    /// Instructions, step limit and sub-agents; wins over `options`.
+    pub profile: AgentProfile,
+    /// The loop's limits.
+    pub options: LocalLoopOptions,
+    /// Admission limit. Default [`DEFAULT_MAX_CONCURRENT_RUNS`].
+    pub max_concurrent_runs: usize,
+    /// Take `options.tools_inline` from the provider serving when each run
+    /// starts, so a swap to a model with chat-template tools changes it.
+    /// Default true.
+    pub follow_provider_tools_inline: bool,
+}
+
+impl AgentConfig {
+    /// An agent with default options.
+    pub fn new(name: impl Into<String>) -> Self {
+        let name = name.into();
+        Self {
+            profile: AgentProfile {
+                name: Some(name.clone()),
+                ..AgentProfile::default()
+            },
+            name,
+            options: LocalLoopOptions::default(),
+            max_concurrent_runs: DEFAULT_MAX_CONCURRENT_RUNS,
+            follow_provider_tools_inline: true,
+        }
+    }
+
+    /// Sets the loop options.
+    pub fn with_options(mut self, options: LocalLoopOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Sets the profile (its name defaults to the agent's).
+    pub fn with_profile(mut self, mut profile: AgentProfile) -> Self {
+        if profile.name.is_none() {
+            profile.name = Some(self.name.clone());
+        }
+        self.profile = profile;
+        self
+    }
+
+    /// Sets the admission limit (at least 1).
+    pub fn with_max_concurrent_runs(mut self, limit: usize) -> Self {
+        self.max_concurrent_runs = limit.max(1);
+        self
+    }
+
+    /// Uses `options.tools_inline` as given instead of following the provider.
+    pub fn with_fixed_tools_inline(mut self) -> Self {
+        self.follow_provider_tools_inline = false;
+        self
+    }
+}
+
+/// Identifies one run of one agent.
+pub type RunId = u64;
+
+/// What outlives one instance of the agent actor, so that a restart
+/// neither forgets running runs (Stop must still reach them) nor resets
+/// the admission count.
+pub(crate) struct AgentShared {
+    pub(crate) config: AgentConfig,
+    permits: Arc<Semaphore>,
+    runs: Mutex<HashMap<RunId, CancellationToken>>,
+    next_id: AtomicU64,
+    /// Times the supervisor restarted the actor.
+    pub(crate) restarts: AtomicU32,
+}
+
+impl AgentShared {
+    pub(crate) fn new(config: AgentConfig) -> Arc<Self> {
+        Arc::new(Self {
+            permits: Arc::new(Semaphore::new(config.max_concurrent_runs.max(1))),
+            config,
+            runs: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            restarts: AtomicU32::new(0),
+        })
+    }
+
+    fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, CancellationToken>> {
+        self.runs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Messages of the agent actor.
+pub(crate) enum AgentMsg {
+    /// Start a run that sends its parts to `parts`. `span` is the caller's,
+    /// the parent of the run's `invoke_agent` span.
+    Run {
+        messages: Vec<ChatMessage>,
+        cancel: CancellationToken,
+        parts: mpsc::Sender<AgentStreamPart>,
+        span: Span,
+        reply: RpcReplyPort<Result<RunId, RuntimeError>>,
+    },
+    /// Stop one run, or all of them; replies with how many were stopped.
+    Stop {
+        run: Option<RunId>,
+        reply: RpcReplyPort<usize>,
+    },
+}
+
+pub(crate) struct AgentActor;
+
+pub(crate) struct AgentArgs {
+    pub(crate) shared: Arc<AgentShared>,
+    pub(crate) provider: ProviderHandle,
+    pub(crate) tools: ToolBridgeHandle,
+}
+
+impl Actor for AgentActor {
+    type Msg = AgentMsg;
+    type State = AgentArgs;
+    type Arguments = AgentArgs;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        args: AgentArgs,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(args)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            AgentMsg::Run {
+                messages,
+                cancel,
+                parts,
+                span,
+                reply,
+            } => {
+                let result = match state.shared.permits.clone().try_acquire_owned() {
+                    Err(_) => Err(RuntimeError::Busy {
+                        agent: state.shared.config.name.clone(),
+                        limit: state.shared.config.max_concurrent_runs,
+                    }),
+                    Ok(permit) => Ok(state.start(messages, cancel, parts, span, permit)),
+                };
+                let _ = reply.send(result);
+            }
+            AgentMsg::Stop { run, reply } => {
+                let runs = state.shared.runs();
+                let stopped = match run {
+                    Some(id) => runs.get(&id).map(|t| t.cancel()).map_or(0, |()| 1),
+                    None => {
+                        runs.values().for_each(CancellationToken::cancel);
+                        runs.len()
+                    }
+                };
+                let _ = reply.send(stopped);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl AgentArgs {
+    /// Starts the run on its own task: the loop waits on the model for
+    /// seconds at a time, and the actor must keep taking Run and Stop.
+    fn start(
+        &self,
+        messages: Vec<ChatMessage>,
+        cancel: CancellationToken,
+        parts: mpsc::Sender<AgentStreamPart>,
+        span: Span,
+        permit: OwnedSemaphorePermit,
+    ) -> RunId {
+        let shared = self.shared.clone();
+        let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
+        shared.runs().insert(id, cancel.clone());
+        let mut options = shared.config.options.clone();
+        if shared.config.follow_provider_tools_inline {
+            options.tools_inline = wma_agent::Provider::tools_inline(&self.provider);
+        }
+        let request = AgentRunRequest {
+            messages,
+            tools: Arc::new(self.tools.clone()),
+            cancel: cancel.clone(),
+            agent: Some(shared.config.profile.clone()),
+        };
+        let provider = self.provider.clone();
+        tokio::spawn(
+            async move {
+                let _permit = permit;
+                let mut stream = run_local_agent(provider, request, options);
+                while let Some(part) = stream.next().await {
+                    if parts.send(part).await.is_err() {
+                        // Nobody reads any more: stop, and let the loop end
+                        // its run properly (it finishes "aborted" at once).
+                        cancel.cancel();
+                    }
+                }
+                shared.runs().remove(&id);
+            }
+            .instrument(span),
+        );
+        id
+    }
+}
+
+/// A handle to one agent.
+#[derive(Clone)]
+pub struct AgentHandle {
+    pub(crate) slot: Arc<Slot<AgentMsg>>,
+    pub(crate) shared: Arc<AgentShared>,
+    pub(crate) timeouts: Timeouts,
+}
+
+impl AgentHandle {
+    /// The agent's name.
+    pub fn name(&self) -> &str {
+        &self.shared.config.name
+    }
+
+    /// Starts a run and streams its parts. Fails at once with
+    /// [`RuntimeError::Busy`] when the agent runs its limit already. The
+    /// current tracing span becomes the parent of the run's `invoke_agent`.
+    pub async fn run(&self, messages: Vec<ChatMessage>) -> Result<RunStream, RuntimeError> {
+        self.run_with_cancel(messages, CancellationToken::new())
+            .await
+    }
+
+    /// Like [`AgentHandle::run`], cancelled also when `parent` is (a parent
+    /// agent's run, a request that went away).
+    pub async fn run_with_cancel(
+        &self,
+        messages: Vec<ChatMessage>,
+        parent: CancellationToken,
+    ) -> Result<RunStream, RuntimeError> {
+        let cancel = parent.child_token();
+        let (tx, rx) = mpsc::channel(RUN_PART_BUFFER);
+        let span = Span::current();
+        let id = self
+            .slot
+            .call(
+                |reply| AgentMsg::Run {
+                    messages: messages.clone(),
+                    cancel: cancel.clone(),
+                    parts: tx.clone(),
+                    span: span.clone(),
+                    reply,
+                },
+                self.timeouts.control,
+                self.timeouts.restart_wait,
+            )
+            .await??;
+        Ok(RunStream {
+            id,
+            rx,
+            cancel,
+            ended: false,
+        })
+    }
+
+    /// Stops one run (through the actor); returns whether it was running.
+    pub async fn stop(&self, run: RunId) -> Result<bool, RuntimeError> {
+        self.stop_inner(Some(run)).await.map(|n| n > 0)
+    }
+
+    /// Stops every run of this agent; returns how many were running.
+    pub async fn stop_all(&self) -> Result<usize, RuntimeError> {
+        self.stop_inner(None).await
+    }
+
+    async fn stop_inner(&self, run: Option<RunId>) -> Result<usize, RuntimeError> {
+        self.slot
+            .call(
+                |reply| AgentMsg::Stop { run, reply },
+                self.timeouts.control,
+                self.timeouts.restart_wait,
+            )
+            .await
+    }
+
+    /// Runs in progress (their tasks still alive).
+    pub fn active_runs(&self) -> usize {
+        self.shared.runs().len()
+    }
+
+    /// Times the supervisor restarted this agent's actor.
+    pub fn restarts(&self) -> u32 {
+        self.shared.restarts.load(Ordering::SeqCst)
+    }
+}
+
+impl std::fmt::Debug for AgentHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AgentHandle")
+            .field("name", &self.shared.config.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The parts of one run, ending with exactly one finish or error part.
+/// Dropping it stops the run.
+#[derive(Debug)]
+pub struct RunStream {
+    id: RunId,
+    rx: mpsc::Receiver<AgentStreamPart>,
+    cancel: CancellationToken,
+    /// The terminal part was read; dropping no longer needs to stop anything.
+    ended: bool,
+}
+
+impl RunStream {
+    /// The run's id, for [`AgentHandle::stop`].
+    pub fn id(&self) -> RunId {
+        self.id
+    }
+
+    /// Stops this run; it ends with finish `aborted` (read on to see it).
+    pub fn stop(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Reads the run to its end.
+    pub async fn collect_parts(mut self) -> Vec<AgentStreamPart> {
+        let mut parts = Vec::new();
+        while let Some(part) = self.next().await {
+            parts.push(part);
+        }
+        parts
+    }
+}
+
+impl Stream for RunStream {
+    type Item = AgentStreamPart;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let polled = self.rx.poll_recv(cx);
+        if let Poll::Ready(Some(part)) = &polled {
+            if part.is_terminal() {
+                self.ended = true;
+            }
+        }
+        polled
+    }
+}
+
+impl Drop for RunStream {
+    fn drop(&mut self) {
+        if !self.ended {
+            self.cancel.cancel();
+        }
+    }
+}

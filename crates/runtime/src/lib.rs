@@ -1,0 +1,82 @@
+//! Supervised actors that host webmcp-agents, built on [`ractor`].
+//!
+//! A [`Runtime`] is a supervisor with these children, each reached through a
+//! cheap, cloneable handle whose calls all have time limits:
+//!
+//! - the **provider actor** ([`ProviderHandle`]) owns one model and serves
+//!   generate, fits and info. [`ProviderHandle::swap`] prepares another model
+//!   while the current one keeps serving, then switches in one step:
+//!   generations already running finish on the old model, every later
+//!   request goes to the new one, and a model that fails to load leaves the
+//!   old one serving. Inference never runs inside a handler; it runs on a
+//!   task that the caller's cancellation token ends.
+//! - the **tool bridge** ([`ToolBridgeHandle`]) owns the tool sources, merges
+//!   their tools (the source registered first wins a name clash), validates
+//!   arguments against the tool's schema before dispatch and limits each
+//!   call in time ([`DEFAULT_TOOL_TIMEOUT`]).
+//! - one **agent actor** per [`AgentConfig`] ([`AgentHandle`]) takes Run and
+//!   Stop, and runs the very [`run_local_agent`](wma_agent::run_local_agent)
+//!   of `wma-agent` against the two handles above, which implement the
+//!   loop's [`Provider`](wma_agent::Provider) and
+//!   [`ToolHost`](wma_agent::ToolHost) traits. Each agent admits at most
+//!   [`DEFAULT_MAX_CONCURRENT_RUNS`] runs at once; one more is refused with
+//!   [`RuntimeError::Busy`] (ractor's mailboxes are unbounded, so the limit is
+//!   enforced here).
+//!
+//! The supervisor restarts a child that crashed, within a
+//! [`RestartBudget`] ([`DEFAULT_MAX_RESTARTS`] restarts per
+//! [`DEFAULT_RESTART_WINDOW`]). A model that panics mid-generation ends the
+//! affected run with the loop's provider-failure error, and the provider
+//! actor comes back with the same model; a tool source that panics fails
+//! that call with `unavailable`, and the bridge comes back with fresh
+//! sources. Handles find the restarted actor by themselves.
+//!
+//! Every message that starts work carries the caller's tracing span, so the
+//! loop's `chat` and `execute_tool` spans stay the parents of whatever the
+//! provider or the tool source traces, across the hop through the actors.
+//! `docs/runtime.md` has the details.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use wma_agent::{AgentStreamPart, ChatMessage};
+//! use wma_runtime::{AgentConfig, ProviderSource, Runtime, ToolSource};
+//! use wma_testkit::{InMemoryToolHost, ScriptedProvider};
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), wma_runtime::RuntimeError> {
+//! let model = ScriptedProvider::new(["Paris."]);
+//! let runtime = Runtime::builder(ProviderSource::new(move || model.clone()))
+//!     .tool_source(ToolSource::shared("page", Arc::new(InMemoryToolHost::new())))
+//!     .agent(AgentConfig::new("helper"))
+//!     .start()
+//!     .await?;
+//! let run = runtime.agent("helper")?.run(vec![ChatMessage::user("Capital of France?")]).await?;
+//! let parts = run.collect_parts().await;
+//! assert_eq!(parts[1], AgentStreamPart::Text { text: "Paris.".into() });
+//! runtime.shutdown().await;
+//! # Ok(()) }
+//! ```
+
+mod agent;
+mod bridge;
+mod error;
+mod provider;
+mod slot;
+mod supervisor;
+
+pub use agent::{
+    AgentConfig, AgentHandle, DEFAULT_MAX_CONCURRENT_RUNS, RUN_PART_BUFFER, RunId, RunStream,
+};
+pub use bridge::{DEFAULT_TOOL_TIMEOUT, ToolBridgeHandle, ToolSource};
+pub use error::RuntimeError;
+pub use provider::{DEFAULT_SWAP_TIMEOUT, ProviderHandle, ProviderSource};
+pub use supervisor::{
+    DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW, RestartBudget, Runtime, RuntimeBuilder, Timeouts,
+};
+
+/// The message of a caught panic, for error parts and logs.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string())
+}
