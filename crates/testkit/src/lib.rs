@@ -5,6 +5,8 @@
 //!   it receives so a test can assert on the prompt.
 //! - [`InMemoryToolHost`]: a [`ToolHost`] whose tools are Rust closures, with
 //!   a page context and a log of the calls made.
+//! - [`OtlpReceiver`]: a real OTLP/HTTP traces endpoint on loopback that
+//!   decodes what an exporter sends, for tests of the exported span tree.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -21,7 +23,9 @@
 //! ```
 
 mod host;
+mod otlp;
 mod provider;
 
 pub use host::{InMemoryToolHost, RecordedCall, ToolFn};
+pub use otlp::{AttrValue, CapturedEvent, CapturedSpan, OtlpReceiver, SpanStatus};
 pub use provider::{ScriptedProvider, ScriptedReply};

@@ -1,0 +1,229 @@
+//! Building the subscriber: a stderr log layer, and the OpenTelemetry layer
+//! with its OTLP exporter when export is on.
+
+use std::time::Duration;
+
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_otlp::WithExportConfig;
+use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{
+    BatchSpanProcessor, SdkTracerProvider, Span, SpanData, SpanProcessor,
+};
+use tracing::Dispatch;
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::{Layer, Registry};
+
+use crate::config::{OtlpExport, OtlpProtocol, Settings, TelemetryConfig};
+use crate::error::TelemetryError;
+
+/// Keeps the exporter alive. Dropping it flushes what is buffered and shuts
+/// the exporter down, so keep it until the program ends.
+#[must_use = "dropping the guard shuts the exporter down"]
+pub struct TelemetryGuard {
+    provider: Option<SdkTracerProvider>,
+    /// gRPC's client needs a Tokio runtime of its own: the SDK exports from
+    /// its own thread, whatever runtime (if any) the program uses.
+    #[cfg(feature = "grpc")]
+    runtime: Option<tokio::runtime::Runtime>,
+    export: Option<OtlpExport>,
+}
+
+impl TelemetryGuard {
+    /// Where spans go, or `None` when export is off.
+    pub fn export(&self) -> Option<&OtlpExport> {
+        self.export.as_ref()
+    }
+
+    /// Whether spans are exported.
+    pub fn is_exporting(&self) -> bool {
+        self.provider.is_some()
+    }
+
+    /// Sends every finished span now, blocking until the exporter answered.
+    /// Call it from a blocking context (not on a single-threaded runtime
+    /// whose thread the receiving end needs).
+    pub fn flush(&self) -> Result<(), TelemetryError> {
+        match &self.provider {
+            Some(provider) => provider
+                .force_flush()
+                .map_err(|e| TelemetryError::Exporter(e.to_string())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for TelemetryGuard {
+    fn drop(&mut self) {
+        if let Some(provider) = self.provider.take() {
+            // Shutdown flushes; a collector that is down must not hold the
+            // program's exit for long.
+            let _ = provider.shutdown_with_timeout(Duration::from_secs(5));
+        }
+        #[cfg(feature = "grpc")]
+        if let Some(runtime) = self.runtime.take() {
+            // Dropping a runtime blocks, which panics inside async code.
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl std::fmt::Debug for TelemetryGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TelemetryGuard")
+            .field("export", &self.export)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Resolves `config` against the process environment, builds the
+/// subscriber and installs it as the global default. Binaries and
+/// examples call this once, early, and keep the guard.
+pub fn init(config: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
+    let settings = config.resolve_from_env()?;
+    let (dispatch, guard) = build(&settings)?;
+    tracing::dispatcher::set_global_default(dispatch)
+        .map_err(|_| TelemetryError::AlreadyInstalled)?;
+    Ok(guard)
+}
+
+/// Builds the subscriber for `settings` without installing it (tests and
+/// benchmarks scope it with `tracing::dispatcher::with_default`).
+///
+/// With export off there is no OpenTelemetry layer at all, and spans below
+/// the log filter's level are disabled where they are declared: tracing off
+/// costs one cached interest check per span.
+pub fn build(settings: &Settings) -> Result<(Dispatch, TelemetryGuard), TelemetryError> {
+    let log_filter = parse_filter(&settings.log_filter)?;
+    let log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(log_filter);
+    let Some(export) = &settings.export else {
+        let dispatch = Dispatch::new(Registry::default().with(log));
+        return Ok((
+            dispatch,
+            TelemetryGuard {
+                provider: None,
+                #[cfg(feature = "grpc")]
+                runtime: None,
+                export: None,
+            },
+        ));
+    };
+    let trace_filter = parse_filter(&settings.trace_filter)?;
+    #[cfg(feature = "grpc")]
+    let mut runtime = None;
+    let exporter = match export.protocol {
+        OtlpProtocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+            .with_endpoint(export.endpoint.clone())
+            .build()
+            .map_err(|e| TelemetryError::Exporter(e.to_string()))?,
+        #[cfg(feature = "grpc")]
+        OtlpProtocol::Grpc => {
+            let rt = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("otlp-grpc")
+                .enable_all()
+                .build()
+                .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+            let exporter = {
+                let _entered = rt.enter();
+                opentelemetry_otlp::SpanExporter::builder()
+                    .with_tonic()
+                    .with_endpoint(export.endpoint.clone())
+                    .build()
+                    .map_err(|e| TelemetryError::Exporter(e.to_string()))?
+            };
+            runtime = Some(rt);
+            exporter
+        }
+        #[cfg(not(feature = "grpc"))]
+        OtlpProtocol::Grpc => return Err(TelemetryError::GrpcNotBuilt),
+    };
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(ErrorStatus(BatchSpanProcessor::builder(exporter).build()))
+        .with_resource(
+            Resource::builder()
+                .with_service_name(settings.service_name.clone())
+                .build(),
+        )
+        .build();
+    let tracer = provider.tracer("webmcp-agents");
+    let otel = tracing_opentelemetry::layer()
+        .with_tracer(tracer)
+        .with_location(false)
+        .with_threads(false)
+        .with_filter(trace_filter);
+    let dispatch = Dispatch::new(Registry::default().with(log).with(otel));
+    Ok((
+        dispatch,
+        TelemetryGuard {
+            provider: Some(provider),
+            #[cfg(feature = "grpc")]
+            runtime,
+            export: Some(export.clone()),
+        },
+    ))
+}
+
+fn parse_filter(filter: &str) -> Result<EnvFilter, TelemetryError> {
+    EnvFilter::builder()
+        .parse(filter)
+        .map_err(|e| TelemetryError::Filter {
+            filter: filter.to_string(),
+            why: e.to_string(),
+        })
+}
+
+/// Marks spans that carry `error.type` as failed, as the GenAI conventions
+/// ask (`error.type` plus an error status), so that Jaeger shows them red.
+/// The loop records `error.type`; the status follows from it here, in one
+/// place, instead of at every span that can fail.
+#[derive(Debug)]
+struct ErrorStatus<P>(P);
+
+impl<P: SpanProcessor> SpanProcessor for ErrorStatus<P> {
+    fn on_start(&self, span: &mut Span, cx: &opentelemetry::Context) {
+        self.0.on_start(span, cx);
+    }
+
+    fn on_end(&self, mut span: SpanData) {
+        if matches!(span.status, opentelemetry::trace::Status::Unset) {
+            if let Some(kind) = span
+                .attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == "error.type")
+            {
+                span.status = opentelemetry::trace::Status::error(kind.value.to_string());
+            }
+        }
+        self.0.on_end(span);
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.0.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.0.set_resource(resource);
+    }
+}
+
+/// The OpenTelemetry trace id of a span (32 hex digits), to tell a person
+/// which trace to open. `None` when export is off or the span is disabled.
+pub fn trace_id(span: &tracing::Span) -> Option<String> {
+    use opentelemetry::trace::TraceContextExt;
+    use tracing_opentelemetry::OpenTelemetrySpanExt;
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    span_context
+        .is_valid()
+        .then(|| span_context.trace_id().to_string())
+}

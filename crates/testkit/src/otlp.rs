@@ -1,0 +1,379 @@
+//! An in-process OTLP receiver: a real OTLP/HTTP endpoint on loopback that
+//! decodes what an exporter sends, so tests can assert on exported spans.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use prost::Message;
+use tokio::sync::oneshot;
+
+/// An attribute value as it arrived.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttrValue {
+    /// A string.
+    String(String),
+    /// A boolean.
+    Bool(bool),
+    /// An integer.
+    Int(i64),
+    /// A floating-point number.
+    Double(f64),
+    /// Anything else (arrays, maps, bytes), in debug form.
+    Other(String),
+}
+
+impl AttrValue {
+    fn from_proto(value: Option<AnyValue>) -> Self {
+        match value.and_then(|v| v.value) {
+            Some(any_value::Value::StringValue(s)) => Self::String(s),
+            Some(any_value::Value::BoolValue(b)) => Self::Bool(b),
+            Some(any_value::Value::IntValue(i)) => Self::Int(i),
+            Some(any_value::Value::DoubleValue(d)) => Self::Double(d),
+            Some(other) => Self::Other(format!("{other:?}")),
+            None => Self::Other(String::new()),
+        }
+    }
+
+    /// The string, if this is one.
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Self::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The integer, if this is one.
+    pub fn as_i64(&self) -> Option<i64> {
+        match self {
+            Self::Int(i) => Some(*i),
+            _ => None,
+        }
+    }
+
+    /// The number, if this is an integer or a double.
+    pub fn as_f64(&self) -> Option<f64> {
+        match self {
+            Self::Int(i) => Some(*i as f64),
+            Self::Double(d) => Some(*d),
+            _ => None,
+        }
+    }
+}
+
+fn attributes(pairs: Vec<KeyValue>) -> BTreeMap<String, AttrValue> {
+    pairs
+        .into_iter()
+        .map(|kv| (kv.key, AttrValue::from_proto(kv.value)))
+        .collect()
+}
+
+/// A span's status.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SpanStatus {
+    /// Not set.
+    Unset,
+    /// Ok.
+    Ok,
+    /// Error, with its description.
+    Error(String),
+}
+
+/// An event recorded on a span (a `tracing` event inside it).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CapturedEvent {
+    /// The event's name.
+    pub name: String,
+    /// Its attributes (the event's fields).
+    pub attributes: BTreeMap<String, AttrValue>,
+}
+
+/// One exported span, decoded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CapturedSpan {
+    /// Hex trace id.
+    pub trace_id: String,
+    /// Hex span id.
+    pub span_id: String,
+    /// Hex id of the parent span; `None` for a root.
+    pub parent_span_id: Option<String>,
+    /// The span's name.
+    pub name: String,
+    /// `internal`, `server`, `client`, `producer`, `consumer` or `unspecified`.
+    pub kind: &'static str,
+    /// The attributes.
+    pub attributes: BTreeMap<String, AttrValue>,
+    /// Events, in order.
+    pub events: Vec<CapturedEvent>,
+    /// The status.
+    pub status: SpanStatus,
+    /// `service.name` of the resource that sent it.
+    pub service_name: Option<String>,
+    /// Start, in nanoseconds since the Unix epoch.
+    pub start_unix_nano: u64,
+    /// End, in nanoseconds since the Unix epoch.
+    pub end_unix_nano: u64,
+}
+
+impl CapturedSpan {
+    /// An attribute.
+    pub fn attr(&self, key: &str) -> Option<&AttrValue> {
+        self.attributes.get(key)
+    }
+
+    /// A string attribute.
+    pub fn str_attr(&self, key: &str) -> Option<&str> {
+        self.attr(key).and_then(AttrValue::as_str)
+    }
+
+    /// An integer attribute.
+    pub fn int_attr(&self, key: &str) -> Option<i64> {
+        self.attr(key).and_then(AttrValue::as_i64)
+    }
+
+    /// Whether `other` is this span's parent.
+    pub fn is_child_of(&self, other: &CapturedSpan) -> bool {
+        self.trace_id == other.trace_id
+            && self.parent_span_id.as_deref() == Some(other.span_id.as_str())
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn kind_name(kind: i32) -> &'static str {
+    match kind {
+        1 => "internal",
+        2 => "server",
+        3 => "client",
+        4 => "producer",
+        5 => "consumer",
+        _ => "unspecified",
+    }
+}
+
+fn decode(request: ExportTraceServiceRequest) -> Vec<CapturedSpan> {
+    let mut out = Vec::new();
+    for resource_spans in request.resource_spans {
+        let service_name = resource_spans.resource.and_then(|r| {
+            r.attributes
+                .into_iter()
+                .find(|kv| kv.key == "service.name")
+                .and_then(|kv| AttrValue::from_proto(kv.value).as_str().map(str::to_string))
+        });
+        for scope_spans in resource_spans.scope_spans {
+            for span in scope_spans.spans {
+                let status = match span.status {
+                    Some(s) if s.code == 2 => SpanStatus::Error(s.message),
+                    Some(s) if s.code == 1 => SpanStatus::Ok,
+                    _ => SpanStatus::Unset,
+                };
+                out.push(CapturedSpan {
+                    trace_id: hex(&span.trace_id),
+                    span_id: hex(&span.span_id),
+                    parent_span_id: (!span.parent_span_id.is_empty())
+                        .then(|| hex(&span.parent_span_id)),
+                    name: span.name,
+                    kind: kind_name(span.kind),
+                    attributes: attributes(span.attributes),
+                    events: span
+                        .events
+                        .into_iter()
+                        .map(|e| CapturedEvent {
+                            name: e.name,
+                            attributes: attributes(e.attributes),
+                        })
+                        .collect(),
+                    status,
+                    service_name: service_name.clone(),
+                    start_unix_nano: span.start_time_unix_nano,
+                    end_unix_nano: span.end_time_unix_nano,
+                });
+            }
+        }
+    }
+    out
+}
+
+#[derive(Default)]
+struct Store {
+    spans: Vec<CapturedSpan>,
+    requests: usize,
+}
+
+/// An OTLP/HTTP traces receiver (`POST /v1/traces`, `application/x-protobuf`)
+/// on `127.0.0.1` with a port of its own. It runs on a thread of its own,
+/// so an exporter can flush to it from any context, blocking or not.
+/// Dropping it stops the server.
+///
+/// ```no_run
+/// let receiver = wma_testkit::OtlpReceiver::start().unwrap();
+/// // Point an exporter at it (http/protobuf):
+/// let base = receiver.endpoint(); // "http://127.0.0.1:PORT"
+/// # let _ = base;
+/// // ...run something traced, flush the exporter, then:
+/// let spans = receiver.spans();
+/// # let _ = spans;
+/// ```
+pub struct OtlpReceiver {
+    addr: SocketAddr,
+    store: Arc<Mutex<Store>>,
+    shutdown: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl OtlpReceiver {
+    /// Binds a free loopback port and starts serving.
+    pub fn start() -> std::io::Result<Self> {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let store = Arc::new(Mutex::new(Store::default()));
+        let (shutdown, mut stop) = oneshot::channel::<()>();
+        let served = store.clone();
+        let thread = std::thread::Builder::new()
+            .name("otlp-receiver".to_string())
+            .spawn(move || {
+                runtime.block_on(async move {
+                    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
+                        return;
+                    };
+                    loop {
+                        tokio::select! {
+                            _ = &mut stop => break,
+                            accepted = listener.accept() => {
+                                let Ok((stream, _)) = accepted else { continue };
+                                let store = served.clone();
+                                tokio::spawn(async move {
+                                    let service = service_fn(move |req| handle(req, store.clone()));
+                                    let _ = http1::Builder::new()
+                                        .serve_connection(TokioIo::new(stream), service)
+                                        .await;
+                                });
+                            }
+                        }
+                    }
+                });
+            })?;
+        Ok(Self {
+            addr,
+            store,
+            shutdown: Some(shutdown),
+            thread: Some(thread),
+        })
+    }
+
+    /// The base URL (`http://127.0.0.1:PORT`), as `OTEL_EXPORTER_OTLP_ENDPOINT` takes it.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The full traces URL (`.../v1/traces`).
+    pub fn traces_url(&self) -> String {
+        format!("{}/v1/traces", self.endpoint())
+    }
+
+    /// Every span received so far, in arrival order.
+    pub fn spans(&self) -> Vec<CapturedSpan> {
+        self.lock().spans.clone()
+    }
+
+    /// Export requests received so far.
+    pub fn requests(&self) -> usize {
+        self.lock().requests
+    }
+
+    /// Forgets what was received.
+    pub fn clear(&self) {
+        let mut store = self.lock();
+        store.spans.clear();
+        store.requests = 0;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
+        self.store.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Drop for OtlpReceiver {
+    fn drop(&mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for OtlpReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OtlpReceiver")
+            .field("addr", &self.addr)
+            .finish_non_exhaustive()
+    }
+}
+
+async fn handle(
+    request: Request<Incoming>,
+    store: Arc<Mutex<Store>>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let reply = |status: StatusCode, body: Vec<u8>| {
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            hyper::header::CONTENT_TYPE,
+            hyper::header::HeaderValue::from_static("application/x-protobuf"),
+        );
+        Ok(response)
+    };
+    if request.method() != Method::POST || request.uri().path() != "/v1/traces" {
+        return reply(StatusCode::NOT_FOUND, Vec::new());
+    }
+    let protobuf = request
+        .headers()
+        .get(hyper::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/x-protobuf"));
+    let encoded = request
+        .headers()
+        .get(hyper::header::CONTENT_ENCODING)
+        .is_some_and(|v| v != "identity");
+    if !protobuf || encoded {
+        // Only uncompressed http/protobuf is understood; saying so beats
+        // silently dropping what a test expects to see.
+        return reply(StatusCode::UNSUPPORTED_MEDIA_TYPE, Vec::new());
+    }
+    let Ok(body) = request.into_body().collect().await else {
+        return reply(StatusCode::BAD_REQUEST, Vec::new());
+    };
+    let Ok(decoded) = ExportTraceServiceRequest::decode(body.to_bytes()) else {
+        return reply(StatusCode::BAD_REQUEST, Vec::new());
+    };
+    let spans = decode(decoded);
+    {
+        let mut store = store.lock().unwrap_or_else(|e| e.into_inner());
+        store.requests += 1;
+        store.spans.extend(spans);
+    }
+    reply(
+        StatusCode::OK,
+        ExportTraceServiceResponse::default().encode_to_vec(),
+    )
+}
