@@ -377,10 +377,10 @@ impl Stream for RunStream {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let polled = self.rx.poll_recv(cx);
-        if let Poll::Ready(Some(part)) = &polled {
-            if part.is_terminal() {
-                self.ended = true;
-            }
+        if let Poll::Ready(Some(part)) = &polled
+            && part.is_terminal()
+        {
+            self.ended = true;
         }
         polled
     }

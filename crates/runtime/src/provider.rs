@@ -390,12 +390,14 @@ impl ProviderState {
                     async move {
                         let _guard = guard;
                         let run = async {
+                            // The provider is polled first so that one that
+                            // watches the token ends its own way (at the next
+                            // token); one that ignores it is dropped here, so
+                            // its caller is let go at once either way.
                             tokio::select! {
                                 biased;
-                                // A provider that ignores the token must still
-                                // let its caller go at once.
-                                _ = cancel.cancelled() => Err(ProviderError::Cancelled),
                                 result = provider.generate(request, cancel.clone()) => result,
+                                _ = cancel.cancelled() => Err(ProviderError::Cancelled),
                             }
                         };
                         let result = match AssertUnwindSafe(run).catch_unwind().await {

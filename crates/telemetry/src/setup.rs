@@ -144,7 +144,9 @@ pub fn build(settings: &Settings) -> Result<(Dispatch, TelemetryGuard), Telemetr
         OtlpProtocol::Grpc => return Err(TelemetryError::GrpcNotBuilt),
     };
     let provider = SdkTracerProvider::builder()
-        .with_span_processor(ErrorStatus(BatchSpanProcessor::builder(exporter).build()))
+        .with_span_processor(GenAiConventions(
+            BatchSpanProcessor::builder(exporter).build(),
+        ))
         .with_resource(
             Resource::builder()
                 .with_service_name(settings.service_name.clone())
@@ -178,27 +180,48 @@ fn parse_filter(filter: &str) -> Result<EnvFilter, TelemetryError> {
         })
 }
 
-/// Marks spans that carry `error.type` as failed, as the GenAI conventions
-/// ask (`error.type` plus an error status), so that Jaeger shows them red.
-/// The loop records `error.type`; the status follows from it here, in one
-/// place, instead of at every span that can fail.
+/// Brings exported spans in line with the GenAI conventions, in one place
+/// instead of at every span:
+///
+/// - a span with `error.type` gets an error status (the conventions ask for
+///   both), so that Jaeger shows it red;
+/// - counts are integers: tracing-opentelemetry writes `u32`/`u64` fields
+///   (token usage, step numbers) as strings, which backends cannot sum or
+///   compare, so the known count attributes are turned back into integers.
 #[derive(Debug)]
-struct ErrorStatus<P>(P);
+struct GenAiConventions<P>(P);
 
-impl<P: SpanProcessor> SpanProcessor for ErrorStatus<P> {
+/// Attributes that hold counts.
+const COUNT_ATTRIBUTES: [&str; 6] = [
+    "gen_ai.usage.input_tokens",
+    "gen_ai.usage.output_tokens",
+    "gen_ai.usage.cached_tokens",
+    "wma.step",
+    "wma.steps",
+    "wma.tools_shown",
+];
+
+impl<P: SpanProcessor> SpanProcessor for GenAiConventions<P> {
     fn on_start(&self, span: &mut Span, cx: &opentelemetry::Context) {
         self.0.on_start(span, cx);
     }
 
     fn on_end(&self, mut span: SpanData) {
-        if matches!(span.status, opentelemetry::trace::Status::Unset) {
-            if let Some(kind) = span
+        for kv in &mut span.attributes {
+            if let opentelemetry::Value::String(text) = &kv.value
+                && COUNT_ATTRIBUTES.contains(&kv.key.as_str())
+                && let Ok(n) = text.as_str().parse::<i64>()
+            {
+                kv.value = opentelemetry::Value::I64(n);
+            }
+        }
+        if matches!(span.status, opentelemetry::trace::Status::Unset)
+            && let Some(kind) = span
                 .attributes
                 .iter()
                 .find(|kv| kv.key.as_str() == "error.type")
-            {
-                span.status = opentelemetry::trace::Status::error(kind.value.to_string());
-            }
+        {
+            span.status = opentelemetry::trace::Status::error(kind.value.to_string());
         }
         self.0.on_end(span);
     }

@@ -1,0 +1,264 @@
+//! The exported span tree: a run traced through the actors, exported over
+//! OTLP http/protobuf to the testkit's receiver, decoded and checked.
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use wma_agent::{
+    AgentStreamPart, ChatMessage, FinishReason, PageContext, ToolDefinition, ToolError,
+    ToolErrorCode, ToolHost,
+};
+use wma_runtime::{AgentConfig, ProviderSource, Runtime, ToolSource};
+use wma_telemetry::TelemetryConfig;
+use wma_testkit::{CapturedSpan, OtlpReceiver, SpanStatus};
+
+use crate::support::{TokenModel, add_to_cart, call, end, wait_until};
+
+/// A shop whose tools trace their own work, to show that the hop through
+/// the tool bridge keeps them under the loop's `execute_tool` span.
+struct TracedShop;
+
+#[async_trait]
+impl ToolHost for TracedShop {
+    async fn list_tools(&self) -> Vec<ToolDefinition> {
+        vec![
+            add_to_cart(),
+            ToolDefinition::new("checkout", "Pay for the cart.", json!({"type": "object"})),
+        ]
+    }
+
+    async fn call_tool(
+        &self,
+        name: &str,
+        arguments: Value,
+        _cancel: CancellationToken,
+    ) -> Result<String, ToolError> {
+        let span = tracing::info_span!("shop.request", shop.tool = name);
+        async {
+            match name {
+                "add_to_cart" => Ok(format!("added {} to the cart", arguments["id"])),
+                _ => Err(ToolError::new(
+                    ToolErrorCode::ToolFailed,
+                    "the cart is empty",
+                )),
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn page_context(&self) -> Option<PageContext> {
+        None
+    }
+}
+
+fn one<'a>(spans: &'a [CapturedSpan], name: &str) -> &'a CapturedSpan {
+    let found: Vec<_> = spans.iter().filter(|s| s.name == name).collect();
+    assert_eq!(
+        found.len(),
+        1,
+        "one span named {name:?} in {:#?}",
+        names(spans)
+    );
+    found[0]
+}
+
+fn names(spans: &[CapturedSpan]) -> Vec<&str> {
+    spans.iter().map(|s| s.name.as_str()).collect()
+}
+
+fn children<'a>(
+    spans: &'a [CapturedSpan],
+    parent: &CapturedSpan,
+    name: &str,
+) -> Vec<&'a CapturedSpan> {
+    spans
+        .iter()
+        .filter(|s| s.name == name && s.is_child_of(parent))
+        .collect()
+}
+
+// The subscriber is scoped to this test's thread, so the runtime runs on
+// the current-thread runtime (the default of `tokio::test`) with it.
+#[tokio::test]
+async fn a_run_exports_the_genai_span_tree_with_parent_links_across_the_actors() {
+    let receiver = OtlpReceiver::start().unwrap();
+    let config = TelemetryConfig {
+        // The failed run logs an error on purpose; keep the test output clean.
+        log: Some("off".to_string()),
+        ..TelemetryConfig::exporting_to(receiver.endpoint())
+    };
+    let settings = config.resolve(|_| None).unwrap();
+    let (dispatch, guard) = wma_telemetry::build(&settings).unwrap();
+    let _scope = tracing::dispatcher::set_default(&dispatch);
+
+    let model = TokenModel::new(
+        "tiny-model",
+        [
+            call("checkout", json!({})),
+            call("add_to_cart", json!({"id": "tent"})),
+            "Sorry, paying did not work, but the tent is in your cart.".to_string(),
+            // The second run: the model fails outright.
+        ],
+    );
+    let runtime = Runtime::builder(ProviderSource::new({
+        let model = model.clone();
+        move || model.clone()
+    }))
+    .tool_source(ToolSource::new("shop", || TracedShop))
+    .agent(AgentConfig::new("shopper"))
+    .start()
+    .await
+    .unwrap();
+    let agent = runtime.agent("shopper").unwrap();
+
+    let request = tracing::info_span!("request");
+    let parts = async {
+        agent
+            .run(vec![ChatMessage::user(
+                "Check out, then add the tent to my cart",
+            )])
+            .await
+            .unwrap()
+            .collect_parts()
+            .await
+    }
+    .instrument(request.clone())
+    .await;
+    assert_eq!(
+        end(&parts),
+        &AgentStreamPart::Finish {
+            reason: FinishReason::Stop
+        },
+        "{parts:#?}"
+    );
+    let trace = wma_telemetry::trace_id(&request).expect("the request span is exported");
+    drop(request);
+
+    // A second run whose model has no reply left: the error path.
+    let failed = agent
+        .run(vec![ChatMessage::user("Anything else?")])
+        .await
+        .unwrap()
+        .collect_parts()
+        .await;
+    assert!(matches!(end(&failed), AgentStreamPart::Error { .. }));
+
+    guard.flush().unwrap();
+    wait_until("both runs are exported", || {
+        receiver
+            .spans()
+            .iter()
+            .filter(|s| s.name == "invoke_agent shopper")
+            .count()
+            == 2
+    })
+    .await;
+    let all = receiver.spans();
+    let spans: Vec<CapturedSpan> = all
+        .iter()
+        .filter(|s| s.trace_id == trace)
+        .cloned()
+        .collect();
+
+    // The caller's span is the root, and the run hangs under it although
+    // the run was started through a message to the agent actor.
+    let root = one(&spans, "request");
+    assert_eq!(root.parent_span_id, None);
+    assert_eq!(root.service_name.as_deref(), Some("webmcp-agents"));
+    let agent_span = one(&spans, "invoke_agent shopper");
+    assert!(agent_span.is_child_of(root));
+    assert_eq!(
+        agent_span.str_attr("gen_ai.operation.name"),
+        Some("invoke_agent")
+    );
+    assert_eq!(agent_span.str_attr("gen_ai.agent.name"), Some("shopper"));
+    assert_eq!(
+        agent_span.str_attr("gen_ai.provider.name"),
+        Some("token-test")
+    );
+    assert_eq!(
+        agent_span.str_attr("gen_ai.request.model"),
+        Some("tiny-model")
+    );
+    assert_eq!(agent_span.str_attr("wma.finish_reason"), Some("stop"));
+    assert_eq!(agent_span.status, SpanStatus::Unset);
+
+    for step in 1..=3 {
+        let step_span = one(&spans, &format!("step {step}"));
+        assert!(
+            step_span.is_child_of(agent_span),
+            "step {step} is under the run"
+        );
+        assert_eq!(step_span.int_attr("wma.step"), Some(step), "{step_span:#?}");
+
+        // One generation per step, answered through the provider actor.
+        let chats = children(&spans, step_span, "chat tiny-model");
+        assert_eq!(chats.len(), 1, "one chat span under step {step}");
+        let chat = chats[0];
+        assert_eq!(chat.kind, "client");
+        assert_eq!(chat.str_attr("gen_ai.operation.name"), Some("chat"));
+        assert_eq!(chat.str_attr("gen_ai.provider.name"), Some("token-test"));
+        assert_eq!(chat.str_attr("gen_ai.request.model"), Some("tiny-model"));
+        assert!(chat.int_attr("gen_ai.usage.input_tokens").unwrap() > 0);
+        assert!(chat.int_attr("gen_ai.usage.output_tokens").unwrap() > 0);
+        assert!(
+            chat.attr("gen_ai.server.time_to_first_token")
+                .and_then(|v| v.as_f64())
+                .is_some(),
+            "time to first token is recorded"
+        );
+        assert_eq!(
+            chat.str_attr("gen_ai.response.finish_reasons"),
+            Some(r#"["stop"]"#)
+        );
+        // The model's own span stayed under `chat` across the actor hop.
+        assert_eq!(children(&spans, chat, "decode").len(), 1);
+    }
+
+    let step1 = one(&spans, "step 1");
+    let failed_call = one(&spans, "execute_tool checkout");
+    assert!(failed_call.is_child_of(step1));
+    assert_eq!(
+        failed_call.str_attr("gen_ai.operation.name"),
+        Some("execute_tool")
+    );
+    assert_eq!(failed_call.str_attr("gen_ai.tool.name"), Some("checkout"));
+    assert_eq!(
+        failed_call.str_attr("gen_ai.tool.call.id"),
+        Some("call_1_1")
+    );
+    assert_eq!(failed_call.str_attr("error.type"), Some("tool_failed"));
+    assert_eq!(failed_call.status, SpanStatus::Error("tool_failed".into()));
+
+    let step2 = one(&spans, "step 2");
+    let good_call = one(&spans, "execute_tool add_to_cart");
+    assert!(good_call.is_child_of(step2));
+    assert_eq!(good_call.str_attr("gen_ai.tool.call.id"), Some("call_2_1"));
+    assert_eq!(good_call.attr("error.type"), None);
+    assert_eq!(good_call.status, SpanStatus::Unset);
+    // The tool source's own spans stayed under `execute_tool` across the bridge.
+    assert_eq!(children(&spans, failed_call, "shop.request").len(), 1);
+    assert_eq!(children(&spans, good_call, "shop.request").len(), 1);
+
+    // The failed run: error.type on the generation and on the run, both
+    // exported with an error status.
+    let failed_run = all
+        .iter()
+        .find(|s| s.name == "invoke_agent shopper" && s.trace_id != trace)
+        .expect("the failed run is exported");
+    assert_eq!(failed_run.parent_span_id, None);
+    assert_eq!(failed_run.str_attr("error.type"), Some("agent_error"));
+    assert!(matches!(failed_run.status, SpanStatus::Error(_)));
+    let failed_chat = all
+        .iter()
+        .find(|s| s.name == "chat tiny-model" && s.trace_id == failed_run.trace_id)
+        .expect("the failed generation is exported");
+    assert_eq!(failed_chat.str_attr("error.type"), Some("provider_error"));
+    assert!(matches!(failed_chat.status, SpanStatus::Error(_)));
+
+    runtime.shutdown().await;
+    drop(_scope);
+    drop(guard);
+}
