@@ -446,6 +446,11 @@ impl OrtModel {
             if ids.len() >= max_new {
                 break StopReason::Length;
             }
+            // Checked again so that a cancellation during sampling or the
+            // stop check does not pay for one more forward pass.
+            if cancel.is_cancelled() {
+                return Err(OrtError::Cancelled);
+            }
             logits = match self.forward(&[id]) {
                 Ok(l) => l,
                 Err(e) => return Err(self.after_error(e, cancel)),
