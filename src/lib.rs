@@ -11,3 +11,4 @@ pub mod demo_shop;
 pub mod display;
 
 pub use wma_tools as tools;
+pub mod usage;

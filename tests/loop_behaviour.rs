@@ -236,27 +236,25 @@ async fn ranking_reads_the_tools_fresh_every_step() {
 
 #[tokio::test]
 async fn ranking_gives_recently_used_tools_a_bonus() {
-    // "open" matches open_product in the request; after view_cart was used,
-    // view_cart must rank before the tools the request does not mention.
-    let host = shop();
+    // Only open_product matches the request. With two tools shown, the second
+    // place goes to the first tool in the host's order, until view_cart is
+    // used: then its recency bonus wins it the place.
     let provider = ScriptedProvider::new([call("view_cart", json!({})), "Done.".to_string()])
         .with_tools_inline(false);
     let options = LocalLoopOptions {
         max_tools: 2,
         ..LocalLoopOptions::default()
     };
-    run_all(
-        provider.clone(),
-        ask("open the backpack product", host),
-        options,
-    )
-    .await;
-    let second: Vec<String> = provider.requests()[1]
-        .tools
-        .iter()
-        .map(|t| t.name.clone())
-        .collect();
-    assert!(second.contains(&"view_cart".to_string()), "{second:?}");
+    run_all(provider.clone(), ask("open the backpack", shop()), options).await;
+    let shown = |i: usize| -> Vec<String> {
+        provider.requests()[i]
+            .tools
+            .iter()
+            .map(|t| t.name.clone())
+            .collect()
+    };
+    assert_eq!(shown(0), vec!["open_product", "search_products"]);
+    assert_eq!(shown(1), vec!["open_product", "view_cart"]);
 }
 
 // 4. Prompt fitting ----------------------------------------------------------

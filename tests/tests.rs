@@ -3,3 +3,4 @@
 mod support;
 
 mod loop_behaviour;
+mod real_model;

@@ -895,21 +895,26 @@ fn tells_user_to_act(reply: &str, shown: &[ToolDefinition]) -> bool {
     if shown.is_empty() {
         return false;
     }
-    const MARKERS: [&str; 14] = [
+    // Phrases that hand the work back to the person. "you can" is broad,
+    // but in a plain reply to an action request it almost always means
+    // "you can do it yourself".
+    const MARKERS: [&str; 16] = [
         "click",
         "tap ",
         "press ",
-        "you can use",
-        "you could use",
+        "you can",
+        "you could",
         "use the",
         "go to",
         "navigate to",
         "select the",
         "button",
-        "you can add",
-        "you can search",
         "you should",
         "you need to",
+        "you will need",
+        "follow these",
+        "following steps",
+        "steps:",
     ];
     let lower = reply.to_lowercase();
     if MARKERS.iter().any(|m| lower.contains(m)) {

@@ -1,0 +1,107 @@
+//! Counting what a run cost the model: a provider wrapper that adds up the
+//! token counts and timings of every generation, for the `wma` summary line.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+use wma_agent::{
+    CallFormat, GenerateRequest, Generation, ProgressFn, Provider, ProviderError, ProviderInfo,
+};
+
+/// Totals over the generations of a run.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Generations made.
+    pub generations: u32,
+    /// Prompt tokens, summed over generations.
+    pub input_tokens: u64,
+    /// Of those, tokens served from the provider's cache.
+    pub cached_tokens: u64,
+    /// Tokens generated.
+    pub output_tokens: u64,
+    /// Time spent generating.
+    pub time: Duration,
+}
+
+impl std::fmt::Display for Usage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} generations, {} prompt tokens ({} from cache), {} new tokens, {:.1} s in the model",
+            self.generations,
+            self.input_tokens,
+            self.cached_tokens,
+            self.output_tokens,
+            self.time.as_secs_f64()
+        )
+    }
+}
+
+/// A provider that passes everything to `inner` and adds up its usage.
+pub struct UsageMeter<P: ?Sized> {
+    usage: Mutex<Usage>,
+    inner: Arc<P>,
+}
+
+impl<P: Provider + ?Sized> UsageMeter<P> {
+    /// Wraps a provider.
+    pub fn new(inner: Arc<P>) -> Self {
+        Self {
+            usage: Mutex::new(Usage::default()),
+            inner,
+        }
+    }
+
+    /// The totals so far.
+    pub fn usage(&self) -> Usage {
+        *self.usage.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[async_trait]
+impl<P: Provider + ?Sized> Provider for UsageMeter<P> {
+    fn info(&self) -> ProviderInfo {
+        self.inner.info()
+    }
+
+    async fn prepare(
+        &self,
+        progress: ProgressFn,
+        cancel: CancellationToken,
+    ) -> Result<(), ProviderError> {
+        self.inner.prepare(progress, cancel).await
+    }
+
+    async fn generate(
+        &self,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> Result<Generation, ProviderError> {
+        let generation = self.inner.generate(request, cancel).await?;
+        let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
+        usage.generations += 1;
+        usage.input_tokens += u64::from(generation.input_tokens.unwrap_or(0));
+        usage.cached_tokens += u64::from(generation.cached_tokens.unwrap_or(0));
+        usage.output_tokens += u64::from(generation.output_tokens.unwrap_or(0));
+        usage.time += generation.total_time.unwrap_or_default();
+        Ok(generation)
+    }
+
+    async fn fits(&self, request: &GenerateRequest) -> Result<bool, ProviderError> {
+        self.inner.fits(request).await
+    }
+
+    fn call_format(&self) -> CallFormat {
+        self.inner.call_format()
+    }
+
+    fn tools_inline(&self) -> bool {
+        self.inner.tools_inline()
+    }
+
+    fn supports_constraints(&self) -> bool {
+        self.inner.supports_constraints()
+    }
+}

@@ -1,0 +1,64 @@
+//! A whole agent run with the default model (made by `scripts/setup.sh`)
+//! against the demo shop's Rust-native tools.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use webmcp_agents::agent::{
+    AgentRunRequest, AgentStreamPart, ChatMessage, LocalLoopOptions, Provider, run_local_agent,
+};
+use webmcp_agents::demo_shop::{self, Shop};
+use webmcp_agents::usage::UsageMeter;
+use wma_provider_ort::{OrtProvider, OrtProviderOptions};
+
+fn default_model() -> OrtProvider {
+    let provider = OrtProvider::new(OrtProviderOptions::default().with_max_new_tokens(96))
+        .expect("the ONNX Runtime library and the default model are set up (run scripts/setup.sh)");
+    let dir = provider.model_dir();
+    assert!(
+        dir.join("config.json").exists(),
+        "the default model is missing at {}: run scripts/setup.sh",
+        dir.display()
+    );
+    provider
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_default_model_run_against_the_demo_shop_finishes_and_reports_tokens() {
+    let model = default_model();
+    model
+        .prepare(Arc::new(|_| {}), Default::default())
+        .await
+        .expect("the default model loads");
+    let provider = Arc::new(UsageMeter::new(Arc::new(model)));
+    let shop = Shop::new();
+    let request = AgentRunRequest::new(
+        vec![ChatMessage::user(demo_shop::DEFAULT_REQUEST)],
+        Arc::new(shop.tools()),
+    );
+    let options = LocalLoopOptions {
+        max_steps: 3,
+        tools_inline: provider.tools_inline(),
+        instructions: Some(demo_shop::INSTRUCTIONS.to_string()),
+        ..LocalLoopOptions::default()
+    };
+    let parts: Vec<AgentStreamPart> = run_local_agent(provider.clone(), request, options)
+        .collect()
+        .await;
+    let last = parts.last().expect("parts");
+    assert!(
+        matches!(last, AgentStreamPart::Finish { .. }),
+        "the run ends with a finish part: {parts:#?}"
+    );
+    assert!(matches!(
+        parts[0],
+        AgentStreamPart::MessageStart { step: 1 }
+    ));
+    let usage = provider.usage();
+    assert!(usage.generations >= 1);
+    assert!(
+        usage.input_tokens > 100,
+        "the prompt has the system prompt and tools: {usage:?}"
+    );
+    assert!(usage.output_tokens > 0, "{usage:?}");
+}
