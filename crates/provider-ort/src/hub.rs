@@ -18,6 +18,9 @@ use crate::paths;
 /// The hub used when `HF_ENDPOINT` is not set.
 pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 
+/// Written into the folder when every file is there; holds the variant.
+const COMPLETE_MARKER: &str = ".download-complete";
+
 /// Files every model needs.
 const REQUIRED: [&str; 3] = ["config.json", "tokenizer.json", "tokenizer_config.json"];
 /// Files read when present.
@@ -30,19 +33,31 @@ const OPTIONAL: [&str; 4] = [
 
 /// Downloads `repo` (`org/name`) into `CACHE/hub/org--name/` and returns the
 /// folder. The graph is `variant` when given, else the first of
-/// [`GRAPH_CANDIDATES`] the hub has. `HF_ENDPOINT` changes the hub and
-/// `HF_TOKEN` is sent for gated models.
+/// [`GRAPH_CANDIDATES`] the hub has. The hub is `endpoint`, else
+/// `$HF_ENDPOINT`, else [`DEFAULT_ENDPOINT`]; `$HF_TOKEN` is sent for gated
+/// models.
 pub fn download(
     repo: &str,
     variant: Option<&str>,
     cache: &Path,
+    endpoint: Option<&str>,
     progress: &ProgressFn,
     cancel: &CancellationToken,
 ) -> Result<PathBuf, OrtError> {
     let dir = paths::hub_dir(cache, repo);
+    // A finished download is used offline: the optional files it lacks
+    // would otherwise be asked for again on every start.
+    let marker = dir.join(COMPLETE_MARKER);
+    if marker.is_file() {
+        let wanted = fs::read_to_string(&marker).unwrap_or_default();
+        if wanted.trim() == variant.unwrap_or_default() {
+            return Ok(dir);
+        }
+    }
     fs::create_dir_all(&dir).map_err(|e| OrtError::io(&dir, e))?;
-    let endpoint = std::env::var("HF_ENDPOINT")
-        .ok()
+    let endpoint = endpoint
+        .map(str::to_string)
+        .or_else(|| std::env::var("HF_ENDPOINT").ok())
         .filter(|s| !s.is_empty())
         .unwrap_or_else(|| DEFAULT_ENDPOINT.to_string());
     let hub = Hub {
@@ -75,6 +90,7 @@ pub fn download(
     for suffix in ["_data", ".data"] {
         hub.fetch_optional(&format!("{graph}{suffix}"), &dir, progress, cancel)?;
     }
+    fs::write(&marker, variant.unwrap_or_default()).map_err(|e| OrtError::io(&marker, e))?;
     Ok(dir)
 }
 

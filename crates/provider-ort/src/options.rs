@@ -53,6 +53,9 @@ pub struct OrtProviderOptions {
     /// Default: `$WMA_CACHE_DIR`, else `$XDG_CACHE_HOME/webmcp-agents`, else
     /// the platform's cache folder.
     pub cache_dir: Option<PathBuf>,
+    /// The hub that `org/name` models are downloaded from. Default:
+    /// `$HF_ENDPOINT`, else `https://huggingface.co`.
+    pub hub_endpoint: Option<String>,
     /// The ONNX Runtime shared library. Default: `$ORT_DYLIB_PATH`, else
     /// `CACHE/onnxruntime/libonnxruntime.so` (`.dylib`, `.dll`).
     pub dylib_path: Option<PathBuf>,
@@ -90,6 +93,7 @@ impl Default for OrtProviderOptions {
             model: None,
             variant: None,
             cache_dir: None,
+            hub_endpoint: None,
             dylib_path: None,
             intra_threads: None,
             inter_threads: None,
@@ -120,6 +124,12 @@ impl OrtProviderOptions {
     /// Uses this cache folder.
     pub fn with_cache_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.cache_dir = Some(dir.into());
+        self
+    }
+
+    /// Downloads hub models from this endpoint.
+    pub fn with_hub_endpoint(mut self, endpoint: impl Into<String>) -> Self {
+        self.hub_endpoint = Some(endpoint.into());
         self
     }
 

@@ -359,9 +359,14 @@ fn load(
     };
     let dir = match source {
         ModelSource::Local(dir) => dir.clone(),
-        ModelSource::Hub { repo } => {
-            hub::download(repo, options.variant.as_deref(), cache, progress, cancel)?
-        }
+        ModelSource::Hub { repo } => hub::download(
+            repo,
+            options.variant.as_deref(),
+            cache,
+            options.hub_endpoint.as_deref(),
+            progress,
+            cancel,
+        )?,
     };
     let files = ModelFiles::locate(&dir, options.variant.as_deref())?;
     step(0, "load tokenizer");

@@ -40,6 +40,40 @@ async fn greedy_answer_to_the_capital_of_france_names_paris() {
     assert!(!g.text.contains("<|im_end|>"));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_stops_a_long_prefill_promptly() {
+    let provider = std::sync::Arc::new(OrtProvider::load(options(&default_model())).unwrap());
+    // About 1500 tokens: a prefill of seconds on two cores.
+    let long = "The quick brown fox jumps over the lazy dog. ".repeat(150);
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn({
+        let provider = std::sync::Arc::clone(&provider);
+        let cancel = cancel.clone();
+        async move { provider.generate(user(&long), cancel).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    cancel.cancel();
+    let cancelled_at = std::time::Instant::now();
+    let result = task.await.unwrap();
+    assert_eq!(result.unwrap_err(), wma_agent::ProviderError::Cancelled);
+    assert!(cancelled_at.elapsed() < std::time::Duration::from_millis(500));
+    // The model thread stops too (ONNX Runtime was told to terminate), and
+    // the next generation works from a consistent cache.
+    let started = std::time::Instant::now();
+    let g = provider
+        .generate(
+            user("What is the capital of France?"),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap();
+    assert!(g.text.contains("Paris"), "{:?}", g.text);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(20),
+        "the terminated prefill did not hold the model"
+    );
+}
+
 /// Greedy ids of `scripts/ort_greedy.py`, an independent loop in Python.
 fn python_greedy(dir: &std::path::Path, prompt: &[u32], max_new: usize) -> Vec<u32> {
     let python = venv_python();
