@@ -142,8 +142,7 @@ async fn a_hub_id_is_downloaded_with_progress_then_loaded() {
     let progress = seen.lock().unwrap().clone();
     let graph = progress
         .iter()
-        .filter(|p| p.stage == "download onnx/model.onnx")
-        .last()
+        .rfind(|p| p.stage == "download onnx/model.onnx")
         .expect("progress for the graph");
     assert!(graph.done > 0 && graph.total == Some(graph.done));
 
