@@ -195,6 +195,12 @@ fn read_block(reply: &str, range: Range<usize>, insist: bool) -> Option<Outcome>
         if pos >= end {
             break;
         }
+        // Python style first: `[search(q="x")]` would fail as JSON.
+        if let Some((found, next)) = pythonic::read_calls(reply, pos, end) {
+            calls.extend(found);
+            pos = next;
+            continue;
+        }
         match bytes[pos] {
             b'{' | b'[' => match json::read_value(reply, pos, end, true) {
                 Ok(read) => {
@@ -216,19 +222,13 @@ fn read_block(reply: &str, range: Range<usize>, insist: bool) -> Option<Outcome>
                 }
                 Err(_) => return None,
             },
-            _ => match pythonic::read_call(reply, pos, end) {
-                Some((call, next)) => {
-                    calls.push(call);
-                    pos = next;
-                }
-                // Prose inside a block meant as calls (a fence label, "Sure:")
-                // is skipped up to the next JSON value.
-                None if insist => match reply[pos..end].find(['{', '[']) {
-                    Some(offset) => pos += offset,
-                    None => break,
-                },
-                None => return None,
+            // Prose inside a block meant as calls (a fence label, "Sure:")
+            // is skipped up to the next JSON value.
+            _ if insist => match reply[pos..end].find(['{', '[']) {
+                Some(offset) => pos += offset,
+                None => break,
             },
+            _ => return None,
         }
     }
     match (calls.is_empty(), insist) {

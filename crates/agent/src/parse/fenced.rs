@@ -164,6 +164,14 @@ mod tests {
                 Some("the tool call must be a JSON object"),
             ),
             ("```", vec![], "```", None),
+            (
+                // A fence that is not only calls stays prose; the call in it
+                // is still found, as bare JSON.
+                "```json\n{\"name\": \"a\"}\nThis calls a.\n```",
+                vec!["a"],
+                "```json\nThis calls a.\n```",
+                None,
+            ),
         ];
         for (reply, names, text, malformed) in cases {
             let parsed = parse_tool_calls(reply);

@@ -163,6 +163,15 @@ mod tests {
                 None,
             ),
             (
+                "<tool_call>[search(query=\"tents\"), get_cart()]</tool_call>",
+                vec![
+                    call("search", json!({"query": "tents"})),
+                    call("get_cart", json!({})),
+                ],
+                "",
+                None,
+            ),
+            (
                 "<function_call>{\"name\": \"a\", \"arguments\": {}}</function_call> ok",
                 vec![call("a", json!({}))],
                 "ok",
