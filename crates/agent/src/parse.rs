@@ -80,19 +80,19 @@ pub fn parse_tool_calls(reply: &str) -> ParsedReply {
         found.sort_by_key(|f| f.span.start);
     }
 
-    let mut reply_out = ParsedReply {
+    let mut parsed = ParsedReply {
         text: prose(reply, &found),
         ..ParsedReply::default()
     };
     for item in found {
         match item.outcome {
-            Outcome::Calls(calls) => reply_out.calls.extend(calls),
+            Outcome::Calls(calls) => parsed.calls.extend(calls),
             Outcome::Malformed(reason) => {
-                reply_out.malformed.get_or_insert(reason);
+                parsed.malformed.get_or_insert(reason);
             }
         }
     }
-    reply_out
+    parsed
 }
 
 /// The families, in the order they are tried (see the module docs for why).
