@@ -4,8 +4,12 @@
 //! the `wma` command and the examples share.
 //!
 //! - [`agent`]: the loop (`run_local_agent`) and its vocabulary.
+//! - [`runtime`]: the supervised actors that host agents (hot swap, restarts).
+//! - [`telemetry`]: tracing with OpenTelemetry OTLP export.
 
 pub use wma_agent as agent;
+pub use wma_runtime as runtime;
+pub use wma_telemetry as telemetry;
 
 pub mod demo_shop;
 pub mod display;

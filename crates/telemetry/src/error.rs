@@ -23,6 +23,9 @@ pub enum TelemetryError {
     /// The OTLP exporter could not be built.
     #[error("could not build the OTLP exporter: {0}")]
     Exporter(String),
+    /// Spans could not be sent (the collector is down or refused them).
+    #[error("could not export spans: {0}")]
+    Export(String),
     /// A log or trace filter does not parse.
     #[error("the filter `{filter}` does not parse: {why}")]
     Filter {

@@ -48,7 +48,7 @@ impl TelemetryGuard {
         match &self.provider {
             Some(provider) => provider
                 .force_flush()
-                .map_err(|e| TelemetryError::Exporter(e.to_string())),
+                .map_err(|e| TelemetryError::Export(e.to_string())),
             None => Ok(()),
         }
     }
@@ -96,11 +96,11 @@ pub fn init(config: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> 
 /// costs one cached interest check per span.
 pub fn build(settings: &Settings) -> Result<(Dispatch, TelemetryGuard), TelemetryError> {
     let log_filter = parse_filter(&settings.log_filter)?;
-    let log = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_filter(log_filter);
     let Some(export) = &settings.export else {
-        let dispatch = Dispatch::new(Registry::default().with(log));
+        // One global filter: what it rejects is disabled where it is declared,
+        // so an info span costs one cached check and is never built.
+        let log = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+        let dispatch = Dispatch::new(Registry::default().with(log_filter).with(log));
         return Ok((
             dispatch,
             TelemetryGuard {
@@ -111,6 +111,11 @@ pub fn build(settings: &Settings) -> Result<(Dispatch, TelemetryGuard), Telemetr
             },
         ));
     };
+    // Two filters, one per layer: the log keeps its own level while the
+    // exporter gets the info-level GenAI spans.
+    let log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(log_filter);
     let trace_filter = parse_filter(&settings.trace_filter)?;
     #[cfg(feature = "grpc")]
     let mut runtime = None;
