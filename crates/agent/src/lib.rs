@@ -40,7 +40,10 @@ pub use provider::{
     CallFormat, Constraint, GenerateRequest, Generation, Progress, ProgressFn, PromptMessage,
     PromptRole, Provider, ProviderInfo,
 };
-pub use rank::rank_tools;
+pub use rank::{
+    DESCRIPTION_WEIGHT, NAME_WEIGHT, RECENT_BONUS, RECENT_WINDOW, ToolScore, rank_tools,
+    score_tools,
+};
 pub use run::{AgentStream, ConstraintMode, LocalLoopOptions, run_local_agent};
 pub use tool::{AgentProfile, PageContext, SubAgentInfo, ToolAnnotations, ToolDefinition};
-pub use validate::{ArgsError, validate_args};
+pub use validate::{ArgsError, CompiledSchema, MAX_ERRORS, ValidatorCache, validate_args};

@@ -26,7 +26,7 @@ use crate::prompt::{
 use crate::provider::{Constraint, GenerateRequest, Generation, PromptRole, Provider};
 use crate::rank::rank_tools;
 use crate::tool::{PageContext, SubAgentInfo, ToolDefinition};
-use crate::validate::{ArgsError, validate_args};
+use crate::validate::{ArgsError, ValidatorCache};
 
 /// The stream of parts a run returns.
 pub type AgentStream = Pin<Box<dyn Stream<Item = AgentStreamPart> + Send>>;
@@ -185,6 +185,8 @@ struct Run<P> {
     results: Vec<String>,
     /// Tools used, most recent first, for the ranking bonus.
     recent: Vec<String>,
+    /// Compiled schemas, so a tool's schema is compiled once per run.
+    validators: ValidatorCache,
 }
 
 impl<P: Provider + 'static> Run<P> {
@@ -217,6 +219,7 @@ impl<P: Provider + 'static> Run<P> {
             last_result: None,
             results: Vec::new(),
             recent: Vec::new(),
+            validators: ValidatorCache::new(),
         }
     }
 
@@ -362,7 +365,13 @@ impl<P: Provider + 'static> Run<P> {
                 Err(end) => return Some(end),
             };
             let reply = parse_tool_calls(&generation.text);
-            if let Some(problem) = check_reply(&generation.text, &reply, &all_tools) {
+            if let Some(problem) = check_reply(
+                &generation.text,
+                &reply,
+                &all_tools,
+                &shown,
+                &self.validators,
+            ) {
                 if repaired {
                     Span::current().record("wma.outcome", "apology");
                     self.emit(AgentStreamPart::Text {
@@ -732,7 +741,13 @@ fn constraint_name(c: &Constraint) -> &'static str {
 
 /// What is wrong with a reply, as the tool error that sends it back; `None`
 /// when every call names a tool and has valid arguments (or there are none).
-fn check_reply(raw: &str, reply: &ParsedReply, tools: &[ToolDefinition]) -> Option<ToolError> {
+fn check_reply(
+    raw: &str,
+    reply: &ParsedReply,
+    tools: &[ToolDefinition],
+    shown: &[ToolDefinition],
+    validators: &ValidatorCache,
+) -> Option<ToolError> {
     if let Some(reason) = &reply.malformed {
         return Some(ToolError::new(
             ToolErrorCode::InvalidArguments,
@@ -747,7 +762,9 @@ fn check_reply(raw: &str, reply: &ParsedReply, tools: &[ToolDefinition]) -> Opti
     }
     for call in &reply.calls {
         let Some(tool) = tools.iter().find(|t| t.name == call.name) else {
-            let names: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+            // Name the tools the model was shown, not every tool the host has:
+            // a list of a thousand names helps nobody.
+            let names: Vec<&str> = shown.iter().map(|t| t.name.as_str()).collect();
             return Some(ToolError::new(
                 ToolErrorCode::UnknownTool,
                 format!(
@@ -757,7 +774,7 @@ fn check_reply(raw: &str, reply: &ParsedReply, tools: &[ToolDefinition]) -> Opti
                 ),
             ));
         };
-        match validate_args(&tool.input_schema, &call.arguments) {
+        match validators.validate(&tool.input_schema, &call.arguments) {
             Ok(()) => {}
             Err(ArgsError::Invalid(message)) => {
                 return Some(ToolError::new(
