@@ -4,8 +4,10 @@
 //!
 //! ```text
 //! cargo run --release -p wma-provider-ort --example ort_bench -- \
-//!     [WORKLOAD.json] [--threads N] [--repeat N] [--model DIR] [--variant NAME]
+//!     [WORKLOAD.json] [--threads N] [--repeat N] [--model DIR] [--variant NAME] [--copy-kv]
 //! ```
+//!
+//! `--copy-kv` turns off the in-place cache buffers, to measure what they save.
 //!
 //! The workload defaults to `shared/bench/agent-workload-4step.json` (looked
 //! for here and one folder up). Each step generates greedily from its
@@ -27,6 +29,7 @@ struct Args {
     repeat: usize,
     model: Option<String>,
     variant: Option<String>,
+    copy_kv: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -36,6 +39,7 @@ fn parse_args() -> Result<Args> {
         repeat: 3,
         model: None,
         variant: None,
+        copy_kv: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -45,9 +49,10 @@ fn parse_args() -> Result<Args> {
             "--repeat" => args.repeat = value("--repeat")?.parse()?,
             "--model" => args.model = Some(value("--model")?),
             "--variant" => args.variant = Some(value("--variant")?),
+            "--copy-kv" => args.copy_kv = true,
             "-h" | "--help" => {
                 println!(
-                    "ort_bench [WORKLOAD.json] [--threads N] [--repeat N] [--model DIR] [--variant NAME]"
+                    "ort_bench [WORKLOAD.json] [--threads N] [--repeat N] [--model DIR] [--variant NAME] [--copy-kv]"
                 );
                 std::process::exit(0);
             }
@@ -156,12 +161,19 @@ fn main() -> Result<()> {
     let mut options = OrtProviderOptions::default().with_threads(args.threads);
     options.model = args.model;
     options.variant = args.variant;
+    options.shared_kv_buffer = !args.copy_kv;
     let load_start = std::time::Instant::now();
     let provider = OrtProvider::load(options)?;
+    let shared = provider.with_model(|m| m.shares_kv_buffers())?;
     println!(
-        "model {} ({} threads), loaded in {:.2} s",
+        "model {} ({} threads, KV cache {}), loaded in {:.2} s",
         provider.model_dir().display(),
         args.threads,
+        if shared {
+            "in shared buffers"
+        } else {
+            "copied each token"
+        },
         load_start.elapsed().as_secs_f64()
     );
     println!(

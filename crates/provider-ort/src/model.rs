@@ -7,7 +7,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use half::f16;
-use ort::session::{RunOptions, Session, SessionInputValue};
+use ort::memory::{Allocator, MemoryInfo};
+use ort::session::{IoBinding, RunOptions, Session, SessionInputValue};
 use ort::value::{DynValue, PrimitiveTensorElementType, Tensor};
 use tokio_util::sync::CancellationToken;
 
@@ -113,18 +114,46 @@ pub struct IdGeneration {
     pub stats: GenerationStats,
 }
 
-/// The KV cache: the tokens whose keys and values the tensors hold.
+/// The KV cache: the tokens whose keys and values the model holds.
 ///
-/// Invariant: every tensor in `values` has `ids.len()` positions. A token is
+/// Invariant: the store holds keys and values for exactly `ids`. A token is
 /// in `ids` only once it has been fed to the model: the last token of a
 /// generation never is (it was chosen, not computed), so it is not here.
-#[derive(Default)]
 struct KvCache {
     /// Tokens fed so far, in order.
     ids: Vec<u32>,
-    /// Key and value of each layer: `[2 * layer]` keys, `[2 * layer + 1]` values.
-    values: Vec<DynValue>,
+    /// Where the keys and values are.
+    store: KvStore,
 }
+
+/// How the keys and values are kept between runs.
+enum KvStore {
+    /// Each run's `present` outputs (past and new positions, freshly
+    /// allocated by the graph) become the next run's `past` inputs. Works
+    /// with every graph. `[2 * layer]` keys, `[2 * layer + 1]` values.
+    Copy(Vec<DynValue>),
+    /// `past` inputs and `present` outputs are bound to the same
+    /// preallocated buffers, which GroupQueryAttention graphs update in
+    /// place: no per-token copy of the whole cache, and cutting the cache
+    /// back is free (positions past the mask's length are ignored).
+    Shared(SharedKv),
+}
+
+/// Preallocated cache buffers bound as both inputs and outputs.
+struct SharedKv {
+    /// The binding of the cache buffers and the logits output; the token
+    /// inputs are bound anew before each run.
+    binding: IoBinding,
+    /// Where the logits are written (CPU memory).
+    cpu: MemoryInfo<'static>,
+    /// `[1, kv_heads, capacity, head_dim]` each, keys and values per layer.
+    buffers: Vec<DynValue>,
+    /// Positions each buffer has room for.
+    capacity: usize,
+}
+
+/// First capacity of shared buffers; doubled as prompts grow.
+const SHARED_INITIAL_CAPACITY: usize = 256;
 
 /// A decoder-only language model in ONNX Runtime, with the KV cache it keeps
 /// between calls.
@@ -211,15 +240,83 @@ impl OrtModel {
             position_ids = io.position_ids.is_some(),
             "loaded model"
         );
-        Ok(Self {
+        let mut model = Self {
             session,
             io,
             config,
-            cache: KvCache::default(),
+            cache: KvCache {
+                ids: Vec::new(),
+                store: KvStore::Copy(Vec::new()),
+            },
             reuse_prefix: options.reuse_prefix,
             context_length,
             run_options: Arc::new(RunOptions::new().map_err(OrtError::runtime)?),
-        })
+        };
+        if options.shared_kv_buffer {
+            model.try_shared_buffers();
+        }
+        Ok(model)
+    }
+
+    /// Switches to shared cache buffers when the graph computes the same
+    /// logits with them as with copied ones (GroupQueryAttention graphs do;
+    /// graphs that concatenate past and new keys cannot, and fail the probe).
+    fn try_shared_buffers(&mut self) {
+        let probe: Vec<u32> = (0..4).collect();
+        let copied = (|| -> Result<(Vec<f32>, Vec<f32>), OrtError> {
+            Ok((self.forward(&probe[..3])?, self.forward(&probe[3..])?))
+        })();
+        let Ok((copy_prefill, copy_step)) = copied else {
+            // The copy path itself failed; leave it to report on real use.
+            self.clear_cache();
+            return;
+        };
+        // A graph that cannot share fails the probe with an error ONNX
+        // Runtime would log; that failure is expected, so it stays quiet.
+        let normal = Arc::clone(&self.run_options);
+        if let Ok(mut quiet) = RunOptions::new() {
+            let _ = quiet.set_log_level(ort::logging::LogLevel::Fatal);
+            self.run_options = Arc::new(quiet);
+        }
+        let shared = (|| -> Result<(Vec<f32>, Vec<f32>), OrtError> {
+            self.cache = KvCache {
+                ids: Vec::new(),
+                store: KvStore::Shared(SharedKv::new(
+                    &self.session,
+                    &self.io,
+                    SHARED_INITIAL_CAPACITY.min(self.context_length),
+                )?),
+            };
+            Ok((self.forward(&probe[..3])?, self.forward(&probe[3..])?))
+        })();
+        self.run_options = normal;
+        let agrees = |a: &[f32], b: &[f32]| {
+            let scale = a.iter().fold(1.0f32, |m, x| m.max(x.abs()));
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-3 * scale)
+        };
+        match shared {
+            Ok((prefill, step)) if agrees(&copy_prefill, &prefill) && agrees(&copy_step, &step) => {
+                tracing::debug!("KV cache: shared buffers updated in place");
+                self.clear_cache();
+            }
+            other => {
+                if let Err(e) = other {
+                    tracing::debug!(reason = %e, "KV cache: graph cannot share buffers; copying");
+                } else {
+                    tracing::debug!("KV cache: shared buffers disagree with copies; copying");
+                }
+                self.cache = KvCache {
+                    ids: Vec::new(),
+                    store: KvStore::Copy(Vec::new()),
+                };
+            }
+        }
+    }
+
+    /// Whether the cache lives in shared buffers updated in place (true) or
+    /// is copied from each run's outputs (false).
+    pub fn shares_kv_buffers(&self) -> bool {
+        matches!(self.cache.store, KvStore::Shared(_))
     }
 
     /// Loads the model folder `dir` (graph chosen by `options.variant`).
@@ -251,7 +348,10 @@ impl OrtModel {
 
     /// Forgets the cache.
     pub fn clear_cache(&mut self) {
-        self.cache = KvCache::default();
+        self.cache.ids.clear();
+        if let KvStore::Copy(values) = &mut self.cache.store {
+            values.clear();
+        }
     }
 
     /// Turns prefix reuse on or off (off clears the cache before each prompt).
@@ -293,68 +393,75 @@ impl OrtModel {
                 limit: self.context_length,
             });
         }
-        let n = ids.len();
-        let input_ids: Vec<i64> = ids.iter().map(|&id| i64::from(id)).collect();
-        let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> =
-            Vec::with_capacity(4 + 2 * self.io.layers.len());
-        inputs.push((
-            Cow::Borrowed(self.io.input_ids.as_str()),
-            tensor_i64(vec![1, n], input_ids)?.into(),
-        ));
-        if let Some(name) = &self.io.attention_mask {
-            inputs.push((
-                Cow::Borrowed(name.as_str()),
-                tensor_i64(vec![1, total], vec![1; total])?.into(),
-            ));
-        }
-        if let Some(name) = &self.io.position_ids {
-            let positions = (past_len as i64..total as i64).collect();
-            inputs.push((
-                Cow::Borrowed(name.as_str()),
-                tensor_i64(vec![1, n], positions)?.into(),
-            ));
-        }
-        if let Some(name) = &self.io.use_cache_branch {
-            let flag = Tensor::from_array((vec![1usize], vec![past_len > 0]))
-                .map_err(OrtError::runtime)?;
-            inputs.push((Cow::Borrowed(name.as_str()), flag.into()));
-        }
-        for (i, layer) in self.io.layers.iter().enumerate() {
-            for (slot, name) in [(2 * i, &layer.past_key), (2 * i + 1, &layer.past_value)] {
-                let value: SessionInputValue<'_> = match self.cache.values.get(slot) {
-                    Some(v) => v.into(),
-                    None => empty_kv(self.io.kv_type, self.io.kv_heads, self.io.head_dim)?.into(),
-                };
-                inputs.push((Cow::Borrowed(name.as_str()), value));
+        let token_inputs = token_inputs(&self.io, ids, past_len)?;
+        let terminated = |e: ort::Error| {
+            if e.to_string().contains("terminate") {
+                OrtError::Cancelled
+            } else {
+                OrtError::runtime(e)
             }
-        }
-
-        let mut outputs = self
-            .session
-            .run_with_options(inputs, &*self.run_options)
-            .map_err(|e| {
-                if e.to_string().contains("terminate") {
-                    OrtError::Cancelled
-                } else {
-                    OrtError::runtime(e)
+        };
+        let logits = match &mut self.cache.store {
+            KvStore::Copy(past) => {
+                let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> = token_inputs
+                    .into_iter()
+                    .map(|(name, value)| (Cow::Borrowed(name), value.into()))
+                    .collect();
+                for (i, layer) in self.io.layers.iter().enumerate() {
+                    for (slot, name) in [(2 * i, &layer.past_key), (2 * i + 1, &layer.past_value)] {
+                        let value: SessionInputValue<'_> = match past.get(slot) {
+                            Some(v) => v.into(),
+                            None => empty_kv(self.io.kv_type, self.io.kv_heads, self.io.head_dim)?
+                                .into(),
+                        };
+                        inputs.push((Cow::Borrowed(name.as_str()), value));
+                    }
                 }
-            })?;
-        let logits = outputs
-            .get(&self.io.logits)
-            .ok_or_else(|| OrtError::Runtime("no logits in the outputs".into()))?;
-        let logits = last_row(logits, self.io.logits_type)?;
-        let mut values = Vec::with_capacity(2 * self.io.layers.len());
-        for layer in &self.io.layers {
-            for name in [&layer.present_key, &layer.present_value] {
-                values.push(
-                    outputs
-                        .remove(name)
-                        .ok_or_else(|| OrtError::Runtime(format!("no `{name}` in the outputs")))?,
-                );
+                let mut outputs = self
+                    .session
+                    .run_with_options(inputs, &*self.run_options)
+                    .map_err(terminated)?;
+                let logits = outputs
+                    .get(&self.io.logits)
+                    .ok_or_else(|| OrtError::Runtime("no logits in the outputs".into()))?;
+                let logits = last_row(logits, self.io.logits_type)?;
+                let mut values = Vec::with_capacity(2 * self.io.layers.len());
+                for layer in &self.io.layers {
+                    for name in [&layer.present_key, &layer.present_value] {
+                        values.push(outputs.remove(name).ok_or_else(|| {
+                            OrtError::Runtime(format!("no `{name}` in the outputs"))
+                        })?);
+                    }
+                }
+                drop(outputs);
+                *past = values;
+                logits
             }
-        }
-        drop(outputs);
-        self.cache.values = values;
+            KvStore::Shared(kv) => {
+                if total > kv.capacity {
+                    let capacity = (kv.capacity * 2).max(total).min(self.context_length);
+                    kv.grow(&self.io, capacity, past_len)?;
+                }
+                for (name, value) in token_inputs {
+                    kv.binding
+                        .bind_input(name, &value)
+                        .map_err(OrtError::runtime)?;
+                }
+                // A bound-to-device output keeps the first run's shape;
+                // binding it again lets the logits take this run's length.
+                kv.binding
+                    .bind_output_to_device(self.io.logits.as_str(), &kv.cpu)
+                    .map_err(OrtError::runtime)?;
+                let outputs = self
+                    .session
+                    .run_binding_with_options(&kv.binding, &self.run_options)
+                    .map_err(terminated)?;
+                let logits = outputs
+                    .get(&self.io.logits)
+                    .ok_or_else(|| OrtError::Runtime("no logits in the outputs".into()))?;
+                last_row(logits, self.io.logits_type)?
+            }
+        };
         self.cache.ids.extend_from_slice(ids);
         Ok(logits)
     }
@@ -482,24 +589,128 @@ impl OrtModel {
             self.clear_cache();
             return Ok(());
         }
-        let values = self
-            .cache
-            .values
-            .iter()
-            .map(|v| match self.io.kv_type {
-                FloatType::F32 => slice_sequence::<f32>(v, len),
-                FloatType::F16 => slice_sequence::<f16>(v, len),
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        self.cache.values = values;
+        if let KvStore::Copy(values) = &mut self.cache.store {
+            let cut = values
+                .iter()
+                .map(|v| match self.io.kv_type {
+                    FloatType::F32 => slice_sequence::<f32>(v, len),
+                    FloatType::F16 => slice_sequence::<f16>(v, len),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            *values = cut;
+        }
+        // Shared buffers need no cut: the next run's mask says how many
+        // positions count, and it overwrites the rest.
         self.cache.ids.truncate(len);
         Ok(())
     }
 }
 
+impl SharedKv {
+    fn new(session: &Session, io: &GraphIo, capacity: usize) -> Result<Self, OrtError> {
+        let binding = session.create_binding().map_err(OrtError::runtime)?;
+        let mut kv = Self {
+            binding,
+            cpu: MemoryInfo::default(),
+            buffers: Vec::new(),
+            capacity: 0,
+        };
+        kv.grow(io, capacity, 0)?;
+        Ok(kv)
+    }
+
+    /// Replaces the buffers with ones of `capacity` positions, keeping the
+    /// first `keep`, and binds them.
+    fn grow(&mut self, io: &GraphIo, capacity: usize, keep: usize) -> Result<(), OrtError> {
+        let allocator = Allocator::default();
+        let shape = [1usize, io.kv_heads, capacity, io.head_dim];
+        let mut buffers = Vec::with_capacity(2 * io.layers.len());
+        for slot in 0..2 * io.layers.len() {
+            let old = self.buffers.get(slot);
+            let buffer = match io.kv_type {
+                FloatType::F32 => grown::<f32>(&allocator, shape, old, keep)?,
+                FloatType::F16 => grown::<f16>(&allocator, shape, old, keep)?,
+            };
+            buffers.push(buffer);
+        }
+        for (i, layer) in io.layers.iter().enumerate() {
+            for (slot, input, output) in [
+                (2 * i, &layer.past_key, &layer.present_key),
+                (2 * i + 1, &layer.past_value, &layer.present_value),
+            ] {
+                self.binding
+                    .bind_input(input.as_str(), &buffers[slot])
+                    .map_err(OrtError::runtime)?;
+                self.binding
+                    .bind_output(output.as_str(), &mut buffers[slot])
+                    .map_err(OrtError::runtime)?;
+            }
+        }
+        self.buffers = buffers;
+        self.capacity = capacity;
+        tracing::debug!(capacity, "KV cache buffers allocated");
+        Ok(())
+    }
+}
+
+/// A zeroed `[1, heads, capacity, head_dim]` buffer with the first `keep`
+/// positions of `old` copied in.
+fn grown<T>(
+    allocator: &Allocator,
+    shape: [usize; 4],
+    old: Option<&DynValue>,
+    keep: usize,
+) -> Result<DynValue, OrtError>
+where
+    T: PrimitiveTensorElementType + Copy + std::fmt::Debug + 'static,
+{
+    let mut buffer = Tensor::<T>::new(allocator, shape).map_err(OrtError::runtime)?;
+    if let Some(old) = old.filter(|_| keep > 0) {
+        let (old_shape, old_data) = old.try_extract_tensor::<T>().map_err(OrtError::runtime)?;
+        let old_capacity = old_shape[2].max(0) as usize;
+        let [_, heads, capacity, width] = shape;
+        let (_, data) = buffer.extract_tensor_mut();
+        for h in 0..heads {
+            let from = h * old_capacity * width;
+            let to = h * capacity * width;
+            data[to..to + keep * width].copy_from_slice(&old_data[from..from + keep * width]);
+        }
+    }
+    Ok(buffer.into_dyn())
+}
+
 /// Length of the common prefix of two token lists.
 pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+/// The inputs other than the cache: token ids, the mask over past and new
+/// positions, positions, and the merged decoders' branch flag.
+fn token_inputs<'a>(
+    io: &'a GraphIo,
+    ids: &[u32],
+    past_len: usize,
+) -> Result<Vec<(&'a str, DynValue)>, OrtError> {
+    let n = ids.len();
+    let total = past_len + n;
+    let mut inputs = Vec::with_capacity(4);
+    inputs.push((
+        io.input_ids.as_str(),
+        tensor_i64(vec![1, n], ids.iter().map(|&id| i64::from(id)).collect())?,
+    ));
+    if let Some(name) = &io.attention_mask {
+        inputs.push((name.as_str(), tensor_i64(vec![1, total], vec![1; total])?));
+    }
+    if let Some(name) = &io.position_ids {
+        let positions = (past_len as i64..total as i64).collect();
+        inputs.push((name.as_str(), tensor_i64(vec![1, n], positions)?));
+    }
+    if let Some(name) = &io.use_cache_branch {
+        let flag =
+            Tensor::from_array((vec![1usize], vec![past_len > 0])).map_err(OrtError::runtime)?;
+        inputs.push((name.as_str(), flag.into_dyn()));
+    }
+    Ok(inputs)
 }
 
 fn tensor_i64(shape: Vec<usize>, data: Vec<i64>) -> Result<DynValue, OrtError> {

@@ -75,6 +75,10 @@ pub struct OrtProviderOptions {
     /// Strings that end a generation (not included in the text). Default:
     /// empty, meaning the text of the model's end-of-sequence tokens.
     pub stop: Vec<String>,
+    /// Keep the KV cache in buffers that the graph updates in place, when
+    /// the graph can (GroupQueryAttention exports; checked when loading).
+    /// Default: true. Saves copying the whole cache for every token.
+    pub shared_kv_buffer: bool,
     /// Keep the KV cache between generations and reuse the longest common
     /// token prefix of the next prompt. Default: true. Turn it off to measure
     /// a full re-prefill.
@@ -101,6 +105,7 @@ impl Default for OrtProviderOptions {
             sampling: SamplingOptions::default(),
             max_new_tokens: DEFAULT_MAX_NEW_TOKENS,
             stop: Vec::new(),
+            shared_kv_buffer: true,
             reuse_prefix: true,
             context_reserve: None,
             context_length: None,
@@ -173,6 +178,12 @@ impl OrtProviderOptions {
     /// Keeps (true) or drops (false) the KV cache between generations.
     pub fn with_reuse_prefix(mut self, reuse: bool) -> Self {
         self.reuse_prefix = reuse;
+        self
+    }
+
+    /// Uses (true) or never uses (false) cache buffers updated in place.
+    pub fn with_shared_kv_buffer(mut self, shared: bool) -> Self {
+        self.shared_kv_buffer = shared;
         self
     }
 

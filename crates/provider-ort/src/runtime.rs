@@ -43,6 +43,9 @@ pub(crate) fn environment(dylib: &Path) -> Result<Environment, OrtError> {
         .with_telemetry(false)
         .build()
         .map_err(OrtError::runtime)?;
+    // ONNX Runtime formats every message at or above this level before
+    // `tracing` filters it; verbose session-creation chatter is not wanted.
+    env.set_log_level(ort::logging::LogLevel::Warning);
     tracing::debug!(path = %dylib.display(), "loaded ONNX Runtime");
     *slot = Some((dylib.to_path_buf(), env.clone()));
     Ok(env)

@@ -106,6 +106,10 @@ fn python_greedy(dir: &std::path::Path, prompt: &[u32], max_new: usize) -> Vec<u
 fn greedy_tokens_equal_the_python_reference_loop() {
     let dir = default_model();
     let provider = OrtProvider::load(options(&dir)).unwrap();
+    assert!(
+        provider.with_model(|m| m.shares_kv_buffers()).unwrap(),
+        "the default model's GroupQueryAttention graph updates the cache in place"
+    );
     let stop = provider.stop_ids().unwrap();
     let prompts = [
         "What is the capital of France?",

@@ -170,6 +170,11 @@ fn the_group_query_attention_graph_matches_the_plain_graph() {
     more.extend(tokens(&p, "<|im_start|>assistant\n"));
 
     let mut gqa = OrtModel::open(&dir, &options(&dir).with_variant("gqa")).unwrap();
+    assert!(
+        gqa.shares_kv_buffers(),
+        "GroupQueryAttention updates the cache in place"
+    );
+    assert!(!model(false).shares_kv_buffers(), "a Concat graph cannot");
     gqa.logits_for(&prompt).unwrap();
     let gqa_logits = gqa.logits_for(&more).unwrap();
     let plain = model(false).logits_for(&more).unwrap();
@@ -395,4 +400,49 @@ fn missing_files_name_the_set_up() {
     if let Err(e) = err {
         assert!(e.to_string().contains("scripts/setup.sh"), "{e}");
     }
+}
+
+#[test]
+fn shared_cache_buffers_give_the_logits_of_copied_ones_across_cuts_and_growth() {
+    let dir = tiny_model();
+    let p = tiny_provider();
+    let gqa = |shared: bool| {
+        OrtModel::open(
+            &dir,
+            &options(&dir)
+                .with_variant("gqa")
+                .with_shared_kv_buffer(shared),
+        )
+        .unwrap()
+    };
+    let mut long = tokens(&p, &"the cart and the tent, ".repeat(200));
+    long.truncate(300);
+    let mut changed = long[..120].to_vec();
+    changed.extend(tokens(&p, "Show the cart."));
+
+    let mut shared = gqa(true);
+    assert!(shared.shares_kv_buffers());
+    let mut copied = gqa(false);
+    assert!(!copied.shares_kv_buffers());
+    // Short, then past the first buffer size (the buffers grow), then cut
+    // back to a shared prefix, then a decode step.
+    for prompt in [&long[..40], &long[..], &changed[..]] {
+        let a = shared.logits_for(prompt).unwrap();
+        let b = copied.logits_for(prompt).unwrap();
+        let diff = max_abs_diff(&a, &b);
+        assert!(
+            diff < TOLERANCE,
+            "prompt of {} tokens: {diff}",
+            prompt.len()
+        );
+        assert_eq!(shared.cached_ids(), copied.cached_ids());
+    }
+    let a = shared.forward(&[5]).unwrap();
+    let b = copied.forward(&[5]).unwrap();
+    assert!(max_abs_diff(&a, &b) < TOLERANCE);
+    // And against a fresh prefill without any cache.
+    let mut fresh = changed.clone();
+    fresh.push(5);
+    let c = gqa(false).logits_for(&fresh).unwrap();
+    assert!(max_abs_diff(&a, &c) < TOLERANCE);
 }
