@@ -1,9 +1,9 @@
 //! Test doubles for webmcp-agents.
 //!
-//! - [`ScriptedProvider`]: a [`Provider`] that answers with replies given in
+//! - [`ScriptedProvider`]: a [`Provider`](wma_agent::Provider) that answers with replies given in
 //!   order, each with an optional delay or failure, and records every request
 //!   it receives so a test can assert on the prompt.
-//! - [`InMemoryToolHost`]: a [`ToolHost`] whose tools are Rust closures, with
+//! - [`InMemoryToolHost`]: a [`ToolHost`](wma_agent::ToolHost) whose tools are Rust closures, with
 //!   a page context and a log of the calls made.
 //! - [`OtlpReceiver`]: a real OTLP/HTTP traces endpoint on loopback that
 //!   decodes what an exporter sends, for tests of the exported span tree.
