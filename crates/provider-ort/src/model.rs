@@ -136,7 +136,7 @@ enum KvStore {
     /// preallocated buffers, which GroupQueryAttention graphs update in
     /// place: no per-token copy of the whole cache, and cutting the cache
     /// back is free (positions past the mask's length are ignored).
-    Shared(SharedKv),
+    Shared(Box<SharedKv>),
 }
 
 /// Preallocated cache buffers bound as both inputs and outputs.
@@ -281,11 +281,11 @@ impl OrtModel {
         let shared = (|| -> Result<(Vec<f32>, Vec<f32>), OrtError> {
             self.cache = KvCache {
                 ids: Vec::new(),
-                store: KvStore::Shared(SharedKv::new(
+                store: KvStore::Shared(Box::new(SharedKv::new(
                     &self.session,
                     &self.io,
                     SHARED_INITIAL_CAPACITY.min(self.context_length),
-                )?),
+                )?)),
             };
             Ok((self.forward(&probe[..3])?, self.forward(&probe[3..])?))
         })();
