@@ -262,3 +262,66 @@ async fn a_run_exports_the_genai_span_tree_with_parent_links_across_the_actors()
     drop(_scope);
     drop(guard);
 }
+
+#[tokio::test]
+async fn the_same_tree_arrives_over_grpc() {
+    let receiver = OtlpReceiver::start().unwrap();
+    let config = TelemetryConfig {
+        protocol: Some("grpc".to_string()),
+        log: Some("off".to_string()),
+        ..TelemetryConfig::exporting_to(receiver.endpoint())
+    };
+    let settings = config.resolve(|_| None).unwrap();
+    assert_eq!(
+        settings.export.as_ref().map(|e| e.endpoint.clone()),
+        Some(receiver.endpoint()),
+        "gRPC takes the base URL as is"
+    );
+    let (dispatch, guard) = wma_telemetry::build(&settings).unwrap();
+    let _scope = tracing::dispatcher::set_default(&dispatch);
+
+    let runtime = Runtime::builder(ProviderSource::new(|| {
+        TokenModel::new("grpc-model", ["Hello."])
+    }))
+    .agent(AgentConfig::new("greeter"))
+    .start()
+    .await
+    .unwrap();
+    let parts = runtime
+        .agent("greeter")
+        .unwrap()
+        .run(vec![ChatMessage::user("Hi")])
+        .await
+        .unwrap()
+        .collect_parts()
+        .await;
+    assert_eq!(
+        end(&parts),
+        &AgentStreamPart::Finish {
+            reason: FinishReason::Stop
+        }
+    );
+    runtime.shutdown().await;
+
+    // The gRPC exporter's flush blocks on its own runtime; keep it off this one.
+    let guard = tokio::task::spawn_blocking(move || guard.flush().map(|()| guard))
+        .await
+        .unwrap()
+        .unwrap();
+    wait_until("the run arrives over gRPC", || {
+        receiver
+            .spans()
+            .iter()
+            .any(|s| s.name == "invoke_agent greeter")
+    })
+    .await;
+    let spans = receiver.spans();
+    let run = one(&spans, "invoke_agent greeter");
+    let step = one(&spans, "step 1");
+    let chat = one(&spans, "chat grpc-model");
+    assert!(step.is_child_of(run));
+    assert!(chat.is_child_of(step));
+    assert_eq!(chat.int_attr("gen_ai.usage.output_tokens"), Some(1));
+    assert_eq!(run.service_name.as_deref(), Some("webmcp-agents"));
+    drop(guard);
+}

@@ -1,18 +1,22 @@
-//! An in-process OTLP receiver: a real OTLP/HTTP endpoint on loopback that
-//! decodes what an exporter sends, so tests can assert on exported spans.
+//! An in-process OTLP receiver: a real OTLP endpoint on loopback (HTTP and
+//! gRPC on one port) that decodes what an exporter sends, so tests can
+//! assert on exported spans.
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::thread::JoinHandle;
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::{Bytes, Incoming};
-use hyper::server::conn::http1;
+use http_body_util::BodyExt;
+use hyper::body::{Body, Bytes, Frame, Incoming};
+use hyper::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderMap, HeaderValue};
 use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
@@ -214,8 +218,10 @@ struct Store {
     requests: usize,
 }
 
-/// An OTLP/HTTP traces receiver (`POST /v1/traces`, `application/x-protobuf`)
-/// on `127.0.0.1` with a port of its own. It runs on a thread of its own,
+/// An OTLP traces receiver on `127.0.0.1` with a port of its own. It takes
+/// http/protobuf (`POST /v1/traces`, `application/x-protobuf`) and gRPC
+/// (`TraceService/Export` over HTTP/2 without TLS) on the same port, so one
+/// receiver serves an exporter of either protocol. It runs on a thread of its own,
 /// so an exporter can flush to it from any context, blocking or not.
 /// Dropping it stops the server.
 ///
@@ -262,7 +268,7 @@ impl OtlpReceiver {
                                 let store = served.clone();
                                 tokio::spawn(async move {
                                     let service = service_fn(move |req| handle(req, store.clone()));
-                                    let _ = http1::Builder::new()
+                                    let _ = auto::Builder::new(TokioExecutor::new())
                                         .serve_connection(TokioIo::new(stream), service)
                                         .await;
                                 });
@@ -279,7 +285,8 @@ impl OtlpReceiver {
         })
     }
 
-    /// The base URL (`http://127.0.0.1:PORT`), as `OTEL_EXPORTER_OTLP_ENDPOINT` takes it.
+    /// The base URL (`http://127.0.0.1:PORT`), as `OTEL_EXPORTER_OTLP_ENDPOINT`
+    /// takes it; gRPC exporters use it as is.
     pub fn endpoint(&self) -> String {
         format!("http://{}", self.addr)
     }
@@ -330,50 +337,133 @@ impl std::fmt::Debug for OtlpReceiver {
     }
 }
 
+/// The gRPC method an OTLP trace exporter calls.
+const GRPC_EXPORT: &str = "/opentelemetry.proto.collector.trace.v1.TraceService/Export";
+
+/// A response body: one data frame, then trailers (gRPC puts its status there).
+struct Reply {
+    data: Option<Bytes>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Body for Reply {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if let Some(data) = this.data.take() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        Poll::Ready(this.trailers.take().map(|t| Ok(Frame::trailers(t))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none() && self.trailers.is_none()
+    }
+}
+
+fn reply(
+    status: StatusCode,
+    content_type: &'static str,
+    body: Vec<u8>,
+    trailers: Option<HeaderMap>,
+) -> Response<Reply> {
+    let mut response = Response::new(Reply {
+        data: Some(Bytes::from(body)),
+        trailers,
+    });
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    response
+}
+
+fn store_spans(store: &Mutex<Store>, request: ExportTraceServiceRequest) {
+    let spans = decode(request);
+    let mut store = store.lock().unwrap_or_else(|e| e.into_inner());
+    store.requests += 1;
+    store.spans.extend(spans);
+}
+
 async fn handle(
     request: Request<Incoming>,
     store: Arc<Mutex<Store>>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    let reply = |status: StatusCode, body: Vec<u8>| {
-        let mut response = Response::new(Full::new(Bytes::from(body)));
-        *response.status_mut() = status;
-        response.headers_mut().insert(
-            hyper::header::CONTENT_TYPE,
-            hyper::header::HeaderValue::from_static("application/x-protobuf"),
-        );
-        Ok(response)
-    };
-    if request.method() != Method::POST || request.uri().path() != "/v1/traces" {
-        return reply(StatusCode::NOT_FOUND, Vec::new());
-    }
-    let protobuf = request
+) -> Result<Response<Reply>, Infallible> {
+    let content_type = request
         .headers()
-        .get(hyper::header::CONTENT_TYPE)
+        .get(CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/x-protobuf"));
+        .unwrap_or("")
+        .to_string();
+    if request.method() == Method::POST
+        && request.uri().path() == GRPC_EXPORT
+        && content_type.starts_with("application/grpc")
+    {
+        return Ok(grpc(request, &store).await);
+    }
+    let http =
+        |status: StatusCode, body: Vec<u8>| Ok(reply(status, "application/x-protobuf", body, None));
+    if request.method() != Method::POST || request.uri().path() != "/v1/traces" {
+        return http(StatusCode::NOT_FOUND, Vec::new());
+    }
     let encoded = request
         .headers()
-        .get(hyper::header::CONTENT_ENCODING)
+        .get(CONTENT_ENCODING)
         .is_some_and(|v| v != "identity");
-    if !protobuf || encoded {
+    if !content_type.starts_with("application/x-protobuf") || encoded {
         // Only uncompressed http/protobuf is understood; saying so beats
         // silently dropping what a test expects to see.
-        return reply(StatusCode::UNSUPPORTED_MEDIA_TYPE, Vec::new());
+        return http(StatusCode::UNSUPPORTED_MEDIA_TYPE, Vec::new());
     }
     let Ok(body) = request.into_body().collect().await else {
-        return reply(StatusCode::BAD_REQUEST, Vec::new());
+        return http(StatusCode::BAD_REQUEST, Vec::new());
     };
     let Ok(decoded) = ExportTraceServiceRequest::decode(body.to_bytes()) else {
-        return reply(StatusCode::BAD_REQUEST, Vec::new());
+        return http(StatusCode::BAD_REQUEST, Vec::new());
     };
-    let spans = decode(decoded);
-    {
-        let mut store = store.lock().unwrap_or_else(|e| e.into_inner());
-        store.requests += 1;
-        store.spans.extend(spans);
-    }
-    reply(
+    store_spans(&store, decoded);
+    http(
         StatusCode::OK,
         ExportTraceServiceResponse::default().encode_to_vec(),
     )
+}
+
+/// One unary gRPC call: a length-prefixed message in, one out, and the
+/// status in the trailers.
+async fn grpc(request: Request<Incoming>, store: &Mutex<Store>) -> Response<Reply> {
+    let answer = |code: &'static str, body: Vec<u8>| {
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", HeaderValue::from_static(code));
+        reply(StatusCode::OK, "application/grpc", body, Some(trailers))
+    };
+    // Status 3 is INVALID_ARGUMENT, 12 UNIMPLEMENTED (compression).
+    let Ok(body) = request.into_body().collect().await else {
+        return answer("3", Vec::new());
+    };
+    let body = body.to_bytes();
+    if body.len() < 5 {
+        return answer("3", Vec::new());
+    }
+    if body[0] != 0 {
+        return answer("12", Vec::new());
+    }
+    let length = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+    let Some(message) = body.get(5..5 + length) else {
+        return answer("3", Vec::new());
+    };
+    let Ok(decoded) = ExportTraceServiceRequest::decode(message) else {
+        return answer("3", Vec::new());
+    };
+    store_spans(store, decoded);
+    let response = ExportTraceServiceResponse::default().encode_to_vec();
+    let mut framed = Vec::with_capacity(5 + response.len());
+    framed.push(0);
+    framed.extend_from_slice(&(response.len() as u32).to_be_bytes());
+    framed.extend_from_slice(&response);
+    answer("0", framed)
 }
