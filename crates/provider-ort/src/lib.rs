@@ -29,7 +29,7 @@
 //! # Prompts
 //! The chat template is the model's own, rendered with minijinja as Hugging
 //! Face renders it (see [`ChatTemplate`]). A template that mentions `tools`
-//! gets them through the template ([`Provider::tools_inline`] is false);
+//! gets them through the template ([`Provider::tools_inline`](wma_agent::Provider::tools_inline) is false);
 //! otherwise the loop writes them into the prompt. A template that mentions
 //! `<tool_call>` makes the call format Hermes; otherwise it is plain JSON.
 //!

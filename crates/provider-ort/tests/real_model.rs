@@ -57,8 +57,19 @@ async fn cancelling_stops_a_long_prefill_promptly() {
     let result = task.await.unwrap();
     assert_eq!(result.unwrap_err(), wma_agent::ProviderError::Cancelled);
     assert!(cancelled_at.elapsed() < std::time::Duration::from_millis(500));
-    // The model thread stops too (ONNX Runtime was told to terminate), and
-    // the next generation works from a consistent cache.
+    // The model thread stops too: ONNX Runtime was told to terminate, so the
+    // model is free long before the prefill (seconds) could have ended.
+    let free = tokio::task::spawn_blocking({
+        let provider = std::sync::Arc::clone(&provider);
+        move || provider.with_model(|_| cancelled_at.elapsed()).unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        free < std::time::Duration::from_millis(1500),
+        "model busy for {free:?}"
+    );
+    // The next generation works from a consistent cache.
     let started = std::time::Instant::now();
     let g = provider
         .generate(
