@@ -41,6 +41,14 @@
 //! token of a generation was chosen but never fed to the model, so it is not
 //! counted as cached. [`OrtProviderOptions::reuse_prefix`] turns this off.
 //!
+//! Graphs built on GroupQueryAttention (the default model, most
+//! onnx-community exports) can update the cache in place: the provider then
+//! binds preallocated buffers as both the `past` inputs and the `present`
+//! outputs, which saves copying the whole cache for every token and makes
+//! cutting it back free. Whether a graph can is checked when it is loaded
+//! (a short probe compared against the copying path); graphs that
+//! concatenate past and new keys keep the copying path.
+//!
 //! # Cancellation
 //! Inference runs on a blocking thread. The cancellation token is checked
 //! before every token, and a running forward pass (a long prefill) is told to
