@@ -2,12 +2,13 @@
 //! bridge handles, with bounded admission and Stop.
 
 use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
-use futures::{Stream, StreamExt};
+use futures::{FutureExt, Stream, StreamExt};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -18,6 +19,7 @@ use wma_agent::{
 
 use crate::bridge::ToolBridgeHandle;
 use crate::error::RuntimeError;
+use crate::panic_message;
 use crate::provider::ProviderHandle;
 use crate::slot::Slot;
 use crate::supervisor::Timeouts;
@@ -118,6 +120,11 @@ impl AgentShared {
             next_id: AtomicU64::new(1),
             restarts: AtomicU32::new(0),
         })
+    }
+
+    /// Stops every run without going through the actor (the runtime is going away).
+    pub(crate) fn cancel_all(&self) {
+        self.runs().values().for_each(CancellationToken::cancel);
     }
 
     fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, CancellationToken>> {
@@ -231,12 +238,29 @@ impl AgentArgs {
         tokio::spawn(
             async move {
                 let _permit = permit;
-                let mut stream = run_local_agent(provider, request, options);
-                while let Some(part) = stream.next().await {
-                    if parts.send(part).await.is_err() {
-                        // Nobody reads any more: stop, and let the loop end
-                        // its run properly (it finishes "aborted" at once).
-                        cancel.cancel();
+                let mut ended = false;
+                let drive = async {
+                    let mut stream = run_local_agent(provider, request, options);
+                    while let Some(part) = stream.next().await {
+                        ended |= part.is_terminal();
+                        if parts.send(part).await.is_err() {
+                            // Nobody reads any more: stop, and let the loop end
+                            // its run properly (it finishes "aborted" at once).
+                            cancel.cancel();
+                        }
+                    }
+                };
+                if let Err(panic) = AssertUnwindSafe(drive).catch_unwind().await {
+                    // Every run ends with exactly one finish or error, even
+                    // when the loop itself fails.
+                    let reason = panic_message(panic.as_ref());
+                    tracing::error!(%reason, "a run panicked");
+                    if !ended {
+                        let _ = parts
+                            .send(AgentStreamPart::Error {
+                                message: format!("The agent crashed: {reason}"),
+                            })
+                            .await;
                     }
                 }
                 shared.runs().remove(&id);

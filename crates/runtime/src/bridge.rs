@@ -163,7 +163,7 @@ impl Actor for BridgeActor {
                 let shared = state.shared.clone();
                 tokio::spawn(
                     async move {
-                        let (tools, routes) = merged(&shared, &hosts).await;
+                        let (tools, routes) = merged(&myself, &shared, &hosts).await;
                         let _ = myself.send_message(BridgeMsg::Listed {
                             tools,
                             routes,
@@ -231,6 +231,7 @@ impl Actor for BridgeActor {
 /// merges the lists. Name clashes go to the source registered first, so the
 /// answer does not depend on which source answered faster.
 async fn merged(
+    myself: &ActorRef<BridgeMsg>,
     shared: &BridgeShared,
     hosts: &[Arc<dyn ToolHost>],
 ) -> (Vec<ToolDefinition>, HashMap<String, Route>) {
@@ -241,7 +242,12 @@ async fn merged(
             match tokio::time::timeout(shared.call_timeout, listing).await {
                 Ok(Ok(tools)) => tools,
                 Ok(Err(panic)) => {
-                    tracing::error!(source = %name, reason = %panic_message(panic.as_ref()), "a tool source panicked while listing its tools");
+                    let reason = panic_message(panic.as_ref());
+                    tracing::error!(source = %name, %reason, "a tool source panicked while listing its tools");
+                    let _ = myself.send_message(BridgeMsg::Crashed {
+                        source: name,
+                        reason,
+                    });
                     Vec::new()
                 }
                 Err(_) => {
@@ -291,12 +297,16 @@ async fn call(
     let route = match route {
         Some(route) => route,
         // Called without a fresh listing (or the tool just appeared).
-        None => merged(shared, hosts).await.1.remove(name).ok_or_else(|| {
-            ToolError::new(
-                ToolErrorCode::UnknownTool,
-                format!("no tool named \"{name}\""),
-            )
-        })?,
+        None => merged(myself, shared, hosts)
+            .await
+            .1
+            .remove(name)
+            .ok_or_else(|| {
+                ToolError::new(
+                    ToolErrorCode::UnknownTool,
+                    format!("no tool named \"{name}\""),
+                )
+            })?,
     };
     // Sources are not trusted to check their own arguments (WebMCP pages
     // and most servers do not).

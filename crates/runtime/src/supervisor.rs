@@ -252,6 +252,18 @@ impl Runtime {
     }
 }
 
+impl Drop for Runtime {
+    /// A runtime dropped without [`Runtime::shutdown`] still stops: its runs
+    /// are cancelled and its actors stopped (without waiting for them).
+    fn drop(&mut self) {
+        for agent in &self.agents {
+            agent.shared.cancel_all();
+        }
+        self.supervisor
+            .stop(Some("the runtime was dropped".to_string()));
+    }
+}
+
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
@@ -346,6 +358,18 @@ impl Actor for Supervisor {
                 let _ = reply.send(());
             }
         }
+        Ok(())
+    }
+
+    async fn post_stop(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        state: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        // Handles outlive the runtime; tell them at once instead of letting
+        // them wait for a restart that will not come.
+        state.shutting_down = true;
+        state.mark_all_gone("the runtime was shut down");
         Ok(())
     }
 

@@ -84,3 +84,27 @@ async fn unknown_agents_and_duplicate_names_are_errors() {
     .await;
     assert!(matches!(twice, Err(RuntimeError::Config(_))));
 }
+
+#[tokio::test]
+async fn handles_that_outlive_the_runtime_fail_with_a_clear_error() {
+    let runtime = Runtime::builder(ProviderSource::new(|| {
+        TokenModel::new("model", Vec::<String>::new())
+    }))
+    .agent(AgentConfig::new("helper"))
+    .start()
+    .await
+    .unwrap();
+    let agent = runtime.agent("helper").unwrap();
+    let provider = runtime.provider();
+    runtime.shutdown().await;
+    match agent.run(vec![ChatMessage::user("hi")]).await {
+        Err(RuntimeError::Unavailable { reason, .. }) => {
+            assert!(reason.contains("shut down"), "{reason}")
+        }
+        other => panic!("expected the agent to be unavailable, got {other:?}"),
+    }
+    assert!(matches!(
+        provider.current_info().await,
+        Err(RuntimeError::Unavailable { .. })
+    ));
+}
