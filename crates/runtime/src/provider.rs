@@ -22,7 +22,7 @@ use crate::panic_message;
 use crate::slot::Slot;
 use crate::supervisor::Timeouts;
 
-type BuildProvider = dyn Fn() -> Arc<dyn Provider> + Send + Sync;
+type BuildProvider = dyn Fn() -> Result<Arc<dyn Provider>, ProviderError> + Send + Sync;
 
 /// How to make a provider. The runtime prepares what it makes; after a
 /// crash the supervisor makes a fresh one from the same source (the model
@@ -41,7 +41,24 @@ impl ProviderSource {
         F: Fn() -> P + Send + Sync + 'static,
     {
         Self {
-            build: Arc::new(move || Arc::new(build()) as Arc<dyn Provider>),
+            build: Arc::new(move || Ok(Arc::new(build()) as Arc<dyn Provider>)),
+        }
+    }
+
+    /// Like [`ProviderSource::new`] for constructors that can fail (a model
+    /// folder that is not there); the failure is a load error, reported
+    /// like a `prepare` that failed.
+    pub fn try_new<P, E, F>(build: F) -> Self
+    where
+        P: Provider + 'static,
+        E: std::fmt::Display,
+        F: Fn() -> Result<P, E> + Send + Sync + 'static,
+    {
+        Self {
+            build: Arc::new(move || match build() {
+                Ok(provider) => Ok(Arc::new(provider) as Arc<dyn Provider>),
+                Err(error) => Err(ProviderError::Load(error.to_string())),
+            }),
         }
     }
 
@@ -49,11 +66,11 @@ impl ProviderSource {
     /// prepares it again.
     pub fn shared<P: Provider + 'static>(provider: Arc<P>) -> Self {
         Self {
-            build: Arc::new(move || provider.clone() as Arc<dyn Provider>),
+            build: Arc::new(move || Ok(provider.clone() as Arc<dyn Provider>)),
         }
     }
 
-    fn build(&self) -> Arc<dyn Provider> {
+    fn build(&self) -> Result<Arc<dyn Provider>, ProviderError> {
         (self.build)()
     }
 }
@@ -470,7 +487,7 @@ pub(crate) async fn prepare(
     progress: ProgressFn,
 ) -> Result<Arc<dyn Provider>, ProviderError> {
     let work = async move {
-        let provider = source.build();
+        let provider = source.build()?;
         provider
             .prepare(progress, CancellationToken::new())
             .await

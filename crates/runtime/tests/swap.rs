@@ -229,3 +229,37 @@ impl Provider for SlowLoad {
         true
     }
 }
+
+#[tokio::test]
+async fn a_model_that_cannot_be_made_fails_the_start_or_the_swap_with_its_reason() {
+    let start = Runtime::builder(ProviderSource::try_new(|| {
+        Err::<TokenModel, _>("no model folder at models/tiny")
+    }))
+    .start()
+    .await;
+    match start {
+        Err(error @ RuntimeError::Load(_)) => {
+            assert!(error.to_string().contains("no model folder at models/tiny"))
+        }
+        other => panic!("expected a load error, got {other:?}"),
+    }
+
+    let runtime = Runtime::builder(ProviderSource::new(|| {
+        TokenModel::new("old-model", Vec::<String>::new())
+    }))
+    .start()
+    .await
+    .unwrap();
+    let error = runtime
+        .provider()
+        .swap(
+            ProviderSource::try_new(|| Err::<TokenModel, _>("no model folder at models/big")),
+            |_| {},
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(error, RuntimeError::SwapFailed(_)));
+    assert!(error.to_string().contains("models/big"));
+    assert_eq!(runtime.model().model, "old-model");
+    runtime.shutdown().await;
+}
