@@ -6,13 +6,16 @@
 //! - [`agent`]: the loop (`run_local_agent`) and its vocabulary.
 //! - [`runtime`]: the supervised actors that host agents (hot swap, restarts).
 //! - [`telemetry`]: tracing with OpenTelemetry OTLP export.
+//! - [`tools`]: tool sources.
+//! - [`eval`]: the tool-calling evaluation behind `wma eval`.
 
 pub use wma_agent as agent;
 pub use wma_runtime as runtime;
 pub use wma_telemetry as telemetry;
 
+pub use wma_tools as tools;
+
 pub mod demo_shop;
 pub mod display;
-
-pub use wma_tools as tools;
+pub mod eval;
 pub mod usage;

@@ -1,19 +1,22 @@
 //! `wma`: run an on-device agent from the command line.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
-use clap::{Parser, Subcommand};
+use anyhow::{Context, Result, bail};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 use webmcp_agents::agent::{
-    AgentRunRequest, AgentStreamPart, ChatMessage, LocalLoopOptions, Progress, Provider,
-    run_local_agent,
+    AgentRunRequest, AgentStreamPart, ChatMessage, ConstraintMode, LocalLoopOptions, Progress,
+    Provider, run_local_agent,
 };
 use webmcp_agents::demo_shop::{self, Shop};
 use webmcp_agents::display::render_part;
+use webmcp_agents::eval::{self, EvalOptions, bfcl};
 use webmcp_agents::usage::UsageMeter;
 use wma_provider_ort::{OrtProvider, OrtProviderOptions, SamplingOptions};
 
@@ -21,6 +24,10 @@ use wma_provider_ort::{OrtProvider, OrtProviderOptions, SamplingOptions};
 #[derive(Parser)]
 #[command(name = "wma", version, about)]
 struct Cli {
+    /// Export traces over OTLP (also on when the standard OTEL_* variables
+    /// say so); see docs/tracing.md.
+    #[arg(long, global = true)]
+    otlp: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -29,25 +36,28 @@ struct Cli {
 enum Command {
     /// Run one request with a local model against the demo shop's tools.
     Run(RunArgs),
+    /// Measure how well a model calls tools.
+    #[command(subcommand)]
+    Eval(EvalCommand),
 }
 
-#[derive(clap::Args)]
-struct RunArgs {
-    /// What to ask the agent.
-    #[arg(default_value = demo_shop::DEFAULT_REQUEST)]
-    request: String,
+#[derive(Subcommand)]
+enum EvalCommand {
+    /// BFCL records through one loop step each, constraints off and on.
+    Bfcl(BfclArgs),
+    /// The demo request end to end against the demo shop, N times.
+    Shop(ShopArgs),
+}
+
+/// Which model, and how to run it.
+#[derive(Args, Clone)]
+struct ModelArgs {
     /// A model folder or hub id (default: the model the set-up made).
     #[arg(long, env = "WMA_MODEL")]
     model: Option<String>,
     /// The graph file inside the model folder (e.g. onnx/model.onnx for fp32).
     #[arg(long)]
     variant: Option<String>,
-    /// Model steps per request.
-    #[arg(long, default_value_t = 6)]
-    max_steps: u32,
-    /// Time limit per generation, in seconds.
-    #[arg(long, default_value_t = 60)]
-    step_timeout: u64,
     /// CPU threads for ONNX Runtime (default: ONNX Runtime's choice).
     #[arg(long)]
     threads: Option<usize>,
@@ -57,21 +67,121 @@ struct RunArgs {
     /// Seed for sampling.
     #[arg(long)]
     seed: Option<u64>,
+    /// Most new tokens per reply.
+    #[arg(long, default_value_t = 160)]
+    max_new_tokens: u32,
+    /// Time limit per generation, in seconds.
+    #[arg(long, default_value_t = 60)]
+    step_timeout: u64,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Constraints {
+    /// Never constrain decoding.
+    Off,
+    /// Text or a call on first attempts, calls only on retries.
+    Auto,
+    /// Every reply must be a call.
+    CallsOnly,
+}
+
+impl From<Constraints> for ConstraintMode {
+    fn from(c: Constraints) -> Self {
+        match c {
+            Constraints::Off => ConstraintMode::Off,
+            Constraints::Auto => ConstraintMode::Auto,
+            Constraints::CallsOnly => ConstraintMode::CallsOnly,
+        }
+    }
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// What to ask the agent.
+    #[arg(default_value = demo_shop::DEFAULT_REQUEST)]
+    request: String,
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Model steps per request.
+    #[arg(long, default_value_t = 6)]
+    max_steps: u32,
+    /// Constrained decoding, when the model supports it.
+    #[arg(long, value_enum, default_value_t = Constraints::Auto)]
+    constraints: Constraints,
     /// Print the parts as JSON lines instead of text.
     #[arg(long)]
     json: bool,
 }
 
+#[derive(Args)]
+struct BfclArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Folder with the BFCL data files (default: the one the set-up fetched).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Categories to run (default: simple_python, multiple, parallel, irrelevance).
+    #[arg(long = "category")]
+    categories: Vec<String>,
+    /// More data files in the same format (a possible_answer/ folder beside
+    /// them holds the answers; without one they are scored as irrelevance).
+    #[arg(long = "file")]
+    files: Vec<PathBuf>,
+    /// Records per category (all when not given).
+    #[arg(long)]
+    limit: Option<usize>,
+    /// Most tools shown per step.
+    #[arg(long, default_value_t = 8)]
+    max_tools: usize,
+}
+
+#[derive(Args)]
+struct ShopArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// How many runs.
+    #[arg(long, default_value_t = 10)]
+    runs: usize,
+    /// Model steps per run.
+    #[arg(long, default_value_t = 6)]
+    max_steps: u32,
+    /// Constrained decoding, when the model supports it.
+    #[arg(long, value_enum, default_value_t = Constraints::Auto)]
+    constraints: Constraints,
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    match cli.command {
-        Command::Run(args) => run(args).await,
+    let telemetry = webmcp_agents::telemetry::init(&webmcp_agents::telemetry::TelemetryConfig {
+        enabled: cli.otlp,
+        service_name: Some("wma".to_string()),
+        ..Default::default()
+    })
+    .context("could not start tracing")?;
+    let span = tracing::info_span!("wma");
+    if let (Some(export), Some(trace)) = (
+        telemetry.export(),
+        webmcp_agents::telemetry::trace_id(&span),
+    ) {
+        eprintln!("tracing to {} (trace {trace})", export.endpoint);
     }
+    let result = async {
+        match cli.command {
+            Command::Run(args) => run(args).await,
+            Command::Eval(EvalCommand::Bfcl(args)) => eval_bfcl(args).await,
+            Command::Eval(EvalCommand::Shop(args)) => eval_shop(args).await,
+        }
+    }
+    .instrument(span)
+    .await;
+    let _ = telemetry.flush();
+    result
 }
 
-async fn run(args: RunArgs) -> Result<()> {
-    let mut options = OrtProviderOptions {
+/// Loads the model, showing progress on stderr.
+async fn load_model(args: &ModelArgs) -> Result<OrtProvider> {
+    let options = OrtProviderOptions {
         model: args.model.clone(),
         variant: args.variant.clone(),
         intra_threads: args.threads,
@@ -80,11 +190,9 @@ async fn run(args: RunArgs) -> Result<()> {
             seed: args.seed,
             ..SamplingOptions::default()
         },
+        max_new_tokens: args.max_new_tokens,
         ..OrtProviderOptions::default()
     };
-    // A reply is a call or a sentence or two; a small model that rambles past
-    // this is not going to say anything useful.
-    options.max_new_tokens = 160;
     let provider = OrtProvider::new(options).context("could not set up the model")?;
     let started = Instant::now();
     let progress = Arc::new(|p: Progress| {
@@ -99,12 +207,15 @@ async fn run(args: RunArgs) -> Result<()> {
         .await
         .context("could not load the model")?;
     eprintln!(
-        "\rmodel ready in {:.1} s{:30}",
+        "\rmodel ready in {:.1} s{:40}",
         started.elapsed().as_secs_f64(),
         ""
     );
+    Ok(provider)
+}
 
-    let provider = Arc::new(UsageMeter::new(Arc::new(provider)));
+async fn run(args: RunArgs) -> Result<()> {
+    let provider = Arc::new(UsageMeter::new(Arc::new(load_model(&args.model).await?)));
     let shop = Shop::new();
     let request = AgentRunRequest::new(
         vec![ChatMessage::user(args.request.clone())],
@@ -118,9 +229,10 @@ async fn run(args: RunArgs) -> Result<()> {
     });
     let loop_options = LocalLoopOptions {
         max_steps: args.max_steps,
-        step_timeout: Duration::from_secs(args.step_timeout),
+        step_timeout: Duration::from_secs(args.model.step_timeout),
         tools_inline: provider.tools_inline(),
         instructions: Some(demo_shop::INSTRUCTIONS.to_string()),
+        constraints: args.constraints.into(),
         ..LocalLoopOptions::default()
     };
     if !args.json {
@@ -153,7 +265,118 @@ async fn run(args: RunArgs) -> Result<()> {
         }
     );
     if failed {
-        std::process::exit(1);
+        bail!("the run ended with an error");
     }
+    Ok(())
+}
+
+fn default_bfcl_dir() -> Result<PathBuf> {
+    let cache = wma_provider_ort::cache_dir().context("no cache folder")?;
+    Ok(cache.join("eval").join("bfcl"))
+}
+
+async fn eval_bfcl(args: BfclArgs) -> Result<()> {
+    let dir = match args.data.clone() {
+        Some(dir) => dir,
+        None => default_bfcl_dir()?,
+    };
+    let mut sources: Vec<(String, PathBuf)> = Vec::new();
+    let categories: Vec<String> = if args.categories.is_empty() && args.files.is_empty() {
+        bfcl::DEFAULT_CATEGORIES
+            .iter()
+            .map(|c| c.to_string())
+            .collect()
+    } else {
+        args.categories.clone()
+    };
+    for category in categories {
+        let file = bfcl::category_file(&dir, &category);
+        if !file.exists() {
+            bail!(
+                "no data for category {category} at {} (run scripts/setup.sh, or pass --data)",
+                file.display()
+            );
+        }
+        sources.push((category, file));
+    }
+    for file in &args.files {
+        let name = file
+            .file_stem()
+            .map(|s| s.to_string_lossy().to_string())
+            .unwrap_or_default();
+        sources.push((name, file.clone()));
+    }
+    let provider = Arc::new(UsageMeter::new(Arc::new(load_model(&args.model).await?)));
+    if !provider.supports_constraints() {
+        eprintln!(
+            "note: this provider does not support constrained decoding; the 'on' column repeats 'off'"
+        );
+    }
+    let options = EvalOptions {
+        max_tools: args.max_tools,
+        step_timeout: Duration::from_secs(args.model.step_timeout),
+        tools_inline: provider.tools_inline(),
+    };
+    let mut rows = Vec::new();
+    for (name, file) in sources {
+        let mut records =
+            bfcl::load(&file).with_context(|| format!("could not read {}", file.display()))?;
+        if let Some(limit) = args.limit {
+            records.truncate(limit);
+        }
+        let mut scores = Vec::new();
+        for (label, mode) in [("off", ConstraintMode::Off), ("on", ConstraintMode::Auto)] {
+            let total = records.len();
+            let started = Instant::now();
+            let score = eval::run_bfcl(&provider, &records, mode, &options, |done| {
+                eprint!("\r{name} (constraints {label}): {done}/{total}   ");
+                let _ = std::io::stderr().flush();
+            })
+            .await;
+            eprintln!(
+                "\r{name} (constraints {label}): {total} records in {:.0} s, accuracy {}",
+                started.elapsed().as_secs_f64(),
+                score.accuracy()
+            );
+            scores.push(score);
+        }
+        rows.push((name, scores[0], scores[1]));
+    }
+    println!("{}", eval::bfcl_table(&rows));
+    Ok(())
+}
+
+async fn eval_shop(args: ShopArgs) -> Result<()> {
+    let provider = Arc::new(load_model(&args.model).await?);
+    let runs = eval::run_shop_task(
+        provider,
+        args.runs,
+        args.constraints.into(),
+        args.max_steps,
+        |i, run| {
+            eprintln!(
+                "run {i}: {} in {} steps, {:.1} s, ended {}, cart: {}",
+                if run.success { "solved" } else { "not solved" },
+                run.steps,
+                run.time.as_secs_f64(),
+                run.end,
+                if run.cart.is_empty() {
+                    "empty"
+                } else {
+                    &run.cart
+                }
+            );
+        },
+    )
+    .await;
+    let solved = runs.iter().filter(|r| r.success).count();
+    let steps: u32 = runs.iter().map(|r| r.steps).sum();
+    let time: f64 = runs.iter().map(|r| r.time.as_secs_f64()).sum();
+    println!(
+        "shop task: solved {solved} of {} runs; {:.1} steps and {:.1} s per run on average",
+        runs.len(),
+        f64::from(steps) / runs.len().max(1) as f64,
+        time / runs.len().max(1) as f64
+    );
     Ok(())
 }

@@ -25,6 +25,31 @@ pub struct Usage {
     pub time: Duration,
 }
 
+impl Usage {
+    /// The totals of these generations.
+    pub fn of(generations: &[Generation]) -> Self {
+        let mut usage = Self::default();
+        for g in generations {
+            usage.generations += 1;
+            usage.input_tokens += u64::from(g.input_tokens.unwrap_or(0));
+            usage.cached_tokens += u64::from(g.cached_tokens.unwrap_or(0));
+            usage.output_tokens += u64::from(g.output_tokens.unwrap_or(0));
+            usage.time += g.total_time.unwrap_or_default();
+        }
+        usage
+    }
+
+    /// Generated tokens per second of generation time.
+    pub fn tokens_per_second(&self) -> f64 {
+        let secs = self.time.as_secs_f64();
+        if secs > 0.0 {
+            self.output_tokens as f64 / secs
+        } else {
+            0.0
+        }
+    }
+}
+
 impl std::fmt::Display for Usage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -39,9 +64,10 @@ impl std::fmt::Display for Usage {
     }
 }
 
-/// A provider that passes everything to `inner` and adds up its usage.
+/// A provider that passes everything to `inner` and keeps what each
+/// generation reported, to add up its usage.
 pub struct UsageMeter<P: ?Sized> {
-    usage: Mutex<Usage>,
+    log: Mutex<Vec<Generation>>,
     inner: Arc<P>,
 }
 
@@ -49,14 +75,23 @@ impl<P: Provider + ?Sized> UsageMeter<P> {
     /// Wraps a provider.
     pub fn new(inner: Arc<P>) -> Self {
         Self {
-            usage: Mutex::new(Usage::default()),
+            log: Mutex::new(Vec::new()),
             inner,
         }
     }
 
     /// The totals so far.
     pub fn usage(&self) -> Usage {
-        *self.usage.lock().unwrap_or_else(|e| e.into_inner())
+        Usage::of(&self.lock())
+    }
+
+    /// Takes the generations recorded so far, leaving the log empty.
+    pub fn take(&self) -> Vec<Generation> {
+        std::mem::take(&mut *self.lock())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Generation>> {
+        self.log.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -80,12 +115,7 @@ impl<P: Provider + ?Sized> Provider for UsageMeter<P> {
         cancel: CancellationToken,
     ) -> Result<Generation, ProviderError> {
         let generation = self.inner.generate(request, cancel).await?;
-        let mut usage = self.usage.lock().unwrap_or_else(|e| e.into_inner());
-        usage.generations += 1;
-        usage.input_tokens += u64::from(generation.input_tokens.unwrap_or(0));
-        usage.cached_tokens += u64::from(generation.cached_tokens.unwrap_or(0));
-        usage.output_tokens += u64::from(generation.output_tokens.unwrap_or(0));
-        usage.time += generation.total_time.unwrap_or_default();
+        self.lock().push(generation.clone());
         Ok(generation)
     }
 

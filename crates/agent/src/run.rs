@@ -273,12 +273,12 @@ impl<P: Provider + 'static> Run<P> {
             if self.cancel.is_cancelled() {
                 return End::Finish(FinishReason::Aborted);
             }
-            Span::current().record("wma.steps", step);
+            Span::current().record("wma.steps", i64::from(step));
             self.emit(AgentStreamPart::MessageStart { step });
             let span = tracing::info_span!(
                 "step",
                 otel.name = %format!("step {step}"),
-                wma.step = step,
+                wma.step = i64::from(step),
                 wma.tools_shown = field::Empty,
                 wma.outcome = field::Empty,
             );
@@ -354,7 +354,7 @@ impl<P: Provider + 'static> Run<P> {
             Ok(fitted) => fitted,
             Err(end) => return Some(end),
         };
-        Span::current().record("wma.tools_shown", shown.len());
+        Span::current().record("wma.tools_shown", shown.len() as i64);
         let mut attempt = Attempt::First;
         let mut corrected = false;
         let mut repaired = false;
@@ -568,13 +568,13 @@ impl<P: Provider + 'static> Run<P> {
         match &outcome {
             Ok(g) => {
                 if let Some(n) = g.input_tokens {
-                    span.record("gen_ai.usage.input_tokens", n);
+                    span.record("gen_ai.usage.input_tokens", i64::from(n));
                 }
                 if let Some(n) = g.output_tokens {
-                    span.record("gen_ai.usage.output_tokens", n);
+                    span.record("gen_ai.usage.output_tokens", i64::from(n));
                 }
                 if let Some(n) = g.cached_tokens {
-                    span.record("gen_ai.usage.cached_tokens", n);
+                    span.record("gen_ai.usage.cached_tokens", i64::from(n));
                 }
                 if let Some(t) = g.time_to_first_token {
                     span.record("gen_ai.server.time_to_first_token", t.as_secs_f64());

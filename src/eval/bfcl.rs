@@ -1,0 +1,424 @@
+//! The Berkeley Function Calling Leaderboard's data: loading its records,
+//! turning its schema dialect into JSON Schema, and scoring calls the way its
+//! AST checker does.
+//!
+//! A data file holds one JSON record a line (`id`, `question`, `function`);
+//! its `possible_answer/` twin holds the ground truth: for every expected
+//! call, each argument's allowed values (`""` among them means the argument
+//! may be left out). A file without an answer file is scored as
+//! irrelevance: the right reply is no call at all.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Map, Value};
+use wma_agent::{ChatMessage, ToolDefinition};
+
+/// One evaluation record.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Record {
+    /// The record's id (`simple_python_0`).
+    pub id: String,
+    /// The conversation: the first turn's messages.
+    pub messages: Vec<ChatMessage>,
+    /// The functions offered, as tools with JSON Schemas.
+    pub tools: Vec<ToolDefinition>,
+    /// The expected calls; `None` means no call is the right answer.
+    pub expected: Option<Vec<ExpectedCall>>,
+}
+
+/// One expected call: the function and, per argument, the allowed values.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpectedCall {
+    /// Function name.
+    pub name: String,
+    /// Argument → allowed values (`""` allows leaving it out).
+    pub arguments: Map<String, Value>,
+}
+
+/// Errors reading evaluation data.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DataError {
+    /// A file could not be read.
+    #[error("could not read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A line is not a record.
+    #[error("{path}, line {line}: {reason}")]
+    Record {
+        /// The file.
+        path: PathBuf,
+        /// 1-based line number.
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// The default categories of `wma eval bfcl`.
+pub const DEFAULT_CATEGORIES: [&str; 4] = ["simple_python", "multiple", "parallel", "irrelevance"];
+
+/// The data file of a category in a BFCL data folder.
+pub fn category_file(dir: &Path, category: &str) -> PathBuf {
+    dir.join(format!("BFCL_v4_{category}.json"))
+}
+
+/// Loads a data file and, when it exists, its `possible_answer/` twin.
+pub fn load(data: &Path) -> Result<Vec<Record>, DataError> {
+    let answers_path = data.parent().map(|d| {
+        d.join("possible_answer")
+            .join(data.file_name().unwrap_or_default())
+    });
+    let answers: Option<Vec<(String, Value)>> = match answers_path.filter(|p| p.exists()) {
+        Some(path) => Some(
+            lines(&path)?
+                .into_iter()
+                .map(|(_, v)| {
+                    (
+                        v["id"].as_str().unwrap_or("").to_string(),
+                        v["ground_truth"].clone(),
+                    )
+                })
+                .collect(),
+        ),
+        None => None,
+    };
+    let mut records = Vec::new();
+    for (line, value) in lines(data)? {
+        let bad = |reason: &str| DataError::Record {
+            path: data.to_path_buf(),
+            line,
+            reason: reason.to_string(),
+        };
+        let id = value["id"]
+            .as_str()
+            .ok_or_else(|| bad("no id"))?
+            .to_string();
+        let turns = value["question"]
+            .get(0)
+            .and_then(Value::as_array)
+            .ok_or_else(|| bad("no question"))?;
+        let messages = turns
+            .iter()
+            .filter_map(|m| {
+                let content = m["content"].as_str()?.to_string();
+                Some(match m["role"].as_str()? {
+                    "assistant" => ChatMessage::assistant(content),
+                    _ => ChatMessage::user(content),
+                })
+            })
+            .collect();
+        let tools = value["function"]
+            .as_array()
+            .ok_or_else(|| bad("no function list"))?
+            .iter()
+            .map(|f| {
+                ToolDefinition::new(
+                    f["name"].as_str().unwrap_or_default(),
+                    f["description"].as_str().unwrap_or_default(),
+                    to_json_schema(&f["parameters"]),
+                )
+            })
+            .collect();
+        let expected = match &answers {
+            None => None,
+            Some(answers) => {
+                let truth = answers
+                    .iter()
+                    .find(|(aid, _)| *aid == id)
+                    .map(|(_, t)| t)
+                    .ok_or_else(|| bad("no ground truth for this id"))?;
+                Some(expected_calls(truth).ok_or_else(|| bad("unreadable ground truth"))?)
+            }
+        };
+        records.push(Record {
+            id,
+            messages,
+            tools,
+            expected,
+        });
+    }
+    Ok(records)
+}
+
+fn lines(path: &Path) -> Result<Vec<(usize, Value)>, DataError> {
+    let text = std::fs::read_to_string(path).map_err(|source| DataError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l)
+                .map(|v| (i + 1, v))
+                .map_err(|e| DataError::Record {
+                    path: path.to_path_buf(),
+                    line: i + 1,
+                    reason: e.to_string(),
+                })
+        })
+        .collect()
+}
+
+fn expected_calls(truth: &Value) -> Option<Vec<ExpectedCall>> {
+    truth
+        .as_array()?
+        .iter()
+        .map(|call| {
+            let (name, arguments) = call.as_object()?.iter().next()?;
+            Some(ExpectedCall {
+                name: name.clone(),
+                arguments: arguments.as_object()?.clone(),
+            })
+        })
+        .collect()
+}
+
+/// BFCL's schema dialect as JSON Schema: Python type names become JSON
+/// Schema's (`dict` → object, `float` → number, `tuple` → array, `any` →
+/// string), recursively.
+pub fn to_json_schema(schema: &Value) -> Value {
+    let Value::Object(map) = schema else {
+        return schema.clone();
+    };
+    let mut out = Map::new();
+    for (key, value) in map {
+        let converted = match key.as_str() {
+            "type" => match value.as_str() {
+                Some("dict") => Value::from("object"),
+                Some("float") => Value::from("number"),
+                Some("tuple") | Some("list") => Value::from("array"),
+                Some("any") => Value::from("string"),
+                Some("int") => Value::from("integer"),
+                Some("bool") => Value::from("boolean"),
+                Some("str") => Value::from("string"),
+                _ => value.clone(),
+            },
+            "properties" => match value {
+                Value::Object(props) => Value::Object(
+                    props
+                        .iter()
+                        .map(|(k, v)| (k.clone(), to_json_schema(v)))
+                        .collect(),
+                ),
+                other => other.clone(),
+            },
+            "items" | "additionalProperties" => to_json_schema(value),
+            // BFCL writes optional defaults as strings of Python values;
+            // JSON Schema's `default` is informational, so drop it.
+            "default" | "optional" => continue,
+            _ => value.clone(),
+        };
+        out.insert(key.clone(), converted);
+    }
+    Value::Object(out)
+}
+
+/// A call as the model made it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MadeCall {
+    /// Function name.
+    pub name: String,
+    /// Arguments.
+    pub arguments: Value,
+}
+
+/// Scores the calls of one record as BFCL's checker does: the same number of
+/// calls as expected, each matched (in any order) to one expected call with
+/// the same name, no argument the ground truth does not know, every argument
+/// that may not be left out present, and every value among the allowed ones.
+/// With no expected calls (irrelevance), the right answer is no call.
+pub fn score(made: &[MadeCall], expected: Option<&[ExpectedCall]>) -> bool {
+    let Some(expected) = expected else {
+        return made.is_empty();
+    };
+    if made.len() != expected.len() {
+        return false;
+    }
+    let mut used = vec![false; made.len()];
+    for want in expected {
+        let found = made
+            .iter()
+            .enumerate()
+            .position(|(i, call)| !used[i] && call_matches(call, want));
+        match found {
+            Some(i) => used[i] = true,
+            None => return false,
+        }
+    }
+    true
+}
+
+fn call_matches(call: &MadeCall, want: &ExpectedCall) -> bool {
+    if call.name != want.name {
+        return false;
+    }
+    let empty = Map::new();
+    let args = call.arguments.as_object().unwrap_or(&empty);
+    if args.keys().any(|k| !want.arguments.contains_key(k)) {
+        return false;
+    }
+    want.arguments.iter().all(|(name, allowed)| {
+        let allowed = allowed
+            .as_array()
+            .cloned()
+            .unwrap_or_else(|| vec![allowed.clone()]);
+        match args.get(name) {
+            None => allowed.iter().any(|v| v == ""),
+            Some(value) => allowed.iter().any(|a| value_matches(value, a)),
+        }
+    })
+}
+
+/// BFCL's comparison: strings ignoring case, spaces and `,./-_*^`; an
+/// integer where a float is allowed; lists element by element; objects key
+/// by key, each against its own allowed values.
+fn value_matches(value: &Value, allowed: &Value) -> bool {
+    match (value, allowed) {
+        (Value::String(a), Value::String(b)) => normalize(a) == normalize(b),
+        (Value::Number(a), Value::Number(b)) => match (a.as_f64(), b.as_f64()) {
+            (Some(x), Some(y)) => (x - y).abs() < 1e-9,
+            _ => false,
+        },
+        (Value::Array(a), Value::Array(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| value_matches(x, y))
+        }
+        (Value::Object(a), Value::Object(b)) => {
+            a.keys().all(|k| b.contains_key(k))
+                && b.iter().all(|(k, options)| {
+                    let options = options
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_else(|| vec![options.clone()]);
+                    match a.get(k) {
+                        None => options.iter().any(|o| o == ""),
+                        Some(v) => options.iter().any(|o| value_matches(v, o)),
+                    }
+                })
+        }
+        (a, b) => a == b,
+    }
+}
+
+fn normalize(s: &str) -> String {
+    s.chars()
+        .filter(|c| !matches!(c, ' ' | ',' | '.' | '/' | '-' | '_' | '*' | '^'))
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn want(name: &str, args: Value) -> ExpectedCall {
+        ExpectedCall {
+            name: name.into(),
+            arguments: args.as_object().unwrap().clone(),
+        }
+    }
+
+    fn made(name: &str, args: Value) -> MadeCall {
+        MadeCall {
+            name: name.into(),
+            arguments: args,
+        }
+    }
+
+    #[test]
+    fn schema_dialect_becomes_json_schema() {
+        let bfcl = json!({"type": "dict", "properties": {
+            "x": {"type": "float"}, "pair": {"type": "tuple", "items": {"type": "integer"}},
+            "opts": {"type": "dict", "properties": {"any": {"type": "any"}}}}, "required": ["x"]});
+        assert_eq!(
+            to_json_schema(&bfcl),
+            json!({"type": "object", "properties": {
+                "x": {"type": "number"}, "pair": {"type": "array", "items": {"type": "integer"}},
+                "opts": {"type": "object", "properties": {"any": {"type": "string"}}}}, "required": ["x"]})
+        );
+    }
+
+    #[test]
+    fn scoring_follows_the_checker() {
+        let truth = [want(
+            "area",
+            json!({"base": [10], "height": [5], "unit": ["units", ""]}),
+        )];
+        let cases = [
+            (vec![made("area", json!({"base": 10, "height": 5}))], true),
+            (
+                vec![made(
+                    "area",
+                    json!({"base": 10.0, "height": 5, "unit": "Units"}),
+                )],
+                true,
+            ),
+            (vec![made("area", json!({"base": 10}))], false),
+            (vec![made("area", json!({"base": 10, "height": 6}))], false),
+            (
+                vec![made(
+                    "area",
+                    json!({"base": 10, "height": 5, "colour": "red"}),
+                )],
+                false,
+            ),
+            (
+                vec![made("volume", json!({"base": 10, "height": 5}))],
+                false,
+            ),
+            (vec![], false),
+        ];
+        for (calls, ok) in cases {
+            assert_eq!(score(&calls, Some(&truth)), ok, "{calls:?}");
+        }
+    }
+
+    #[test]
+    fn parallel_calls_match_in_any_order_and_irrelevance_wants_none() {
+        let truth = [
+            want(
+                "play",
+                json!({"artist": ["Taylor Swift"], "duration": [20]}),
+            ),
+            want("play", json!({"artist": ["Maroon 5"], "duration": [15]})),
+        ];
+        let calls = [
+            made("play", json!({"artist": "maroon 5", "duration": 15})),
+            made("play", json!({"artist": "taylor swift", "duration": 20})),
+        ];
+        assert!(score(&calls, Some(&truth)));
+        assert!(!score(&calls[..1], Some(&truth)));
+        assert!(score(&[], None));
+        assert!(!score(&calls[..1], None));
+    }
+
+    #[test]
+    fn loads_a_data_file_with_its_answers() {
+        let dir = std::env::temp_dir().join(format!("wma-bfcl-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("possible_answer")).unwrap();
+        let data = dir.join("BFCL_v4_tiny.json");
+        std::fs::write(&data, r#"{"id": "t0", "question": [[{"role": "user", "content": "Area of 10 by 5?"}]], "function": [{"name": "area", "description": "Area.", "parameters": {"type": "dict", "properties": {"base": {"type": "integer"}}, "required": ["base"]}}]}"#).unwrap();
+        std::fs::write(
+            dir.join("possible_answer/BFCL_v4_tiny.json"),
+            r#"{"id": "t0", "ground_truth": [{"area": {"base": [10]}}]}"#,
+        )
+        .unwrap();
+        let records = load(&data).unwrap();
+        assert_eq!(records.len(), 1);
+        assert_eq!(records[0].tools[0].input_schema["type"], "object");
+        assert_eq!(records[0].expected.as_ref().unwrap()[0].name, "area");
+        std::fs::remove_file(dir.join("possible_answer/BFCL_v4_tiny.json")).unwrap();
+        assert_eq!(
+            load(&data).unwrap()[0].expected,
+            None,
+            "no answer file: irrelevance"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

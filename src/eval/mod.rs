@@ -1,0 +1,267 @@
+//! `wma eval`: how well a model calls tools through the loop.
+//!
+//! - [`bfcl`]: records of the Berkeley Function Calling Leaderboard, each run
+//!   through one loop step (rank, prompt, generate, parse, validate, and the
+//!   loop's own corrections and repair), scored as BFCL's checker does, with
+//!   constrained decoding off and on side by side.
+//! - [`run_shop_task`]: the demo request run end to end against the demo
+//!   shop; success is the right product in the cart.
+
+pub mod bfcl;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use wma_agent::{
+    AgentRunRequest, AgentStreamPart, ChatMessage, ConstraintMode, LocalLoopOptions, Provider,
+    ToolDefinition, parse_tool_calls, validate_args,
+};
+use wma_tools::NativeTools;
+
+use crate::demo_shop::{self, Shop};
+use crate::usage::{Usage, UsageMeter};
+use bfcl::{MadeCall, Record};
+
+/// What one category scored in one mode.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CategoryScore {
+    /// Records run.
+    pub records: usize,
+    /// Generations made (first attempts, corrections and repairs).
+    pub replies: usize,
+    /// Generations that contained a call (readable or not).
+    pub replies_with_call: usize,
+    /// Calls written, readable or not.
+    pub calls: usize,
+    /// Of those, calls that parsed, named a shown tool and had valid arguments.
+    pub valid_calls: usize,
+    /// Records whose dispatched calls matched the ground truth (or, for
+    /// irrelevance, made no call).
+    pub correct: usize,
+    /// Whether the category is scored as irrelevance.
+    pub irrelevance: bool,
+    /// Model usage.
+    pub usage: Usage,
+}
+
+impl CategoryScore {
+    fn share(n: usize, of: usize) -> String {
+        if of == 0 {
+            "-".to_string()
+        } else {
+            format!("{:.0}%", 100.0 * n as f64 / of as f64)
+        }
+    }
+
+    /// Share of replies with a call.
+    pub fn call_rate(&self) -> String {
+        Self::share(self.replies_with_call, self.replies)
+    }
+
+    /// Share of calls that parse and validate.
+    pub fn valid_rate(&self) -> String {
+        Self::share(self.valid_calls, self.calls)
+    }
+
+    /// Exact-call accuracy, or irrelevance accuracy.
+    pub fn accuracy(&self) -> String {
+        Self::share(self.correct, self.records)
+    }
+}
+
+/// Options of an evaluation run.
+#[derive(Debug, Clone)]
+pub struct EvalOptions {
+    /// Most tools shown per step.
+    pub max_tools: usize,
+    /// Time limit per generation.
+    pub step_timeout: Duration,
+    /// Whether the provider wants tools inline.
+    pub tools_inline: bool,
+}
+
+/// Runs each record through one loop step and scores it.
+pub async fn run_bfcl<P: Provider + 'static>(
+    provider: &Arc<UsageMeter<P>>,
+    records: &[Record],
+    mode: ConstraintMode,
+    options: &EvalOptions,
+    mut on_record: impl FnMut(usize),
+) -> CategoryScore {
+    let mut score = CategoryScore {
+        irrelevance: records.iter().all(|r| r.expected.is_none()),
+        ..CategoryScore::default()
+    };
+    let mut generations = Vec::new();
+    for (i, record) in records.iter().enumerate() {
+        provider.take();
+        let mut tools = NativeTools::new();
+        for tool in &record.tools {
+            tools.add_fn(tool.clone(), |_| Ok(r#"{"ok": true}"#.to_string()));
+        }
+        let request = AgentRunRequest::new(record.messages.clone(), Arc::new(tools));
+        let loop_options = LocalLoopOptions {
+            max_steps: 1,
+            max_tools: options.max_tools,
+            step_timeout: options.step_timeout,
+            tools_inline: options.tools_inline,
+            constraints: mode,
+            ..LocalLoopOptions::default()
+        };
+        let parts: Vec<AgentStreamPart> =
+            wma_agent::run_local_agent(provider.clone(), request, loop_options)
+                .collect()
+                .await;
+        let made: Vec<MadeCall> = parts
+            .iter()
+            .filter_map(|p| match p {
+                AgentStreamPart::ToolCall {
+                    name, arguments, ..
+                } => Some(MadeCall {
+                    name: name.clone(),
+                    arguments: arguments.clone(),
+                }),
+                _ => None,
+            })
+            .collect();
+        let replies = provider.take();
+        for reply in &replies {
+            let (calls, valid) = count_calls(&reply.text, &record.tools);
+            score.replies += 1;
+            score.calls += calls;
+            score.valid_calls += valid;
+            if calls > 0 {
+                score.replies_with_call += 1;
+            }
+        }
+        generations.extend(replies);
+        score.records += 1;
+        if bfcl::score(&made, record.expected.as_deref()) {
+            score.correct += 1;
+        }
+        on_record(i + 1);
+    }
+    score.usage = Usage::of(&generations);
+    score
+}
+
+/// Calls written in a reply, and how many of them are valid.
+fn count_calls(reply: &str, tools: &[ToolDefinition]) -> (usize, usize) {
+    let parsed = parse_tool_calls(reply);
+    let valid = parsed
+        .calls
+        .iter()
+        .filter(|c| {
+            tools
+                .iter()
+                .find(|t| t.name == c.name)
+                .is_some_and(|t| validate_args(&t.input_schema, &c.arguments).is_ok())
+        })
+        .count();
+    (
+        parsed.calls.len() + usize::from(parsed.malformed.is_some()),
+        valid,
+    )
+}
+
+/// The BFCL table: one row per category, constraints off and on side by side.
+pub fn bfcl_table(rows: &[(String, CategoryScore, CategoryScore)]) -> String {
+    let mut out = String::new();
+    out.push_str(
+        "| category | n | replies with a call (off / on) | calls that parse and validate (off / on) | accuracy (off / on) | tokens/s (off / on) |\n",
+    );
+    out.push_str("|---|---|---|---|---|---|\n");
+    for (name, off, on) in rows {
+        let kind = if off.irrelevance {
+            " (irrelevance)"
+        } else {
+            " (exact call)"
+        };
+        out.push_str(&format!(
+            "| {name}{kind} | {} | {} / {} | {} / {} | {} / {} | {:.1} / {:.1} |\n",
+            off.records,
+            off.call_rate(),
+            on.call_rate(),
+            off.valid_rate(),
+            on.valid_rate(),
+            off.accuracy(),
+            on.accuracy(),
+            off.usage.tokens_per_second(),
+            on.usage.tokens_per_second(),
+        ));
+    }
+    out
+}
+
+/// One end-to-end run of the shop task.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShopRun {
+    /// Whether the right product ended up in the cart.
+    pub success: bool,
+    /// Steps the loop took.
+    pub steps: u32,
+    /// How the run ended.
+    pub end: String,
+    /// Wall time.
+    pub time: Duration,
+    /// What was in the cart.
+    pub cart: String,
+}
+
+/// The product the demo request should end with in the cart.
+pub const SHOP_TASK_PRODUCT: &str = "p-17";
+
+/// Runs the demo request `runs` times, each against a fresh shop.
+pub async fn run_shop_task<P: Provider + 'static>(
+    provider: Arc<P>,
+    runs: usize,
+    mode: ConstraintMode,
+    max_steps: u32,
+    mut on_run: impl FnMut(usize, &ShopRun),
+) -> Vec<ShopRun> {
+    let mut results = Vec::new();
+    for i in 0..runs {
+        let shop = Shop::new();
+        let request = AgentRunRequest::new(
+            vec![ChatMessage::user(demo_shop::DEFAULT_REQUEST)],
+            Arc::new(shop.tools()),
+        );
+        let options = LocalLoopOptions {
+            max_steps,
+            tools_inline: provider.tools_inline(),
+            instructions: Some(demo_shop::INSTRUCTIONS.to_string()),
+            constraints: mode,
+            ..LocalLoopOptions::default()
+        };
+        let started = Instant::now();
+        let parts: Vec<AgentStreamPart> =
+            wma_agent::run_local_agent(provider.clone(), request, options)
+                .collect()
+                .await;
+        let steps = parts
+            .iter()
+            .filter(|p| matches!(p, AgentStreamPart::MessageStart { .. }))
+            .count() as u32;
+        let end = match parts.last() {
+            Some(AgentStreamPart::Finish { reason }) => reason.as_str().to_string(),
+            Some(AgentStreamPart::Error { message }) => format!("error: {message}"),
+            _ => "no end".to_string(),
+        };
+        let cart = shop.cart();
+        let run = ShopRun {
+            success: cart.iter().any(|l| l.product_id == SHOP_TASK_PRODUCT),
+            steps,
+            end,
+            time: started.elapsed(),
+            cart: cart
+                .iter()
+                .map(|l| format!("{} x {}", l.quantity, l.product_id))
+                .collect::<Vec<_>>()
+                .join(", "),
+        };
+        on_run(i + 1, &run);
+        results.push(run);
+    }
+    results
+}
