@@ -216,6 +216,26 @@ fn main() -> Result<()> {
         totals[1].wall.as_secs_f64() / totals[0].wall.as_secs_f64(),
         args.repeat.max(1)
     );
+    // Decode speed on its own, at a short context (the usual headline figure).
+    let short: Vec<u32> = steps[0].prompt_ids[..16.min(steps[0].prompt_ids.len())].to_vec();
+    let decode = (0..args.repeat.max(1))
+        .map(|_| {
+            provider.with_model(|m| m.clear_cache())?;
+            let g = provider.generate_ids_blocking(
+                &short,
+                &GenerateParams::greedy(129, Vec::new()),
+                &CancellationToken::new(),
+            )?;
+            Ok(g.stats.decode_tokens_per_second())
+        })
+        .collect::<Result<Vec<f64>>>()?;
+    let mut decode = decode;
+    decode.sort_by(f64::total_cmp);
+    println!(
+        "decode after a {}-token prompt: {:.1} tok/s (128 tokens, median)",
+        short.len(),
+        decode[decode.len() / 2]
+    );
     match peak_rss_mib() {
         Some(mib) => println!("peak RSS: {mib:.0} MiB"),
         None => println!("peak RSS: unknown (no /proc/self/status)"),
