@@ -284,16 +284,10 @@ impl Loaded {
             });
         }
         let setup = start.elapsed();
-        let mut found_stop = None;
         let generated = model.generate_ids(&prompt, params, cancel, |ids| {
             // Stop strings may span tokens: look at the whole decoded answer.
-            match self.decode(ids) {
-                Ok(text) => {
-                    found_stop = self.stop_at(&text);
-                    found_stop.is_some()
-                }
-                Err(_) => false,
-            }
+            self.decode(ids)
+                .is_ok_and(|text| self.stop_at(&text).is_some())
         })?;
         drop(model);
         let IdGeneration { ids, reason, stats } = generated;
