@@ -114,6 +114,52 @@ fn python_greedy(dir: &std::path::Path, prompt: &[u32], max_new: usize) -> Vec<u
 }
 
 #[test]
+fn tokenizing_matches_the_python_tokenizers_package() {
+    let dir = default_model();
+    let provider = OrtProvider::load(options(&dir)).unwrap();
+    let texts = [
+        "<|im_start|>user\nWhat is 12345 + 678?<|im_end|>\n<|im_start|>assistant\n",
+        "{\"name\": \"add_to_cart\", \"arguments\": {\"product_id\": \"p-17\", \"quantity\": 2}}",
+        "Ünïcödé, 日本語のテキスト, emoji 🎒 and   spaces\ttabs\n\nnewlines",
+        "def f(x):\n    return x ** 2  # comment",
+    ];
+    let script = "import json, sys\nfrom tokenizers import Tokenizer\n\
+        t = Tokenizer.from_file(sys.argv[1])\n\
+        print(json.dumps([t.encode(s, add_special_tokens=False).ids for s in json.load(sys.stdin)]))";
+    let python = venv_python();
+    assert!(
+        python.is_file(),
+        "{} not found: run scripts/setup.sh",
+        python.display()
+    );
+    let mut child = Command::new(&python)
+        .args(["-c", script])
+        .arg(dir.join("tokenizer.json"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("run python");
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(serde_json::to_string(&texts).unwrap().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "python tokenizers failed");
+    let expected: Vec<Vec<u32>> = serde_json::from_slice(&out.stdout).unwrap();
+    for (text, want) in texts.iter().zip(expected) {
+        assert_eq!(provider.encode(text).unwrap(), want, "{text:?}");
+        assert_eq!(
+            provider.decode(&want).unwrap(),
+            *text,
+            "round trip of {text:?}"
+        );
+    }
+}
+
+#[test]
 fn greedy_tokens_equal_the_python_reference_loop() {
     let dir = default_model();
     let provider = OrtProvider::load(options(&dir)).unwrap();
