@@ -1,29 +1,72 @@
 //! Tool sources for webmcp-agents.
 //!
-//! [`NativeTools`] is a [`ToolHost`](wma_agent::ToolHost) whose tools are Rust
-//! functions, each with a JSON Schema. Like every source, it does not trust the
-//! caller: arguments are validated against the schema before the function
-//! runs, every call has a time limit, cancellation is honoured, and a function
-//! that panics becomes a `tool_failed` error instead of taking the host down.
+//! Each source is a [`ToolHost`](wma_agent::ToolHost), so the loop (or the
+//! runtime's tool bridge) can use any of them alone, or all of them merged
+//! by a [`ToolSet`]:
+//!
+//! - [`WebMcpPage`]: a page in Chromium whose tools it registered with
+//!   `document.modelContext.registerTool`, listed and invoked through the
+//!   CDP `WebMCP` domain and followed as the page navigates; it also
+//!   reports the page context (path, title, main heading). [`Browser`]
+//!   starts Chromium with WebMCP on, or connects to one that runs;
+//!   [`LoopbackSite`] serves a local page on `127.0.0.1`.
+//! - [`McpServer`]: an MCP server through the `rmcp` client, as a child
+//!   process over stdio or over streamable HTTP. It follows
+//!   `notifications/tools/list_changed`, turns `isError` results into tool
+//!   errors, and restarts a server that stopped.
+//! - [`NativeTools`]: Rust functions, each with a JSON Schema, written by
+//!   hand or derived from the argument type ([`NativeTools::add_typed`]).
+//!
+//! [`ToolSet`] adds the host's policies across sources: deterministic name
+//! clashes, allow and deny lists, argument validation before dispatch,
+//! per-call timeouts, result size limits, and the untrusted-content mark
+//! that makes the prompt tell the model a tool's output is data.
+//!
+//! Every source answers a failed call with a coded
+//! [`ToolError`](wma_agent::ToolError) that keeps the tool's own message.
 //!
 //! ```
 //! use serde_json::json;
 //! use wma_agent::{ToolDefinition, ToolHost};
-//! use wma_tools::NativeTools;
+//! use wma_tools::{NativeTools, SourceOptions, ToolSet};
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! let mut tools = NativeTools::new();
-//! tools.add_fn(
+//! let mut math = NativeTools::new();
+//! math.add_fn(
 //!     ToolDefinition::new("add", "Add two numbers.", json!({
 //!         "type": "object",
 //!         "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
 //!         "required": ["a", "b"]})),
 //!     |args| Ok(json!(args["a"].as_f64().unwrap_or(0.0) + args["b"].as_f64().unwrap_or(0.0)).to_string()),
 //! );
+//! let mut tools = ToolSet::new();
+//! tools.add_with("math", math, SourceOptions::default().deny(["sub*"]));
+//! assert_eq!(tools.list_tools().await.len(), 1);
 //! let out = tools.call_tool("add", json!({"a": 2, "b": 3}), Default::default()).await;
 //! assert_eq!(out.unwrap(), "5.0");
+//! let bad = tools.call_tool("add", json!({"a": "two"}), Default::default()).await;
+//! assert_eq!(bad.unwrap_err().code, wma_agent::ToolErrorCode::InvalidArguments);
 //! # }
 //! ```
 
+mod error;
+mod mcp;
 mod native;
+mod set;
+mod site;
+mod webmcp;
 
-pub use native::{DEFAULT_CALL_TIMEOUT, NativeTools};
+pub use error::ToolsError;
+pub use mcp::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW, McpServer,
+    McpServerOptions, McpTransport,
+};
+pub use native::{DEFAULT_CALL_TIMEOUT, NativeTools, input_schema};
+pub use set::{
+    DEFAULT_MAX_RESULT_CHARS, DEFAULT_SOURCE_CALL_TIMEOUT, LIST_TIMEOUT, NameClash, SourceOptions,
+    ToolSet,
+};
+pub use site::LoopbackSite;
+pub use webmcp::{
+    Browser, BrowserOptions, CHROMIUM_ENV, DEFAULT_LAUNCH_TIMEOUT, DEFAULT_PAGE_CALL_TIMEOUT,
+    DEFAULT_SETTLE_TIMEOUT, PageOptions, PageTarget, WebMcpPage, find_chromium,
+};

@@ -7,9 +7,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use schemars::JsonSchema;
+use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
-use wma_agent::{ArgsError, ToolDefinition, ToolError, ToolErrorCode, ToolHost, validate_args};
+use wma_agent::{
+    ArgsError, ToolAnnotations, ToolDefinition, ToolError, ToolErrorCode, ToolHost, validate_args,
+};
 
 /// Time limit of one call unless [`NativeTools::with_timeout`] says otherwise.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -79,6 +83,79 @@ impl NativeTools {
         self
     }
 
+    /// Adds a tool whose arguments are a Rust type: the input schema is
+    /// derived from it (`#[derive(Deserialize, JsonSchema)]`, doc comments
+    /// become descriptions), and the function gets the arguments already
+    /// read into it.
+    ///
+    /// ```
+    /// use schemars::JsonSchema;
+    /// use serde::Deserialize;
+    /// use wma_agent::ToolHost;
+    /// use wma_tools::NativeTools;
+    ///
+    /// #[derive(Deserialize, JsonSchema)]
+    /// struct Convert {
+    ///     /// Degrees Celsius.
+    ///     celsius: f64,
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let mut tools = NativeTools::new();
+    /// tools.add_typed("to_fahrenheit", "Convert Celsius to Fahrenheit.", |a: Convert| {
+    ///     Ok(format!("{}", a.celsius * 9.0 / 5.0 + 32.0))
+    /// });
+    /// let schema = &tools.list_tools().await[0].input_schema;
+    /// assert_eq!(schema["properties"]["celsius"]["type"], "number");
+    /// assert_eq!(schema["required"][0], "celsius");
+    /// let out = tools.call_tool("to_fahrenheit", serde_json::json!({"celsius": 100}), Default::default());
+    /// assert_eq!(out.await.unwrap(), "212");
+    /// # }
+    /// ```
+    pub fn add_typed<A, F>(
+        &mut self,
+        name: impl Into<String>,
+        description: impl Into<String>,
+        f: F,
+    ) -> &mut Self
+    where
+        A: DeserializeOwned + JsonSchema + 'static,
+        F: Fn(A) -> Result<String, ToolError> + Send + Sync + 'static,
+    {
+        let definition = ToolDefinition::new(name, description, input_schema::<A>());
+        self.add_fn(definition, move |args| f(read_args(args)?))
+    }
+
+    /// Adds an asynchronous tool whose arguments are a Rust type (see
+    /// [`NativeTools::add_typed`]).
+    pub fn add_typed_async<A, F, Fut>(
+        &mut self,
+        name: impl Into<String>,
+        description: impl Into<String>,
+        f: F,
+    ) -> &mut Self
+    where
+        A: DeserializeOwned + JsonSchema + Send + 'static,
+        F: Fn(A) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<String, ToolError>> + Send + 'static,
+    {
+        let definition = ToolDefinition::new(name, description, input_schema::<A>());
+        let f = Arc::new(f);
+        self.add_async(definition, move |args| {
+            let f = f.clone();
+            async move { f(read_args(args)?).await }
+        })
+    }
+
+    /// Sets the annotations of the tool named `name` (for tools added with
+    /// [`NativeTools::add_typed`], whose definition is made for you).
+    pub fn annotate(&mut self, name: &str, annotations: ToolAnnotations) -> &mut Self {
+        if let Some(tool) = self.tools.iter_mut().find(|t| t.definition.name == name) {
+            tool.definition.annotations = annotations;
+        }
+        self
+    }
+
     fn insert(&mut self, tool: NativeTool) {
         self.tools
             .retain(|t| t.definition.name != tool.definition.name);
@@ -94,6 +171,32 @@ impl NativeTools {
     pub fn is_empty(&self) -> bool {
         self.tools.is_empty()
     }
+}
+
+/// The JSON Schema of a Rust type, as a tool's input schema.
+///
+/// Sub-schemas are inlined (no `$defs` / `$ref`) and the meta-schema and
+/// title are left out: a small model reads the schema in its prompt, and a
+/// flat one is what it copes with.
+pub fn input_schema<A: JsonSchema>() -> Value {
+    let generator = schemars::generate::SchemaSettings::draft2020_12()
+        .with(|settings| {
+            settings.inline_subschemas = true;
+            settings.meta_schema = None;
+        })
+        .into_generator();
+    let mut schema = generator.into_root_schema_for::<A>().to_value();
+    if let Some(object) = schema.as_object_mut() {
+        object.remove("title");
+    }
+    schema
+}
+
+/// Reads the arguments into the tool's type. Validation against the
+/// derived schema already ran; what is left is what a schema cannot say.
+fn read_args<A: DeserializeOwned>(args: Value) -> Result<A, ToolError> {
+    serde_json::from_value(args)
+        .map_err(|e| ToolError::new(ToolErrorCode::InvalidArguments, e.to_string()))
 }
 
 #[async_trait]
@@ -221,6 +324,70 @@ mod tests {
         cancel.cancel();
         let err = t.call_tool("hang", json!({}), cancel).await.unwrap_err();
         assert_eq!(err.code, ToolErrorCode::Cancelled);
+    }
+
+    #[derive(serde::Deserialize, JsonSchema)]
+    struct Order {
+        /// The product's id.
+        product_id: String,
+        /// How many; one when left out.
+        #[serde(default)]
+        quantity: Option<u32>,
+        /// Delivery speed.
+        speed: Speed,
+    }
+
+    #[derive(serde::Deserialize, JsonSchema)]
+    #[serde(rename_all = "snake_case")]
+    enum Speed {
+        Standard,
+        Express,
+    }
+
+    #[tokio::test]
+    async fn typed_tools_derive_a_flat_schema_and_read_their_arguments() {
+        let mut tools = NativeTools::new();
+        tools.add_typed("order", "Order a product.", |o: Order| {
+            let speed = match o.speed {
+                Speed::Standard => "standard",
+                Speed::Express => "express",
+            };
+            Ok(format!(
+                "{} x {} ({speed})",
+                o.quantity.unwrap_or(1),
+                o.product_id
+            ))
+        });
+        let schema = tools.list_tools().await[0].input_schema.clone();
+        assert_eq!(schema["type"], "object");
+        assert_eq!(
+            schema["properties"]["product_id"]["description"],
+            "The product's id."
+        );
+        assert_eq!(
+            schema["properties"]["speed"]["enum"],
+            json!(["standard", "express"]),
+            "sub-schemas are inlined: {schema}"
+        );
+        assert!(schema.get("$defs").is_none() && schema.get("$schema").is_none());
+        assert_eq!(schema["required"], json!(["product_id", "speed"]));
+        let out = tools
+            .call_tool(
+                "order",
+                json!({"product_id": "p-17", "speed": "express"}),
+                CancellationToken::new(),
+            )
+            .await;
+        assert_eq!(out.unwrap(), "1 x p-17 (express)");
+        let err = tools
+            .call_tool(
+                "order",
+                json!({"product_id": "p-17", "speed": "teleport"}),
+                CancellationToken::new(),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ToolErrorCode::InvalidArguments);
     }
 
     #[test]

@@ -1,0 +1,857 @@
+//! One browser tab whose WebMCP tools are offered as a [`ToolHost`].
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tokio::sync::{oneshot, watch};
+use tokio_util::sync::CancellationToken;
+use wma_agent::{PageContext, ToolAnnotations, ToolDefinition, ToolError, ToolErrorCode, ToolHost};
+
+use crate::error::ToolsError;
+use crate::webmcp::browser::BrowserInner;
+use crate::webmcp::cdp::{CdpError, CdpEvent};
+
+/// Time limit of one tool call unless [`PageOptions::call_timeout`] says otherwise.
+pub const DEFAULT_PAGE_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long listing, calling and reading the page context wait for a
+/// navigation in progress, unless [`PageOptions::settle_timeout`] says otherwise.
+pub const DEFAULT_SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a cancelled call waits for the page to confirm.
+const CANCEL_CONFIRM_WAIT: Duration = Duration::from_secs(2);
+
+/// Answers that came before their call was registered, kept this many at
+/// most (Chromium may also send a second answer for one invocation).
+const EARLY_ANSWERS: usize = 32;
+
+/// How a page is driven.
+#[derive(Debug, Clone)]
+pub struct PageOptions {
+    /// Limit of one tool call; on expiry the invocation is cancelled in the
+    /// page and the call answers `timeout`. Default: [`DEFAULT_PAGE_CALL_TIMEOUT`].
+    pub call_timeout: Duration,
+    /// How long to wait for a navigation in progress before listing or
+    /// calling anyway. Default: [`DEFAULT_SETTLE_TIMEOUT`].
+    pub settle_timeout: Duration,
+}
+
+impl Default for PageOptions {
+    fn default() -> Self {
+        Self {
+            call_timeout: DEFAULT_PAGE_CALL_TIMEOUT,
+            settle_timeout: DEFAULT_SETTLE_TIMEOUT,
+        }
+    }
+}
+
+/// A tab whose WebMCP tools are followed through the CDP `WebMCP` domain.
+///
+/// The tool list is kept from the domain's `toolsAdded` / `toolsRemoved`
+/// events and dropped whenever the tab loads another document (Chromium
+/// sends no `toolsRemoved` for a document that goes away), so the list is
+/// always that of the document on screen. Listing and calling first wait for
+/// a navigation in progress to finish: a tool that navigates (opening a
+/// product page, say) is followed by the tools of the page it opened.
+///
+/// Tools of embedded frames are not offered: a third-party iframe must not
+/// add tools to the page's agent.
+///
+/// Cheap to clone; the tab is closed when the last clone is dropped (unless
+/// it was [attached](crate::Browser::attach) to).
+#[derive(Clone)]
+pub struct WebMcpPage {
+    inner: Arc<PageInner>,
+}
+
+struct PageInner {
+    /// Keeps the browser (and its connection) alive while the page is used.
+    browser: Arc<BrowserInner>,
+    session: String,
+    target_id: String,
+    options: PageOptions,
+    shared: Arc<Shared>,
+    /// Whether dropping the page closes the tab (it was opened by us).
+    close_on_drop: bool,
+    events: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for PageInner {
+    fn drop(&mut self) {
+        self.events.abort();
+        if self.close_on_drop {
+            self.browser.cdp.fire(
+                None,
+                "Target.closeTarget",
+                json!({"targetId": self.target_id}),
+            );
+        }
+    }
+}
+
+/// What the event task and the callers share.
+struct Shared {
+    state: Mutex<PageState>,
+    /// Bumped on every change of the tool list or of the loading state.
+    changes: watch::Sender<u64>,
+    /// Cancelled when the tab is closed, crashed or the browser is gone.
+    gone: CancellationToken,
+    /// The main frame's id (the target id, for a tab).
+    main_frame: String,
+}
+
+/// A `WebMCP.toolResponded` event.
+#[derive(Debug, Clone, PartialEq)]
+struct Responded {
+    status: String,
+    output: Option<Value>,
+    error_text: Option<String>,
+    exception: Option<Value>,
+}
+
+#[derive(Default)]
+struct PageState {
+    /// The main frame's tools, in registration order.
+    tools: Vec<ToolDefinition>,
+    /// A cross-document navigation of the main frame is under way.
+    loading: bool,
+    /// Calls waiting for their `toolResponded`, by invocation id.
+    invocations: HashMap<String, oneshot::Sender<Responded>>,
+    /// Answers that arrived before their call registered.
+    early: VecDeque<(String, Responded)>,
+    /// The main frame's address.
+    url: String,
+    /// Why the page is unusable, once it is.
+    gone: Option<String>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, PageState> {
+        // Every update is a few assignments that leave the state usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn bump(&self) {
+        self.changes.send_modify(|generation| *generation += 1);
+    }
+
+    fn mark_gone(&self, reason: &str) {
+        {
+            let mut state = self.lock();
+            if state.gone.is_none() {
+                state.gone = Some(reason.to_string());
+            }
+            state.tools.clear();
+            state.loading = false;
+            // Dropping the senders fails every waiting call.
+            state.invocations.clear();
+        }
+        self.gone.cancel();
+        self.bump();
+    }
+
+    /// Applies one event; returns whether waiters should look again.
+    fn apply(&self, event: &CdpEvent) -> bool {
+        let params = &event.params;
+        let is_main = |frame: &Value| frame.as_str() == Some(self.main_frame.as_str());
+        let mut state = self.lock();
+        match event.method.as_str() {
+            "WebMCP.toolsAdded" => {
+                for tool in params["tools"].as_array().into_iter().flatten() {
+                    if !is_main(&tool["frameId"]) {
+                        continue;
+                    }
+                    let definition = tool_definition(tool);
+                    state.tools.retain(|t| t.name != definition.name);
+                    state.tools.push(definition);
+                }
+                true
+            }
+            "WebMCP.toolsRemoved" => {
+                for tool in params["tools"].as_array().into_iter().flatten() {
+                    if is_main(&tool["frameId"]) {
+                        state
+                            .tools
+                            .retain(|t| Some(t.name.as_str()) != tool["name"].as_str());
+                    }
+                }
+                true
+            }
+            "WebMCP.toolResponded" => {
+                let Some(id) = params["invocationId"].as_str() else {
+                    return false;
+                };
+                let responded = Responded {
+                    status: params["status"].as_str().unwrap_or_default().to_string(),
+                    output: params.get("output").cloned(),
+                    error_text: params["errorText"].as_str().map(str::to_string),
+                    exception: params.get("exception").cloned(),
+                };
+                match state.invocations.remove(id) {
+                    Some(waiter) => {
+                        let _ = waiter.send(responded);
+                    }
+                    None => {
+                        if state.early.len() == EARLY_ANSWERS {
+                            state.early.pop_front();
+                        }
+                        state.early.push_back((id.to_string(), responded));
+                    }
+                }
+                false
+            }
+            "Page.frameNavigated" if is_main(&params["frame"]["id"]) => {
+                // A new document: the old one's tools went with it.
+                state.tools.clear();
+                state.url = params["frame"]["url"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string();
+                true
+            }
+            "Page.navigatedWithinDocument" if is_main(&params["frameId"]) => {
+                state.url = params["url"].as_str().unwrap_or_default().to_string();
+                // A requested navigation that stayed in the document.
+                state.loading = false;
+                true
+            }
+            "Page.frameRequestedNavigation" | "Page.frameStartedLoading"
+                if is_main(&params["frameId"]) =>
+            {
+                state.loading = true;
+                true
+            }
+            "Page.frameStartedNavigating" if is_main(&params["frameId"]) => {
+                let kind = params["navigationType"].as_str().unwrap_or_default();
+                if !kind.to_ascii_lowercase().contains("samedocument") {
+                    state.loading = true;
+                }
+                true
+            }
+            "Page.frameStoppedLoading" if is_main(&params["frameId"]) => {
+                state.loading = false;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+fn tool_definition(tool: &Value) -> ToolDefinition {
+    let schema = match tool.get("inputSchema") {
+        Some(schema) if schema.is_object() => schema.clone(),
+        _ => json!({"type": "object", "properties": {}}),
+    };
+    let flag = |name: &str| tool["annotations"][name].as_bool().unwrap_or(false);
+    ToolDefinition::new(
+        tool["name"].as_str().unwrap_or_default(),
+        tool["description"].as_str().unwrap_or_default(),
+        schema,
+    )
+    .with_annotations(ToolAnnotations {
+        read_only: flag("readOnly"),
+        untrusted_content: flag("untrustedContent"),
+        consequential: flag("consequential"),
+    })
+}
+
+/// The tool's own message from a `toolResponded` with status `Error`.
+///
+/// `exception` is the thrown value as a CDP RemoteObject: an `Error` has a
+/// description (`TypeError: message\n    at …`), a thrown string a value.
+fn error_message(responded: &Responded) -> String {
+    if let Some(exception) = &responded.exception {
+        if let Some(description) = exception["description"].as_str() {
+            let first = description.lines().next().unwrap_or_default();
+            let message = exception["className"]
+                .as_str()
+                .and_then(|class| first.strip_prefix(class))
+                .and_then(|rest| rest.strip_prefix(": "))
+                .unwrap_or(first);
+            if !message.trim().is_empty() {
+                return message.trim().to_string();
+            }
+        }
+        match &exception["value"] {
+            Value::Null => {}
+            Value::String(text) if !text.trim().is_empty() => return text.trim().to_string(),
+            Value::String(_) => {}
+            other => return other.to_string(),
+        }
+    }
+    match responded.error_text.as_deref().map(str::trim) {
+        Some(text) if !text.is_empty() => text.to_string(),
+        _ => "the tool failed without a message".to_string(),
+    }
+}
+
+/// The model's text for a completed call: strings as they are, anything
+/// else as JSON.
+fn output_text(output: Option<&Value>) -> String {
+    match output {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(text)) => text.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+fn responded_result(name: &str, responded: Responded) -> Result<String, ToolError> {
+    match responded.status.as_str() {
+        "Completed" => Ok(output_text(responded.output.as_ref())),
+        "Canceled" => Err(ToolError::new(
+            ToolErrorCode::Cancelled,
+            format!("the page cancelled the call to {name}"),
+        )),
+        _ => Err(ToolError::new(
+            ToolErrorCode::ToolFailed,
+            error_message(&responded),
+        )),
+    }
+}
+
+impl WebMcpPage {
+    pub(crate) async fn attach(
+        browser: Arc<BrowserInner>,
+        target_id: &str,
+        options: PageOptions,
+        close_on_drop: bool,
+    ) -> Result<Self, ToolsError> {
+        let cdp = browser.cdp.clone();
+        let attached = cdp
+            .call(
+                None,
+                "Target.attachToTarget",
+                json!({"targetId": target_id, "flatten": true}),
+            )
+            .await
+            .map_err(|e| e.into_tools_error("Target.attachToTarget"))?;
+        let session = attached["sessionId"]
+            .as_str()
+            .ok_or(ToolsError::BrowserClosed)?
+            .to_string();
+        let mut events = cdp.subscribe(&session);
+        let shared = Arc::new(Shared {
+            state: Mutex::new(PageState::default()),
+            changes: watch::Sender::new(0),
+            gone: CancellationToken::new(),
+            main_frame: target_id.to_string(),
+        });
+        let task_shared = shared.clone();
+        let browser_closed = cdp.closed();
+        let events_task = tokio::spawn(async move {
+            loop {
+                let event = tokio::select! {
+                    event = events.recv() => event,
+                    _ = browser_closed.cancelled() => None,
+                };
+                let Some(event) = event else {
+                    task_shared.mark_gone("the tab was closed or the browser exited");
+                    return;
+                };
+                if event.method == "Inspector.targetCrashed" {
+                    task_shared.mark_gone("the page crashed");
+                    return;
+                }
+                if task_shared.apply(&event) {
+                    task_shared.bump();
+                }
+            }
+        });
+        let page = Self {
+            inner: Arc::new(PageInner {
+                browser,
+                session,
+                target_id: target_id.to_string(),
+                options,
+                shared,
+                close_on_drop,
+                events: events_task,
+            }),
+        };
+        for method in ["Page.enable", "Inspector.enable", "WebMCP.enable"] {
+            page.command(method, json!({})).await?;
+        }
+        Ok(page)
+    }
+
+    async fn command(&self, method: &str, params: Value) -> Result<Value, ToolsError> {
+        self.inner
+            .browser
+            .cdp
+            .call(Some(&self.inner.session), method, params)
+            .await
+            .map_err(|e| e.into_tools_error(method))
+    }
+
+    /// The tab's target id.
+    pub fn target_id(&self) -> &str {
+        &self.inner.target_id
+    }
+
+    /// The address of the document on screen.
+    pub fn url(&self) -> String {
+        self.inner.shared.lock().url.clone()
+    }
+
+    /// Whether the tab is closed or crashed, or the browser is gone.
+    pub fn is_gone(&self) -> bool {
+        self.inner.shared.gone.is_cancelled()
+    }
+
+    /// A receiver that changes whenever the tool list or the loading state
+    /// changes, for hosts that want to react to a page's tools as they come
+    /// and go (the loop needs none of it: it lists at every step).
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.inner.shared.changes.subscribe()
+    }
+
+    /// Calls that were sent to the page and have not answered yet.
+    pub fn calls_in_flight(&self) -> usize {
+        self.inner.shared.lock().invocations.len()
+    }
+
+    /// Loads `url` in the tab and waits until it has loaded.
+    pub async fn navigate(&self, url: &str) -> Result<(), ToolsError> {
+        {
+            self.inner.shared.lock().loading = true;
+        }
+        let navigated = self.command("Page.navigate", json!({"url": url})).await;
+        let navigated = match navigated {
+            Ok(navigated) => navigated,
+            Err(error) => {
+                self.inner.shared.lock().loading = false;
+                return Err(error);
+            }
+        };
+        if let Some(reason) = navigated["errorText"].as_str().filter(|e| !e.is_empty()) {
+            self.inner.shared.lock().loading = false;
+            return Err(ToolsError::Navigation {
+                url: url.to_string(),
+                reason: reason.to_string(),
+            });
+        }
+        if navigated.get("loaderId").is_none() {
+            // A fragment change: no new document is loaded.
+            self.inner.shared.lock().loading = false;
+        }
+        if !self.settled().await {
+            return Err(ToolsError::BrowserTimeout {
+                what: format!("the page {url} to load"),
+                seconds: self.inner.options.settle_timeout.as_secs_f32(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs a JavaScript expression in the page and returns its value (a
+    /// promise is awaited). For reading what a page shows, in tests and
+    /// examples.
+    pub async fn evaluate(&self, expression: &str) -> Result<Value, ToolsError> {
+        let evaluated = self
+            .command(
+                "Runtime.evaluate",
+                json!({"expression": expression, "returnByValue": true, "awaitPromise": true}),
+            )
+            .await?;
+        if let Some(details) = evaluated.get("exceptionDetails") {
+            let message = details["exception"]["description"]
+                .as_str()
+                .or(details["text"].as_str())
+                .unwrap_or("the expression threw");
+            return Err(ToolsError::Cdp {
+                method: "Runtime.evaluate".to_string(),
+                message: message.to_string(),
+            });
+        }
+        Ok(evaluated["result"]["value"].clone())
+    }
+
+    /// Closes the tab.
+    pub async fn close(&self) {
+        let _ = self
+            .inner
+            .browser
+            .cdp
+            .call(
+                None,
+                "Target.closeTarget",
+                json!({"targetId": self.inner.target_id}),
+            )
+            .await;
+    }
+
+    /// Waits until no navigation is under way (or the page is gone).
+    /// Returns false when the settle timeout ran out first.
+    async fn settled(&self) -> bool {
+        let shared = &self.inner.shared;
+        let mut changes = shared.changes.subscribe();
+        let deadline = tokio::time::Instant::now() + self.inner.options.settle_timeout;
+        loop {
+            {
+                let state = shared.lock();
+                if !state.loading || state.gone.is_some() {
+                    return true;
+                }
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return true,
+                Err(_) => {
+                    tracing::warn!(
+                        url = %shared.lock().url,
+                        "the page is still loading; going on with the tools it has"
+                    );
+                    return false;
+                }
+            }
+        }
+    }
+
+    fn gone_error(&self) -> Option<ToolError> {
+        self.inner.shared.lock().gone.as_ref().map(|reason| {
+            ToolError::new(
+                ToolErrorCode::Unavailable,
+                format!("the page is not available: {reason}"),
+            )
+        })
+    }
+
+    /// Registers a waiter for an invocation's answer, or finds the answer
+    /// if it already came.
+    fn await_answer(&self, invocation: &str) -> oneshot::Receiver<Responded> {
+        let (sender, receiver) = oneshot::channel();
+        let mut state = self.inner.shared.lock();
+        match state.early.iter().position(|(id, _)| id == invocation) {
+            Some(index) => {
+                let (_, responded) = state.early.remove(index).expect("index is in range");
+                let _ = sender.send(responded);
+            }
+            None => {
+                state.invocations.insert(invocation.to_string(), sender);
+            }
+        }
+        receiver
+    }
+
+    /// Asks the page to cancel an invocation; waits briefly for its answer.
+    /// Returns whether the page confirmed.
+    async fn cancel_invocation(
+        &self,
+        invocation: &str,
+        answer: &mut oneshot::Receiver<Responded>,
+    ) -> bool {
+        let cancelled = self
+            .command(
+                "WebMCP.cancelInvocation",
+                json!({"invocationId": invocation}),
+            )
+            .await;
+        let confirmed = match cancelled {
+            Ok(_) => matches!(
+                tokio::time::timeout(CANCEL_CONFIRM_WAIT, answer).await,
+                Ok(Ok(Responded { ref status, .. })) if status == "Canceled"
+            ),
+            Err(_) => false,
+        };
+        self.inner.shared.lock().invocations.remove(invocation);
+        confirmed
+    }
+}
+
+impl std::fmt::Debug for WebMcpPage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebMcpPage")
+            .field("target_id", &self.inner.target_id)
+            .field("url", &self.url())
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl ToolHost for WebMcpPage {
+    async fn list_tools(&self) -> Vec<ToolDefinition> {
+        self.settled().await;
+        self.inner.shared.lock().tools.clone()
+    }
+
+    async fn call_tool(
+        &self,
+        name: &str,
+        arguments: Value,
+        cancel: CancellationToken,
+    ) -> Result<String, ToolError> {
+        self.settled().await;
+        if let Some(error) = self.gone_error() {
+            return Err(error);
+        }
+        if !self
+            .inner
+            .shared
+            .lock()
+            .tools
+            .iter()
+            .any(|t| t.name == name)
+        {
+            let url = self.url();
+            return Err(ToolError::new(
+                ToolErrorCode::UnknownTool,
+                format!("no tool named \"{name}\" on this page ({url})"),
+            ));
+        }
+        let input = match arguments {
+            Value::Object(_) => arguments,
+            Value::Null => json!({}),
+            other => {
+                return Err(ToolError::new(
+                    ToolErrorCode::InvalidArguments,
+                    format!("the arguments must be an object, got {other}"),
+                ));
+            }
+        };
+        if cancel.is_cancelled() {
+            return Err(ToolError::new(
+                ToolErrorCode::Cancelled,
+                "the call was cancelled",
+            ));
+        }
+        let invoked = self
+            .inner
+            .browser
+            .cdp
+            .call(
+                Some(&self.inner.session),
+                "WebMCP.invokeTool",
+                json!({"frameId": self.inner.shared.main_frame, "toolName": name, "input": input}),
+            )
+            .await;
+        let invocation = match invoked {
+            Ok(invoked) => invoked["invocationId"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string(),
+            Err(CdpError::Remote { message, .. }) if message.contains("not found") => {
+                // The tool went away between the listing and the call.
+                return Err(ToolError::new(
+                    ToolErrorCode::UnknownTool,
+                    format!("no tool named \"{name}\" on this page ({})", self.url()),
+                ));
+            }
+            Err(CdpError::Remote { message, .. }) => {
+                return Err(ToolError::new(ToolErrorCode::Unavailable, message));
+            }
+            Err(CdpError::Closed) => {
+                return Err(self.gone_error().unwrap_or_else(|| {
+                    ToolError::new(ToolErrorCode::Unavailable, "the browser is gone")
+                }));
+            }
+            Err(CdpError::Timeout) => {
+                return Err(ToolError::new(
+                    ToolErrorCode::Timeout,
+                    format!("the browser did not start {name}"),
+                ));
+            }
+        };
+        let mut answer = self.await_answer(&invocation);
+        let timeout = self.inner.options.call_timeout;
+        tokio::select! {
+            responded = &mut answer => match responded {
+                Ok(responded) => responded_result(name, responded),
+                Err(_) => Err(self.gone_error().unwrap_or_else(|| {
+                    ToolError::new(ToolErrorCode::Unavailable, format!("the page went away before {name} answered"))
+                })),
+            },
+            _ = cancel.cancelled() => {
+                let confirmed = self.cancel_invocation(&invocation, &mut answer).await;
+                Err(ToolError::new(
+                    ToolErrorCode::Cancelled,
+                    if confirmed {
+                        format!("the call to {name} was cancelled")
+                    } else {
+                        format!("the call to {name} was cancelled (the page did not confirm)")
+                    },
+                ))
+            }
+            _ = tokio::time::sleep(timeout) => {
+                self.cancel_invocation(&invocation, &mut answer).await;
+                Err(ToolError::new(
+                    ToolErrorCode::Timeout,
+                    format!("{name} did not answer within {} s", timeout.as_secs_f32()),
+                ))
+            }
+        }
+    }
+
+    async fn page_context(&self) -> Option<PageContext> {
+        self.settled().await;
+        let context = self
+            .evaluate(
+                "(() => { const h = document.querySelector('main h1') || document.querySelector('h1');
+                  return {path: location.pathname, title: document.title,
+                          h1: h ? h.textContent.replace(/\\s+/g, ' ').trim() : null}; })()",
+            )
+            .await;
+        match context {
+            Ok(context) => serde_json::from_value(context).ok(),
+            Err(error) => {
+                tracing::debug!(%error, "no page context");
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared() -> Shared {
+        Shared {
+            state: Mutex::new(PageState::default()),
+            changes: watch::Sender::new(0),
+            gone: CancellationToken::new(),
+            main_frame: "MAIN".into(),
+        }
+    }
+
+    fn event(method: &str, params: Value) -> CdpEvent {
+        CdpEvent {
+            method: method.into(),
+            params,
+        }
+    }
+
+    fn names(shared: &Shared) -> Vec<String> {
+        shared.lock().tools.iter().map(|t| t.name.clone()).collect()
+    }
+
+    #[test]
+    fn tools_follow_the_document_of_the_main_frame() {
+        let s = shared();
+        s.apply(&event(
+            "WebMCP.toolsAdded",
+            json!({"tools": [
+                {"name": "search", "description": "Search.", "frameId": "MAIN",
+                 "annotations": {"readOnly": true, "untrustedContent": true}},
+                {"name": "ad", "description": "From an iframe.", "frameId": "CHILD"}]}),
+        ));
+        assert_eq!(names(&s), ["search"]);
+        let search = s.lock().tools[0].clone();
+        assert!(search.annotations.read_only && search.annotations.untrusted_content);
+        assert_eq!(
+            search.input_schema,
+            json!({"type": "object", "properties": {}})
+        );
+
+        s.apply(&event(
+            "Page.frameStartedNavigating",
+            json!({"frameId": "MAIN", "navigationType": "differentDocument"}),
+        ));
+        assert!(s.lock().loading);
+        s.apply(&event(
+            "Page.frameNavigated",
+            json!({"frame": {"id": "MAIN", "url": "http://127.0.0.1/products/p-17"}}),
+        ));
+        assert!(names(&s).is_empty(), "a new document starts without tools");
+        s.apply(&event(
+            "WebMCP.toolsAdded",
+            json!({"tools": [{"name": "add_to_cart", "frameId": "MAIN"}]}),
+        ));
+        s.apply(&event(
+            "Page.frameStoppedLoading",
+            json!({"frameId": "MAIN"}),
+        ));
+        assert!(!s.lock().loading);
+        assert_eq!(names(&s), ["add_to_cart"]);
+        s.apply(&event(
+            "WebMCP.toolsRemoved",
+            json!({"tools": [{"name": "add_to_cart", "frameId": "MAIN"}]}),
+        ));
+        assert!(names(&s).is_empty());
+    }
+
+    #[test]
+    fn a_same_document_navigation_keeps_the_tools() {
+        let s = shared();
+        s.apply(&event(
+            "WebMCP.toolsAdded",
+            json!({"tools": [{"name": "search", "frameId": "MAIN"}]}),
+        ));
+        s.apply(&event(
+            "Page.frameStartedNavigating",
+            json!({"frameId": "MAIN", "navigationType": "sameDocument"}),
+        ));
+        assert!(!s.lock().loading);
+        s.apply(&event(
+            "Page.frameRequestedNavigation",
+            json!({"frameId": "MAIN"}),
+        ));
+        s.apply(&event(
+            "Page.navigatedWithinDocument",
+            json!({"frameId": "MAIN", "url": "http://127.0.0.1/#cart"}),
+        ));
+        assert!(!s.lock().loading);
+        assert_eq!(names(&s), ["search"]);
+    }
+
+    #[test]
+    fn an_answer_that_comes_first_is_kept_for_its_call() {
+        let s = shared();
+        s.apply(&event(
+            "WebMCP.toolResponded",
+            json!({"invocationId": "I1", "status": "Completed", "output": "ok"}),
+        ));
+        assert_eq!(s.lock().early.len(), 1);
+        let (sender, mut receiver) = oneshot::channel();
+        s.lock().invocations.insert("I2".into(), sender);
+        s.apply(&event(
+            "WebMCP.toolResponded",
+            json!({"invocationId": "I2", "status": "Completed", "output": {"n": 1}}),
+        ));
+        let responded = receiver.try_recv().unwrap();
+        assert_eq!(responded_result("t", responded).unwrap(), r#"{"n":1}"#);
+    }
+
+    #[test]
+    fn a_thrown_error_keeps_the_tools_own_message() {
+        let thrown = Responded {
+            status: "Error".into(),
+            output: None,
+            error_text: Some(String::new()),
+            exception: Some(
+                json!({"type": "object", "subtype": "error", "className": "Error",
+                "description": "Error: Ridge Hiking Boots are out of stock\n    at execute (http://127.0.0.1/shop.js:6:36)"}),
+            ),
+        };
+        let error = responded_result("add_to_cart", thrown).unwrap_err();
+        assert_eq!(error.code, ToolErrorCode::ToolFailed);
+        assert_eq!(error.message, "Ridge Hiking Boots are out of stock");
+
+        let string = Responded {
+            status: "Error".into(),
+            output: None,
+            error_text: None,
+            exception: Some(json!({"type": "string", "value": "plain words"})),
+        };
+        assert_eq!(error_message(&string), "plain words");
+        let bare = Responded {
+            status: "Error".into(),
+            output: None,
+            error_text: Some("Tool execution failed".into()),
+            exception: None,
+        };
+        assert_eq!(error_message(&bare), "Tool execution failed");
+        let cancelled = Responded {
+            status: "Canceled".into(),
+            output: None,
+            error_text: None,
+            exception: None,
+        };
+        assert_eq!(
+            responded_result("t", cancelled).unwrap_err().code,
+            ToolErrorCode::Cancelled
+        );
+    }
+}
