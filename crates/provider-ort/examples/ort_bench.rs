@@ -9,6 +9,10 @@
 //!
 //! `--copy-kv` turns off the in-place cache buffers, to measure what they save.
 //!
+//! At the end it runs `scripts/bench_genai.py` (onnxruntime-genai, from the
+//! set-up's Python environment) on the same folder, workload and threads, and
+//! prints both side by side; `--no-genai` skips that.
+//!
 //! The workload defaults to `shared/bench/agent-workload-4step.json` (looked
 //! for here and one folder up). Each step generates greedily from its
 //! `prompt_ids` until the eos id or `max_new_tokens`.
@@ -30,6 +34,7 @@ struct Args {
     model: Option<String>,
     variant: Option<String>,
     copy_kv: bool,
+    genai: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -40,6 +45,7 @@ fn parse_args() -> Result<Args> {
         model: None,
         variant: None,
         copy_kv: false,
+        genai: true,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -50,9 +56,10 @@ fn parse_args() -> Result<Args> {
             "--model" => args.model = Some(value("--model")?),
             "--variant" => args.variant = Some(value("--variant")?),
             "--copy-kv" => args.copy_kv = true,
+            "--no-genai" => args.genai = false,
             "-h" | "--help" => {
                 println!(
-                    "ort_bench [WORKLOAD.json] [--threads N] [--repeat N] [--model DIR] [--variant NAME] [--copy-kv]"
+                    "ort_bench [WORKLOAD.json] [--threads N] [--repeat N] [--model DIR] [--variant NAME] [--copy-kv] [--no-genai]"
                 );
                 std::process::exit(0);
             }
@@ -157,10 +164,10 @@ fn median(mut runs: Vec<Totals>) -> Totals {
 
 fn main() -> Result<()> {
     let args = parse_args()?;
-    let (path, steps, max_new, eos) = load_workload(args.workload)?;
+    let (path, steps, max_new, eos) = load_workload(args.workload.clone())?;
     let mut options = OrtProviderOptions::default().with_threads(args.threads);
-    options.model = args.model;
-    options.variant = args.variant;
+    options.model = args.model.clone();
+    options.variant = args.variant.clone();
     options.shared_kv_buffer = !args.copy_kv;
     let load_start = std::time::Instant::now();
     let provider = OrtProvider::load(options)?;
@@ -231,14 +238,149 @@ fn main() -> Result<()> {
         .collect::<Result<Vec<f64>>>()?;
     let mut decode = decode;
     decode.sort_by(f64::total_cmp);
+    let decode = decode[decode.len() / 2];
     println!(
-        "decode after a {}-token prompt: {:.1} tok/s (128 tokens, median)",
+        "decode after a {}-token prompt: {decode:.1} tok/s (128 tokens, median)",
         short.len(),
-        decode[decode.len() / 2]
     );
-    match peak_rss_mib() {
+    // Prefill of a 511-token prompt from scratch, as onnxruntime-genai's
+    // figure is measured.
+    let longest = steps
+        .iter()
+        .map(|s| &s.prompt_ids)
+        .max_by_key(|p| p.len())
+        .expect("steps");
+    let prefill_ids: Vec<u32> = longest[..PREFILL_TOKENS.min(longest.len())].to_vec();
+    let mut prefill = (0..args.repeat.max(1))
+        .map(|_| {
+            provider.with_model(|m| m.clear_cache())?;
+            let g = provider.generate_ids_blocking(
+                &prefill_ids,
+                &GenerateParams::greedy(1, Vec::new()),
+                &CancellationToken::new(),
+            )?;
+            Ok(g.stats.prefill_time.as_secs_f64())
+        })
+        .collect::<Result<Vec<f64>>>()?;
+    prefill.sort_by(f64::total_cmp);
+    let prefill = prefill[prefill.len() / 2];
+    println!("prefill of {} tokens: {prefill:.2} s", prefill_ids.len());
+    let peak = peak_rss_mib();
+    match peak {
         Some(mib) => println!("peak RSS: {mib:.0} MiB"),
         None => println!("peak RSS: unknown (no /proc/self/status)"),
     }
+    if args.genai {
+        let ours = Ours {
+            decode,
+            prefill,
+            reuse: totals[0].wall.as_secs_f64(),
+            fresh: totals[1].wall.as_secs_f64(),
+        };
+        compare_with_genai(&provider, &path, &args, &ours)?;
+    }
+    Ok(())
+}
+
+/// Tokens of the prefill figure; the same as scripts/bench_genai.py's.
+const PREFILL_TOKENS: usize = 511;
+
+/// This provider's headline figures, for the side-by-side table.
+struct Ours {
+    decode: f64,
+    prefill: f64,
+    reuse: f64,
+    fresh: f64,
+}
+
+/// Runs onnxruntime-genai on the same folder and prints both side by side.
+fn compare_with_genai(
+    provider: &OrtProvider,
+    workload: &std::path::Path,
+    args: &Args,
+    ours: &Ours,
+) -> Result<()> {
+    let cache = wma_provider_ort::cache_dir()?;
+    let python = cache.join("venv").join("bin").join("python");
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench_genai.py");
+    let graph = args
+        .variant
+        .clone()
+        .unwrap_or_else(|| "onnx/model_q4.onnx".to_string());
+    println!(
+        "\nrunning onnxruntime-genai on the same folder ({})...",
+        python.display()
+    );
+    let output = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(provider.model_dir())
+        .args([
+            "--model-file",
+            &graph,
+            "--threads",
+            &args.threads.to_string(),
+        ])
+        .args(["--repeat", &args.repeat.max(1).to_string()])
+        .arg("--workload")
+        .arg(workload)
+        .output()
+        .with_context(|| format!("could not run {} (run scripts/setup.sh)", python.display()))?;
+    if !output.status.success() {
+        bail!(
+            "scripts/bench_genai.py failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+                .lines()
+                .last()
+                .unwrap_or("")
+        );
+    }
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| l.trim_start().starts_with('{'))
+        .context("no JSON from bench_genai.py")?;
+    let genai: Value = serde_json::from_str(line)?;
+    let num = |key: &str| {
+        genai[key]
+            .as_f64()
+            .map(|v| format!("{v:.2}"))
+            .unwrap_or_else(|| "-".into())
+    };
+    println!("\n| figure | this provider | onnxruntime-genai | ratio |");
+    println!("|---|---|---|---|");
+    let ratio = |a: f64, key: &str, higher_better: bool| {
+        genai[key]
+            .as_f64()
+            .filter(|b| *b > 0.0)
+            .map(|b| if higher_better { a / b } else { b / a })
+            .map(|r| format!("{r:.2}x"))
+            .unwrap_or_else(|| "-".into())
+    };
+    println!(
+        "| decode tok/s | {:.2} | {} | {} |",
+        ours.decode,
+        num("decode_tok_s"),
+        ratio(ours.decode, "decode_tok_s", true)
+    );
+    println!(
+        "| prefill {PREFILL_TOKENS} tokens, s | {:.2} | {} | {} |",
+        ours.prefill,
+        num("prefill_s"),
+        ratio(ours.prefill, "prefill_s", false)
+    );
+    println!(
+        "| workload with KV reuse, s | {:.2} | {} | {} |",
+        ours.reuse,
+        num("workload_reuse_s"),
+        ratio(ours.reuse, "workload_reuse_s", false)
+    );
+    println!(
+        "| workload without reuse, s | {:.2} | {} | {} |",
+        ours.fresh,
+        num("workload_fresh_s"),
+        ratio(ours.fresh, "workload_fresh_s", false)
+    );
+    println!("(ratio > 1 means this provider is faster)");
     Ok(())
 }
