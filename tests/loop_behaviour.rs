@@ -785,3 +785,39 @@ async fn a_conversation_without_a_user_message_is_an_error() {
     let parts = run_all(provider, AgentRunRequest::new(vec![], shop()), inline()).await;
     assert_error(&parts, "There is nothing to answer");
 }
+
+// The adapter ------------------------------------------------------------------
+
+#[tokio::test]
+async fn the_local_adapter_runs_the_loop_with_its_options_and_the_providers_inline_flag() {
+    use futures::StreamExt;
+    use webmcp_agents::agent::{
+        AgentAdapter, LocalAdapterOptions, ProgressFn, create_local_adapter,
+    };
+
+    // A provider without chat-template tools: the adapter must list the tools
+    // inline, or the model would never see them.
+    let provider =
+        Arc::new(ScriptedProvider::new([call("view_cart", json!({}))]).with_tools_inline(true));
+    let adapter = create_local_adapter(
+        provider.clone(),
+        LocalAdapterOptions {
+            id: "shop".into(),
+            label: "Shop assistant".into(),
+            max_steps: 1,
+            instructions: Some("Use view_cart for the cart.".into()),
+            ..LocalAdapterOptions::default()
+        },
+    );
+    assert_eq!((adapter.id(), adapter.label()), ("shop", "Shop assistant"));
+    let progress: ProgressFn = Arc::new(|_| {});
+    adapter.prepare(progress, Default::default()).await.unwrap();
+    assert!(provider.prepared());
+    let parts: Vec<_> = adapter.run(ask("show my cart", shop())).collect().await;
+    assert_finish(&parts, FinishReason::MaxSteps);
+    let system = &provider.requests()[0].messages[0].content;
+    assert!(
+        system.contains("<tools>") && system.contains("About this site:\nUse view_cart"),
+        "{system}"
+    );
+}
