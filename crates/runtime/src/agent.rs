@@ -12,14 +12,18 @@ use futures::{FutureExt, Stream, StreamExt};
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 use wma_agent::{
-    AgentProfile, AgentRunRequest, AgentStreamPart, ChatMessage, LocalLoopOptions, run_local_agent,
+    AgentProfile, AgentRunRequest, AgentStreamPart, ChatMessage, LocalLoopOptions, SubAgentInfo,
+    run_local_agent,
 };
 
 use crate::bridge::ToolBridgeHandle;
+use crate::delegator::{DelegationScope, DelegatorHandle, RunTools};
 use crate::error::RuntimeError;
 use crate::panic_message;
+use crate::part::TaggedPart;
 use crate::provider::ProviderHandle;
 use crate::slot::Slot;
 use crate::supervisor::Timeouts;
@@ -38,9 +42,23 @@ pub const RUN_PART_BUFFER: usize = 64;
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     /// The name callers look it up by; also the profile's name in traces
-    /// (`invoke_agent {name}`) unless the profile names it.
+    /// (`invoke_agent {name}`) unless the profile names it, and the name of
+    /// the tool a parent delegates to it with.
     pub name: String,
-    /// Instructions, step limit and sub-agents; wins over `options`.
+    /// What the agent is good at, in a sentence a parent's model reads in
+    /// its delegation note. Default empty.
+    pub description: String,
+    /// The provider it runs on, by the name it was registered with
+    /// ([`RuntimeBuilder::provider`](crate::RuntimeBuilder::provider)).
+    /// Default `None`: the first provider registered.
+    pub provider: Option<String>,
+    /// The tool sources it sees, by name. Default `None`: every source
+    /// registered with the runtime. A sub-agent given its own list sees only
+    /// those tools (and its own sub-agents), nothing of its parent's.
+    pub tool_sources: Option<Vec<String>>,
+    /// Instructions, step limit and sub-agents; wins over `options`. A
+    /// sub-agent listed with an empty description gets the sub-agent's own
+    /// [`AgentConfig::description`] when the runtime starts.
     pub profile: AgentProfile,
     /// The loop's limits.
     pub options: LocalLoopOptions,
@@ -62,10 +80,53 @@ impl AgentConfig {
                 ..AgentProfile::default()
             },
             name,
+            description: String::new(),
+            provider: None,
+            tool_sources: None,
             options: LocalLoopOptions::default(),
             max_concurrent_runs: DEFAULT_MAX_CONCURRENT_RUNS,
             follow_provider_tools_inline: true,
         }
+    }
+
+    /// Sets what the agent is good at (for parents' delegation notes).
+    pub fn with_description(mut self, description: impl Into<String>) -> Self {
+        self.description = description.into();
+        self
+    }
+
+    /// Runs the agent on the provider registered under this name.
+    pub fn with_provider(mut self, provider: impl Into<String>) -> Self {
+        self.provider = Some(provider.into());
+        self
+    }
+
+    /// Limits the agent to these tool sources (by name).
+    pub fn with_tool_sources<I, S>(mut self, sources: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.tool_sources = Some(sources.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Lets the agent delegate to these agents (by name); each becomes a
+    /// tool that takes a task and returns the sub-agent's answer. Their
+    /// descriptions come from their own configs.
+    pub fn with_sub_agents<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.profile.sub_agents = names
+            .into_iter()
+            .map(|name| SubAgentInfo {
+                name: name.into(),
+                description: String::new(),
+            })
+            .collect();
+        self
     }
 
     /// Sets the loop options.
@@ -135,11 +196,13 @@ impl AgentShared {
 /// Messages of the agent actor.
 pub(crate) enum AgentMsg {
     /// Start a run that sends its parts to `parts`. `span` is the caller's,
-    /// the parent of the run's `invoke_agent` span.
+    /// the parent of the run's `invoke_agent` span; `depth` is how deep in
+    /// a delegation the run is (0 for a run a host started).
     Run {
         messages: Vec<ChatMessage>,
         cancel: CancellationToken,
-        parts: mpsc::Sender<AgentStreamPart>,
+        depth: u32,
+        parts: mpsc::Sender<TaggedPart>,
         span: Span,
         reply: RpcReplyPort<Result<RunId, RuntimeError>>,
     },
@@ -150,12 +213,16 @@ pub(crate) enum AgentMsg {
     },
 }
 
+impl ractor::Message for AgentMsg {}
+
 pub(crate) struct AgentActor;
 
 pub(crate) struct AgentArgs {
     pub(crate) shared: Arc<AgentShared>,
     pub(crate) provider: ProviderHandle,
     pub(crate) tools: ToolBridgeHandle,
+    /// Runs this agent's sub-agents.
+    pub(crate) delegator: DelegatorHandle,
 }
 
 impl Actor for AgentActor {
@@ -181,6 +248,7 @@ impl Actor for AgentActor {
             AgentMsg::Run {
                 messages,
                 cancel,
+                depth,
                 parts,
                 span,
                 reply,
@@ -190,7 +258,7 @@ impl Actor for AgentActor {
                         agent: state.shared.config.name.clone(),
                         limit: state.shared.config.max_concurrent_runs,
                     }),
-                    Ok(permit) => Ok(state.start(messages, cancel, parts, span, permit)),
+                    Ok(permit) => Ok(state.start(messages, cancel, depth, parts, span, permit)),
                 };
                 let _ = reply.send(result);
             }
@@ -217,7 +285,8 @@ impl AgentArgs {
         &self,
         messages: Vec<ChatMessage>,
         cancel: CancellationToken,
-        parts: mpsc::Sender<AgentStreamPart>,
+        depth: u32,
+        parts: mpsc::Sender<TaggedPart>,
         span: Span,
         permit: OwnedSemaphorePermit,
     ) -> RunId {
@@ -228,13 +297,34 @@ impl AgentArgs {
         if shared.config.follow_provider_tools_inline {
             options.tools_inline = wma_agent::Provider::tools_inline(&self.provider);
         }
+        let mut profile = shared.config.profile.clone();
+        // Sub-agents' runs end before their parent's terminal part is sent,
+        // so a host never sees a part of this run after its end.
+        let children = TaskTracker::new();
+        let delegation = if profile.sub_agents.is_empty() || depth >= self.delegator.max_depth() {
+            // At the depth limit the sub-agents are neither offered as tools
+            // nor named in the prompt: a small model would only waste steps
+            // calling tools that must refuse.
+            profile.sub_agents.clear();
+            None
+        } else {
+            Some(DelegationScope {
+                delegator: self.delegator.clone(),
+                agent: shared.config.name.clone(),
+                sub_agents: profile.sub_agents.clone(),
+                depth,
+                sink: parts.clone(),
+                children: children.clone(),
+            })
+        };
         let request = AgentRunRequest {
             messages,
-            tools: Arc::new(self.tools.clone()),
+            tools: Arc::new(RunTools::new(self.tools.clone(), delegation)),
             cancel: cancel.clone(),
-            agent: Some(shared.config.profile.clone()),
+            agent: Some(profile),
         };
         let provider = self.provider.clone();
+        let name = shared.config.name.clone();
         tokio::spawn(
             async move {
                 let _permit = permit;
@@ -242,8 +332,12 @@ impl AgentArgs {
                 let drive = async {
                     let mut stream = run_local_agent(provider, request, options);
                     while let Some(part) = stream.next().await {
-                        ended |= part.is_terminal();
-                        if parts.send(part).await.is_err() {
+                        if part.is_terminal() {
+                            ended = true;
+                            children.close();
+                            children.wait().await;
+                        }
+                        if parts.send(TaggedPart::new(&name, 0, part)).await.is_err() {
                             // Nobody reads any more: stop, and let the loop end
                             // its run properly (it finishes "aborted" at once).
                             cancel.cancel();
@@ -256,10 +350,17 @@ impl AgentArgs {
                     let reason = panic_message(panic.as_ref());
                     tracing::error!(%reason, "a run panicked");
                     if !ended {
+                        cancel.cancel();
+                        children.close();
+                        children.wait().await;
                         let _ = parts
-                            .send(AgentStreamPart::Error {
-                                message: format!("The agent crashed: {reason}"),
-                            })
+                            .send(TaggedPart::new(
+                                &name,
+                                0,
+                                AgentStreamPart::Error {
+                                    message: format!("The agent crashed: {reason}"),
+                                },
+                            ))
                             .await;
                     }
                 }
@@ -285,6 +386,11 @@ impl AgentHandle {
         &self.shared.config.name
     }
 
+    /// The agent's configuration (with sub-agent descriptions filled in).
+    pub fn config(&self) -> &AgentConfig {
+        &self.shared.config
+    }
+
     /// Starts a run and streams its parts. Fails at once with
     /// [`RuntimeError::Busy`] when the agent runs its limit already. The
     /// current tracing span becomes the parent of the run's `invoke_agent`.
@@ -300,6 +406,17 @@ impl AgentHandle {
         messages: Vec<ChatMessage>,
         parent: CancellationToken,
     ) -> Result<RunStream, RuntimeError> {
+        self.start(messages, parent, 0).await
+    }
+
+    /// Starts a run `depth` levels down a delegation (a sub-agent's run
+    /// for a parent, here or on another node).
+    pub(crate) async fn start(
+        &self,
+        messages: Vec<ChatMessage>,
+        parent: CancellationToken,
+        depth: u32,
+    ) -> Result<RunStream, RuntimeError> {
         let cancel = parent.child_token();
         let (tx, rx) = mpsc::channel(RUN_PART_BUFFER);
         let span = Span::current();
@@ -309,6 +426,7 @@ impl AgentHandle {
                 |reply| AgentMsg::Run {
                     messages: messages.clone(),
                     cancel: cancel.clone(),
+                    depth,
                     parts: tx.clone(),
                     span: span.clone(),
                     reply,
@@ -366,14 +484,21 @@ impl std::fmt::Debug for AgentHandle {
 
 /// The parts of one run, ending with exactly one finish or error part.
 /// Dropping it stops the run.
+///
+/// As a [`Stream`] it yields the run's own parts. A run that delegates also
+/// carries its sub-agents' parts; [`RunStream::next_tagged`] and
+/// [`RunStream::tagged`] yield every part with the agent it belongs to.
 #[derive(Debug)]
 pub struct RunStream {
     id: RunId,
-    rx: mpsc::Receiver<AgentStreamPart>,
+    rx: mpsc::Receiver<TaggedPart>,
     cancel: CancellationToken,
     /// The terminal part was read; dropping no longer needs to stop anything.
     ended: bool,
 }
+
+/// Every part of a run and of its sub-agents' runs, tagged; see [`RunStream::tagged`].
+pub type TaggedStream = Pin<Box<dyn Stream<Item = TaggedPart> + Send>>;
 
 impl RunStream {
     /// The run's id, for [`AgentHandle::stop`].
@@ -382,11 +507,17 @@ impl RunStream {
     }
 
     /// Stops this run; it ends with finish `aborted` (read on to see it).
+    /// Its sub-agents' runs are stopped with it.
     pub fn stop(&self) {
         self.cancel.cancel();
     }
 
-    /// Reads the run to its end.
+    /// The token that stops this run, for code that holds the stream elsewhere.
+    pub(crate) fn stopper(&self) -> CancellationToken {
+        self.cancel.clone()
+    }
+
+    /// Reads the run's own parts to its end.
     pub async fn collect_parts(mut self) -> Vec<AgentStreamPart> {
         let mut parts = Vec::new();
         while let Some(part) = self.next().await {
@@ -394,19 +525,59 @@ impl RunStream {
         }
         parts
     }
+
+    /// Reads every part, the sub-agents' too, to the run's end.
+    pub async fn collect_tagged(mut self) -> Vec<TaggedPart> {
+        let mut parts = Vec::new();
+        while let Some(part) = self.next_tagged().await {
+            parts.push(part);
+        }
+        parts
+    }
+
+    /// The next part of the run or of one of its sub-agents' runs.
+    pub async fn next_tagged(&mut self) -> Option<TaggedPart> {
+        std::future::poll_fn(|cx| self.poll_tagged(cx)).await
+    }
+
+    /// A part that is ready now, without waiting.
+    pub(crate) fn try_next_tagged(&mut self) -> Option<TaggedPart> {
+        let part = self.rx.try_recv().ok()?;
+        self.ended |= part.ends_the_run();
+        Some(part)
+    }
+
+    /// Every part, tagged, as a stream.
+    pub fn tagged(self) -> TaggedStream {
+        Box::pin(futures::stream::unfold(self, |mut run| async move {
+            run.next_tagged().await.map(|part| (part, run))
+        }))
+    }
+
+    fn poll_tagged(&mut self, cx: &mut Context<'_>) -> Poll<Option<TaggedPart>> {
+        let polled = self.rx.poll_recv(cx);
+        if let Poll::Ready(Some(part)) = &polled
+            && part.ends_the_run()
+        {
+            self.ended = true;
+        }
+        polled
+    }
 }
 
 impl Stream for RunStream {
     type Item = AgentStreamPart;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let polled = self.rx.poll_recv(cx);
-        if let Poll::Ready(Some(part)) = &polled
-            && part.is_terminal()
-        {
-            self.ended = true;
+        loop {
+            match self.poll_tagged(cx) {
+                Poll::Ready(Some(part)) if part.depth == 0 => return Poll::Ready(Some(part.part)),
+                // A sub-agent's part: the plain stream shows the run's own.
+                Poll::Ready(Some(_)) => continue,
+                Poll::Ready(None) => return Poll::Ready(None),
+                Poll::Pending => return Poll::Pending,
+            }
         }
-        polled
     }
 }
 

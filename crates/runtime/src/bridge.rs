@@ -124,6 +124,8 @@ pub(crate) enum BridgeMsg {
     Crashed { source: String, reason: String },
 }
 
+impl ractor::Message for BridgeMsg {}
+
 pub(crate) struct BridgeActor;
 
 pub(crate) struct BridgeState {

@@ -23,6 +23,20 @@
 //!   [`RuntimeError::Busy`] (ractor's mailboxes are unbounded, so the limit is
 //!   enforced here).
 //!
+//! Agents **delegate**: an agent whose profile names sub-agents sees each
+//! of them as a tool (named after it, taking `{"task": "..."}`), served by
+//! the **delegator actor**. Calling it runs the sub-agent with its own
+//! provider, tools and instructions, and its final answer comes back as the
+//! tool result. The parent's [`RunStream`] carries the sub-agent's parts as
+//! [`TaggedPart`]s (agent name and depth), the sub-agent's `invoke_agent`
+//! span nests under the parent's `execute_tool` span, Stop on the parent
+//! stops the sub-agent's run, and nesting is limited to
+//! [`DEFAULT_MAX_DELEGATION_DEPTH`] levels. An agent may name several
+//! providers and tool sources ([`RuntimeBuilder::provider`],
+//! [`AgentConfig::tool_sources`]); a sub-agent sees only its own tools.
+//! With a [`ClusterNode`], a sub-agent may live in another process
+//! (`ractor_cluster`).
+//!
 //! The supervisor restarts a child that crashed, within a
 //! [`RestartBudget`] ([`DEFAULT_MAX_RESTARTS`] restarts per
 //! [`DEFAULT_RESTART_WINDOW`]). A model that panics mid-generation ends the
@@ -57,19 +71,30 @@
 
 mod agent;
 mod bridge;
+mod cluster;
+mod delegator;
 mod error;
+mod part;
 mod provider;
 mod slot;
 mod supervisor;
 
 pub use agent::{
     AgentConfig, AgentHandle, DEFAULT_MAX_CONCURRENT_RUNS, RUN_PART_BUFFER, RunId, RunStream,
+    TaggedStream,
 };
 pub use bridge::{DEFAULT_TOOL_TIMEOUT, ToolBridgeHandle, ToolSource};
+pub use cluster::{
+    CLUSTER_SCOPE, ClusterNode, ClusterOptions, DEFAULT_CLUSTER_LISTEN, NEXT_BATCH, NEXT_WAIT,
+    REMOTE_RUN_IDLE, SessionCounts,
+};
+pub use delegator::{DEFAULT_MAX_DELEGATION_DEPTH, delegation_tool};
 pub use error::RuntimeError;
+pub use part::TaggedPart;
 pub use provider::{DEFAULT_SWAP_TIMEOUT, ProviderHandle, ProviderSource};
 pub use supervisor::{
-    DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW, RestartBudget, Runtime, RuntimeBuilder, Timeouts,
+    DEFAULT_MAX_RESTARTS, DEFAULT_PROVIDER, DEFAULT_RESTART_WINDOW, RestartBudget, Runtime,
+    RuntimeBuilder, Timeouts,
 };
 
 /// The message of a caught panic, for error parts and logs.

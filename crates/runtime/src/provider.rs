@@ -197,6 +197,8 @@ pub(crate) enum ProviderMsg {
     Crashed { instance: u64, reason: String },
 }
 
+impl ractor::Message for ProviderMsg {}
+
 /// Work that arrived while a restarted instance was still loading.
 enum Deferred {
     Generate {

@@ -8,11 +8,14 @@ use std::time::{Duration, Instant};
 use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
 };
-use wma_agent::{Progress, ProgressFn, ProviderInfo};
+use wma_agent::{Progress, ProviderInfo, SubAgentInfo};
 
 use crate::agent::{AgentActor, AgentArgs, AgentConfig, AgentHandle, AgentMsg, AgentShared};
 use crate::bridge::{
     BridgeActor, BridgeShared, DEFAULT_TOOL_TIMEOUT, ToolBridgeHandle, ToolSource,
+};
+use crate::delegator::{
+    DEFAULT_MAX_DELEGATION_DEPTH, DelegatorActor, DelegatorHandle, DelegatorShared,
 };
 use crate::error::RuntimeError;
 use crate::provider::{
@@ -75,18 +78,55 @@ impl Default for Timeouts {
     }
 }
 
+/// The name [`Runtime::builder`] registers its provider under.
+pub const DEFAULT_PROVIDER: &str = "default";
+
+type NamedProgress = Arc<dyn Fn(&str, Progress) + Send + Sync>;
+
 /// Sets up a [`Runtime`].
 pub struct RuntimeBuilder {
-    provider: ProviderSource,
-    progress: ProgressFn,
+    providers: Vec<(String, ProviderSource)>,
+    progress: NamedProgress,
     sources: Vec<ToolSource>,
     agents: Vec<AgentConfig>,
+    remote_agents: Vec<SubAgentInfo>,
     budget: RestartBudget,
     timeouts: Timeouts,
     tool_timeout: Duration,
+    max_depth: u32,
+}
+
+impl Default for RuntimeBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl RuntimeBuilder {
+    /// A builder with no provider yet; add them with [`RuntimeBuilder::provider`].
+    pub fn new() -> Self {
+        Self {
+            providers: Vec::new(),
+            progress: Arc::new(|_, _| {}),
+            sources: Vec::new(),
+            agents: Vec::new(),
+            remote_agents: Vec::new(),
+            budget: RestartBudget::default(),
+            timeouts: Timeouts::default(),
+            tool_timeout: DEFAULT_TOOL_TIMEOUT,
+            max_depth: DEFAULT_MAX_DELEGATION_DEPTH,
+        }
+    }
+
+    /// Adds a provider under a name agents refer to
+    /// ([`AgentConfig::provider`]). Each provider is an actor of its own
+    /// with its own hot swap; agents that name the same provider share its
+    /// model.
+    pub fn provider(mut self, name: impl Into<String>, source: ProviderSource) -> Self {
+        self.providers.push((name.into(), source));
+        self
+    }
+
     /// Adds a tool source. Sources registered earlier win name clashes.
     pub fn tool_source(mut self, source: ToolSource) -> Self {
         self.sources.push(source);
@@ -96,6 +136,24 @@ impl RuntimeBuilder {
     /// Adds an agent.
     pub fn agent(mut self, agent: AgentConfig) -> Self {
         self.agents.push(agent);
+        self
+    }
+
+    /// Declares an agent that another node of the cluster hosts, so local
+    /// agents may name it as a sub-agent. It is looked up among the
+    /// connected nodes at each delegation (see [`ClusterNode`](crate::ClusterNode)).
+    pub fn remote_agent(mut self, name: impl Into<String>, description: impl Into<String>) -> Self {
+        self.remote_agents.push(SubAgentInfo {
+            name: name.into(),
+            description: description.into(),
+        });
+        self
+    }
+
+    /// Sets how deep delegation may nest. Default [`DEFAULT_MAX_DELEGATION_DEPTH`];
+    /// 0 turns delegation off.
+    pub fn max_delegation_depth(mut self, depth: u32) -> Self {
+        self.max_depth = depth;
         self
     }
 
@@ -117,36 +175,171 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Receives the first model's loading progress.
+    /// Receives the models' loading progress when the runtime starts.
     pub fn on_progress(mut self, progress: impl Fn(Progress) + Send + Sync + 'static) -> Self {
+        self.progress = Arc::new(move |_, p| progress(p));
+        self
+    }
+
+    /// Like [`RuntimeBuilder::on_progress`], with the provider's name.
+    pub fn on_provider_progress(
+        mut self,
+        progress: impl Fn(&str, Progress) + Send + Sync + 'static,
+    ) -> Self {
         self.progress = Arc::new(progress);
         self
     }
 
-    /// Loads the model, then starts the supervisor and its children. A
-    /// model that does not load stops the start with [`RuntimeError::Load`].
-    pub async fn start(self) -> Result<Runtime, RuntimeError> {
-        let mut names: Vec<&str> = self.agents.iter().map(|a| a.name.as_str()).collect();
-        names.sort_unstable();
-        if let Some(pair) = names.windows(2).find(|w| w[0] == w[1]) {
-            return Err(RuntimeError::Config(format!(
-                "two agents are named `{}`",
-                pair[0]
-            )));
+    /// Checks that the names fit together: every agent's provider, tool
+    /// sources and sub-agents exist, and no two things share a name.
+    fn check(&self) -> Result<(), RuntimeError> {
+        fn unique<'a>(
+            what: &str,
+            names: impl Iterator<Item = &'a str>,
+        ) -> Result<(), RuntimeError> {
+            let mut names: Vec<&str> = names.collect();
+            names.sort_unstable();
+            match names.windows(2).find(|w| w[0] == w[1]) {
+                Some(pair) => Err(RuntimeError::Config(format!(
+                    "two {what} are named `{}`",
+                    pair[0]
+                ))),
+                None => Ok(()),
+            }
         }
-        let first = prepare(self.provider.clone(), self.progress)
-            .await
-            .map_err(RuntimeError::Load)?;
-        let provider = ProviderHandle {
-            slot: Slot::new("provider"),
-            shared: ProviderShared::new(self.provider, first.as_ref()),
-            timeouts: self.timeouts,
-        };
-        let tools = ToolBridgeHandle {
-            slot: Slot::new("tool bridge"),
-            shared: BridgeShared::new(self.sources, self.tool_timeout),
-            timeouts: self.timeouts,
-        };
+        if self.providers.is_empty() {
+            return Err(RuntimeError::Config("there is no provider".to_string()));
+        }
+        unique(
+            "agents",
+            self.agents
+                .iter()
+                .map(|a| a.name.as_str())
+                .chain(self.remote_agents.iter().map(|a| a.name.as_str())),
+        )?;
+        unique("providers", self.providers.iter().map(|p| p.0.as_str()))?;
+        unique("tool sources", self.sources.iter().map(|s| s.name()))?;
+        for agent in &self.agents {
+            if let Some(provider) = &agent.provider
+                && !self.providers.iter().any(|p| &p.0 == provider)
+            {
+                return Err(RuntimeError::Config(format!(
+                    "the agent `{}` runs on the provider `{provider}`, which does not exist",
+                    agent.name
+                )));
+            }
+            for source in agent.tool_sources.iter().flatten() {
+                if !self.sources.iter().any(|s| s.name() == source) {
+                    return Err(RuntimeError::Config(format!(
+                        "the agent `{}` uses the tool source `{source}`, which does not exist",
+                        agent.name
+                    )));
+                }
+            }
+            for sub in &agent.profile.sub_agents {
+                let known = self.agents.iter().any(|a| a.name == sub.name)
+                    || self.remote_agents.iter().any(|a| a.name == sub.name);
+                if !known {
+                    return Err(RuntimeError::Config(format!(
+                        "the agent `{}` delegates to `{}`, which does not exist",
+                        agent.name, sub.name
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Loads the models, then starts the supervisor and its children. A
+    /// model that does not load stops the start with [`RuntimeError::Load`].
+    pub async fn start(mut self) -> Result<Runtime, RuntimeError> {
+        self.check()?;
+        // Sub-agents listed by name get the description their own config gives.
+        let descriptions: HashMap<String, String> = self
+            .agents
+            .iter()
+            .map(|a| (a.name.clone(), a.description.clone()))
+            .chain(
+                self.remote_agents
+                    .iter()
+                    .map(|a| (a.name.clone(), a.description.clone())),
+            )
+            .collect();
+        for agent in &mut self.agents {
+            for sub in &mut agent.profile.sub_agents {
+                if sub.description.trim().is_empty() {
+                    sub.description = descriptions.get(&sub.name).cloned().unwrap_or_default();
+                }
+            }
+        }
+        let mut prepared = Vec::new();
+        let mut providers = Vec::new();
+        for (name, source) in self.providers {
+            // One at a time: loading two models at once doubles the peak memory.
+            let progress = self.progress.clone();
+            let label = name.clone();
+            let first = prepare(source.clone(), Arc::new(move |p| progress(&label, p)))
+                .await
+                .map_err(RuntimeError::Load)?;
+            let label = if name == DEFAULT_PROVIDER {
+                "provider".to_string()
+            } else {
+                format!("provider `{name}`")
+            };
+            providers.push((
+                name,
+                ProviderHandle {
+                    slot: Slot::new(label),
+                    shared: ProviderShared::new(source, first.as_ref()),
+                    timeouts: self.timeouts,
+                },
+            ));
+            prepared.push(Some(first));
+        }
+        // One bridge per distinct set of sources; the first has them all.
+        let all: Vec<usize> = (0..self.sources.len()).collect();
+        let mut bridge_keys: Vec<Vec<usize>> = vec![all];
+        let mut links = Vec::new();
+        for agent in &self.agents {
+            let key: Vec<usize> = match &agent.tool_sources {
+                None => (0..self.sources.len()).collect(),
+                Some(names) => {
+                    let mut key: Vec<usize> = (0..self.sources.len())
+                        .filter(|&i| names.iter().any(|n| n == self.sources[i].name()))
+                        .collect();
+                    key.dedup();
+                    key
+                }
+            };
+            let bridge = match bridge_keys.iter().position(|k| *k == key) {
+                Some(i) => i,
+                None => {
+                    bridge_keys.push(key);
+                    bridge_keys.len() - 1
+                }
+            };
+            let provider = match &agent.provider {
+                Some(name) => providers.iter().position(|p| &p.0 == name).unwrap_or(0),
+                None => 0,
+            };
+            links.push(Link { provider, bridge });
+        }
+        let bridges: Vec<ToolBridgeHandle> = bridge_keys
+            .iter()
+            .enumerate()
+            .map(|(i, key)| ToolBridgeHandle {
+                slot: Slot::new(if i == 0 {
+                    "tool bridge".to_string()
+                } else {
+                    format!("tool bridge {i}")
+                }),
+                shared: BridgeShared::new(
+                    key.iter().map(|&s| self.sources[s].clone()).collect(),
+                    self.tool_timeout,
+                ),
+                timeouts: self.timeouts,
+            })
+            .collect();
         let agents: Vec<AgentHandle> = self
             .agents
             .into_iter()
@@ -156,17 +349,28 @@ impl RuntimeBuilder {
                 timeouts: self.timeouts,
             })
             .collect();
+        let delegator = DelegatorHandle {
+            slot: Slot::new("delegator"),
+            shared: DelegatorShared::new(
+                &agents,
+                self.remote_agents.iter().map(|a| a.name.clone()).collect(),
+                self.max_depth,
+                self.timeouts,
+            ),
+        };
         let children = Children {
-            provider: provider.clone(),
-            tools: tools.clone(),
+            providers: providers.iter().map(|p| p.1.clone()).collect(),
+            bridges: bridges.clone(),
             agents: agents.clone(),
+            links: links.clone(),
+            delegator: delegator.clone(),
         };
         let (supervisor, _) = Actor::spawn(
             None,
             Supervisor,
             SupervisorArgs {
                 children,
-                first: Some(first),
+                first: prepared,
                 budget: self.budget,
             },
         )
@@ -177,60 +381,104 @@ impl RuntimeBuilder {
         })?;
         Ok(Runtime {
             supervisor,
-            provider,
-            tools,
+            providers,
+            bridges,
             agents,
+            links,
+            remote_agents: self.remote_agents,
             timeouts: self.timeouts,
         })
     }
 }
 
-/// The hosted agents, their provider and their tools, each a supervised
+/// Which provider and bridge an agent uses, by index.
+#[derive(Debug, Clone, Copy)]
+struct Link {
+    provider: usize,
+    bridge: usize,
+}
+
+/// The hosted agents, their providers and their tools, each a supervised
 /// actor. Cheap handles reach them; see the crate docs for the semantics.
 pub struct Runtime {
     supervisor: ActorRef<SupervisorMsg>,
-    provider: ProviderHandle,
-    tools: ToolBridgeHandle,
+    providers: Vec<(String, ProviderHandle)>,
+    bridges: Vec<ToolBridgeHandle>,
     agents: Vec<AgentHandle>,
+    links: Vec<Link>,
+    remote_agents: Vec<SubAgentInfo>,
     timeouts: Timeouts,
 }
 
 impl Runtime {
-    /// Starts configuring a runtime around this provider.
+    /// Starts configuring a runtime around this provider, registered as
+    /// [`DEFAULT_PROVIDER`]; [`RuntimeBuilder::provider`] adds more.
     pub fn builder(provider: ProviderSource) -> RuntimeBuilder {
-        RuntimeBuilder {
-            provider,
-            progress: Arc::new(|_| {}),
-            sources: Vec::new(),
-            agents: Vec::new(),
-            budget: RestartBudget::default(),
-            timeouts: Timeouts::default(),
-            tool_timeout: DEFAULT_TOOL_TIMEOUT,
-        }
+        RuntimeBuilder::new().provider(DEFAULT_PROVIDER, provider)
     }
 
-    /// The provider actor's handle (swap, facts, and the [`Provider`](wma_agent::Provider) trait).
+    /// The first provider's handle (swap, facts, and the [`Provider`](wma_agent::Provider) trait).
     pub fn provider(&self) -> ProviderHandle {
-        self.provider.clone()
+        self.providers[0].1.clone()
     }
 
-    /// The tool bridge's handle (a [`ToolHost`](wma_agent::ToolHost)).
+    /// The provider registered under `name`.
+    pub fn provider_named(&self, name: &str) -> Result<ProviderHandle, RuntimeError> {
+        self.providers
+            .iter()
+            .find(|p| p.0 == name)
+            .map(|p| p.1.clone())
+            .ok_or_else(|| RuntimeError::Config(format!("there is no provider named `{name}`")))
+    }
+
+    /// The providers' names, in the order they were registered.
+    pub fn provider_names(&self) -> Vec<String> {
+        self.providers.iter().map(|p| p.0.clone()).collect()
+    }
+
+    /// The name and handle of the provider an agent runs on.
+    pub fn provider_of(&self, agent: &str) -> Result<(String, ProviderHandle), RuntimeError> {
+        let i = self.index_of(agent)?;
+        let (name, handle) = &self.providers[self.links[i].provider];
+        Ok((name.clone(), handle.clone()))
+    }
+
+    /// The tool bridge over every registered source (a [`ToolHost`](wma_agent::ToolHost)).
     pub fn tools(&self) -> ToolBridgeHandle {
-        self.tools.clone()
+        self.bridges[0].clone()
+    }
+
+    /// The tool bridge an agent's runs list and call tools through.
+    pub fn tools_of(&self, agent: &str) -> Result<ToolBridgeHandle, RuntimeError> {
+        let i = self.index_of(agent)?;
+        Ok(self.bridges[self.links[i].bridge].clone())
     }
 
     /// The agent with this name.
     pub fn agent(&self, name: &str) -> Result<AgentHandle, RuntimeError> {
+        self.index_of(name).map(|i| self.agents[i].clone())
+    }
+
+    /// Every local agent, in the order they were added.
+    pub fn agents(&self) -> &[AgentHandle] {
+        &self.agents
+    }
+
+    /// The agents other nodes host that local agents may delegate to.
+    pub fn remote_agents(&self) -> &[SubAgentInfo] {
+        &self.remote_agents
+    }
+
+    fn index_of(&self, name: &str) -> Result<usize, RuntimeError> {
         self.agents
             .iter()
-            .find(|a| a.name() == name)
-            .cloned()
+            .position(|a| a.name() == name)
             .ok_or_else(|| RuntimeError::UnknownAgent(name.to_string()))
     }
 
-    /// Facts about the model serving now.
+    /// Facts about the first provider's model.
     pub fn model(&self) -> ProviderInfo {
-        wma_agent::Provider::info(&self.provider)
+        wma_agent::Provider::info(&self.providers[0].1)
     }
 
     /// Stops every actor and waits for them (runs in flight are stopped).
@@ -267,8 +515,7 @@ impl Drop for Runtime {
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Runtime")
-            .field("provider", &self.provider)
-            .field("tools", &self.tools)
+            .field("providers", &self.providers)
             .field("agents", &self.agents)
             .finish_non_exhaustive()
     }
@@ -277,17 +524,20 @@ impl std::fmt::Debug for Runtime {
 /// Every child's handle; the supervisor restarts children from these.
 #[derive(Clone)]
 struct Children {
-    provider: ProviderHandle,
-    tools: ToolBridgeHandle,
+    providers: Vec<ProviderHandle>,
+    bridges: Vec<ToolBridgeHandle>,
     agents: Vec<AgentHandle>,
+    links: Vec<Link>,
+    delegator: DelegatorHandle,
 }
 
 /// Which child an actor id belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum Child {
-    Provider,
-    Tools,
+    Provider(usize),
+    Tools(usize),
     Agent(usize),
+    Delegator,
 }
 
 pub(crate) enum SupervisorMsg {
@@ -295,12 +545,14 @@ pub(crate) enum SupervisorMsg {
     Shutdown { reply: RpcReplyPort<()> },
 }
 
+impl ractor::Message for SupervisorMsg {}
+
 struct Supervisor;
 
 struct SupervisorArgs {
     children: Children,
-    /// The first provider, prepared by [`RuntimeBuilder::start`].
-    first: Option<Arc<dyn wma_agent::Provider>>,
+    /// The providers, prepared by [`RuntimeBuilder::start`].
+    first: Vec<Option<Arc<dyn wma_agent::Provider>>>,
     budget: RestartBudget,
 }
 
@@ -330,10 +582,19 @@ impl Actor for Supervisor {
             restarts: HashMap::new(),
             shutting_down: false,
         };
+        for (i, first) in args.first.into_iter().enumerate() {
+            state
+                .spawn(myself.get_cell(), Child::Provider(i), first)
+                .await?;
+        }
+        for i in 0..state.children.bridges.len() {
+            state
+                .spawn(myself.get_cell(), Child::Tools(i), None)
+                .await?;
+        }
         state
-            .spawn(myself.get_cell(), Child::Provider, args.first)
+            .spawn(myself.get_cell(), Child::Delegator, None)
             .await?;
-        state.spawn(myself.get_cell(), Child::Tools, None).await?;
         for i in 0..state.children.agents.len() {
             state
                 .spawn(myself.get_cell(), Child::Agent(i), None)
@@ -427,8 +688,8 @@ impl SupervisorState {
         first: Option<Arc<dyn wma_agent::Provider>>,
     ) -> Result<(), ActorProcessingErr> {
         let id = match child {
-            Child::Provider => {
-                let handle = &self.children.provider;
+            Child::Provider(i) => {
+                let handle = &self.children.providers[i];
                 let args = ProviderArgs {
                     shared: handle.shared.clone(),
                     prepared: first,
@@ -437,20 +698,30 @@ impl SupervisorState {
                 handle.slot.set_live(actor.clone());
                 actor.get_id()
             }
-            Child::Tools => {
-                let handle = &self.children.tools;
+            Child::Tools(i) => {
+                let handle = &self.children.bridges[i];
                 let (actor, _) =
                     Actor::spawn_linked(None, BridgeActor, handle.shared.clone(), supervisor)
                         .await?;
                 handle.slot.set_live(actor.clone());
                 actor.get_id()
             }
+            Child::Delegator => {
+                let handle = &self.children.delegator;
+                let (actor, _) =
+                    Actor::spawn_linked(None, DelegatorActor, handle.shared.clone(), supervisor)
+                        .await?;
+                handle.slot.set_live(actor.clone());
+                actor.get_id()
+            }
             Child::Agent(i) => {
                 let handle = &self.children.agents[i];
+                let link = self.children.links[i];
                 let args = AgentArgs {
                     shared: handle.shared.clone(),
-                    provider: self.children.provider.clone(),
-                    tools: self.children.tools.clone(),
+                    provider: self.children.providers[link.provider].clone(),
+                    tools: self.children.bridges[link.bridge].clone(),
+                    delegator: self.children.delegator.clone(),
                 };
                 let (actor, _): (ActorRef<AgentMsg>, _) =
                     Actor::spawn_linked(None, AgentActor, args, supervisor).await?;
@@ -486,9 +757,10 @@ impl SupervisorState {
 
     fn count_restart(&self, child: Child) {
         let counter = match child {
-            Child::Provider => &self.children.provider.shared.restarts,
-            Child::Tools => &self.children.tools.shared.restarts,
+            Child::Provider(i) => &self.children.providers[i].shared.restarts,
+            Child::Tools(i) => &self.children.bridges[i].shared.restarts,
             Child::Agent(i) => &self.children.agents[i].shared.restarts,
+            Child::Delegator => &self.children.delegator.shared.restarts,
         };
         counter.fetch_add(1, Ordering::SeqCst);
     }
@@ -496,23 +768,31 @@ impl SupervisorState {
     fn set_down(&self, child: Child, down: Down) {
         match down {
             Down::Restarting => match child {
-                Child::Provider => self.children.provider.slot.set_starting(),
-                Child::Tools => self.children.tools.slot.set_starting(),
+                Child::Provider(i) => self.children.providers[i].slot.set_starting(),
+                Child::Tools(i) => self.children.bridges[i].slot.set_starting(),
                 Child::Agent(i) => self.children.agents[i].slot.set_starting(),
+                Child::Delegator => self.children.delegator.slot.set_starting(),
             },
             Down::Gone(reason) => match child {
-                Child::Provider => self.children.provider.slot.set_gone(reason),
-                Child::Tools => self.children.tools.slot.set_gone(reason),
+                Child::Provider(i) => self.children.providers[i].slot.set_gone(reason),
+                Child::Tools(i) => self.children.bridges[i].slot.set_gone(reason),
                 Child::Agent(i) => self.children.agents[i].slot.set_gone(reason),
+                Child::Delegator => self.children.delegator.slot.set_gone(reason),
             },
         }
     }
 
     fn mark_all_gone(&self, reason: &str) {
-        self.set_down(Child::Provider, Down::Gone(reason.to_string()));
-        self.set_down(Child::Tools, Down::Gone(reason.to_string()));
+        let gone = || Down::Gone(reason.to_string());
+        for i in 0..self.children.providers.len() {
+            self.set_down(Child::Provider(i), gone());
+        }
+        for i in 0..self.children.bridges.len() {
+            self.set_down(Child::Tools(i), gone());
+        }
+        self.set_down(Child::Delegator, gone());
         for i in 0..self.children.agents.len() {
-            self.set_down(Child::Agent(i), Down::Gone(reason.to_string()));
+            self.set_down(Child::Agent(i), gone());
         }
     }
 }

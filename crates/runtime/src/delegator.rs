@@ -1,0 +1,434 @@
+//! The delegator actor: each sub-agent is a tool of its parent.
+//!
+//! A parent's run sees one tool per sub-agent, named after it, taking
+//! `{"task": "..."}`. Calling it starts the sub-agent's own run (its own
+//! provider, tools and instructions) with the task as the user's message;
+//! the sub-agent's parts reach the parent's host tagged with the
+//! sub-agent's name, and its final answer comes back as the tool result.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use async_trait::async_trait;
+use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
+use serde_json::{Value, json};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::{Instrument, Span};
+use wma_agent::{
+    AgentStreamPart, ChatMessage, FinishReason, PageContext, SubAgentInfo, ToolDefinition,
+    ToolError, ToolErrorCode, ToolHost,
+};
+
+use crate::agent::AgentHandle;
+use crate::bridge::ToolBridgeHandle;
+use crate::cluster;
+use crate::error::RuntimeError;
+use crate::part::TaggedPart;
+use crate::slot::Slot;
+use crate::supervisor::Timeouts;
+
+/// How deep delegation may nest unless
+/// [`RuntimeBuilder::max_delegation_depth`](crate::RuntimeBuilder::max_delegation_depth)
+/// says otherwise: a run a host started is at depth 0, its sub-agents' runs
+/// at 1, theirs at 2. A run at the limit is not offered its sub-agents.
+/// Two levels let a parent hand work to a specialist that has helpers of its
+/// own; deeper chains of small models mostly lose the task on the way.
+pub const DEFAULT_MAX_DELEGATION_DEPTH: u32 = 2;
+
+/// The tool a parent calls to delegate to `agent`.
+pub fn delegation_tool(agent: &SubAgentInfo) -> ToolDefinition {
+    let description = if agent.description.trim().is_empty() {
+        format!(
+            "Hand a task to the {} agent; its answer comes back.",
+            agent.name
+        )
+    } else {
+        agent.description.clone()
+    };
+    ToolDefinition::new(
+        agent.name.clone(),
+        description,
+        json!({
+            "type": "object",
+            "properties": {"task": {
+                "type": "string",
+                "description": "What the agent should do, in a sentence."
+            }},
+            "required": ["task"]
+        }),
+    )
+}
+
+/// One delegation: which agent asks which for what, and where the
+/// sub-agent's parts go.
+#[derive(Clone)]
+pub(crate) struct Job {
+    /// The parent agent.
+    pub(crate) from: String,
+    /// The sub-agent.
+    pub(crate) to: String,
+    /// The task, which becomes the sub-agent's user message.
+    pub(crate) task: String,
+    /// The sub-agent run's depth.
+    pub(crate) depth: u32,
+    /// The parent's call token: cancelling it stops the sub-agent's run.
+    pub(crate) cancel: CancellationToken,
+    /// The parent run's part channel.
+    pub(crate) sink: mpsc::Sender<TaggedPart>,
+    /// The parent run's tracker, so it ends after this job.
+    pub(crate) children: TaskTracker,
+    /// The parent's `execute_tool` span, the parent of the sub-agent's `invoke_agent`.
+    pub(crate) span: Span,
+}
+
+/// What the delegating tool call waits for.
+pub(crate) type Answer = oneshot::Receiver<Result<String, ToolError>>;
+
+/// Messages of the delegator.
+pub(crate) enum DelegatorMsg {
+    /// Start a job; replies at once with where its answer will arrive, or
+    /// with the reason it cannot start.
+    Delegate {
+        job: Job,
+        reply: RpcReplyPort<Result<Answer, ToolError>>,
+    },
+}
+
+impl ractor::Message for DelegatorMsg {}
+
+/// What outlives one instance of the delegator.
+pub(crate) struct DelegatorShared {
+    /// Local agents by name.
+    local: HashMap<String, AgentHandle>,
+    /// Agents hosted by other nodes of the cluster, found there at each call.
+    remote: Vec<String>,
+    max_depth: u32,
+    timeouts: Timeouts,
+    /// Times the supervisor restarted the delegator.
+    pub(crate) restarts: AtomicU32,
+}
+
+impl DelegatorShared {
+    pub(crate) fn new(
+        local: &[AgentHandle],
+        remote: Vec<String>,
+        max_depth: u32,
+        timeouts: Timeouts,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            local: local
+                .iter()
+                .map(|a| (a.name().to_string(), a.clone()))
+                .collect(),
+            remote,
+            max_depth,
+            timeouts,
+            restarts: AtomicU32::new(0),
+        })
+    }
+}
+
+pub(crate) struct DelegatorActor;
+
+impl Actor for DelegatorActor {
+    type Msg = DelegatorMsg;
+    type State = Arc<DelegatorShared>;
+    type Arguments = Arc<DelegatorShared>;
+
+    async fn pre_start(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        shared: Arc<DelegatorShared>,
+    ) -> Result<Self::State, ActorProcessingErr> {
+        Ok(shared)
+    }
+
+    async fn handle(
+        &self,
+        _myself: ActorRef<Self::Msg>,
+        message: Self::Msg,
+        shared: &mut Self::State,
+    ) -> Result<(), ActorProcessingErr> {
+        match message {
+            DelegatorMsg::Delegate { job, reply } => {
+                let _ = reply.send(begin(shared, job));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Checks the job, then runs it on a task the parent's run tracks: a
+/// sub-agent's run takes as long as its model does, and the delegator must
+/// keep taking jobs meanwhile.
+fn begin(shared: &Arc<DelegatorShared>, job: Job) -> Result<Answer, ToolError> {
+    if job.depth > shared.max_depth {
+        return Err(ToolError::new(
+            ToolErrorCode::Denied,
+            format!(
+                "`{}` cannot hand work to `{}`: delegation nests at most {} levels deep here",
+                job.from, job.to, shared.max_depth
+            ),
+        ));
+    }
+    let target = if let Some(agent) = shared.local.get(&job.to) {
+        Target::Local(agent.clone())
+    } else if shared.remote.contains(&job.to) {
+        Target::Remote(cluster::find_agent(&job.to).ok_or_else(|| {
+            ToolError::new(
+                ToolErrorCode::Unavailable,
+                format!(
+                    "the agent `{}` runs on another node, and no connected node offers it right now",
+                    job.to
+                ),
+            )
+        })?)
+    } else {
+        return Err(ToolError::new(
+            ToolErrorCode::UnknownTool,
+            format!("there is no agent named `{}` to hand work to", job.to),
+        ));
+    };
+    let (tx, rx) = oneshot::channel();
+    let span = job.span.clone();
+    let children = job.children.clone();
+    let timeouts = shared.timeouts;
+    children.spawn(
+        async move {
+            let result = match target {
+                Target::Local(agent) => run_local(agent, job).await,
+                Target::Remote(endpoint) => cluster::run_remote(endpoint, job, timeouts).await,
+            };
+            let _ = tx.send(result);
+        }
+        .instrument(span),
+    );
+    Ok(rx)
+}
+
+/// Where a sub-agent runs.
+enum Target {
+    Local(AgentHandle),
+    Remote(ActorRef<cluster::EndpointMsg>),
+}
+
+/// Runs a local sub-agent, passing its parts on to the parent's host.
+async fn run_local(agent: AgentHandle, job: Job) -> Result<String, ToolError> {
+    let mut run = agent
+        .start(
+            vec![ChatMessage::user(job.task.clone())],
+            job.cancel.clone(),
+            job.depth,
+        )
+        .await
+        .map_err(|e| refused(&job.to, &e))?;
+    let mut answer = FinalAnswer::new(&job.to);
+    while let Some(part) = run.next_tagged().await {
+        answer.observe(&part);
+        if job.sink.send(part.nested()).await.is_err() {
+            // The parent's host went away: dropping the run stops it.
+            break;
+        }
+    }
+    answer.finish()
+}
+
+/// A sub-agent that could not start, as the tool error its parent reads.
+pub(crate) fn refused(agent: &str, error: &RuntimeError) -> ToolError {
+    ToolError::new(
+        ToolErrorCode::Unavailable,
+        format!("the agent `{agent}` could not take the task: {error}"),
+    )
+}
+
+/// Reads a sub-agent's parts and makes its final answer: the text of its
+/// last step, or the error its run ended with.
+pub(crate) struct FinalAnswer {
+    agent: String,
+    texts: Vec<String>,
+    end: Option<AgentStreamPart>,
+}
+
+impl FinalAnswer {
+    pub(crate) fn new(agent: &str) -> Self {
+        Self {
+            agent: agent.to_string(),
+            texts: Vec::new(),
+            end: None,
+        }
+    }
+
+    /// Takes one part of the sub-agent's stream (its own sub-agents' parts
+    /// are not its answer).
+    pub(crate) fn observe(&mut self, part: &TaggedPart) {
+        if part.depth != 0 {
+            return;
+        }
+        match &part.part {
+            AgentStreamPart::MessageStart { .. } => self.texts.clear(),
+            AgentStreamPart::Text { text } => self.texts.push(text.clone()),
+            end @ (AgentStreamPart::Finish { .. } | AgentStreamPart::Error { .. }) => {
+                self.end = Some(end.clone());
+            }
+            _ => {}
+        }
+    }
+
+    pub(crate) fn finish(self) -> Result<String, ToolError> {
+        let agent = self.agent;
+        match self.end {
+            Some(AgentStreamPart::Finish {
+                reason: FinishReason::Aborted,
+            }) => Err(ToolError::new(
+                ToolErrorCode::Cancelled,
+                format!("the agent `{agent}` was stopped before it answered"),
+            )),
+            Some(AgentStreamPart::Error { message }) => Err(ToolError::new(
+                ToolErrorCode::ToolFailed,
+                format!("the agent `{agent}` failed: {message}"),
+            )),
+            Some(_) if self.texts.is_empty() => Err(ToolError::new(
+                ToolErrorCode::ToolFailed,
+                format!("the agent `{agent}` finished without an answer"),
+            )),
+            Some(_) => Ok(self.texts.join("\n")),
+            None => Err(ToolError::new(
+                ToolErrorCode::Unavailable,
+                format!("the run of the agent `{agent}` ended without a finish"),
+            )),
+        }
+    }
+}
+
+/// A handle to the delegator.
+#[derive(Clone)]
+pub(crate) struct DelegatorHandle {
+    pub(crate) slot: Arc<Slot<DelegatorMsg>>,
+    pub(crate) shared: Arc<DelegatorShared>,
+}
+
+impl DelegatorHandle {
+    pub(crate) fn max_depth(&self) -> u32 {
+        self.shared.max_depth
+    }
+
+    #[allow(dead_code)]
+    pub(crate) fn restarts(&self) -> u32 {
+        self.shared.restarts.load(Ordering::SeqCst)
+    }
+
+    async fn begin(&self, job: Job) -> Result<Answer, ToolError> {
+        let timeouts = self.shared.timeouts;
+        self.slot
+            .call(
+                |reply| DelegatorMsg::Delegate {
+                    job: job.clone(),
+                    reply,
+                },
+                timeouts.control,
+                timeouts.restart_wait,
+            )
+            .await
+            .unwrap_or_else(|error| Err(refused(&job.to, &error)))
+    }
+}
+
+/// What one run may delegate: its sub-agents, and where their parts go.
+pub(crate) struct DelegationScope {
+    pub(crate) delegator: DelegatorHandle,
+    /// The delegating agent.
+    pub(crate) agent: String,
+    pub(crate) sub_agents: Vec<SubAgentInfo>,
+    /// The delegating run's depth.
+    pub(crate) depth: u32,
+    pub(crate) sink: mpsc::Sender<TaggedPart>,
+    pub(crate) children: TaskTracker,
+}
+
+/// The tools one run sees: its sub-agents first, then its tool sources'
+/// tools (a source tool named like a sub-agent is hidden, so the name
+/// always means the agent).
+pub(crate) struct RunTools {
+    bridge: ToolBridgeHandle,
+    delegation: Option<DelegationScope>,
+}
+
+impl RunTools {
+    pub(crate) fn new(bridge: ToolBridgeHandle, delegation: Option<DelegationScope>) -> Self {
+        Self { bridge, delegation }
+    }
+
+    fn sub_agent(&self, name: &str) -> Option<&DelegationScope> {
+        self.delegation
+            .as_ref()
+            .filter(|d| d.sub_agents.iter().any(|s| s.name == name))
+    }
+}
+
+#[async_trait]
+impl ToolHost for RunTools {
+    async fn list_tools(&self) -> Vec<ToolDefinition> {
+        let mut tools: Vec<ToolDefinition> = self
+            .delegation
+            .iter()
+            .flat_map(|d| d.sub_agents.iter().map(delegation_tool))
+            .collect();
+        let own = self.bridge.list_tools().await;
+        tools.extend(
+            own.into_iter()
+                .filter(|t| self.sub_agent(&t.name).is_none()),
+        );
+        tools
+    }
+
+    async fn call_tool(
+        &self,
+        name: &str,
+        arguments: Value,
+        cancel: CancellationToken,
+    ) -> Result<String, ToolError> {
+        let Some(scope) = self.sub_agent(name) else {
+            return self.bridge.call_tool(name, arguments, cancel).await;
+        };
+        let Some(task) = arguments
+            .get("task")
+            .and_then(Value::as_str)
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+        else {
+            return Err(ToolError::new(
+                ToolErrorCode::InvalidArguments,
+                format!("{name} needs a task: {{\"task\": \"<what it should do>\"}}"),
+            ));
+        };
+        let job = Job {
+            from: scope.agent.clone(),
+            to: name.to_string(),
+            task: task.to_string(),
+            depth: scope.depth + 1,
+            cancel: cancel.clone(),
+            sink: scope.sink.clone(),
+            children: scope.children.clone(),
+            span: Span::current(),
+        };
+        let answer = scope.delegator.begin(job).await?;
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Err(ToolError::new(
+                ToolErrorCode::Cancelled,
+                format!("the task for `{name}` was cancelled"),
+            )),
+            answer = answer => answer.unwrap_or_else(|_| Err(ToolError::new(
+                ToolErrorCode::Unavailable,
+                format!("the run of the agent `{name}` went away without an answer"),
+            ))),
+        }
+    }
+
+    async fn page_context(&self) -> Option<PageContext> {
+        self.bridge.page_context().await
+    }
+}
