@@ -91,6 +91,9 @@ pub enum OrtError {
     /// The work was cancelled.
     #[error("cancelled")]
     Cancelled,
+    /// A decoding constraint could not be compiled or followed.
+    #[error("constraint: {0}")]
+    Constraint(String),
 }
 
 impl OrtError {
@@ -119,9 +122,10 @@ impl From<OrtError> for ProviderError {
             OrtError::Cancelled => ProviderError::Cancelled,
             OrtError::NotPrepared => ProviderError::NotReady(e.to_string()),
             OrtError::TooLong { tokens, limit } => ProviderError::TooLong { tokens, limit },
-            OrtError::Runtime(_) | OrtError::Tokenizer(_) | OrtError::Template(_) => {
-                ProviderError::Generation(e.to_string())
-            }
+            OrtError::Runtime(_)
+            | OrtError::Tokenizer(_)
+            | OrtError::Template(_)
+            | OrtError::Constraint(_) => ProviderError::Generation(e.to_string()),
             other => ProviderError::Load(other.to_string()),
         }
     }

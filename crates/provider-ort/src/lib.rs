@@ -94,6 +94,7 @@
 //! ```
 
 mod config;
+mod constraint;
 mod error;
 mod hub;
 mod model;
@@ -105,6 +106,9 @@ mod sampling;
 mod template;
 
 pub use config::{GRAPH_CANDIDATES, ModelConfig, ModelFiles, TokenizerConfig};
+pub use constraint::{
+    ConstraintEngine, ConstraintMatcher, MAX_JSON_WHITESPACE, loose_schema, tighten,
+};
 pub use error::OrtError;
 pub use hub::{DEFAULT_ENDPOINT, download};
 pub use model::{
@@ -114,7 +118,7 @@ pub use options::{DEFAULT_MAX_NEW_TOKENS, ExecutionProvider, OrtProviderOptions}
 pub use paths::{
     DEFAULT_MODEL_NAME, ModelSource, cache_dir, default_model_dir, dylib_path, hub_dir,
 };
-pub use provider::{OrtProvider, PROVIDER_NAME};
+pub use provider::{ConstraintTotals, OrtProvider, PROVIDER_NAME};
 pub use runtime::{FloatType, GraphIo, LayerIo};
 pub use sampling::{Sampler, SamplingOptions, argmax};
 pub use template::{CHATML_TEMPLATE, ChatTemplate};

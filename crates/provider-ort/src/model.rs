@@ -13,6 +13,7 @@ use ort::value::{DynValue, PrimitiveTensorElementType, Tensor};
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{ModelConfig, ModelFiles};
+use crate::constraint::ConstraintMatcher;
 use crate::error::OrtError;
 use crate::options::OrtProviderOptions;
 use crate::paths;
@@ -81,6 +82,14 @@ pub struct GenerationStats {
     pub time_to_first_token: Duration,
     /// Time of the whole generation.
     pub total_time: Duration,
+    /// Time spent on the decoding constraint: computing each token's mask
+    /// and advancing the grammar (part of `decode_time`, and of the prefill's
+    /// first token).
+    pub constraint_time: Duration,
+    /// Tokens chosen under a constraint mask.
+    pub constrained_tokens: usize,
+    /// Tokens generated, including any a constrained reply was cut back by.
+    pub generated_tokens: usize,
 }
 
 impl GenerationStats {
@@ -497,6 +506,27 @@ impl OrtModel {
         prompt: &[u32],
         params: &GenerateParams,
         cancel: &CancellationToken,
+        should_stop: impl FnMut(&[u32]) -> bool,
+    ) -> Result<IdGeneration, OrtError> {
+        self.generate_ids_constrained(prompt, params, None, cancel, should_stop)
+    }
+
+    /// [`generate_ids`](Self::generate_ids) under a grammar: before each
+    /// token the logits of every token `constraint` does not allow are
+    /// masked out, and the chosen token advances it.
+    ///
+    /// The generation ends when the grammar is complete and allows nothing
+    /// more, or when the model picks a stop token the grammar allows (the
+    /// grammar's end-of-sequence is the model's stop tokens). When the token
+    /// limit cuts a reply short of a complete output, the reply is cut back to
+    /// the last point where the grammar was complete (a whole call rather than
+    /// half of the next one); `stats` still counts every token generated.
+    pub fn generate_ids_constrained(
+        &mut self,
+        prompt: &[u32],
+        params: &GenerateParams,
+        mut constraint: Option<&mut ConstraintMatcher>,
+        cancel: &CancellationToken,
         mut should_stop: impl FnMut(&[u32]) -> bool,
     ) -> Result<IdGeneration, OrtError> {
         let start = Instant::now();
@@ -537,20 +567,47 @@ impl OrtModel {
 
         let mut sampler = Sampler::new(&params.sampling, prompt);
         let mut ids = Vec::new();
+        // Under a constraint: how many tokens made the last complete output.
+        let mut complete_at = 0;
         let decode_start = Instant::now();
         let reason = loop {
             if cancel.is_cancelled() {
                 return Err(OrtError::Cancelled);
+            }
+            if let Some(c) = constraint.as_deref_mut() {
+                let started = Instant::now();
+                c.mask_logits(&mut logits)?;
+                stats.constraint_time += started.elapsed();
+                stats.constrained_tokens += 1;
             }
             let id = sampler.sample(&mut logits);
             if ids.is_empty() {
                 stats.time_to_first_token = start.elapsed();
             }
             ids.push(id);
-            if params.stop_ids.contains(&id) || should_stop(&ids) {
+            stats.generated_tokens += 1;
+            let mut grammar_done = false;
+            if let Some(c) = constraint.as_deref_mut() {
+                let started = Instant::now();
+                if params.stop_ids.contains(&id) {
+                    // The mask only lets a stop token through where the
+                    // grammar is complete; nothing to advance.
+                } else {
+                    c.consume(id)?;
+                    grammar_done = c.is_finished();
+                    if c.is_accepting() {
+                        complete_at = ids.len();
+                    }
+                }
+                stats.constraint_time += started.elapsed();
+            }
+            if params.stop_ids.contains(&id) || grammar_done || should_stop(&ids) {
                 break StopReason::Stop;
             }
             if ids.len() >= max_new {
+                if constraint.is_some() && complete_at > 0 && complete_at < ids.len() {
+                    ids.truncate(complete_at);
+                }
                 break StopReason::Length;
             }
             // Checked again so that a cancellation during sampling or the

@@ -89,6 +89,10 @@ pub struct OrtProviderOptions {
     /// The context window. Default: `None`, meaning the model's
     /// `max_position_embeddings`. Lower it to bound memory.
     pub context_length: Option<u32>,
+    /// Honour decoding constraints (grammars) from the loop. Default: true.
+    /// When the tokenizer's vocabulary cannot be read for them, the provider
+    /// says it does not support constraints and ignores them.
+    pub constraints: bool,
 }
 
 impl Default for OrtProviderOptions {
@@ -109,6 +113,7 @@ impl Default for OrtProviderOptions {
             reuse_prefix: true,
             context_reserve: None,
             context_length: None,
+            constraints: true,
         }
     }
 }

@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use tokenizers::Tokenizer;
@@ -14,6 +14,7 @@ use wma_agent::{
 };
 
 use crate::config::{ModelConfig, ModelFiles, TokenizerConfig};
+use crate::constraint::{ConstraintEngine, ConstraintMatcher};
 use crate::error::OrtError;
 use crate::hub;
 use crate::model::{GenerateParams, IdGeneration, OrtModel, StopReason};
@@ -43,6 +44,8 @@ pub struct OrtProvider {
     /// Call format and tools-inline, known before `prepare` when the folder
     /// is local (the loop may ask before loading).
     traits: OnceLock<TemplateTraits>,
+    /// A seed that replaces the options' one (see [`OrtProvider::reseed`]).
+    seed: Mutex<Option<u64>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -76,6 +79,56 @@ struct Loaded {
     dir: PathBuf,
     /// The context window.
     context_length: usize,
+    /// Builds decoding constraints; `None` when turned off or when the
+    /// vocabulary could not be read for them (constraints are then ignored).
+    constraints: Option<ConstraintEngine>,
+    /// What constrained generations cost so far.
+    constraint_totals: Mutex<ConstraintTotals>,
+}
+
+/// What constrained decoding has cost since the model was loaded: the mask
+/// per token against the model's own time per token.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConstraintTotals {
+    /// Generations made under a constraint.
+    pub generations: usize,
+    /// Time compiling their grammars.
+    pub compile_time: Duration,
+    /// Tokens chosen under a mask.
+    pub tokens: usize,
+    /// Time computing masks and advancing grammars.
+    pub constraint_time: Duration,
+    /// Decode steps (one forward pass each) of those generations.
+    pub decode_steps: usize,
+    /// Time of those steps, the constraint's share included.
+    pub decode_time: Duration,
+}
+
+impl ConstraintTotals {
+    /// Mean constraint time per masked token.
+    pub fn per_token(&self) -> Duration {
+        self.constraint_time
+            .checked_div(self.tokens as u32)
+            .unwrap_or_default()
+    }
+
+    /// Mean time per decode step, without the constraint's share.
+    pub fn model_per_token(&self) -> Duration {
+        self.decode_time
+            .saturating_sub(self.constraint_time)
+            .checked_div(self.decode_steps as u32)
+            .unwrap_or_default()
+    }
+
+    /// The constraint's cost as a share of the model's time per token.
+    pub fn overhead(&self) -> f64 {
+        let model = self.model_per_token().as_secs_f64();
+        if model > 0.0 {
+            self.per_token().as_secs_f64() / model
+        } else {
+            0.0
+        }
+    }
 }
 
 impl std::fmt::Debug for OrtProvider {
@@ -110,6 +163,7 @@ impl OrtProvider {
             cache,
             loaded: OnceCell::new(),
             traits: OnceLock::new(),
+            seed: Mutex::new(None),
         };
         let dir = provider.source.folder(&provider.cache);
         if let Ok(Some(template)) = read_template(&dir) {
@@ -136,6 +190,31 @@ impl OrtProvider {
             .set(Arc::new(loaded))
             .map_err(|_| OrtError::NotPrepared)?;
         Ok(provider)
+    }
+
+    /// Seeds the sampling of the generations that follow (`None`: the
+    /// seed of the options). Lets a benchmark run the same request several
+    /// times with different, reproducible draws.
+    pub fn reseed(&self, seed: Option<u64>) {
+        *self.seed.lock().unwrap_or_else(|p| p.into_inner()) = seed;
+    }
+
+    /// The constraint engine, once prepared (none when constraints are off
+    /// or the vocabulary could not be read for them).
+    pub fn constraint_engine(&self) -> Result<Option<&ConstraintEngine>, OrtError> {
+        Ok(self.loaded()?.constraints.as_ref())
+    }
+
+    /// What constrained decoding has cost since the model was loaded.
+    pub fn constraint_totals(&self) -> ConstraintTotals {
+        self.loaded
+            .get()
+            .map(|l| {
+                *l.constraint_totals
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+            })
+            .unwrap_or_default()
     }
 
     /// The settings.
@@ -206,11 +285,15 @@ impl OrtProvider {
     }
 
     fn params(&self, request: &GenerateRequest, stop_ids: &[u32]) -> GenerateParams {
+        let mut sampling = self.options.sampling.clone();
+        if let Some(seed) = *self.seed.lock().unwrap_or_else(|p| p.into_inner()) {
+            sampling.seed = Some(seed);
+        }
         GenerateParams {
             max_new_tokens: request
                 .max_new_tokens
                 .unwrap_or(self.options.max_new_tokens) as usize,
-            sampling: self.options.sampling.clone(),
+            sampling,
             stop_ids: stop_ids.to_vec(),
         }
     }
@@ -250,6 +333,22 @@ impl Loaded {
             .map_err(|e| OrtError::Tokenizer(e.to_string()))
     }
 
+    /// A matcher for the request's constraint, when there is one and the
+    /// model can follow it. A grammar that does not compile is logged and
+    /// the generation goes on without it: a constraint helps, it is never
+    /// a reason to fail the run.
+    fn constraint_matcher(&self, request: &GenerateRequest) -> Option<ConstraintMatcher> {
+        let constraint = request.constraint.as_ref()?;
+        let engine = self.constraints.as_ref()?;
+        match engine.matcher(constraint, self.template.call_format()) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                tracing::warn!(error = %e, "the constraint could not be compiled; generating without it");
+                None
+            }
+        }
+    }
+
     /// Where the earliest stop string starts in `text`.
     fn stop_at(&self, text: &str) -> Option<usize> {
         self.stop_strings
@@ -283,14 +382,38 @@ impl Loaded {
                 }
             });
         }
+        let mut matcher = self.constraint_matcher(request);
         let setup = start.elapsed();
-        let generated = model.generate_ids(&prompt, params, cancel, |ids| {
-            // Stop strings may span tokens: look at the whole decoded answer.
-            self.decode(ids)
-                .is_ok_and(|text| self.stop_at(&text).is_some())
-        })?;
+        let generated =
+            model.generate_ids_constrained(&prompt, params, matcher.as_mut(), cancel, |ids| {
+                // Stop strings may span tokens: look at the whole decoded answer.
+                self.decode(ids)
+                    .is_ok_and(|text| self.stop_at(&text).is_some())
+            })?;
         drop(model);
         let IdGeneration { ids, reason, stats } = generated;
+        if let Some(m) = &matcher {
+            let mut totals = self
+                .constraint_totals
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            totals.generations += 1;
+            totals.compile_time += m.compile_time();
+            totals.tokens += stats.constrained_tokens;
+            totals.constraint_time += stats.constraint_time;
+            totals.decode_steps += stats.decode_steps;
+            totals.decode_time += stats.decode_time;
+            tracing::debug!(
+                compile_us = m.compile_time().as_micros() as u64,
+                masked_tokens = stats.constrained_tokens,
+                constraint_us_per_token = stats
+                    .constraint_time
+                    .checked_div(stats.constrained_tokens.max(1) as u32)
+                    .unwrap_or_default()
+                    .as_micros() as u64,
+                "constrained generation"
+            );
+        }
         let text_ids = match ids.last() {
             Some(last) if reason == StopReason::Stop && params.stop_ids.contains(last) => {
                 &ids[..ids.len() - 1]
@@ -304,7 +427,7 @@ impl Loaded {
         tracing::debug!(
             input_tokens = prompt.len(),
             cached_tokens = stats.cached_tokens,
-            output_tokens = ids.len(),
+            output_tokens = stats.generated_tokens,
             prefill_ms = stats.prefill_time.as_millis() as u64,
             decode_tok_s = stats.decode_tokens_per_second(),
             "generated"
@@ -312,7 +435,7 @@ impl Loaded {
         Ok(Generation {
             text,
             input_tokens: Some(prompt.len() as u32),
-            output_tokens: Some(ids.len() as u32),
+            output_tokens: Some(stats.generated_tokens as u32),
             cached_tokens: Some(stats.cached_tokens as u32),
             // Rendering, tokenizing and waiting for the model count too: the
             // caller waited for them.
@@ -403,6 +526,11 @@ fn load(
     if cancel.is_cancelled() {
         return Err(OrtError::Cancelled);
     }
+    let constraints = if options.constraints {
+        constraint_engine(&files, &tokenizer, &stop_ids, config.vocab_size)
+    } else {
+        None
+    };
     step(2, "load onnxruntime session");
     let model = OrtModel::load(&files, config, options)?;
     step(STEPS, "ready");
@@ -415,7 +543,29 @@ fn load(
         stop_strings,
         dir,
         context_length,
+        constraints,
+        constraint_totals: Mutex::new(ConstraintTotals::default()),
     })
+}
+
+/// The constraint engine for a model's vocabulary, or `None` (logged) when
+/// its tokenizer cannot be read for it: the provider then ignores constraints.
+fn constraint_engine(
+    files: &ModelFiles,
+    tokenizer: &Tokenizer,
+    stop_ids: &[u32],
+    vocab_size: Option<usize>,
+) -> Option<ConstraintEngine> {
+    let built = std::fs::read_to_string(&files.tokenizer)
+        .map_err(|e| OrtError::io(&files.tokenizer, e))
+        .and_then(|json| ConstraintEngine::new(&json, tokenizer.clone(), stop_ids, vocab_size));
+    match built {
+        Ok(engine) => Some(engine),
+        Err(e) => {
+            tracing::warn!(error = %e, "constrained decoding is unavailable for this model");
+            None
+        }
+    }
 }
 
 fn join_error(e: tokio::task::JoinError) -> ProviderError {
@@ -503,6 +653,10 @@ impl Provider for OrtProvider {
     }
 
     fn supports_constraints(&self) -> bool {
-        false
+        match self.loaded.get() {
+            Some(loaded) => loaded.constraints.is_some(),
+            // Before loading, what the options ask for.
+            None => self.options.constraints,
+        }
     }
 }

@@ -1,0 +1,634 @@
+//! Constrained decoding: a [`Constraint`] from the loop becomes an llguidance
+//! grammar, and the grammar becomes a mask over the vocabulary at every token.
+//!
+//! # The grammar
+//! Calls are written the way the model is taught ([`CallFormat`]):
+//!
+//! ```text
+//! start: text | calls                      (TextOrCalls; CallsOnly has no text)
+//! text:  TEXT                              prose that does not start a call
+//! calls: call (SEP call)* SEP?             one or more calls, a line apart
+//! call:  tool_0 | tool_1 | …               each tool its own alternative
+//! tool_0: %json { {"name": const, "arguments": <its input schema>} }
+//! ```
+//!
+//! Each tool is a separate alternative with the name as a `const`, so the
+//! arguments always follow the schema of the tool that was named. Prose may
+//! not contain `{` at all: a JSON object in prose would be read as a call by
+//! the loop's parser without having been checked by the grammar. For Hermes
+//! models each call is wrapped in `<tool_call>` … `</tool_call>`, and prose may
+//! not start with `<`.
+//!
+//! The JSON's whitespace is left to the model (a tiny model picks worse
+//! values when forced into compact JSON), but each run of it is bounded so
+//! that it cannot pad forever; `max_new_tokens` still caps the whole reply.
+//!
+//! # Schemas llguidance cannot compile
+//! A tool schema is tried as it is, then with llguidance's lenient mode
+//! (unknown keywords ignored), then as an object with the schema's property
+//! names and no value constraints, then as any object. Each step down is
+//! logged; the loop still validates every call against the real schema.
+//!
+//! # The vocabulary
+//! The token trie is built from the model's own `tokenizer.json` (the bytes
+//! of every token) and the crate's `tokenizers` object (to tokenize forced
+//! text), so no second tokenizer library is needed. The end-of-sequence set
+//! is the model's own stop tokens: a chat model ends its turn with
+//! `<|im_end|>`, not the tokenizer's `<|endoftext|>`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
+use llguidance::{Matcher, ParserFactory};
+use serde_json::{Map, Value, json};
+use tokenizers::Tokenizer;
+use wma_agent::{CallFormat, Constraint, ToolDefinition};
+
+use crate::error::OrtError;
+
+/// The longest run of whitespace the grammar allows between two JSON tokens
+/// (enough for a newline and the indentation of a pretty-printed call).
+pub const MAX_JSON_WHITESPACE: usize = 12;
+
+/// Whitespace the model may write between JSON tokens.
+fn json_whitespace() -> String {
+    format!("[\\x20\\x0A\\x0D\\x09]{{1,{MAX_JSON_WHITESPACE}}}")
+}
+
+/// Schemas whose compiled form is remembered; beyond this the memory is
+/// cleared (tool lists are small, but a long-running host sees many pages).
+const SCHEMA_CACHE_LIMIT: usize = 512;
+
+/// Builds grammars for one tokenizer and turns them into [`ConstraintMatcher`]s.
+///
+/// Made once per model (building the token trie takes tens of milliseconds);
+/// each generation then compiles its own grammar (milliseconds).
+pub struct ConstraintEngine {
+    /// Compiles grammars against the token trie.
+    factory: ParserFactory,
+    /// Whether `<tool_call>` is a special token (then the grammar names the
+    /// token instead of spelling the text).
+    tool_call_token: bool,
+    /// Tool schema (as JSON text) → the schema the grammar uses for it, so a
+    /// schema is only probed once.
+    schemas: Mutex<HashMap<String, ArgumentsSchema>>,
+}
+
+/// What the grammar uses for one tool's arguments.
+#[derive(Debug, Clone)]
+struct ArgumentsSchema {
+    /// The schema.
+    schema: Value,
+    /// Whether llguidance must ignore keywords it does not implement.
+    lenient: bool,
+}
+
+impl std::fmt::Debug for ConstraintEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConstraintEngine")
+            .field(
+                "vocab_size",
+                &self.factory.tok_env().tok_trie().vocab_size(),
+            )
+            .field("eos", &self.factory.tok_env().tok_trie().eos_tokens())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConstraintEngine {
+    /// An engine for a tokenizer: `tokenizer_json` is the text of its
+    /// `tokenizer.json`, `tokenizer` the same file loaded, `stop_ids` the
+    /// tokens that end the model's turn (the grammar's end-of-sequence), and
+    /// `vocab_size` the width of the model's logits when known (a padded
+    /// vocabulary gets placeholder tokens that are never allowed).
+    pub fn new(
+        tokenizer_json: &str,
+        tokenizer: Tokenizer,
+        stop_ids: &[u32],
+        vocab_size: Option<usize>,
+    ) -> Result<Self, OrtError> {
+        let invalid = |reason: String| OrtError::invalid("tokenizer.json", reason);
+        let json: Value =
+            serde_json::from_str(tokenizer_json).map_err(|e| invalid(e.to_string()))?;
+        let mut token_bytes = llguidance::token_bytes_from_tokenizer_json(&json)
+            .map_err(|e| invalid(format!("cannot read the vocabulary for constraints: {e}")))?;
+        let size = token_bytes
+            .len()
+            .max(tokenizer.get_vocab_size(true))
+            .max(vocab_size.unwrap_or(0));
+        // Ids with no bytes (gaps, padding up to the logits' width) become
+        // special placeholders, which a grammar never allows.
+        token_bytes.resize(size, Vec::new());
+        for (id, bytes) in token_bytes.iter_mut().enumerate() {
+            if bytes.is_empty() {
+                let mut name = format!(".<[{id}]>").into_bytes();
+                name[0] = TokTrie::SPECIAL_TOKEN_MARKER;
+                *bytes = name;
+            }
+        }
+        let eos: Vec<TokenId> = stop_ids
+            .iter()
+            .copied()
+            .filter(|&id| (id as usize) < size)
+            .collect();
+        let Some(&first_eos) = eos.first() else {
+            return Err(invalid(
+                "the model has no end-of-sequence token in its vocabulary".into(),
+            ));
+        };
+        let info = TokRxInfo::new(size as u32, first_eos);
+        let trie = TokTrie::from(&info, &token_bytes).with_eos_tokens(&eos);
+        let tool_call_token = trie.get_special_token("<tool_call>").is_some();
+        let env: TokEnv = Arc::new(VocabEnv { trie, tokenizer });
+        let mut factory = ParserFactory::new_simple(&env)
+            .map_err(|e| invalid(format!("cannot prepare constraints: {e}")))?;
+        // Grammar warnings go to `tracing`, not stderr.
+        factory.quiet();
+        Ok(Self {
+            factory,
+            tool_call_token,
+            schemas: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The vocabulary size the masks cover.
+    pub fn vocab_size(&self) -> usize {
+        self.factory.tok_env().tok_trie().vocab_size()
+    }
+
+    /// The tokens that end a constrained generation.
+    pub fn eos_tokens(&self) -> Vec<u32> {
+        self.factory.tok_env().tok_trie().eos_tokens().to_vec()
+    }
+
+    /// The Lark grammar for a constraint, with calls in `format`.
+    pub fn grammar(&self, constraint: &Constraint, format: CallFormat) -> String {
+        match constraint {
+            Constraint::TextOrCalls { tools } => self.calls_grammar(tools, format, true),
+            Constraint::CallsOnly { tools } => self.calls_grammar(tools, format, false),
+            Constraint::JsonSchema { schema } => {
+                format!("start: %json {}", json_text(&self.usable_schema(schema)))
+            }
+            Constraint::Grammar { lark } => lark.clone(),
+        }
+    }
+
+    /// A matcher for one generation under `constraint`.
+    pub fn matcher(
+        &self,
+        constraint: &Constraint,
+        format: CallFormat,
+    ) -> Result<ConstraintMatcher, OrtError> {
+        let lark = self.grammar(constraint, format);
+        let started = Instant::now();
+        let parser = self
+            .factory
+            .create_parser(TopLevelGrammar::from_lark(lark))
+            .map_err(|e| OrtError::Constraint(e.to_string()))?;
+        let mut matcher = Matcher::new(Ok(parser));
+        for warning in matcher.grammar_warnings() {
+            tracing::debug!(%warning, "constraint grammar");
+        }
+        if let Some(e) = matcher.get_error() {
+            return Err(OrtError::Constraint(e));
+        }
+        Ok(ConstraintMatcher {
+            matcher,
+            compile_time: started.elapsed(),
+            mask_time: Duration::ZERO,
+            masks: 0,
+        })
+    }
+
+    fn calls_grammar(&self, tools: &[ToolDefinition], format: CallFormat, text: bool) -> String {
+        let mut out = String::new();
+        if text && !tools.is_empty() {
+            out.push_str("start: text | calls\n");
+        } else if tools.is_empty() {
+            // Nothing to call: only prose is possible.
+            out.push_str("start: text\n");
+        } else {
+            out.push_str("start: calls\n");
+        }
+        if text || tools.is_empty() {
+            out.push_str("text: TEXT\n");
+            // Prose never holds `{` (the parser would read JSON in it as a
+            // call), and never starts with whitespace or, for Hermes, `<`.
+            match format {
+                CallFormat::Json => out.push_str("TEXT: /[^{\\s][^{]*/\n"),
+                CallFormat::Hermes => out.push_str("TEXT: /[^{<\\s][^{]*/\n"),
+            }
+        }
+        if tools.is_empty() {
+            return out;
+        }
+        // Calls a line apart; a last newline lets the model end after a call
+        // without being pushed into another one.
+        out.push_str("calls: call (SEP call)* SEP?\n");
+        out.push_str("SEP: /[ \\t]*\\n[ \\t\\n]{0,3}/\n");
+        let alternatives: Vec<String> = (0..tools.len()).map(|i| format!("tool_{i}")).collect();
+        match format {
+            CallFormat::Json => {
+                out.push_str(&format!("call: {}\n", alternatives.join(" | ")));
+            }
+            CallFormat::Hermes => {
+                let (open, close) = if self.tool_call_token {
+                    ("<tool_call>", "</tool_call>")
+                } else {
+                    ("\"<tool_call>\"", "\"</tool_call>\"")
+                };
+                out.push_str(&format!(
+                    "call: {open} HWS? ({}) HWS? {close}\n",
+                    alternatives.join(" | ")
+                ));
+                out.push_str("HWS: /[ \\t\\n]{1,3}/\n");
+            }
+        }
+        for (i, tool) in tools.iter().enumerate() {
+            let args = self.arguments_schema(tool);
+            let mut arguments = args.schema;
+            let mut call = Map::new();
+            call.insert("type".into(), "object".into());
+            // `$ref`s point into the arguments schema's own root; embedded
+            // under "arguments" they resolve against the call's root, so the
+            // definitions move there.
+            if let Value::Object(map) = &mut arguments {
+                for key in ["$defs", "definitions"] {
+                    if let Some(defs) = map.remove(key) {
+                        call.insert(key.into(), defs);
+                    }
+                }
+            }
+            call.insert(
+                "properties".into(),
+                json!({"name": {"const": tool.name}, "arguments": arguments}),
+            );
+            call.insert("required".into(), json!(["name", "arguments"]));
+            call.insert("additionalProperties".into(), Value::Bool(false));
+            call.insert("x-guidance".into(), guidance_options(args.lenient));
+            out.push_str(&format!(
+                "tool_{i}: %json {}\n",
+                json_text(&Value::Object(call))
+            ));
+        }
+        out
+    }
+
+    /// The schema the grammar uses for a tool's arguments: the tool's own
+    /// when llguidance can compile it, else a looser one (logged).
+    fn arguments_schema(&self, tool: &ToolDefinition) -> ArgumentsSchema {
+        let key = json_text(&tool.input_schema);
+        if let Some(found) = self.schema_cache().get(&key) {
+            return found.clone();
+        }
+        let strict = tighten(&tool.input_schema);
+        let usable = if self.compiles(&strict, false) {
+            ArgumentsSchema {
+                schema: strict,
+                lenient: false,
+            }
+        } else if self.compiles(&strict, true) {
+            tracing::warn!(
+                tool = %tool.name,
+                "constraint: the schema has keywords llguidance does not implement; the grammar ignores them"
+            );
+            ArgumentsSchema {
+                schema: strict,
+                lenient: true,
+            }
+        } else {
+            let loose = loose_schema(&tool.input_schema);
+            let schema = if self.compiles(&loose, false) {
+                tracing::warn!(
+                    tool = %tool.name,
+                    "constraint: the schema cannot be compiled; the grammar only checks its property names"
+                );
+                loose
+            } else {
+                tracing::warn!(
+                    tool = %tool.name,
+                    "constraint: the schema cannot be compiled; the grammar allows any object"
+                );
+                json!({"type": "object"})
+            };
+            ArgumentsSchema {
+                schema,
+                lenient: false,
+            }
+        };
+        let mut cache = self.schema_cache();
+        if cache.len() >= SCHEMA_CACHE_LIMIT {
+            cache.clear();
+        }
+        cache.insert(key, usable.clone());
+        usable
+    }
+
+    /// A whole-output schema (JSON-schema constraints): the schema when it
+    /// compiles, else lenient, else any JSON value.
+    fn usable_schema(&self, schema: &Value) -> Value {
+        let mut with_options = schema.clone();
+        if let Value::Object(map) = &mut with_options {
+            map.entry("x-guidance")
+                .or_insert_with(|| guidance_options(false));
+        }
+        if self.compiles(&with_options, false) {
+            return with_options;
+        }
+        if let Value::Object(map) = &mut with_options {
+            map.insert("x-guidance".into(), guidance_options(true));
+        }
+        if self.compiles(&with_options, false) {
+            tracing::warn!("constraint: schema keywords llguidance does not implement are ignored");
+            return with_options;
+        }
+        tracing::warn!("constraint: schema cannot be compiled; any JSON value is allowed");
+        json!({"x-guidance": guidance_options(false)})
+    }
+
+    /// Whether llguidance compiles `schema` (as a tool's arguments).
+    fn compiles(&self, schema: &Value, lenient: bool) -> bool {
+        let mut probe = schema.clone();
+        if let Value::Object(map) = &mut probe {
+            map.insert("x-guidance".into(), guidance_options(lenient));
+        }
+        let grammar = TopLevelGrammar::from_lark(format!("start: %json {}", json_text(&probe)));
+        match self.factory.create_parser(grammar) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::debug!(error = %e, "constraint: schema does not compile");
+                false
+            }
+        }
+    }
+
+    fn schema_cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, ArgumentsSchema>> {
+        // The cache only ever holds finished entries; a panic elsewhere
+        // cannot leave it half-written.
+        self.schemas.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One generation's grammar state: which tokens may come next, and whether
+/// the output could end here.
+pub struct ConstraintMatcher {
+    /// llguidance's matcher.
+    matcher: Matcher,
+    /// Time to compile the grammar.
+    compile_time: Duration,
+    /// Time spent computing masks so far.
+    mask_time: Duration,
+    /// Masks computed so far.
+    masks: usize,
+}
+
+impl std::fmt::Debug for ConstraintMatcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConstraintMatcher")
+            .field("stopped", &self.matcher.is_stopped())
+            .field("masks", &self.masks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConstraintMatcher {
+    /// Sets the logits of every token the grammar does not allow next to
+    /// negative infinity. Logits past the vocabulary are disallowed too.
+    pub fn mask_logits(&mut self, logits: &mut [f32]) -> Result<(), OrtError> {
+        let started = Instant::now();
+        let mask = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| OrtError::Constraint(e.to_string()))?;
+        let words = mask.as_slice();
+        for (w, chunk) in logits.chunks_mut(32).enumerate() {
+            let word = words.get(w).copied().unwrap_or(0);
+            if word == u32::MAX {
+                continue;
+            }
+            for (bit, logit) in chunk.iter_mut().enumerate() {
+                if word & (1 << bit) == 0 {
+                    *logit = f32::NEG_INFINITY;
+                }
+            }
+        }
+        self.mask_time += started.elapsed();
+        self.masks += 1;
+        Ok(())
+    }
+
+    /// Whether the grammar allows `token` next (computes the mask).
+    pub fn allows(&mut self, token: u32) -> Result<bool, OrtError> {
+        let mask = self
+            .matcher
+            .compute_mask_or_eos()
+            .map_err(|e| OrtError::Constraint(e.to_string()))?;
+        Ok(mask.is_allowed(token))
+    }
+
+    /// Advances past `token`; fails when the grammar does not allow it.
+    pub fn consume(&mut self, token: u32) -> Result<(), OrtError> {
+        self.matcher
+            .consume_token(token)
+            .map_err(|e| OrtError::Constraint(e.to_string()))
+    }
+
+    /// Whether the output so far is complete (the grammar allows ending here).
+    pub fn is_accepting(&mut self) -> bool {
+        self.matcher.is_accepting().unwrap_or(false)
+    }
+
+    /// Whether nothing but the end may follow (the generation is complete).
+    pub fn is_finished(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
+    /// Feeds `tokens` one by one; returns how many were allowed (stopping at
+    /// the first that was not). For tests and diagnostics.
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<usize, OrtError> {
+        for (i, &t) in tokens.iter().enumerate() {
+            if !self.allows(t)? {
+                return Ok(i);
+            }
+            self.consume(t)?;
+        }
+        Ok(tokens.len())
+    }
+
+    /// Time to compile the grammar.
+    pub fn compile_time(&self) -> Duration {
+        self.compile_time
+    }
+
+    /// Time spent computing masks, and how many were computed.
+    pub fn mask_stats(&self) -> (Duration, usize) {
+        (self.mask_time, self.masks)
+    }
+}
+
+/// The JSON options of every embedded schema: whitespace chosen by the model
+/// but bounded, `oneOf` read as `anyOf` (llguidance cannot check "exactly
+/// one"; the loop's validation still does), and optionally lenient.
+fn guidance_options(lenient: bool) -> Value {
+    json!({
+        "whitespace_pattern": json_whitespace(),
+        "coerce_one_of": true,
+        "lenient": lenient,
+    })
+}
+
+fn json_text(value: &Value) -> String {
+    // Serializing a Value cannot fail.
+    serde_json::to_string(value).unwrap_or_else(|_| "{}".into())
+}
+
+/// The schema as the grammar uses it: an object schema, and objects that list
+/// their properties take no others unless they say so. A model should only
+/// write the arguments a tool declares; the tool's own validation may be
+/// more forgiving, but an invented argument is never what the person wants.
+pub fn tighten(schema: &Value) -> Value {
+    let mut out = match schema {
+        Value::Object(map) if !map.is_empty() => schema.clone(),
+        // `{}` or `true`: any arguments object.
+        _ => return json!({"type": "object"}),
+    };
+    if let Value::Object(map) = &mut out
+        && !map.contains_key("type")
+        && !map.contains_key("$ref")
+        && !map.contains_key("anyOf")
+        && !map.contains_key("oneOf")
+        && !map.contains_key("allOf")
+    {
+        map.insert("type".into(), "object".into());
+    }
+    close_objects(&mut out);
+    out
+}
+
+fn close_objects(schema: &mut Value) {
+    let Value::Object(map) = schema else {
+        return;
+    };
+    let lists_properties = map
+        .get("properties")
+        .and_then(Value::as_object)
+        .is_some_and(|p| !p.is_empty());
+    if lists_properties
+        && !map.contains_key("additionalProperties")
+        && !map.contains_key("patternProperties")
+    {
+        map.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for key in ["properties", "$defs", "definitions", "patternProperties"] {
+        if let Some(Value::Object(children)) = map.get_mut(key) {
+            children.values_mut().for_each(close_objects);
+        }
+    }
+    for key in ["items", "additionalProperties", "not"] {
+        if let Some(child) = map.get_mut(key) {
+            close_objects(child);
+        }
+    }
+    for key in ["anyOf", "oneOf", "allOf", "prefixItems"] {
+        if let Some(Value::Array(children)) = map.get_mut(key) {
+            children.iter_mut().for_each(close_objects);
+        }
+    }
+}
+
+/// An object with the schema's property names (any values) and its required
+/// list: what the grammar checks when the real schema cannot be compiled.
+pub fn loose_schema(schema: &Value) -> Value {
+    let names: Vec<String> = schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|p| p.keys().cloned().collect())
+        .unwrap_or_default();
+    if names.is_empty() {
+        return json!({"type": "object"});
+    }
+    let properties: Map<String, Value> = names.iter().map(|n| (n.clone(), json!({}))).collect();
+    let required: Vec<Value> = schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| {
+            r.iter()
+                .filter(|n| n.as_str().is_some_and(|n| names.iter().any(|m| m == n)))
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    json!({
+        "type": "object",
+        "properties": properties,
+        "required": required,
+        "additionalProperties": false,
+    })
+}
+
+/// llguidance's view of the vocabulary: the token trie, plus our tokenizer
+/// for the text a grammar forces.
+struct VocabEnv {
+    /// Every token's bytes, with the model's stop tokens as end-of-sequence.
+    trie: TokTrie,
+    /// The model's tokenizer.
+    tokenizer: Tokenizer,
+}
+
+impl TokenizerEnv for VocabEnv {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
+        self.trie.tokenize_with_greedy_fallback(s, |text| {
+            self.tokenizer
+                .encode(text, false)
+                .map(|e| e.get_ids().to_vec())
+                // The trie's greedy tokenization is the fallback when the
+                // tokenizer refuses the text.
+                .unwrap_or_else(|_| self.trie.greedy_tokenize(text.as_bytes()))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tighten_closes_objects_that_list_properties() {
+        let schema = json!({"properties": {
+            "q": {"type": "string"},
+            "opts": {"type": "object", "properties": {"n": {"type": "integer"}}},
+            "free": {"type": "object"},
+            "open": {"type": "object", "properties": {"a": {}}, "additionalProperties": true},
+        }});
+        let t = tighten(&schema);
+        assert_eq!(t["type"], "object");
+        assert_eq!(t["additionalProperties"], false);
+        assert_eq!(t["properties"]["opts"]["additionalProperties"], false);
+        assert!(
+            t["properties"]["free"]
+                .get("additionalProperties")
+                .is_none()
+        );
+        assert_eq!(t["properties"]["open"]["additionalProperties"], true);
+        assert_eq!(tighten(&json!({})), json!({"type": "object"}));
+    }
+
+    #[test]
+    fn loose_schema_keeps_names_and_required() {
+        let schema = json!({"type": "object",
+            "properties": {"a": {"type": "weird"}, "b": {"x-odd": 1}},
+            "required": ["a", "zzz"]});
+        assert_eq!(
+            loose_schema(&schema),
+            json!({"type": "object", "properties": {"a": {}, "b": {}},
+                "required": ["a"], "additionalProperties": false})
+        );
+    }
+}

@@ -1,0 +1,259 @@
+//! The decoding constraint on the default model's real vocabulary: what the
+//! grammar admits and rejects, token by token, without running the model.
+//! Needs only `tokenizer.json` of the default model (`scripts/setup.sh`).
+
+use std::path::PathBuf;
+
+use serde_json::json;
+use tokenizers::Tokenizer;
+use wma_agent::{CallFormat, Constraint, ToolDefinition};
+use wma_provider_ort::{ConstraintEngine, MAX_JSON_WHITESPACE, cache_dir, default_model_dir};
+
+/// SmolLM2's `<|im_end|>`, the token its chat turns end with.
+const IM_END: u32 = 2;
+/// SmolLM2's `<|endoftext|>`, which is not how a chat turn ends.
+const END_OF_TEXT: u32 = 0;
+
+fn tokenizer_file() -> PathBuf {
+    let file = default_model_dir(&cache_dir().expect("no cache folder: set WMA_CACHE_DIR"))
+        .join("tokenizer.json");
+    assert!(
+        file.is_file(),
+        "the default model's tokenizer is missing at {}: run scripts/setup.sh",
+        file.display()
+    );
+    file
+}
+
+struct Fixture {
+    engine: ConstraintEngine,
+    tokenizer: Tokenizer,
+}
+
+fn fixture() -> Fixture {
+    let file = tokenizer_file();
+    let text = std::fs::read_to_string(&file).unwrap();
+    let tokenizer = Tokenizer::from_file(&file).unwrap();
+    let engine = ConstraintEngine::new(&text, tokenizer.clone(), &[IM_END], Some(49152)).unwrap();
+    Fixture { engine, tokenizer }
+}
+
+fn tools() -> Vec<ToolDefinition> {
+    vec![
+        ToolDefinition::new(
+            "search",
+            "Search the catalogue.",
+            json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}),
+        ),
+        ToolDefinition::new(
+            "add_to_cart",
+            "Add a product to the cart.",
+            json!({"type": "object", "properties": {
+                "product_id": {"type": "string"},
+                "quantity": {"type": "integer", "minimum": 1}
+            }, "required": ["product_id"]}),
+        ),
+    ]
+}
+
+impl Fixture {
+    /// Whether the whole text is admitted and may end there (the stop token
+    /// is allowed after it).
+    fn admits(&self, constraint: &Constraint, format: CallFormat, text: &str) -> bool {
+        let ids = self
+            .tokenizer
+            .encode(text, false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
+        let mut m = self.engine.matcher(constraint, format).unwrap();
+        m.feed(&ids).unwrap() == ids.len() && m.allows(IM_END).unwrap()
+    }
+
+    /// Whether the text is admitted as a prefix (possibly unfinished).
+    fn admits_prefix(&self, constraint: &Constraint, text: &str) -> bool {
+        let ids = self
+            .tokenizer
+            .encode(text, false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
+        let mut m = self.engine.matcher(constraint, CallFormat::Json).unwrap();
+        m.feed(&ids).unwrap() == ids.len()
+    }
+}
+
+#[test]
+fn text_or_calls_admits_each_shown_tool_and_prose() {
+    let f = fixture();
+    let c = Constraint::TextOrCalls { tools: tools() };
+    for text in [
+        r#"{"name": "search", "arguments": {"query": "red shoes"}}"#,
+        r#"{"name": "add_to_cart", "arguments": {"product_id": "p-17", "quantity": 2}}"#,
+        r#"{"name":"add_to_cart","arguments":{"product_id":"p-17"}}"#,
+        "{\n  \"name\": \"add_to_cart\",\n  \"arguments\": {\n    \"product_id\": \"p-17\",\n    \"quantity\": 2\n  }\n}",
+        "I found three red shoes for you.",
+        "{\"name\": \"search\", \"arguments\": {\"query\": \"a\"}}\n{\"name\": \"search\", \"arguments\": {\"query\": \"b\"}}",
+        "{\"name\": \"search\", \"arguments\": {\"query\": \"a\"}}\n",
+    ] {
+        assert!(
+            f.admits(&c, CallFormat::Json, text),
+            "should admit {text:?}"
+        );
+    }
+}
+
+#[test]
+fn calls_that_break_the_schema_or_name_an_unshown_tool_are_rejected() {
+    let f = fixture();
+    let c = Constraint::TextOrCalls { tools: tools() };
+    for text in [
+        // A tool that was not shown.
+        r#"{"name": "checkout", "arguments": {}}"#,
+        // A string where an integer is wanted.
+        r#"{"name": "add_to_cart", "arguments": {"product_id": "p-17", "quantity": "two"}}"#,
+        // Below the minimum.
+        r#"{"name": "add_to_cart", "arguments": {"product_id": "p-17", "quantity": 0}}"#,
+        // An argument the tool does not have.
+        r#"{"name": "add_to_cart", "arguments": {"product_id": "p-17", "colour": "red"}}"#,
+        // The arguments of another tool.
+        r#"{"name": "search", "arguments": {"product_id": "p-17"}}"#,
+        // Prose with JSON in it: the parser would read it as a call.
+        r#"Sure: {"name": "search", "arguments": {"query": "x"}}"#,
+        // Prose that starts with whitespace.
+        " hello",
+    ] {
+        assert!(
+            !f.admits_prefix(&c, text),
+            "should reject {text:?} before its end"
+        );
+    }
+    // A required argument missing: every token is admitted up to the close,
+    // but the object cannot end there.
+    assert!(!f.admits(
+        &c,
+        CallFormat::Json,
+        r#"{"name": "add_to_cart", "arguments": {}}"#
+    ));
+    // Half a call cannot end the reply.
+    assert!(!f.admits(
+        &c,
+        CallFormat::Json,
+        r#"{"name": "search", "arguments": {"query": "x""#
+    ));
+}
+
+#[test]
+fn calls_only_rejects_prose() {
+    let f = fixture();
+    let c = Constraint::CallsOnly { tools: tools() };
+    assert!(!f.admits_prefix(&c, "I will"));
+    assert!(f.admits(
+        &c,
+        CallFormat::Json,
+        r#"{"name": "search", "arguments": {"query": "red shoes"}}"#
+    ));
+}
+
+#[test]
+fn the_end_is_the_models_own_stop_token() {
+    let f = fixture();
+    assert_eq!(f.engine.eos_tokens(), vec![IM_END]);
+    let c = Constraint::CallsOnly { tools: tools() };
+    let text = r#"{"name": "search", "arguments": {"query": "x"}}"#;
+    let ids = f.tokenizer.encode(text, false).unwrap().get_ids().to_vec();
+    let mut m = f.engine.matcher(&c, CallFormat::Json).unwrap();
+    // Not before the call is complete…
+    assert!(!m.allows(IM_END).unwrap());
+    assert_eq!(m.feed(&ids).unwrap(), ids.len());
+    // …then `<|im_end|>`, never `<|endoftext|>`.
+    assert!(m.is_accepting());
+    assert!(m.allows(IM_END).unwrap());
+    assert!(!m.allows(END_OF_TEXT).unwrap());
+}
+
+#[test]
+fn json_whitespace_is_free_but_bounded() {
+    let f = fixture();
+    let c = Constraint::CallsOnly { tools: tools() };
+    let spaced = |n: usize| {
+        format!(
+            "{{\"name\": \"search\",{}\"arguments\": {{\"query\": \"x\"}}}}",
+            " ".repeat(n)
+        )
+    };
+    assert!(f.admits(&c, CallFormat::Json, &spaced(MAX_JSON_WHITESPACE)));
+    assert!(!f.admits_prefix(&c, &spaced(MAX_JSON_WHITESPACE + 1)));
+}
+
+#[test]
+fn hermes_calls_are_wrapped_in_tool_call_tags() {
+    let f = fixture();
+    let c = Constraint::TextOrCalls { tools: tools() };
+    assert!(f.admits(
+        &c,
+        CallFormat::Hermes,
+        "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}\n</tool_call>"
+    ));
+    assert!(!f.admits(
+        &c,
+        CallFormat::Hermes,
+        r#"{"name": "search", "arguments": {"query": "x"}}"#
+    ));
+    assert!(f.admits(&c, CallFormat::Hermes, "No tool fits."));
+}
+
+#[test]
+fn a_schema_llguidance_cannot_compile_falls_back_to_its_property_names() {
+    let f = fixture();
+    let odd = ToolDefinition::new(
+        "odd",
+        "A tool with a schema llguidance does not know.",
+        json!({"type": "object", "properties": {
+            "when": {"type": "string", "format": "no-such-format"},
+            "what": {"type": "mystery"}
+        }, "required": ["what"]}),
+    );
+    let c = Constraint::CallsOnly { tools: vec![odd] };
+    assert!(f.admits(
+        &c,
+        CallFormat::Json,
+        r#"{"name": "odd", "arguments": {"when": "now", "what": [1, 2]}}"#
+    ));
+    assert!(!f.admits_prefix(&c, r#"{"name": "odd", "arguments": {"other": 1}}"#));
+}
+
+#[test]
+fn definitions_of_a_schema_still_resolve_inside_the_call() {
+    let f = fixture();
+    let tool = ToolDefinition::new(
+        "pick",
+        "Pick a colour.",
+        json!({"type": "object",
+            "properties": {"colour": {"$ref": "#/$defs/colour"}},
+            "required": ["colour"],
+            "$defs": {"colour": {"enum": ["red", "blue"]}}}),
+    );
+    let c = Constraint::CallsOnly { tools: vec![tool] };
+    assert!(f.admits(
+        &c,
+        CallFormat::Json,
+        r#"{"name": "pick", "arguments": {"colour": "red"}}"#
+    ));
+    assert!(!f.admits_prefix(&c, r#"{"name": "pick", "arguments": {"colour": "green"}}"#));
+}
+
+#[test]
+fn json_schema_and_grammar_constraints_work_too() {
+    let f = fixture();
+    let schema = Constraint::JsonSchema {
+        schema: json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}),
+    };
+    assert!(f.admits(&schema, CallFormat::Json, r#"{"n": 3}"#));
+    assert!(!f.admits_prefix(&schema, r#"{"n": "3"}"#));
+    let lark = Constraint::Grammar {
+        lark: r#"start: "yes" | "no""#.into(),
+    };
+    assert!(f.admits(&lark, CallFormat::Json, "yes"));
+    assert!(!f.admits_prefix(&lark, "maybe"));
+}
