@@ -821,3 +821,69 @@ async fn the_local_adapter_runs_the_loop_with_its_options_and_the_providers_inli
         "{system}"
     );
 }
+
+#[tokio::test]
+async fn dropping_the_stream_cancels_the_generation_in_flight() {
+    use futures::StreamExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use webmcp_agents::agent::{
+        CallFormat, GenerateRequest, Generation, ProgressFn, Provider, ProviderError, ProviderInfo,
+    };
+
+    /// A provider that waits for its token and records that it saw it.
+    struct Waiting(Arc<AtomicBool>);
+
+    #[async_trait::async_trait]
+    impl Provider for Waiting {
+        fn info(&self) -> ProviderInfo {
+            ProviderInfo::default()
+        }
+        async fn prepare(
+            &self,
+            _: ProgressFn,
+            _: tokio_util::sync::CancellationToken,
+        ) -> Result<(), ProviderError> {
+            Ok(())
+        }
+        async fn generate(
+            &self,
+            _: GenerateRequest,
+            cancel: tokio_util::sync::CancellationToken,
+        ) -> Result<Generation, ProviderError> {
+            let seen = self.0.clone();
+            // Like a model on a blocking thread: it goes on until told to stop.
+            tokio::spawn(async move {
+                cancel.cancelled().await;
+                seen.store(true, Ordering::SeqCst);
+            });
+            futures::future::pending().await
+        }
+        async fn fits(&self, _: &GenerateRequest) -> Result<bool, ProviderError> {
+            Ok(true)
+        }
+        fn call_format(&self) -> CallFormat {
+            CallFormat::Json
+        }
+        fn tools_inline(&self) -> bool {
+            true
+        }
+    }
+
+    let seen = Arc::new(AtomicBool::new(false));
+    let mut parts =
+        webmcp_agents::agent::run_local_agent(Waiting(seen.clone()), ask("hi", shop()), inline());
+    assert!(matches!(
+        parts.next().await,
+        Some(AgentStreamPart::MessageStart { step: 1 })
+    ));
+    // Poll once more so the generation starts, then give up on the run.
+    let _ = tokio::time::timeout(Duration::from_millis(50), parts.next()).await;
+    drop(parts);
+    for _ in 0..200 {
+        if seen.load(Ordering::SeqCst) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("the provider's token was not cancelled when the stream was dropped");
+}

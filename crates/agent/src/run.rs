@@ -546,6 +546,9 @@ impl<P: Provider + 'static> Run<P> {
             error.type = field::Empty,
         );
         let token = self.cancel.child_token();
+        // Cancels the provider's work however this function ends: a lost
+        // race, or the whole run dropped with its stream mid-generation.
+        let _stop_provider = token.clone().drop_guard();
         let generation = self.provider.generate(request, token.clone());
         let outcome = async {
             tokio::select! {
@@ -563,8 +566,6 @@ impl<P: Provider + 'static> Run<P> {
         }
         .instrument(span.clone())
         .await;
-        // Whatever ended the race, the provider must stop working for it.
-        token.cancel();
         match &outcome {
             Ok(g) => {
                 if let Some(n) = g.input_tokens {
@@ -694,6 +695,9 @@ impl<P: Provider + 'static> Run<P> {
             error.type = field::Empty,
         );
         let token = self.cancel.child_token();
+        // Cancels the call however this function ends, the run's stream
+        // being dropped included.
+        let _stop_call = token.clone().drop_guard();
         let result = async {
             tokio::select! {
                 biased;
@@ -703,7 +707,6 @@ impl<P: Provider + 'static> Run<P> {
         }
         .instrument(span.clone())
         .await;
-        token.cancel();
         match &result {
             Some(Err(error)) => {
                 span.record("error.type", error.code.as_str());
