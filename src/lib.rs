@@ -8,6 +8,8 @@
 //! - [`telemetry`]: tracing with OpenTelemetry OTLP export.
 //! - [`tools`]: tool sources.
 //! - [`eval`]: the tool-calling evaluation behind `wma eval`.
+//! - [`config`]: TOML config files, validated as a whole, and starting what they describe.
+//! - [`serve`]: the HTTP API of `wma serve` (runs as server-sent events).
 
 pub use wma_agent as agent;
 pub use wma_runtime as runtime;
@@ -15,7 +17,9 @@ pub use wma_telemetry as telemetry;
 
 pub use wma_tools as tools;
 
+pub mod config;
 pub mod demo_shop;
 pub mod display;
 pub mod eval;
+pub mod serve;
 pub mod usage;

@@ -2,5 +2,6 @@
 
 mod support;
 
+mod config;
 mod loop_behaviour;
 mod real_model;

@@ -1,0 +1,263 @@
+//! Config files: providers, tool sources, agents and their sub-agents,
+//! delegation, telemetry, the HTTP server and the cluster, in TOML.
+//!
+//! A file is read in two passes, as the rest of the project reads settings:
+//! first into a raw form that mirrors the file, strictly (an unknown key or
+//! a wrong type is an error naming the file, line and key), then validated
+//! as a whole into [`Config`] before anything starts: every name an agent
+//! refers to exists, delegation has no cycle, each setting belongs to the
+//! kind of thing it is set on. `docs/configuration.md` lists every setting
+//! with its default.
+//!
+//! ```
+//! use webmcp_agents::config::Config;
+//! let config = Config::parse(
+//!     r#"
+//!     [providers.script]
+//!     kind = "scripted"
+//!     replies = ["Paris."]
+//!
+//!     [agents.helper]
+//!     provider = "script"
+//!     "#,
+//!     "inline.toml",
+//! )
+//! .unwrap();
+//! assert_eq!(config.agents[0].name, "helper");
+//!
+//! let err = Config::parse("[agents.helper]\nmax_stepz = 3\n", "bad.toml").unwrap_err();
+//! assert_eq!(err.to_string().lines().next().unwrap(),
+//!     "bad.toml:2:1: `agents.helper.max_stepz`: unknown field `max_stepz`, expected one of `description`, `remote`, `provider`, `instructions`, `max_steps`, `step_timeout_secs`, `max_tools`, `constraints`, `max_concurrent_runs`, `tools`, `sub_agents`");
+//! ```
+
+mod builtin;
+mod error;
+mod host;
+mod lazy;
+mod raw;
+mod validate;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use wma_agent::ConstraintMode;
+use wma_provider_ort::OrtProviderOptions;
+use wma_telemetry::TelemetryConfig;
+
+pub use builtin::{BUILTINS, builtin_tools};
+pub use error::{ConfigError, Location};
+pub use host::{Hosted, StartOptions, provider_source};
+
+/// Where `wma serve` listens unless `[server] listen` says otherwise:
+/// loopback only, so nothing outside this machine reaches the agents.
+pub const DEFAULT_SERVER_LISTEN: &str = "127.0.0.1:8080";
+
+/// A validated config: what the host starts.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from (for messages).
+    pub file: PathBuf,
+    /// `[providers.NAME]`, by name.
+    pub providers: Vec<ProviderConfig>,
+    /// `[tools.NAME]`, by name.
+    pub tools: Vec<ToolSourceConfig>,
+    /// `[agents.NAME]` hosted here, by name.
+    pub agents: Vec<AgentSpec>,
+    /// `[agents.NAME]` with `remote = true`: hosted by another node.
+    pub remote_agents: Vec<RemoteAgentSpec>,
+    /// `[delegation] max_depth`. Default
+    /// [`DEFAULT_MAX_DELEGATION_DEPTH`](wma_runtime::DEFAULT_MAX_DELEGATION_DEPTH).
+    pub max_delegation_depth: u32,
+    /// `[telemetry]`; see `docs/tracing.md`. Default: export off.
+    pub telemetry: TelemetryConfig,
+    /// `[server] listen`. Default [`DEFAULT_SERVER_LISTEN`].
+    pub server_listen: SocketAddr,
+    /// `[cluster]`, when this process is a node of a cluster.
+    pub cluster: Option<ClusterSpec>,
+}
+
+/// One provider.
+#[derive(Debug, Clone)]
+pub struct ProviderConfig {
+    /// Its name in the file.
+    pub name: String,
+    /// What it is.
+    pub spec: ProviderSpec,
+}
+
+/// The kinds of provider.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub enum ProviderSpec {
+    /// `kind = "onnx"`: a model run by ONNX Runtime.
+    Onnx(OrtProviderOptions),
+    /// `kind = "scripted"`: replies given in the file, in order (tests, demos).
+    Scripted(ScriptedSpec),
+}
+
+/// A scripted provider's settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScriptedSpec {
+    /// `model`: the name it reports. Default `scripted-model`.
+    pub model: String,
+    /// `replies`: what it answers, one per generation. Required.
+    pub replies: Vec<String>,
+    /// `delay_ms`: wait before each reply. Default 0.
+    pub delay: Duration,
+    /// `tools_inline`: list tools in the prompt text. Default true.
+    pub tools_inline: bool,
+}
+
+/// One tool source.
+#[derive(Debug, Clone)]
+pub struct ToolSourceConfig {
+    /// Its name in the file.
+    pub name: String,
+    /// What it is.
+    pub spec: ToolSourceSpec,
+    /// The policy every kind takes: `allow`, `deny`, `untrusted`, `call_timeout_secs`.
+    pub policy: wma_tools::SourceOptions,
+}
+
+/// The kinds of tool source.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ToolSourceSpec {
+    /// `kind = "demo-shop"`: the outdoor shop of [`crate::demo_shop`], with a cart of its own.
+    DemoShop,
+    /// `kind = "native"`: tools built into `wma` (see [`BUILTINS`]).
+    Native {
+        /// `builtins`: which. Default all.
+        builtins: Vec<String>,
+    },
+    /// `kind = "mcp-stdio"`: an MCP server started as a child process.
+    McpStdio {
+        /// `command`. Required.
+        command: String,
+        /// `args`. Default none.
+        args: Vec<String>,
+        /// `env`: extra environment variables. Default none.
+        env: Vec<(String, String)>,
+        /// `cwd`: its working directory. Default this process's.
+        cwd: Option<PathBuf>,
+    },
+    /// `kind = "mcp-http"`: an MCP server at a streamable-HTTP endpoint.
+    McpHttp {
+        /// `url`. Required.
+        url: String,
+    },
+    /// `kind = "webmcp"`: a web page's WebMCP tools, in Chromium.
+    WebMcp {
+        /// `url` of the page. Required.
+        url: String,
+        /// `headless`. Default true.
+        headless: bool,
+        /// `browser`: the Chromium executable. Default: found as `wma_tools::find_chromium` does.
+        browser: Option<PathBuf>,
+    },
+}
+
+/// One agent hosted here.
+#[derive(Debug, Clone)]
+pub struct AgentSpec {
+    /// Its name (also the tool name its parents delegate with).
+    pub name: String,
+    /// `description`: what it is good at, for its parents' models. Default empty.
+    pub description: String,
+    /// `provider`. Default: the only provider, when there is one.
+    pub provider: String,
+    /// `instructions`. Default none.
+    pub instructions: Option<String>,
+    /// `max_steps`. Default 6.
+    pub max_steps: u32,
+    /// `step_timeout_secs`. Default 60.
+    pub step_timeout: Duration,
+    /// `max_tools`. Default 8.
+    pub max_tools: usize,
+    /// `constraints`: `off`, `auto` or `calls-only`. Default `auto`.
+    pub constraints: ConstraintMode,
+    /// `max_concurrent_runs`. Default
+    /// [`DEFAULT_MAX_CONCURRENT_RUNS`](wma_runtime::DEFAULT_MAX_CONCURRENT_RUNS).
+    pub max_concurrent_runs: usize,
+    /// `tools`: the tool sources it sees. Default none.
+    pub tools: Vec<String>,
+    /// `sub_agents`: the agents it may delegate to. Default none.
+    pub sub_agents: Vec<String>,
+}
+
+/// An agent another node hosts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteAgentSpec {
+    /// Its name.
+    pub name: String,
+    /// `description`, for its parents' models.
+    pub description: String,
+}
+
+/// `[cluster]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterSpec {
+    /// `node_name`. Default `wma`.
+    pub node_name: String,
+    /// `cookie`, or the variable named by `cookie_env`. Required.
+    pub cookie: String,
+    /// `listen`. Default
+    /// [`DEFAULT_CLUSTER_LISTEN`](wma_runtime::DEFAULT_CLUSTER_LISTEN)
+    /// (loopback, a free port).
+    pub listen: SocketAddr,
+    /// `peers`: nodes to connect to (`host:port`). Default none.
+    pub peers: Vec<String>,
+    /// `export`: local agents other nodes may delegate to. Default none.
+    pub export: Vec<String>,
+}
+
+impl Config {
+    /// Reads and validates a config file.
+    pub fn load(path: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Validates config text; `file` names it in errors.
+    pub fn parse(text: &str, file: impl AsRef<Path>) -> Result<Self, ConfigError> {
+        Self::parse_with_env(text, file, |name| std::env::var(name).ok())
+    }
+
+    /// Like [`Config::parse`], reading environment variables (`cookie_env`)
+    /// through `env`.
+    pub fn parse_with_env(
+        text: &str,
+        file: impl AsRef<Path>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ConfigError> {
+        let source = error::Source {
+            file: file.as_ref().to_path_buf(),
+            text,
+        };
+        let raw: raw::RawConfig = toml::from_str(text).map_err(|e| source.parse_error(e))?;
+        validate::validate(&source, raw, &env)
+    }
+
+    /// The agent hosted here with this name.
+    pub fn agent(&self, name: &str) -> Option<&AgentSpec> {
+        self.agents.iter().find(|a| a.name == name)
+    }
+
+    /// The provider with this name.
+    pub fn provider(&self, name: &str) -> Option<&ProviderConfig> {
+        self.providers.iter().find(|p| p.name == name)
+    }
+
+    /// The agents no other local agent delegates to: where requests start.
+    pub fn top_level_agents(&self) -> Vec<&AgentSpec> {
+        self.agents
+            .iter()
+            .filter(|a| !self.agents.iter().any(|p| p.sub_agents.contains(&a.name)))
+            .collect()
+    }
+}

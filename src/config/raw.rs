@@ -1,0 +1,162 @@
+//! The file as written: every table and key a config may have, parsed
+//! strictly (an unknown key or a wrong type is an error), with the
+//! positions that validation needs to point at a mistake.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use toml::Spanned;
+use wma_telemetry::TelemetryConfig;
+
+/// A name as written, with where it was written.
+pub(crate) type Name = Spanned<String>;
+
+/// The whole file.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawConfig {
+    #[serde(default)]
+    pub(crate) providers: BTreeMap<Name, RawProvider>,
+    #[serde(default)]
+    pub(crate) tools: BTreeMap<Name, RawToolSource>,
+    #[serde(default)]
+    pub(crate) agents: BTreeMap<Name, RawAgent>,
+    #[serde(default)]
+    pub(crate) delegation: RawDelegation,
+    #[serde(default)]
+    pub(crate) telemetry: TelemetryConfig,
+    #[serde(default)]
+    pub(crate) server: RawServer,
+    pub(crate) cluster: Option<Spanned<RawCluster>>,
+}
+
+/// `kind` of a provider.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum ProviderKind {
+    Onnx,
+    Scripted,
+}
+
+/// `[providers.NAME]`. One flat table for every kind, so that a mistake in
+/// any key is reported at that key; validation refuses keys of the other kind.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawProvider {
+    pub(crate) kind: Spanned<ProviderKind>,
+    // Both kinds.
+    pub(crate) model: Option<Spanned<String>>,
+    // onnx.
+    pub(crate) variant: Option<Spanned<String>>,
+    pub(crate) cache_dir: Option<Spanned<String>>,
+    pub(crate) hub_endpoint: Option<Spanned<String>>,
+    pub(crate) threads: Option<Spanned<usize>>,
+    pub(crate) inter_threads: Option<Spanned<usize>>,
+    pub(crate) temperature: Option<Spanned<f32>>,
+    pub(crate) top_k: Option<Spanned<usize>>,
+    pub(crate) top_p: Option<Spanned<f32>>,
+    pub(crate) seed: Option<Spanned<u64>>,
+    pub(crate) repetition_penalty: Option<Spanned<f32>>,
+    pub(crate) max_new_tokens: Option<Spanned<u32>>,
+    pub(crate) stop: Option<Spanned<Vec<String>>>,
+    pub(crate) context_length: Option<Spanned<u32>>,
+    pub(crate) context_reserve: Option<Spanned<u32>>,
+    pub(crate) shared_kv_buffer: Option<Spanned<bool>>,
+    pub(crate) reuse_prefix: Option<Spanned<bool>>,
+    // scripted.
+    pub(crate) replies: Option<Spanned<Vec<String>>>,
+    pub(crate) delay_ms: Option<Spanned<u64>>,
+    pub(crate) tools_inline: Option<Spanned<bool>>,
+}
+
+/// `kind` of a tool source.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum ToolKind {
+    DemoShop,
+    Native,
+    McpStdio,
+    McpHttp,
+    Webmcp,
+}
+
+/// `[tools.NAME]`, flat like a provider.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawToolSource {
+    pub(crate) kind: Spanned<ToolKind>,
+    // Every kind: the source's policy.
+    pub(crate) allow: Option<Vec<String>>,
+    #[serde(default)]
+    pub(crate) deny: Vec<String>,
+    pub(crate) untrusted: Option<bool>,
+    pub(crate) call_timeout_secs: Option<Spanned<u64>>,
+    // native.
+    pub(crate) builtins: Option<Vec<Spanned<String>>>,
+    // mcp-stdio.
+    pub(crate) command: Option<Spanned<String>>,
+    pub(crate) args: Option<Spanned<Vec<String>>>,
+    pub(crate) env: Option<Spanned<BTreeMap<String, String>>>,
+    pub(crate) cwd: Option<Spanned<String>>,
+    // mcp-http, webmcp.
+    pub(crate) url: Option<Spanned<String>>,
+    // webmcp.
+    pub(crate) headless: Option<Spanned<bool>>,
+    pub(crate) browser: Option<Spanned<String>>,
+}
+
+/// `constraints` of an agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum RawConstraints {
+    Off,
+    Auto,
+    CallsOnly,
+}
+
+/// `[agents.NAME]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAgent {
+    #[serde(default)]
+    pub(crate) description: String,
+    #[serde(default)]
+    pub(crate) remote: Option<Spanned<bool>>,
+    pub(crate) provider: Option<Name>,
+    pub(crate) instructions: Option<Spanned<String>>,
+    pub(crate) max_steps: Option<Spanned<u32>>,
+    pub(crate) step_timeout_secs: Option<Spanned<u64>>,
+    pub(crate) max_tools: Option<Spanned<usize>>,
+    pub(crate) constraints: Option<Spanned<RawConstraints>>,
+    pub(crate) max_concurrent_runs: Option<Spanned<usize>>,
+    pub(crate) tools: Option<Spanned<Vec<Name>>>,
+    pub(crate) sub_agents: Option<Spanned<Vec<Name>>>,
+}
+
+/// `[delegation]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDelegation {
+    pub(crate) max_depth: Option<u32>,
+}
+
+/// `[server]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawServer {
+    pub(crate) listen: Option<Spanned<String>>,
+}
+
+/// `[cluster]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCluster {
+    pub(crate) node_name: Option<String>,
+    pub(crate) cookie: Option<Spanned<String>>,
+    pub(crate) cookie_env: Option<Spanned<String>>,
+    pub(crate) listen: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) peers: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) export: Vec<Name>,
+}

@@ -1,0 +1,664 @@
+//! The second pass: the raw file checked as a whole and turned into [`Config`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use toml::Spanned;
+use wma_agent::{ConstraintMode, LocalLoopOptions};
+use wma_provider_ort::{OrtProviderOptions, SamplingOptions};
+use wma_runtime::{
+    DEFAULT_CLUSTER_LISTEN, DEFAULT_MAX_CONCURRENT_RUNS, DEFAULT_MAX_DELEGATION_DEPTH,
+};
+use wma_tools::SourceOptions;
+
+use super::builtin::BUILTINS;
+use super::error::{ConfigError, Source};
+use super::raw::{
+    Name, ProviderKind, RawAgent, RawCluster, RawConfig, RawConstraints, RawProvider,
+    RawToolSource, ToolKind,
+};
+use super::{
+    AgentSpec, ClusterSpec, Config, DEFAULT_SERVER_LISTEN, ProviderConfig, ProviderSpec,
+    RemoteAgentSpec, ScriptedSpec, ToolSourceConfig, ToolSourceSpec,
+};
+
+type Result<T> = std::result::Result<T, ConfigError>;
+
+pub(crate) fn validate(
+    source: &Source<'_>,
+    raw: RawConfig,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<Config> {
+    let mut providers = Vec::new();
+    for (name, provider) in &raw.providers {
+        check_name(source, "providers", name)?;
+        providers.push(ProviderConfig {
+            name: name.get_ref().clone(),
+            spec: provider_spec(source, name.get_ref(), provider)?,
+        });
+    }
+    let mut tools = Vec::new();
+    for (name, tool) in &raw.tools {
+        check_name(source, "tools", name)?;
+        tools.push(tool_source(source, name.get_ref(), tool)?);
+    }
+    if raw.agents.is_empty() {
+        return Err(source.invalid(
+            0..0,
+            "agents",
+            "the config has no agents: add an [agents.NAME] table",
+        ));
+    }
+    let cluster = match &raw.cluster {
+        Some(cluster) => Some(cluster_spec(source, cluster, env)?),
+        None => None,
+    };
+    let mut agents = Vec::new();
+    let mut remote_agents = Vec::new();
+    for (name, agent) in &raw.agents {
+        check_name(source, "agents", name)?;
+        let key = format!("agents.{}", name.get_ref());
+        if agent.remote.as_ref().is_some_and(|r| *r.get_ref()) {
+            remote_only(source, &key, agent)?;
+            if cluster.is_none() {
+                return Err(source.invalid(
+                    name.span(),
+                    key,
+                    "a remote agent is reached through the cluster: add a [cluster] table with the peers that host it",
+                ));
+            }
+            remote_agents.push(RemoteAgentSpec {
+                name: name.get_ref().clone(),
+                description: agent.description.clone(),
+            });
+            continue;
+        }
+        agents.push(agent_spec(source, &key, name, agent, &raw)?);
+    }
+    check_cycles(source, &raw.agents)?;
+    if let Some(cluster) = &cluster {
+        let raw_cluster = raw.cluster.as_ref().map(Spanned::get_ref);
+        for export in raw_cluster.map(|c| &c.export).into_iter().flatten() {
+            if !agents.iter().any(|a| &a.name == export.get_ref()) {
+                return Err(source.invalid(
+                    export.span(),
+                    "cluster.export",
+                    format!(
+                        "`{}` is not an agent hosted here, so this node cannot offer it",
+                        export.get_ref()
+                    ),
+                ));
+            }
+        }
+        debug_assert_eq!(
+            cluster.export.len(),
+            raw_cluster.map_or(0, |c| c.export.len())
+        );
+    }
+    let server_listen = match &raw.server.listen {
+        Some(listen) => socket_addr(source, listen, "server.listen")?,
+        None => DEFAULT_SERVER_LISTEN
+            .parse()
+            .expect("the default listen address parses"),
+    };
+    Ok(Config {
+        file: source.file.clone(),
+        providers,
+        tools,
+        agents,
+        remote_agents,
+        max_delegation_depth: raw
+            .delegation
+            .max_depth
+            .unwrap_or(DEFAULT_MAX_DELEGATION_DEPTH),
+        telemetry: raw.telemetry,
+        server_listen,
+        cluster,
+    })
+}
+
+/// Names become tool names (a sub-agent's) and URL segments, so they keep
+/// to the characters both take.
+fn check_name(source: &Source<'_>, table: &str, name: &Name) -> Result<()> {
+    let ok = !name.get_ref().is_empty()
+        && name
+            .get_ref()
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(source.invalid(
+            name.span(),
+            format!("{table}.{}", name.get_ref()),
+            "a name may use only letters, digits, `_` and `-`",
+        ))
+    }
+}
+
+/// Fails at the first setting that is present but belongs to another kind.
+fn refuse(
+    source: &Source<'_>,
+    key: &str,
+    kind: &str,
+    present: &[(&str, Option<Range<usize>>)],
+) -> Result<()> {
+    for (setting, span) in present {
+        if let Some(span) = span {
+            return Err(source.invalid(
+                span.clone(),
+                format!("{key}.{setting}"),
+                format!("`{setting}` is not a setting of a {kind}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn value<T: Clone>(value: &Option<Spanned<T>>) -> Option<T> {
+    value.as_ref().map(|v| v.get_ref().clone())
+}
+
+fn span_of<T>(value: &Option<Spanned<T>>) -> Option<Range<usize>> {
+    value.as_ref().map(Spanned::span)
+}
+
+fn provider_spec(source: &Source<'_>, name: &str, raw: &RawProvider) -> Result<ProviderSpec> {
+    let key = format!("providers.{name}");
+    match raw.kind.get_ref() {
+        ProviderKind::Onnx => {
+            refuse(
+                source,
+                &key,
+                "onnx provider (it belongs to scripted ones)",
+                &[
+                    ("replies", span_of(&raw.replies)),
+                    ("delay_ms", span_of(&raw.delay_ms)),
+                    ("tools_inline", span_of(&raw.tools_inline)),
+                ],
+            )?;
+            let defaults = OrtProviderOptions::default();
+            let sampling = SamplingOptions::default();
+            Ok(ProviderSpec::Onnx(OrtProviderOptions {
+                model: value(&raw.model),
+                variant: value(&raw.variant),
+                cache_dir: value(&raw.cache_dir).map(PathBuf::from),
+                hub_endpoint: value(&raw.hub_endpoint),
+                intra_threads: value(&raw.threads),
+                inter_threads: value(&raw.inter_threads),
+                sampling: SamplingOptions {
+                    temperature: value(&raw.temperature).unwrap_or(sampling.temperature),
+                    top_k: value(&raw.top_k).unwrap_or(sampling.top_k),
+                    top_p: value(&raw.top_p).unwrap_or(sampling.top_p),
+                    seed: value(&raw.seed),
+                    repetition_penalty: value(&raw.repetition_penalty)
+                        .unwrap_or(sampling.repetition_penalty),
+                },
+                max_new_tokens: value(&raw.max_new_tokens).unwrap_or(defaults.max_new_tokens),
+                stop: value(&raw.stop).unwrap_or_default(),
+                context_length: value(&raw.context_length),
+                context_reserve: value(&raw.context_reserve),
+                shared_kv_buffer: value(&raw.shared_kv_buffer).unwrap_or(defaults.shared_kv_buffer),
+                reuse_prefix: value(&raw.reuse_prefix).unwrap_or(defaults.reuse_prefix),
+                ..defaults
+            }))
+        }
+        ProviderKind::Scripted => {
+            refuse(
+                source,
+                &key,
+                "scripted provider (it belongs to onnx ones)",
+                &[
+                    ("variant", span_of(&raw.variant)),
+                    ("cache_dir", span_of(&raw.cache_dir)),
+                    ("hub_endpoint", span_of(&raw.hub_endpoint)),
+                    ("threads", span_of(&raw.threads)),
+                    ("inter_threads", span_of(&raw.inter_threads)),
+                    ("temperature", span_of(&raw.temperature)),
+                    ("top_k", span_of(&raw.top_k)),
+                    ("top_p", span_of(&raw.top_p)),
+                    ("seed", span_of(&raw.seed)),
+                    ("repetition_penalty", span_of(&raw.repetition_penalty)),
+                    ("max_new_tokens", span_of(&raw.max_new_tokens)),
+                    ("stop", span_of(&raw.stop)),
+                    ("context_length", span_of(&raw.context_length)),
+                    ("context_reserve", span_of(&raw.context_reserve)),
+                    ("shared_kv_buffer", span_of(&raw.shared_kv_buffer)),
+                    ("reuse_prefix", span_of(&raw.reuse_prefix)),
+                ],
+            )?;
+            let Some(replies) = &raw.replies else {
+                return Err(source.invalid(
+                    raw.kind.span(),
+                    key,
+                    "a scripted provider needs `replies`, the answers it gives in order",
+                ));
+            };
+            Ok(ProviderSpec::Scripted(ScriptedSpec {
+                model: raw
+                    .model
+                    .as_ref()
+                    .map(|m| m.get_ref().clone())
+                    .unwrap_or_else(|| "scripted-model".to_string()),
+                replies: replies.get_ref().clone(),
+                delay: Duration::from_millis(raw.delay_ms.as_ref().map_or(0, |d| *d.get_ref())),
+                tools_inline: raw.tools_inline.as_ref().is_none_or(|t| *t.get_ref()),
+            }))
+        }
+    }
+}
+
+fn tool_source(source: &Source<'_>, name: &str, raw: &RawToolSource) -> Result<ToolSourceConfig> {
+    let key = format!("tools.{name}");
+    let builtins_span = raw
+        .builtins
+        .as_ref()
+        .and_then(|b| b.first().map(Spanned::span))
+        .or_else(|| raw.builtins.as_ref().map(|_| raw.kind.span()));
+    let all = [
+        ("builtins", builtins_span),
+        ("command", span_of(&raw.command)),
+        ("args", span_of(&raw.args)),
+        ("env", span_of(&raw.env)),
+        ("cwd", span_of(&raw.cwd)),
+        ("url", span_of(&raw.url)),
+        ("headless", span_of(&raw.headless)),
+        ("browser", span_of(&raw.browser)),
+    ];
+    let (kind, allowed): (&str, &[&str]) = match raw.kind.get_ref() {
+        ToolKind::DemoShop => ("demo-shop source", &[]),
+        ToolKind::Native => ("native source", &["builtins"]),
+        ToolKind::McpStdio => ("mcp-stdio source", &["command", "args", "env", "cwd"]),
+        ToolKind::McpHttp => ("mcp-http source", &["url"]),
+        ToolKind::Webmcp => ("webmcp source", &["url", "headless", "browser"]),
+    };
+    let others: Vec<_> = all
+        .iter()
+        .filter(|(setting, _)| !allowed.contains(setting))
+        .cloned()
+        .collect();
+    refuse(source, &key, kind, &others)?;
+    let required = |value: &Option<Spanned<String>>, setting: &str| -> Result<String> {
+        value
+            .as_ref()
+            .map(|v| v.get_ref().clone())
+            .filter(|v| !v.trim().is_empty())
+            .ok_or_else(|| {
+                source.invalid(
+                    raw.kind.span(),
+                    key.clone(),
+                    format!("a {kind} needs `{setting}`"),
+                )
+            })
+    };
+    let spec = match raw.kind.get_ref() {
+        ToolKind::DemoShop => ToolSourceSpec::DemoShop,
+        ToolKind::Native => {
+            let mut builtins = Vec::new();
+            for builtin in raw.builtins.iter().flatten() {
+                if !BUILTINS.contains(&builtin.get_ref().as_str()) {
+                    return Err(source.invalid(
+                        builtin.span(),
+                        format!("{key}.builtins"),
+                        format!(
+                            "there is no built-in tool `{}`; the built-ins are {}",
+                            builtin.get_ref(),
+                            BUILTINS.join(", ")
+                        ),
+                    ));
+                }
+                builtins.push(builtin.get_ref().clone());
+            }
+            if raw.builtins.is_none() {
+                builtins = BUILTINS.iter().map(|b| b.to_string()).collect();
+            }
+            ToolSourceSpec::Native { builtins }
+        }
+        ToolKind::McpStdio => ToolSourceSpec::McpStdio {
+            command: required(&raw.command, "command")?,
+            args: raw
+                .args
+                .as_ref()
+                .map(|a| a.get_ref().clone())
+                .unwrap_or_default(),
+            env: raw
+                .env
+                .as_ref()
+                .map(|e| e.get_ref().clone().into_iter().collect())
+                .unwrap_or_default(),
+            cwd: raw.cwd.as_ref().map(|c| PathBuf::from(c.get_ref())),
+        },
+        ToolKind::McpHttp => ToolSourceSpec::McpHttp {
+            url: required(&raw.url, "url")?,
+        },
+        ToolKind::Webmcp => ToolSourceSpec::WebMcp {
+            url: required(&raw.url, "url")?,
+            headless: raw.headless.as_ref().is_none_or(|h| *h.get_ref()),
+            browser: raw.browser.as_ref().map(|b| PathBuf::from(b.get_ref())),
+        },
+    };
+    let mut policy = SourceOptions::default().deny(raw.deny.clone());
+    if let Some(allow) = &raw.allow {
+        policy = policy.allow(allow.clone());
+    }
+    if let Some(untrusted) = raw.untrusted {
+        policy = policy.untrusted(untrusted);
+    } else if matches!(raw.kind.get_ref(), ToolKind::Webmcp) {
+        // A web page is written by whoever wrote the site, not by the host.
+        policy = policy.untrusted(true);
+    }
+    if let Some(secs) = &raw.call_timeout_secs {
+        if *secs.get_ref() == 0 {
+            return Err(source.invalid(
+                secs.span(),
+                format!("{key}.call_timeout_secs"),
+                "a call needs at least 1 second",
+            ));
+        }
+        policy = policy.call_timeout(Duration::from_secs(*secs.get_ref()));
+    }
+    Ok(ToolSourceConfig {
+        name: name.to_string(),
+        spec,
+        policy,
+    })
+}
+
+/// A remote agent is only a name and a description here.
+fn remote_only(source: &Source<'_>, key: &str, agent: &RawAgent) -> Result<()> {
+    refuse(
+        source,
+        key,
+        "remote agent (the node that hosts it sets it)",
+        &[
+            ("provider", span_of(&agent.provider)),
+            ("instructions", span_of(&agent.instructions)),
+            ("max_steps", span_of(&agent.max_steps)),
+            ("step_timeout_secs", span_of(&agent.step_timeout_secs)),
+            ("max_tools", span_of(&agent.max_tools)),
+            ("constraints", span_of(&agent.constraints)),
+            ("max_concurrent_runs", span_of(&agent.max_concurrent_runs)),
+            ("tools", span_of(&agent.tools)),
+            ("sub_agents", span_of(&agent.sub_agents)),
+        ],
+    )
+}
+
+fn at_least_one<T: Copy + Into<u64>>(
+    source: &Source<'_>,
+    key: &str,
+    setting: &str,
+    value: &Option<Spanned<T>>,
+) -> Result<Option<T>> {
+    match value {
+        Some(v) if (*v.get_ref()).into() == 0 => Err(source.invalid(
+            v.span(),
+            format!("{key}.{setting}"),
+            format!("`{setting}` must be at least 1"),
+        )),
+        Some(v) => Ok(Some(*v.get_ref())),
+        None => Ok(None),
+    }
+}
+
+fn agent_spec(
+    source: &Source<'_>,
+    key: &str,
+    name: &Name,
+    agent: &RawAgent,
+    raw: &RawConfig,
+) -> Result<AgentSpec> {
+    let provider = match &agent.provider {
+        Some(provider) => {
+            if !raw
+                .providers
+                .keys()
+                .any(|p| p.get_ref() == provider.get_ref())
+            {
+                return Err(source.invalid(
+                    provider.span(),
+                    format!("{key}.provider"),
+                    format!(
+                        "there is no provider named `{}`{}",
+                        provider.get_ref(),
+                        known(raw.providers.keys())
+                    ),
+                ));
+            }
+            provider.get_ref().clone()
+        }
+        None => match raw.providers.keys().collect::<Vec<_>>()[..] {
+            [only] => only.get_ref().clone(),
+            [] => {
+                return Err(source.invalid(
+                    name.span(),
+                    key,
+                    "the agent needs a provider, and the config has none: add a [providers.NAME] table",
+                ));
+            }
+            _ => {
+                return Err(source.invalid(
+                    name.span(),
+                    key,
+                    format!(
+                        "the config has several providers, so the agent must name one with `provider`{}",
+                        known(raw.providers.keys())
+                    ),
+                ));
+            }
+        },
+    };
+    let mut tools = Vec::new();
+    for tool in agent.tools.iter().flat_map(|t| t.get_ref()) {
+        if !raw.tools.keys().any(|t| t.get_ref() == tool.get_ref()) {
+            return Err(source.invalid(
+                tool.span(),
+                format!("{key}.tools"),
+                format!(
+                    "there is no tool source named `{}`{}",
+                    tool.get_ref(),
+                    known(raw.tools.keys())
+                ),
+            ));
+        }
+        tools.push(tool.get_ref().clone());
+    }
+    let mut sub_agents = Vec::new();
+    for sub in agent.sub_agents.iter().flat_map(|s| s.get_ref()) {
+        if !raw.agents.keys().any(|a| a.get_ref() == sub.get_ref()) {
+            return Err(source.invalid(
+                sub.span(),
+                format!("{key}.sub_agents"),
+                format!(
+                    "there is no agent named `{}`{}",
+                    sub.get_ref(),
+                    known(raw.agents.keys())
+                ),
+            ));
+        }
+        sub_agents.push(sub.get_ref().clone());
+    }
+    let defaults = LocalLoopOptions::default();
+    let max_steps = at_least_one(source, key, "max_steps", &agent.max_steps)?;
+    let step_timeout = at_least_one(source, key, "step_timeout_secs", &agent.step_timeout_secs)?;
+    let max_tools = at_least_one(
+        source,
+        key,
+        "max_tools",
+        &agent
+            .max_tools
+            .as_ref()
+            .map(|s| Spanned::new(s.span(), *s.get_ref() as u64)),
+    )?;
+    let runs = at_least_one(
+        source,
+        key,
+        "max_concurrent_runs",
+        &agent
+            .max_concurrent_runs
+            .as_ref()
+            .map(|s| Spanned::new(s.span(), *s.get_ref() as u64)),
+    )?;
+    Ok(AgentSpec {
+        name: name.get_ref().clone(),
+        description: agent.description.clone(),
+        provider,
+        instructions: agent.instructions.as_ref().map(|i| i.get_ref().clone()),
+        max_steps: max_steps.unwrap_or(defaults.max_steps),
+        step_timeout: step_timeout.map_or(defaults.step_timeout, Duration::from_secs),
+        max_tools: max_tools.map_or(defaults.max_tools, |n| n as usize),
+        constraints: match agent.constraints.as_ref().map(|c| *c.get_ref()) {
+            None | Some(RawConstraints::Auto) => ConstraintMode::Auto,
+            Some(RawConstraints::Off) => ConstraintMode::Off,
+            Some(RawConstraints::CallsOnly) => ConstraintMode::CallsOnly,
+        },
+        max_concurrent_runs: runs.map_or(DEFAULT_MAX_CONCURRENT_RUNS, |n| n as usize),
+        tools,
+        sub_agents,
+    })
+}
+
+/// ", the providers are `a`, `b`" (or nothing when there are none).
+fn known<'a>(names: impl Iterator<Item = &'a Name>) -> String {
+    let names: Vec<String> = names.map(|n| format!("`{}`", n.get_ref())).collect();
+    if names.is_empty() {
+        String::new()
+    } else {
+        format!(" (there are {})", names.join(", "))
+    }
+}
+
+/// Delegation must not come back to an agent already on the way: its
+/// parent's run would wait for itself.
+fn check_cycles(source: &Source<'_>, agents: &BTreeMap<Name, RawAgent>) -> Result<()> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        Open,
+        Done,
+    }
+    let edges: HashMap<&str, Vec<&Name>> = agents
+        .iter()
+        .map(|(name, agent)| {
+            (
+                name.get_ref().as_str(),
+                agent.sub_agents.iter().flat_map(|s| s.get_ref()).collect(),
+            )
+        })
+        .collect();
+    fn visit<'a>(
+        source: &Source<'_>,
+        agent: &'a str,
+        edges: &HashMap<&'a str, Vec<&'a Name>>,
+        marks: &mut HashMap<&'a str, Mark>,
+        path: &mut Vec<&'a str>,
+    ) -> Result<()> {
+        marks.insert(agent, Mark::Open);
+        path.push(agent);
+        for sub in edges.get(agent).into_iter().flatten() {
+            let name = sub.get_ref().as_str();
+            match marks.get(name) {
+                Some(Mark::Open) => {
+                    let from = path.iter().position(|a| *a == name).unwrap_or(0);
+                    let mut cycle: Vec<&str> = path[from..].to_vec();
+                    cycle.push(name);
+                    return Err(source.invalid(
+                        sub.span(),
+                        format!("agents.{agent}.sub_agents"),
+                        format!(
+                            "delegation goes in a circle: {}; a sub-agent cannot delegate back to an agent that is waiting for it",
+                            cycle.join(" → ")
+                        ),
+                    ));
+                }
+                Some(Mark::Done) => {}
+                None => visit(source, name, edges, marks, path)?,
+            }
+        }
+        path.pop();
+        marks.insert(agent, Mark::Done);
+        Ok(())
+    }
+    let mut marks = HashMap::new();
+    for name in agents.keys() {
+        if !marks.contains_key(name.get_ref().as_str()) {
+            visit(source, name.get_ref(), &edges, &mut marks, &mut Vec::new())?;
+        }
+    }
+    Ok(())
+}
+
+fn socket_addr(source: &Source<'_>, value: &Spanned<String>, key: &str) -> Result<SocketAddr> {
+    value.get_ref().parse().map_err(|_| {
+        source.invalid(
+            value.span(),
+            key,
+            format!(
+                "`{}` is not an address and port like 127.0.0.1:8080",
+                value.get_ref()
+            ),
+        )
+    })
+}
+
+fn cluster_spec(
+    source: &Source<'_>,
+    raw: &Spanned<RawCluster>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<ClusterSpec> {
+    let cluster = raw.get_ref();
+    let cookie = match (&cluster.cookie, &cluster.cookie_env) {
+        (Some(_), Some(var)) => {
+            return Err(source.invalid(
+                var.span(),
+                "cluster.cookie_env",
+                "give the cookie either in `cookie` or through `cookie_env`, not both",
+            ));
+        }
+        (Some(cookie), None) => cookie.get_ref().clone(),
+        (None, Some(var)) => env(var.get_ref())
+            .filter(|c| !c.is_empty())
+            .ok_or_else(|| {
+                source.invalid(
+                    var.span(),
+                    "cluster.cookie_env",
+                    format!("the variable `{}` is not set", var.get_ref()),
+                )
+            })?,
+        (None, None) => {
+            return Err(source.invalid(
+                raw.span(),
+                "cluster",
+                "a cluster needs a shared secret: set `cookie`, or `cookie_env` to the variable that holds it",
+            ));
+        }
+    };
+    if cookie.is_empty() {
+        return Err(source.invalid(raw.span(), "cluster.cookie", "the cookie must not be empty"));
+    }
+    let listen = match &cluster.listen {
+        Some(listen) => socket_addr(source, listen, "cluster.listen")?,
+        None => DEFAULT_CLUSTER_LISTEN,
+    };
+    for peer in &cluster.peers {
+        if !peer.get_ref().contains(':') {
+            return Err(source.invalid(
+                peer.span(),
+                "cluster.peers",
+                format!("`{}` needs a port, like 127.0.0.1:7701", peer.get_ref()),
+            ));
+        }
+    }
+    Ok(ClusterSpec {
+        node_name: cluster
+            .node_name
+            .clone()
+            .unwrap_or_else(|| "wma".to_string()),
+        cookie,
+        listen,
+        peers: cluster.peers.iter().map(|p| p.get_ref().clone()).collect(),
+        export: cluster.export.iter().map(|e| e.get_ref().clone()).collect(),
+    })
+}

@@ -1,0 +1,295 @@
+//! Config files: strict parsing, whole-file validation, and errors that name
+//! the file, the line and the key of the mistake.
+
+use webmcp_agents::config::{Config, ConfigError, ProviderSpec, ToolSourceSpec};
+
+const FILE: &str = "configs/team.toml";
+
+/// The error a config text gives, with its location checked to be in
+/// `FILE` at `line`, on `key`, and its message to contain `says`.
+fn assert_error(text: &str, line: usize, key: &str, says: &str) -> ConfigError {
+    let error = Config::parse_with_env(text, FILE, |_| None).expect_err("the config is refused");
+    let at = error.location().expect("the error has a location");
+    assert_eq!(at.file.to_str(), Some(FILE), "{error}");
+    assert_eq!(at.line, line, "line of: {error}");
+    assert_eq!(at.key, key, "key of: {error}");
+    let shown = error.to_string();
+    assert!(
+        shown.starts_with(&format!("{FILE}:{line}:")),
+        "the message starts with the file and line: {shown}"
+    );
+    assert!(
+        shown.contains(&format!("`{key}`")),
+        "the message names the key: {shown}"
+    );
+    assert!(shown.contains(says), "{shown:?} should say {says:?}");
+    error
+}
+
+const GOOD: &str = r#"
+[providers.script]
+kind = "scripted"
+replies = ["Done."]
+
+[tools.shop]
+kind = "demo-shop"
+
+[agents.parent]
+description = "Talks to the person."
+sub_agents = ["child"]
+
+[agents.child]
+description = "Does the work."
+tools = ["shop"]
+"#;
+
+#[test]
+fn a_good_config_validates_with_its_defaults() {
+    let config = Config::parse(GOOD, FILE).unwrap();
+    assert_eq!(config.agents.len(), 2);
+    let parent = config.agent("parent").unwrap();
+    // The only provider is every agent's default.
+    assert_eq!(parent.provider, "script");
+    assert_eq!(parent.sub_agents, ["child"]);
+    assert_eq!(parent.max_steps, 6);
+    assert!(parent.tools.is_empty(), "no tools unless listed");
+    assert_eq!(config.agent("child").unwrap().tools, ["shop"]);
+    assert_eq!(config.server_listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(config.max_delegation_depth, 2);
+    assert!(config.cluster.is_none());
+    assert_eq!(
+        config
+            .top_level_agents()
+            .iter()
+            .map(|a| a.name.as_str())
+            .collect::<Vec<_>>(),
+        ["parent"]
+    );
+    assert!(matches!(
+        config.provider("script").unwrap().spec,
+        ProviderSpec::Scripted(_)
+    ));
+    assert_eq!(config.tools[0].spec, ToolSourceSpec::DemoShop);
+}
+
+#[test]
+fn an_unknown_key_names_its_line_and_key() {
+    let text = GOOD.replace("[agents.child]\n", "[agents.child]\nmax_stepz = 3\n");
+    assert_error(
+        &text,
+        14,
+        "agents.child.max_stepz",
+        "unknown field `max_stepz`",
+    );
+}
+
+#[test]
+fn an_unknown_key_in_a_provider_names_it_too() {
+    let text = GOOD.replace(
+        "kind = \"scripted\"\n",
+        "kind = \"scripted\"\ntemprature = 0.2\n",
+    );
+    assert_error(
+        &text,
+        4,
+        "providers.script.temprature",
+        "unknown field `temprature`",
+    );
+}
+
+#[test]
+fn a_wrong_type_names_its_line_and_key() {
+    let text = GOOD.replace("[agents.child]\n", "[agents.child]\nmax_steps = \"six\"\n");
+    assert_error(&text, 14, "agents.child.max_steps", "invalid type");
+}
+
+#[test]
+fn an_unknown_provider_is_refused_before_anything_starts() {
+    let text = GOOD.replace("[agents.child]\n", "[agents.child]\nprovider = \"qwen\"\n");
+    assert_error(
+        &text,
+        14,
+        "agents.child.provider",
+        "there is no provider named `qwen` (there are `script`)",
+    );
+}
+
+#[test]
+fn an_unknown_sub_agent_is_refused() {
+    let text = GOOD.replace(
+        "sub_agents = [\"child\"]",
+        "sub_agents = [\"child\", \"helper\"]",
+    );
+    assert_error(
+        &text,
+        11,
+        "agents.parent.sub_agents",
+        "there is no agent named `helper`",
+    );
+}
+
+#[test]
+fn a_delegation_cycle_is_refused() {
+    let text = GOOD.replace(
+        "[agents.child]\n",
+        "[agents.child]\nsub_agents = [\"parent\"]\n",
+    );
+    // Found where the circle closes, walking the agents in name order.
+    assert_error(
+        &text,
+        11,
+        "agents.parent.sub_agents",
+        "delegation goes in a circle: child → parent → child",
+    );
+}
+
+#[test]
+fn an_agent_that_delegates_to_itself_is_a_cycle() {
+    let text = GOOD.replace("sub_agents = [\"child\"]", "sub_agents = [\"parent\"]");
+    assert_error(&text, 11, "agents.parent.sub_agents", "parent → parent");
+}
+
+#[test]
+fn an_unknown_tool_source_is_refused() {
+    let text = GOOD.replace("tools = [\"shop\"]", "tools = [\"shop\", \"files\"]");
+    assert_error(
+        &text,
+        15,
+        "agents.child.tools",
+        "there is no tool source named `files`",
+    );
+}
+
+#[test]
+fn a_setting_of_another_kind_is_refused() {
+    let text = GOOD.replace("kind = \"scripted\"", "kind = \"onnx\"");
+    assert_error(
+        &text,
+        4,
+        "providers.script.replies",
+        "`replies` is not a setting of a onnx provider",
+    );
+    let text = GOOD.replace(
+        "kind = \"demo-shop\"\n",
+        "kind = \"demo-shop\"\nurl = \"http://127.0.0.1:3001/mcp\"\n",
+    );
+    assert_error(
+        &text,
+        8,
+        "tools.shop.url",
+        "not a setting of a demo-shop source",
+    );
+}
+
+#[test]
+fn a_missing_required_setting_is_named() {
+    let text = GOOD.replace("replies = [\"Done.\"]\n", "");
+    assert_error(&text, 3, "providers.script", "needs `replies`");
+    let text = GOOD.replace("kind = \"demo-shop\"", "kind = \"mcp-stdio\"");
+    assert_error(&text, 7, "tools.shop", "a mcp-stdio source needs `command`");
+}
+
+#[test]
+fn an_unknown_kind_is_refused_with_the_kinds_there_are() {
+    let text = GOOD.replace("kind = \"demo-shop\"", "kind = \"sql\"");
+    assert_error(&text, 7, "tools.shop.kind", "unknown variant `sql`");
+}
+
+#[test]
+fn an_unknown_builtin_is_refused() {
+    let text = GOOD.replace(
+        "kind = \"demo-shop\"",
+        "kind = \"native\"\nbuiltins = [\"calculator\", \"weather\"]",
+    );
+    assert_error(
+        &text,
+        8,
+        "tools.shop.builtins",
+        "no built-in tool `weather`",
+    );
+}
+
+#[test]
+fn a_toml_syntax_error_names_its_line() {
+    let text = GOOD.replace(
+        "description = \"Does the work.\"",
+        "description = \"Does the work.",
+    );
+    let error = Config::parse(&text, FILE).unwrap_err();
+    let at = error.location().unwrap();
+    assert_eq!(at.line, 14, "{error}");
+    assert!(
+        error.to_string().starts_with("configs/team.toml:14:"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_bad_address_is_refused() {
+    let text = format!("{GOOD}\n[server]\nlisten = \"localhost\"\n");
+    assert_error(&text, 18, "server.listen", "is not an address and port");
+}
+
+#[test]
+fn several_providers_need_the_agent_to_choose() {
+    let text = format!("{GOOD}\n[providers.other]\nkind = \"scripted\"\nreplies = []\n");
+    assert_error(&text, 13, "agents.child", "must name one with `provider`");
+}
+
+#[test]
+fn a_cluster_needs_a_cookie_and_remote_agents_need_a_cluster() {
+    let remote = GOOD.replace(
+        "[agents.child]\n",
+        "[agents.far]\nremote = true\ndescription = \"Elsewhere.\"\n\n[agents.child]\n",
+    );
+    assert_error(&remote, 13, "agents.far", "add a [cluster] table");
+
+    let with_cluster = format!("{remote}\n[cluster]\ncookie_env = \"WMA_TEST_COOKIE\"\n");
+    assert_error(
+        &with_cluster,
+        22,
+        "cluster.cookie_env",
+        "the variable `WMA_TEST_COOKIE` is not set",
+    );
+    let config = Config::parse_with_env(&with_cluster, FILE, |name| {
+        (name == "WMA_TEST_COOKIE").then(|| "secret".to_string())
+    })
+    .unwrap();
+    let cluster = config.cluster.unwrap();
+    assert_eq!(cluster.cookie, "secret");
+    assert_eq!(cluster.listen.ip().to_string(), "127.0.0.1");
+    assert_eq!(config.remote_agents[0].name, "far");
+
+    let remote_with_tools =
+        remote.replace("remote = true\n", "remote = true\ntools = [\"shop\"]\n");
+    assert_error(
+        &format!("{remote_with_tools}\n[cluster]\ncookie = \"x\"\n"),
+        15,
+        "agents.far.tools",
+        "not a setting of a remote agent",
+    );
+}
+
+#[test]
+fn a_missing_file_names_it() {
+    let error = Config::load("configs/no-such-file.toml").unwrap_err();
+    assert!(matches!(error, ConfigError::Read { .. }));
+    assert!(error.to_string().contains("configs/no-such-file.toml"));
+}
+
+#[test]
+fn every_config_in_configs_validates() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            Config::parse_with_env(&std::fs::read_to_string(&path).unwrap(), &path, |_| {
+                Some("cookie".to_string())
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+            checked += 1;
+        }
+    }
+    assert!(checked >= 2, "the example configs are there");
+}
