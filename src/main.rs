@@ -1,4 +1,7 @@
-//! `wma`: run an on-device agent from the command line.
+//! `wma`: run an on-device agent from the command line, chat with one, or
+//! host a config's agents behind an HTTP API and to a cluster.
+
+mod cli;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -11,9 +14,10 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use webmcp_agents::agent::{
-    AgentRunRequest, AgentStreamPart, ChatMessage, ConstraintMode, LocalLoopOptions, Progress,
-    Provider, run_local_agent,
+    AgentRunRequest, AgentStreamPart, ChatMessage, ConstraintMode, LocalLoopOptions, Provider,
+    run_local_agent,
 };
+use webmcp_agents::config::Config;
 use webmcp_agents::demo_shop::{self, Shop};
 use webmcp_agents::display::render_part;
 use webmcp_agents::eval::{self, EvalOptions, bfcl};
@@ -34,8 +38,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run one request with a local model against the demo shop's tools.
+    /// Run one request with a local model against the demo shop's tools, or
+    /// against an agent of a config (--config).
     Run(RunArgs),
+    /// Talk to an agent of a config, one request per line.
+    Chat(cli::ChatArgs),
+    /// Host a config's agents behind an HTTP API (and to a cluster).
+    Serve(cli::ServeArgs),
+    /// Check a config and say what it would start.
+    Check(cli::CheckArgs),
     /// Measure how well a model calls tools.
     #[command(subcommand)]
     Eval(EvalCommand),
@@ -111,6 +122,14 @@ struct RunArgs {
     /// Print the parts as JSON lines instead of text.
     #[arg(long)]
     json: bool,
+    /// Run the request against an agent of this config instead (the model
+    /// and loop options above are then the config's).
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// With --config: the agent to ask (default: the config's only
+    /// top-level agent).
+    #[arg(long, requires = "config")]
+    agent: Option<String>,
 }
 
 #[derive(Args)]
@@ -150,15 +169,35 @@ struct ShopArgs {
     constraints: Constraints,
 }
 
+/// The config a command hosts, read (and validated) before anything starts.
+fn command_config(command: &Command) -> Result<Option<Config>> {
+    let path = match command {
+        Command::Run(RunArgs {
+            config: Some(path), ..
+        }) => path,
+        Command::Chat(args) => &args.config,
+        Command::Serve(args) => &args.config,
+        Command::Check(args) => &args.config,
+        _ => return Ok(None),
+    };
+    Ok(Some(Config::load(path)?))
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let cli = Cli::parse();
-    let telemetry = webmcp_agents::telemetry::init(&webmcp_agents::telemetry::TelemetryConfig {
-        enabled: cli.otlp,
-        service_name: Some("wma".to_string()),
-        ..Default::default()
-    })
-    .context("could not start tracing")?;
+    let config = command_config(&cli.command)?;
+    // The config's [telemetry] table, with --otlp switching export on.
+    let mut tracing_config = config
+        .as_ref()
+        .map(|c| c.telemetry.clone())
+        .unwrap_or_default();
+    tracing_config.enabled |= cli.otlp;
+    if tracing_config.service_name.is_none() {
+        tracing_config.service_name = Some("wma".to_string());
+    }
+    let telemetry =
+        webmcp_agents::telemetry::init(&tracing_config).context("could not start tracing")?;
     let span = tracing::info_span!("wma");
     if let (Some(export), Some(trace)) = (
         telemetry.export(),
@@ -167,10 +206,22 @@ async fn main() -> Result<()> {
         eprintln!("tracing to {} (trace {trace})", export.endpoint);
     }
     let result = async {
-        match cli.command {
-            Command::Run(args) => run(args).await,
-            Command::Eval(EvalCommand::Bfcl(args)) => eval_bfcl(args).await,
-            Command::Eval(EvalCommand::Shop(args)) => eval_shop(args).await,
+        match (cli.command, config) {
+            (Command::Run(args), Some(config)) => {
+                cli::run(&config, args.agent.as_deref(), &args.request, args.json).await
+            }
+            (Command::Run(args), None) => run(args).await,
+            (Command::Chat(args), Some(config)) => cli::chat(args, &config).await,
+            (Command::Serve(args), Some(config)) => cli::serve(args, &config).await,
+            (Command::Eval(EvalCommand::Bfcl(args)), _) => eval_bfcl(args).await,
+            (Command::Eval(EvalCommand::Shop(args)), _) => eval_shop(args).await,
+            (Command::Check(_), Some(config)) => {
+                cli::check(&config);
+                Ok(())
+            }
+            (Command::Chat(_) | Command::Serve(_) | Command::Check(_), None) => {
+                unreachable!("these commands always read a config")
+            }
         }
     }
     .instrument(span)
@@ -179,7 +230,7 @@ async fn main() -> Result<()> {
     result
 }
 
-/// Loads the model, showing progress on stderr.
+/// Loads the model, showing a progress bar on stderr.
 async fn load_model(args: &ModelArgs) -> Result<OrtProvider> {
     let options = OrtProviderOptions {
         model: args.model.clone(),
@@ -195,22 +246,13 @@ async fn load_model(args: &ModelArgs) -> Result<OrtProvider> {
     };
     let provider = OrtProvider::new(options).context("could not set up the model")?;
     let started = Instant::now();
-    let progress = Arc::new(|p: Progress| {
-        match p.total {
-            Some(total) => eprint!("\r{}: {}/{}   ", p.stage, p.done, total),
-            None => eprint!("\r{}: {}   ", p.stage, p.done),
-        }
-        let _ = std::io::stderr().flush();
-    });
-    provider
-        .prepare(progress, CancellationToken::new())
-        .await
-        .context("could not load the model")?;
-    eprintln!(
-        "\rmodel ready in {:.1} s{:40}",
-        started.elapsed().as_secs_f64(),
-        ""
-    );
+    let bars = cli::progress::Bars::new();
+    let prepared = provider
+        .prepare(Arc::new(bars.single("model")), CancellationToken::new())
+        .await;
+    bars.finish();
+    prepared.context("could not load the model")?;
+    eprintln!("model ready in {:.1} s", started.elapsed().as_secs_f64());
     Ok(provider)
 }
 

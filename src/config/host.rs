@@ -23,11 +23,14 @@ use crate::demo_shop::Shop;
 /// How long a node keeps trying to reach a peer that is not up yet, between tries.
 const PEER_RETRY: Duration = Duration::from_secs(2);
 
+/// Receives a provider's loading progress, with the provider's name.
+pub type ProgressCallback = Arc<dyn Fn(&str, Progress) + Send + Sync>;
+
 /// How to start a config.
 #[derive(Clone, Default)]
 pub struct StartOptions {
-    /// Receives each provider's loading progress, with the provider's name.
-    pub progress: Option<Arc<dyn Fn(&str, Progress) + Send + Sync>>,
+    /// Receives each provider's loading progress.
+    pub progress: Option<ProgressCallback>,
     /// Start the `[cluster]` node too (when the config has one). Default false.
     pub cluster: bool,
 }

@@ -47,7 +47,7 @@ use wma_telemetry::TelemetryConfig;
 
 pub use builtin::{BUILTINS, builtin_tools};
 pub use error::{ConfigError, Location};
-pub use host::{Hosted, StartOptions, provider_source};
+pub use host::{Hosted, ProgressCallback, StartOptions, provider_source};
 
 /// Where `wma serve` listens unless `[server] listen` says otherwise:
 /// loopback only, so nothing outside this machine reaches the agents.

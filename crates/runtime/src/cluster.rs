@@ -115,7 +115,8 @@ impl NodeEventSubscription for Sessions {
 }
 
 /// This process as a node of a ractor cluster: it hosts exported agents for
-/// other nodes and reaches the agents they export.
+/// other nodes and reaches the agents they export. Cheap to clone.
+#[derive(Clone)]
 pub struct ClusterNode {
     server: ActorRef<NodeServerMessage>,
     endpoint: Option<ActorRef<EndpointMsg>>,
@@ -232,7 +233,7 @@ impl ClusterNode {
     }
 
     /// Stops the endpoint and the node server (connections close).
-    pub async fn shutdown(self) {
+    pub async fn shutdown(&self) {
         if let Some(endpoint) = &self.endpoint {
             let _ = endpoint
                 .stop_and_wait(None, Some(Duration::from_secs(5)))

@@ -1,0 +1,412 @@
+//! The `wma` commands that host a config: `run --config`, `chat`, `serve`, `check`.
+
+pub(crate) mod progress;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use tokio_util::sync::CancellationToken;
+use webmcp_agents::agent::{AgentStreamPart, ChatMessage, ToolCall};
+use webmcp_agents::config::{Config, Hosted, StartOptions};
+use webmcp_agents::display::render_part;
+use webmcp_agents::runtime::{AgentHandle, RunId, TaggedPart};
+use webmcp_agents::serve;
+
+use progress::Bars;
+
+/// How long a command waits for the nodes that host its remote sub-agents.
+const REMOTE_WAIT: Duration = Duration::from_secs(30);
+
+/// `wma chat`.
+#[derive(Args)]
+pub(crate) struct ChatArgs {
+    /// The config to host.
+    #[arg(long, short)]
+    pub(crate) config: PathBuf,
+    /// The agent to talk to (default: the config's only top-level agent).
+    #[arg(long)]
+    pub(crate) agent: Option<String>,
+    /// Print the parts as JSON lines instead of text.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+/// `wma serve`.
+#[derive(Args)]
+pub(crate) struct ServeArgs {
+    /// The config to host.
+    #[arg(long, short)]
+    pub(crate) config: PathBuf,
+    /// Where the HTTP API listens (default: the config's `[server] listen`,
+    /// else 127.0.0.1:8080).
+    #[arg(long)]
+    pub(crate) listen: Option<std::net::SocketAddr>,
+    /// Host the agents for the cluster only, without the HTTP API.
+    #[arg(long)]
+    pub(crate) no_http: bool,
+}
+
+/// `wma check`.
+#[derive(Args)]
+pub(crate) struct CheckArgs {
+    /// The config to check.
+    pub(crate) config: PathBuf,
+}
+
+/// A tagged part as a line for a person: a sub-agent's parts are indented
+/// and carry its name.
+pub(crate) fn render_tagged(part: &TaggedPart) -> String {
+    let line = render_part(&part.part);
+    if part.depth == 0 {
+        line
+    } else {
+        format!(
+            "{}[{}] {line}",
+            "  ".repeat(part.depth as usize),
+            part.agent
+        )
+    }
+}
+
+fn print_part(part: &TaggedPart, json: bool) -> Result<()> {
+    if json {
+        println!("{}", serde_json::to_string(part)?);
+    } else {
+        println!("{}", render_tagged(part));
+    }
+    std::io::stdout().flush()?;
+    Ok(())
+}
+
+/// Loads the config's models (with progress bars) and starts its runtime
+/// and cluster node; waits for the nodes that host its remote sub-agents.
+pub(crate) async fn start(config: &Config) -> Result<Hosted> {
+    let bars = Bars::new();
+    let started = Instant::now();
+    let hosted = config
+        .start(StartOptions {
+            progress: Some(bars.callback()),
+            cluster: true,
+        })
+        .await;
+    bars.finish();
+    let hosted = hosted.with_context(|| format!("could not start {}", config.file.display()))?;
+    eprintln!(
+        "{} agent(s) ready in {:.1} s",
+        config.agents.len(),
+        started.elapsed().as_secs_f64()
+    );
+    if let Some(node) = &hosted.cluster {
+        // On stdout, so a script (or a test) that started this node reads where it is.
+        println!("cluster listening on {}", node.addr());
+        for remote in &config.remote_agents {
+            if let Err(error) = node.wait_for_agent(&remote.name, REMOTE_WAIT).await {
+                eprintln!(
+                    "warning: no node offers `{}` yet ({error}); delegating to it fails until one does",
+                    remote.name
+                );
+            }
+        }
+    }
+    Ok(hosted)
+}
+
+/// The agent a request goes to: the one named, or the only top-level one.
+fn pick_agent(config: &Config, named: Option<&str>) -> Result<String> {
+    if let Some(name) = named {
+        if config.agent(name).is_none() {
+            bail!(
+                "{} has no agent named `{name}` (it has {})",
+                config.file.display(),
+                names(config)
+            );
+        }
+        return Ok(name.to_string());
+    }
+    match config.top_level_agents()[..] {
+        [only] => Ok(only.name.clone()),
+        _ => bail!(
+            "{} has several agents; pick one with --agent ({})",
+            config.file.display(),
+            names(config)
+        ),
+    }
+}
+
+fn names(config: &Config) -> String {
+    config
+        .agents
+        .iter()
+        .map(|a| format!("`{}`", a.name))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Stops the run in flight on Ctrl-C; with none in flight, ends the command.
+#[derive(Clone, Default)]
+struct Interrupt {
+    running: Arc<Mutex<Option<(AgentHandle, RunId)>>>,
+    quit: CancellationToken,
+}
+
+impl Interrupt {
+    fn install(&self) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            while tokio::signal::ctrl_c().await.is_ok() {
+                let running = this
+                    .running
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clone();
+                match running {
+                    Some((agent, run)) => {
+                        let _ = agent.stop(run).await;
+                    }
+                    None => this.quit.cancel(),
+                }
+            }
+        });
+    }
+
+    fn set(&self, run: Option<(AgentHandle, RunId)>) {
+        *self.running.lock().unwrap_or_else(|e| e.into_inner()) = run;
+    }
+}
+
+/// One request against an agent; prints the parts as they come and
+/// returns the run's own parts.
+async fn ask(
+    agent: &AgentHandle,
+    messages: Vec<ChatMessage>,
+    json: bool,
+    interrupt: &Interrupt,
+) -> Result<Vec<AgentStreamPart>> {
+    let mut run = agent.run(messages).await?;
+    interrupt.set(Some((agent.clone(), run.id())));
+    let mut own = Vec::new();
+    while let Some(part) = run.next_tagged().await {
+        print_part(&part, json)?;
+        if part.depth == 0 {
+            own.push(part.part);
+        }
+    }
+    interrupt.set(None);
+    Ok(own)
+}
+
+fn print_carts(hosted: &Hosted) {
+    for (source, shop) in &hosted.shops {
+        let cart: Vec<String> = shop
+            .cart()
+            .iter()
+            .map(|l| format!("{} x {}", l.quantity, l.product_id))
+            .collect();
+        if !cart.is_empty() {
+            eprintln!("cart of `{source}`: {}", cart.join(", "));
+        }
+    }
+}
+
+/// `wma run --config`.
+pub(crate) async fn run(
+    config: &Config,
+    agent: Option<&str>,
+    request: &str,
+    json: bool,
+) -> Result<()> {
+    let name = pick_agent(config, agent)?;
+    let hosted = start(config).await?;
+    let interrupt = Interrupt::default();
+    interrupt.install();
+    if !json {
+        println!("you → {name}: {request}");
+    }
+    let started = Instant::now();
+    let result = ask(
+        &hosted.runtime.agent(&name)?,
+        vec![ChatMessage::user(request)],
+        json,
+        &interrupt,
+    )
+    .await;
+    eprintln!("\n{:.1} s in all", started.elapsed().as_secs_f64());
+    print_carts(&hosted);
+    hosted.shutdown().await;
+    if matches!(result?.last(), Some(AgentStreamPart::Error { .. })) {
+        bail!("the run ended with an error");
+    }
+    Ok(())
+}
+
+/// The messages a finished turn adds to the conversation: each step's
+/// prose and calls, then the calls' results.
+pub(crate) fn turn_messages(parts: &[AgentStreamPart]) -> Vec<ChatMessage> {
+    let mut out = Vec::new();
+    let mut text = String::new();
+    let mut calls = Vec::new();
+    let mut results = Vec::new();
+    let mut flush =
+        |text: &mut String, calls: &mut Vec<ToolCall>, results: &mut Vec<ChatMessage>| {
+            if !text.is_empty() || !calls.is_empty() {
+                out.push(ChatMessage::assistant_calls(
+                    std::mem::take(text),
+                    std::mem::take(calls),
+                ));
+                out.append(results);
+            }
+        };
+    for part in parts {
+        match part {
+            AgentStreamPart::MessageStart { .. }
+            | AgentStreamPart::Finish { .. }
+            | AgentStreamPart::Error { .. } => flush(&mut text, &mut calls, &mut results),
+            AgentStreamPart::Text { text: t } => {
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                text.push_str(t);
+            }
+            AgentStreamPart::ToolCall {
+                call_id,
+                name,
+                arguments,
+            } => calls.push(ToolCall::new(call_id, name, arguments.clone())),
+            AgentStreamPart::ToolResult {
+                call_id,
+                name,
+                output,
+            } => results.push(ChatMessage::tool_result(call_id, name, output)),
+            AgentStreamPart::ToolError {
+                call_id,
+                name,
+                error,
+            } => results.push(ChatMessage::tool_error(call_id, name, error.to_string())),
+        }
+    }
+    flush(&mut text, &mut calls, &mut results);
+    out
+}
+
+/// `wma chat`: a conversation on the terminal, one request per line.
+pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
+    let name = pick_agent(config, args.agent.as_deref())?;
+    let hosted = start(config).await?;
+    let agent = hosted.runtime.agent(&name)?;
+    let interrupt = Interrupt::default();
+    interrupt.install();
+    eprintln!("talking to `{name}`; Ctrl-C stops a reply, Ctrl-D or /exit ends the chat");
+    let (lines_tx, mut lines) = tokio::sync::mpsc::channel::<String>(1);
+    // Reading stdin blocks; a thread of its own keeps the runtime free.
+    std::thread::spawn(move || {
+        let stdin = std::io::stdin();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            match stdin.read_line(&mut line) {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {
+                    if lines_tx.blocking_send(line.trim().to_string()).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    let mut history: Vec<ChatMessage> = Vec::new();
+    loop {
+        if !args.json {
+            print!("you> ");
+            std::io::stdout().flush()?;
+        }
+        let line = tokio::select! {
+            _ = interrupt.quit.cancelled() => None,
+            line = lines.recv() => line,
+        };
+        let Some(line) = line else { break };
+        if line == "/exit" || line == "/quit" {
+            break;
+        }
+        if line.is_empty() {
+            continue;
+        }
+        history.push(ChatMessage::user(line));
+        let parts = ask(&agent, history.clone(), args.json, &interrupt).await?;
+        history.extend(turn_messages(&parts));
+    }
+    if !args.json {
+        println!();
+    }
+    print_carts(&hosted);
+    hosted.shutdown().await;
+    Ok(())
+}
+
+/// `wma serve`: the config's agents behind the HTTP API (and to the
+/// cluster), until Ctrl-C or SIGTERM.
+pub(crate) async fn serve(args: ServeArgs, config: &Config) -> Result<()> {
+    let hosted = start(config).await?;
+    let shutdown = CancellationToken::new();
+    let server = if args.no_http {
+        None
+    } else {
+        let api = serve::Api::new(config.clone(), &hosted.runtime)?;
+        let listen = args.listen.unwrap_or(config.server_listen);
+        let (addr, task) = serve::start(listen, api, shutdown.clone())
+            .await
+            .with_context(|| format!("could not listen on {listen}"))?;
+        println!("http listening on http://{addr}");
+        if !addr.ip().is_loopback() {
+            eprintln!(
+                "warning: the API has no authentication and listens beyond this machine ({addr})"
+            );
+        }
+        Some(task)
+    };
+    std::io::stdout().flush()?;
+    wait_for_stop().await;
+    eprintln!("stopping");
+    shutdown.cancel();
+    if let Some(task) = server {
+        let _ = task.await;
+    }
+    hosted.shutdown().await;
+    Ok(())
+}
+
+async fn wait_for_stop() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            }
+            return;
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// `wma check`: validates a config and says what it would start.
+pub(crate) fn check(config: &Config) {
+    println!("{}: ok", config.file.display());
+    for agent in &config.agents {
+        let mut line = format!("  agent {} on {}", agent.name, agent.provider);
+        if !agent.tools.is_empty() {
+            line.push_str(&format!(", tools: {}", agent.tools.join(", ")));
+        }
+        if !agent.sub_agents.is_empty() {
+            line.push_str(&format!(", delegates to: {}", agent.sub_agents.join(", ")));
+        }
+        println!("{line}");
+    }
+    for remote in &config.remote_agents {
+        println!("  agent {} on another node", remote.name);
+    }
+}
