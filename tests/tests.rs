@@ -3,5 +3,6 @@
 mod support;
 
 mod config;
+mod delegation;
 mod loop_behaviour;
 mod real_model;
