@@ -4,5 +4,6 @@ mod support;
 
 mod config;
 mod delegation;
+mod http_api;
 mod loop_behaviour;
 mod real_model;
