@@ -2,6 +2,7 @@
 
 mod support;
 
+mod cluster;
 mod config;
 mod delegation;
 mod http_api;
