@@ -145,7 +145,7 @@ impl Shop {
                     })
                     .filter(|(score, _)| *score > 0)
                     .collect();
-                hits.sort_by(|a, b| b.0.cmp(&a.0));
+                hits.sort_by_key(|h| std::cmp::Reverse(h.0));
                 let list: Vec<Value> = hits
                     .iter()
                     .map(|(_, p)| json!({"id": p.id, "title": p.title, "price": p.price, "in_stock": p.stock > 0}))
