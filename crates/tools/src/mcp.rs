@@ -4,15 +4,18 @@
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, ErrorCode, Implementation,
+    ProtocolVersion,
 };
 use rmcp::service::{MaybeSendFuture, NotificationContext, RunningService};
+use rmcp::transport::common::client_side_sse::ExponentialBackoff;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use rmcp::transport::{StreamableHttpClientTransport, TokioChildProcess};
 use rmcp::{ClientHandler, RoleClient, ServiceError, ServiceExt};
 use serde_json::{Map, Value, json};
@@ -32,6 +35,11 @@ pub const DEFAULT_RESTART_WINDOW: Duration = Duration::from_secs(60);
 
 /// How long starting and initializing a server may take.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Times a broken HTTP response stream is resumed before the request fails.
+/// rmcp's default retries forever, which turns a dead server into a call
+/// that never answers.
+const HTTP_STREAM_RETRIES: usize = 3;
 
 /// Lines of a server's stderr kept to explain why it stopped.
 const LAST_WORDS: usize = 5;
@@ -161,11 +169,16 @@ struct Connection {
     service: RunningService<RoleClient, Handler>,
     pid: Option<u32>,
     tools: Mutex<Option<Vec<ToolDefinition>>>,
+    /// A request failed because the transport broke. An HTTP transport
+    /// stays open after its server went away (and a restarted server does
+    /// not know the old session), so this, not the transport, says the
+    /// connection must be replaced.
+    broken: AtomicBool,
 }
 
 impl Connection {
     fn is_closed(&self) -> bool {
-        self.service.peer().is_transport_closed()
+        self.broken.load(Ordering::SeqCst) || self.service.peer().is_transport_closed()
     }
 }
 
@@ -175,6 +188,8 @@ struct Inner {
     /// The current connection; replaced when the server is restarted.
     connection: tokio::sync::Mutex<Option<Arc<Connection>>>,
     restarts: AtomicU32,
+    /// Calls sent and not yet answered.
+    in_flight: AtomicUsize,
     /// When recent restarts happened, for the budget.
     restart_times: Mutex<VecDeque<Instant>>,
     /// The last lines the server wrote to stderr, to explain a crash.
@@ -223,6 +238,7 @@ impl McpServer {
                 }),
                 connection: tokio::sync::Mutex::new(None),
                 restarts: AtomicU32::new(0),
+                in_flight: AtomicUsize::new(0),
                 restart_times: Mutex::new(VecDeque::new()),
                 last_words: Arc::new(Mutex::new(VecDeque::new())),
             }),
@@ -250,6 +266,11 @@ impl McpServer {
     /// Times the server was restarted after it stopped.
     pub fn restarts(&self) -> u32 {
         self.inner.restarts.load(Ordering::SeqCst)
+    }
+
+    /// Calls sent to the server that have not answered yet.
+    pub fn calls_in_flight(&self) -> usize {
+        self.inner.in_flight.load(Ordering::SeqCst)
     }
 
     /// `notifications/tools/list_changed` received so far.
@@ -300,12 +321,16 @@ impl McpServer {
     /// Starts a process (or opens an HTTP session) and initializes.
     async fn start(&self) -> Result<Arc<Connection>, ToolsError> {
         let options = &self.inner.options;
+        let mut config = ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("webmcp-agents", env!("CARGO_PKG_VERSION")),
+        );
+        // The `initialize` handshake offers the newest version that has one;
+        // the servers in use today (and the conformance suite) speak it.
+        config.protocol_version = ProtocolVersion::LATEST_WITH_INITIALIZE;
         let handler = Handler {
             flags: self.inner.flags.clone(),
-            config: ClientConfig::new(
-                ClientCapabilities::default(),
-                Implementation::new("webmcp-agents", env!("CARGO_PKG_VERSION")),
-            ),
+            config,
         };
         // A new session's list is fetched afresh.
         self.inner.flags.stale.store(true, Ordering::SeqCst);
@@ -350,7 +375,13 @@ impl McpServer {
                 (service, pid)
             }
             McpTransport::Http { url } => {
-                let transport = StreamableHttpClientTransport::from_uri(url.as_str());
+                let mut retry = ExponentialBackoff::default();
+                retry.max_times = Some(HTTP_STREAM_RETRIES);
+                retry.base_duration = Duration::from_millis(250);
+                retry.max_delay = Some(Duration::from_secs(2));
+                let mut config = StreamableHttpClientTransportConfig::with_uri(url.as_str());
+                config.retry_config = Arc::new(retry);
+                let transport = StreamableHttpClientTransport::from_config(config);
                 let service =
                     tokio::time::timeout(options.connect_timeout, handler.serve(transport))
                         .await
@@ -364,6 +395,7 @@ impl McpServer {
             service,
             pid,
             tools: Mutex::new(None),
+            broken: AtomicBool::new(false),
         }))
     }
 
@@ -462,6 +494,22 @@ impl McpServer {
     }
 }
 
+/// Counts a call while it runs, however it ends.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn enter(counter: &'a AtomicUsize) -> Self {
+        counter.fetch_add(1, Ordering::SeqCst);
+        Self(counter)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 /// A server's tool as the loop sees it.
 fn tool_definition(tool: &Value) -> ToolDefinition {
     let hints = &tool["annotations"];
@@ -552,6 +600,12 @@ impl ToolHost for McpServer {
             Err(error) => {
                 self.inner.flags.stale.store(true, Ordering::SeqCst);
                 tracing::warn!(server = %self.name(), %error, "could not list the MCP server's tools");
+                if matches!(
+                    error,
+                    ServiceError::TransportClosed | ServiceError::TransportSend(_)
+                ) {
+                    connection.broken.store(true, Ordering::SeqCst);
+                }
                 if connection.is_closed() {
                     self.restart_soon();
                 }
@@ -579,6 +633,7 @@ impl ToolHost for McpServer {
         let connection = self.connection().await?;
         let params = CallToolRequestParams::new(name.to_string()).with_arguments(arguments);
         let peer = connection.service.peer().clone();
+        let _in_flight = InFlight::enter(&self.inner.in_flight);
         // Dropping the request on cancellation makes rmcp send
         // `notifications/cancelled` for it.
         let outcome = tokio::select! {
@@ -605,9 +660,8 @@ impl ToolHost for McpServer {
             }
             Err(ServiceError::TransportClosed | ServiceError::TransportSend(_)) => {
                 let said = self.said();
-                if connection.is_closed() {
-                    self.restart_soon();
-                }
+                connection.broken.store(true, Ordering::SeqCst);
+                self.restart_soon();
                 Err(ToolError::new(
                     ToolErrorCode::Unavailable,
                     format!(

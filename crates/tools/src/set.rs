@@ -160,6 +160,17 @@ struct Route {
     definition: ToolDefinition,
 }
 
+/// A merged listing.
+#[derive(Default)]
+struct Merged {
+    /// What the model is offered.
+    offered: Vec<ToolDefinition>,
+    routes: HashMap<String, Route>,
+    /// Tools a source has but its policy hides, with that source's index:
+    /// calling one is a policy refusal, not a mistyped name.
+    hidden: HashMap<String, usize>,
+}
+
 /// Tool sources merged into one [`ToolHost`]: WebMCP pages, MCP servers and
 /// Rust functions side by side, under the host's policies.
 ///
@@ -181,8 +192,8 @@ struct Route {
 pub struct ToolSet {
     sources: Vec<Source>,
     clash: NameClash,
-    /// From the newest listing; a call to a name not in it lists again.
-    routes: Mutex<HashMap<String, Route>>,
+    /// The newest listing; a call to a name not in it lists again.
+    listing: Mutex<Merged>,
 }
 
 impl Default for ToolSet {
@@ -209,7 +220,7 @@ impl ToolSet {
         Self {
             sources: Vec::new(),
             clash: NameClash::default(),
-            routes: Mutex::new(HashMap::new()),
+            listing: Mutex::new(Merged::default()),
         }
     }
 
@@ -261,14 +272,15 @@ impl ToolSet {
 
     /// The source that offers `tool` (as of the newest listing).
     pub fn source_of(&self, tool: &str) -> Option<&str> {
-        let routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
-        routes
+        let listing = self.listing.lock().unwrap_or_else(|e| e.into_inner());
+        listing
+            .routes
             .get(tool)
             .map(|route| self.sources[route.source].name.as_str())
     }
 
     /// Lists every source (at once, each within [`LIST_TIMEOUT`]) and merges.
-    async fn merged(&self) -> (Vec<ToolDefinition>, HashMap<String, Route>) {
+    async fn merged(&self) -> Merged {
         let listings = futures::future::join_all(self.sources.iter().map(|source| async move {
             let listing = AssertUnwindSafe(source.host.list_tools()).catch_unwind();
             match tokio::time::timeout(LIST_TIMEOUT, listing).await {
@@ -286,6 +298,7 @@ impl ToolSet {
         .await;
         let mut offered = Vec::new();
         let mut routes: HashMap<String, Route> = HashMap::new();
+        let mut hidden = HashMap::new();
         // Names of the later sources' tools clash only with earlier
         // sources' own names, so qualified names are decided in a second
         // pass, after every source's plain names are known.
@@ -293,6 +306,7 @@ impl ToolSet {
         for (index, (source, listing)) in self.sources.iter().zip(listings).enumerate() {
             for mut definition in listing {
                 if !source.options.permits(&definition.name) {
+                    hidden.entry(definition.name).or_insert(index);
                     continue;
                 }
                 if source.options.untrusted {
@@ -339,21 +353,20 @@ impl ToolSet {
                 offered.push(definition);
             }
         }
-        (offered, routes)
-    }
-
-    /// Which source's policy refuses `name`, if one does: a name that no
-    /// source offers but one of them denies is a policy refusal, not a typo.
-    fn denied_by(&self, name: &str) -> Option<&Source> {
-        self.sources.iter().find(|s| !s.options.permits(name))
+        Merged {
+            offered,
+            routes,
+            hidden,
+        }
     }
 }
 
 #[async_trait]
 impl ToolHost for ToolSet {
     async fn list_tools(&self) -> Vec<ToolDefinition> {
-        let (tools, routes) = self.merged().await;
-        *self.routes.lock().unwrap_or_else(|e| e.into_inner()) = routes;
+        let merged = self.merged().await;
+        let tools = merged.offered.clone();
+        *self.listing.lock().unwrap_or_else(|e| e.into_inner()) = merged;
         tools
     }
 
@@ -364,25 +377,27 @@ impl ToolHost for ToolSet {
         cancel: CancellationToken,
     ) -> Result<String, ToolError> {
         let known = self
-            .routes
+            .listing
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+            .routes
             .get(name)
             .cloned();
         let route = match known {
             Some(route) => route,
             None => {
-                let (_, mut routes) = self.merged().await;
-                let route = routes.remove(name);
-                match route {
+                // Not in the newest listing: the tool may have just appeared
+                // (a page navigated), or the caller did not list first.
+                let mut merged = self.merged().await;
+                match merged.routes.remove(name) {
                     Some(route) => route,
                     None => {
-                        if let Some(source) = self.denied_by(name) {
+                        if let Some(&source) = merged.hidden.get(name) {
                             return Err(ToolError::new(
                                 ToolErrorCode::Denied,
                                 format!(
                                     "the host does not allow the tool \"{name}\" of {}",
-                                    source.name
+                                    self.sources[source].name
                                 ),
                             ));
                         }
