@@ -608,3 +608,79 @@ async fn the_sub_agents_run_nests_under_the_parents_tool_call_in_the_trace() {
     drop(_scope);
     drop(guard);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agents_parts_stay_between_the_call_that_started_it_and_its_result() {
+    // One step, three delegations in a row: each sub-agent run's parts must
+    // come after its call and before its result, never among another's.
+    let calls = [1, 2, 3]
+        .map(|i| call("echo_agent", json!({"task": format!("Task {i}")})))
+        .join("\n");
+    let (_, parent_source) = model(
+        "parent-model",
+        vec![text(&calls), text("All three are done.")],
+    );
+    let (_, echo_source) = model(
+        "echo-model",
+        vec![
+            text("First answer."),
+            text("Second answer."),
+            text("Third answer."),
+        ],
+    );
+    let runtime = RuntimeBuilder::new()
+        .provider("parent", parent_source)
+        .provider("echo", echo_source)
+        .agent(
+            AgentConfig::new("parent")
+                .with_provider("parent")
+                .with_sub_agents(["echo_agent"]),
+        )
+        .agent(AgentConfig::new("echo_agent").with_provider("echo"))
+        .start()
+        .await
+        .unwrap();
+    let parts = runtime
+        .agent("parent")
+        .unwrap()
+        .run(vec![ChatMessage::user("Do three things")])
+        .await
+        .unwrap()
+        .collect_tagged()
+        .await;
+    let mut expected = Vec::new();
+    for (i, answer) in ["First answer.", "Second answer.", "Third answer."]
+        .iter()
+        .enumerate()
+    {
+        let id = format!("call_1_{}", i + 1);
+        expected.push(format!("parent call {id}"));
+        expected.extend([
+            "echo_agent message-start".to_string(),
+            format!("echo_agent text {answer}"),
+            "echo_agent finish".to_string(),
+        ]);
+        expected.push(format!("parent result {id} {answer}"));
+    }
+    let seen: Vec<String> = parts
+        .iter()
+        .filter_map(|p| match &p.part {
+            AgentStreamPart::ToolCall { call_id, .. } => {
+                Some(format!("{} call {call_id}", p.agent))
+            }
+            AgentStreamPart::ToolResult {
+                call_id, output, ..
+            } => Some(format!("{} result {call_id} {output}", p.agent)),
+            AgentStreamPart::MessageStart { .. } if p.depth == 1 => {
+                Some(format!("{} message-start", p.agent))
+            }
+            AgentStreamPart::Text { text } if p.depth == 1 => {
+                Some(format!("{} text {text}", p.agent))
+            }
+            AgentStreamPart::Finish { .. } if p.depth == 1 => Some(format!("{} finish", p.agent)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(seen, expected, "{parts:#?}");
+    runtime.shutdown().await;
+}

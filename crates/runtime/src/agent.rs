@@ -20,7 +20,7 @@ use wma_agent::{
 };
 
 use crate::bridge::ToolBridgeHandle;
-use crate::delegator::{DelegationScope, DelegatorHandle, RunTools};
+use crate::delegator::{DelegationScope, DelegatorHandle, Relay, RunTools};
 use crate::error::RuntimeError;
 use crate::panic_message;
 use crate::part::TaggedPart;
@@ -301,6 +301,9 @@ impl AgentArgs {
         // Sub-agents' runs end before their parent's terminal part is sent,
         // so a host never sees a part of this run after its end.
         let children = TaskTracker::new();
+        let (relay, mut relayed) = mpsc::channel(RUN_PART_BUFFER);
+        let (announce, announced) = tokio::sync::watch::channel(0u64);
+        let delegates: Vec<String> = profile.sub_agents.iter().map(|s| s.name.clone()).collect();
         let delegation = if profile.sub_agents.is_empty() || depth >= self.delegator.max_depth() {
             // At the depth limit the sub-agents are neither offered as tools
             // nor named in the prompt: a small model would only waste steps
@@ -313,8 +316,10 @@ impl AgentArgs {
                 agent: shared.config.name.clone(),
                 sub_agents: profile.sub_agents.clone(),
                 depth,
-                sink: parts.clone(),
+                sink: relay,
                 children: children.clone(),
+                announced,
+                made: AtomicU64::new(0),
             })
         };
         let request = AgentRunRequest {
@@ -329,18 +334,38 @@ impl AgentArgs {
             async move {
                 let _permit = permit;
                 let mut ended = false;
+                // This task is the one writer of the run's parts: the loop's
+                // own, in the loop's order, and its sub-agents', which are
+                // taken only while the loop has nothing ready (so the call
+                // that started a sub-agent is out first), with a sub-agent's
+                // answer released to the loop only after its parts.
                 let drive = async {
                     let mut stream = run_local_agent(provider, request, options);
-                    while let Some(part) = stream.next().await {
-                        if part.is_terminal() {
-                            ended = true;
-                            children.close();
-                            children.wait().await;
-                        }
-                        if parts.send(TaggedPart::new(&name, 0, part)).await.is_err() {
-                            // Nobody reads any more: stop, and let the loop end
-                            // its run properly (it finishes "aborted" at once).
-                            cancel.cancel();
+                    loop {
+                        tokio::select! {
+                            biased;
+                            part = stream.next() => {
+                                let Some(part) = part else { break };
+                                if part.is_terminal() {
+                                    ended = true;
+                                    settle(&children, &mut relayed, &parts, &cancel).await;
+                                }
+                                let delegation = matches!(
+                                    &part,
+                                    AgentStreamPart::ToolCall { name, .. } if delegates.contains(name)
+                                );
+                                if parts.send(TaggedPart::new(&name, 0, part)).await.is_err() {
+                                    // Nobody reads any more: stop, and let the loop end
+                                    // its run properly (it finishes "aborted" at once).
+                                    cancel.cancel();
+                                }
+                                if delegation {
+                                    announce.send_modify(|count| *count += 1);
+                                }
+                            }
+                            Some(message) = relayed.recv() => {
+                                pass_on(message, &parts, &cancel).await;
+                            }
                         }
                     }
                 };
@@ -351,8 +376,7 @@ impl AgentArgs {
                     tracing::error!(%reason, "a run panicked");
                     if !ended {
                         cancel.cancel();
-                        children.close();
-                        children.wait().await;
+                        settle(&children, &mut relayed, &parts, &cancel).await;
                         let _ = parts
                             .send(TaggedPart::new(
                                 &name,
@@ -369,6 +393,42 @@ impl AgentArgs {
             .instrument(span),
         );
         id
+    }
+}
+
+/// Waits for the run's sub-agent jobs to end, passing their parts on meanwhile.
+async fn settle(
+    children: &TaskTracker,
+    relayed: &mut mpsc::Receiver<Relay>,
+    parts: &mpsc::Sender<TaggedPart>,
+    cancel: &CancellationToken,
+) {
+    children.close();
+    loop {
+        tokio::select! {
+            biased;
+            Some(message) = relayed.recv() => pass_on(message, parts, cancel).await,
+            _ = children.wait() => break,
+        }
+    }
+    // What the jobs sent just before they ended.
+    while let Ok(message) = relayed.try_recv() {
+        pass_on(message, parts, cancel).await;
+    }
+}
+
+/// A sub-agent's part goes to the host; its answer to the waiting tool call.
+async fn pass_on(message: Relay, parts: &mpsc::Sender<TaggedPart>, cancel: &CancellationToken) {
+    match message {
+        Relay::Part(part) => {
+            if parts.send(part).await.is_err() {
+                cancel.cancel();
+            }
+        }
+        Relay::Answer { reply, result } => {
+            // The call may have been dropped (the run was stopped).
+            let _ = reply.send(result);
+        }
     }
 }
 

@@ -35,7 +35,7 @@ use tracing::Instrument;
 use wma_agent::{ChatMessage, ToolError, ToolErrorCode};
 
 use crate::agent::{AgentHandle, RunStream};
-use crate::delegator::{FinalAnswer, Job, refused};
+use crate::delegator::{FinalAnswer, Job, Relay, refused};
 use crate::error::RuntimeError;
 use crate::part::TaggedPart;
 use crate::supervisor::{Runtime, Timeouts};
@@ -594,7 +594,7 @@ pub(crate) async fn run_remote(
             Ok(Reply::Parts { parts, done }) => {
                 for part in parts {
                     answer.observe(&part);
-                    if job.sink.send(part.nested()).await.is_err() {
+                    if job.sink.send(Relay::Part(part.nested())).await.is_err() {
                         // The parent's host went away: stop the remote run,
                         // and read on to its end.
                         job.cancel.cancel();

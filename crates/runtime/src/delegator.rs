@@ -8,12 +8,12 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use serde_json::{Value, json};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
@@ -76,8 +76,9 @@ pub(crate) struct Job {
     pub(crate) depth: u32,
     /// The parent's call token: cancelling it stops the sub-agent's run.
     pub(crate) cancel: CancellationToken,
-    /// The parent run's part channel.
-    pub(crate) sink: mpsc::Sender<TaggedPart>,
+    /// Where the sub-agent's parts and then its answer go: to the task that
+    /// forwards the parent's parts, which keeps them in order.
+    pub(crate) sink: mpsc::Sender<Relay>,
     /// The parent run's tracker, so it ends after this job.
     pub(crate) children: TaskTracker,
     /// The parent's `execute_tool` span, the parent of the sub-agent's `invoke_agent`.
@@ -86,6 +87,22 @@ pub(crate) struct Job {
 
 /// What the delegating tool call waits for.
 pub(crate) type Answer = oneshot::Receiver<Result<String, ToolError>>;
+
+/// What a job sends the task that forwards its parent's parts.
+///
+/// The sub-agent's parts and its answer travel on one channel, so that the
+/// answer reaches the parent's loop only after every part before it
+/// reached the host: the parent's tool result can never overtake the
+/// sub-agent's last parts, nor its tool call the sub-agent's first.
+pub(crate) enum Relay {
+    /// A sub-agent's part, already tagged one level down.
+    Part(TaggedPart),
+    /// The job's answer, for the tool call waiting on `reply`.
+    Answer {
+        reply: oneshot::Sender<Result<String, ToolError>>,
+        result: Result<String, ToolError>,
+    },
+}
 
 /// Messages of the delegator.
 pub(crate) enum DelegatorMsg {
@@ -192,21 +209,23 @@ fn begin(shared: &Arc<DelegatorShared>, job: Job) -> Result<Answer, ToolError> {
             format!("there is no agent named `{}` to hand work to", job.to),
         ));
     };
-    let (tx, rx) = oneshot::channel();
+    let (reply, answer) = oneshot::channel();
     let span = job.span.clone();
     let children = job.children.clone();
     let timeouts = shared.timeouts;
     children.spawn(
         async move {
+            let sink = job.sink.clone();
             let result = match target {
                 Target::Local(agent) => run_local(agent, job).await,
                 Target::Remote(endpoint) => cluster::run_remote(endpoint, job, timeouts).await,
             };
-            let _ = tx.send(result);
+            // A closed channel: the parent's run is over, nobody waits.
+            let _ = sink.send(Relay::Answer { reply, result }).await;
         }
         .instrument(span),
     );
-    Ok(rx)
+    Ok(answer)
 }
 
 /// Where a sub-agent runs.
@@ -228,8 +247,8 @@ async fn run_local(agent: AgentHandle, job: Job) -> Result<String, ToolError> {
     let mut answer = FinalAnswer::new(&job.to);
     while let Some(part) = run.next_tagged().await {
         answer.observe(&part);
-        if job.sink.send(part.nested()).await.is_err() {
-            // The parent's host went away: dropping the run stops it.
+        if job.sink.send(Relay::Part(part.nested())).await.is_err() {
+            // The parent's run is gone: dropping this run stops it.
             break;
         }
     }
@@ -344,8 +363,15 @@ pub(crate) struct DelegationScope {
     pub(crate) sub_agents: Vec<SubAgentInfo>,
     /// The delegating run's depth.
     pub(crate) depth: u32,
-    pub(crate) sink: mpsc::Sender<TaggedPart>,
+    pub(crate) sink: mpsc::Sender<Relay>,
     pub(crate) children: TaskTracker,
+    /// How many of the run's calls to sub-agents have reached the host. A
+    /// delegation starts only once its own call has: the loop announces a
+    /// call before it makes it, and the sub-agent's first part must not
+    /// overtake that announcement on its way to the host.
+    pub(crate) announced: watch::Receiver<u64>,
+    /// Calls to sub-agents made so far.
+    pub(crate) made: AtomicU64,
 }
 
 /// The tools one run sees: its sub-agents first, then its tool sources'
@@ -404,6 +430,27 @@ impl ToolHost for RunTools {
                 format!("{name} needs a task: {{\"task\": \"<what it should do>\"}}"),
             ));
         };
+        // This is the n-th call to a sub-agent; its announcement is the n-th
+        // one the host sees.
+        let n = scope.made.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut announced = scope.announced.clone();
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => {
+                return Err(ToolError::new(
+                    ToolErrorCode::Cancelled,
+                    format!("the task for `{name}` was cancelled"),
+                ));
+            }
+            seen = announced.wait_for(|count| *count >= n) => {
+                if seen.is_err() {
+                    return Err(ToolError::new(
+                        ToolErrorCode::Cancelled,
+                        format!("the run ended before the task for `{name}` started"),
+                    ));
+                }
+            }
+        }
         let job = Job {
             from: scope.agent.clone(),
             to: name.to_string(),
