@@ -511,6 +511,11 @@ async fn the_sub_agents_run_nests_under_the_parents_tool_call_in_the_trace() {
     let (dispatch, guard) =
         webmcp_agents::telemetry::build(&config.resolve(|_| None).unwrap()).unwrap();
     let _scope = tracing::dispatcher::set_default(&dispatch);
+    // Another test's thread may have registered a callsite (a loop span)
+    // while this subscriber was being set: its cached interest can miss this
+    // subscriber, and its spans would be lost. Recompute every interest now
+    // that the subscriber is in place.
+    tracing::callsite::rebuild_interest_cache();
 
     let (_, parent_source) = model(
         "parent-model",

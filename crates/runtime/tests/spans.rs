@@ -53,6 +53,9 @@ impl ToolHost for TracedShop {
     }
 }
 
+/// The tests of this binary run one at a time (see the binary's docs).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn one<'a>(spans: &'a [CapturedSpan], name: &str) -> &'a CapturedSpan {
     let found: Vec<_> = spans.iter().filter(|s| s.name == name).collect();
     assert_eq!(
@@ -83,6 +86,7 @@ fn children<'a>(
 // the current-thread runtime (the default of `tokio::test`) with it.
 #[tokio::test]
 async fn a_run_exports_the_genai_span_tree_with_parent_links_across_the_actors() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let receiver = OtlpReceiver::start().unwrap();
     let config = TelemetryConfig {
         // The failed run logs an error on purpose; keep the test output clean.
@@ -265,6 +269,7 @@ async fn a_run_exports_the_genai_span_tree_with_parent_links_across_the_actors()
 
 #[tokio::test]
 async fn the_same_tree_arrives_over_grpc() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let receiver = OtlpReceiver::start().unwrap();
     let config = TelemetryConfig {
         protocol: Some("grpc".to_string()),
