@@ -9,7 +9,9 @@
 //!   CDP `WebMCP` domain and followed as the page navigates; it also
 //!   reports the page context (path, title, main heading). [`Browser`]
 //!   starts Chromium with WebMCP on, or connects to one that runs;
-//!   [`LoopbackSite`] serves a local page on `127.0.0.1`.
+//!   [`LoopbackSite`] serves a local page on `127.0.0.1`; [`WebMcpSource`]
+//!   is a page that opens itself, and opens itself again after its browser
+//!   died.
 //! - [`McpServer`]: an MCP server through the `rmcp` client, as a child
 //!   process over stdio or over streamable HTTP. It follows
 //!   `notifications/tools/list_changed`, turns `isError` results into tool
@@ -68,5 +70,5 @@ pub use set::{
 pub use site::LoopbackSite;
 pub use webmcp::{
     Browser, BrowserOptions, CHROMIUM_ENV, DEFAULT_LAUNCH_TIMEOUT, DEFAULT_PAGE_CALL_TIMEOUT,
-    DEFAULT_SETTLE_TIMEOUT, PageOptions, PageTarget, WebMcpPage, find_chromium,
+    DEFAULT_SETTLE_TIMEOUT, PageOptions, PageTarget, WebMcpPage, WebMcpSource, find_chromium,
 };

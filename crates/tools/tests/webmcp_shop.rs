@@ -11,9 +11,9 @@ use wma_agent::{
     ToolErrorCode, ToolHost,
 };
 use wma_testkit::ScriptedProvider;
-use wma_tools::{SourceOptions, ToolSet};
+use wma_tools::{BrowserOptions, LoopbackSite, SourceOptions, ToolSet, WebMcpSource};
 
-use crate::support::{Shop, call, eventually, run_all};
+use crate::support::{Shop, call, eventually, run_all, shop_dir};
 
 fn names(tools: &[wma_agent::ToolDefinition]) -> Vec<&str> {
     tools.iter().map(|t| t.name.as_str()).collect()
@@ -265,4 +265,61 @@ async fn a_scripted_agent_puts_a_product_in_the_cart() {
         system(2)
     );
     shop.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_whose_browser_died_fails_the_running_call_and_is_opened_again() {
+    let site = LoopbackSite::serve(shop_dir()).await.unwrap();
+    // Slow tools, so that a call is still running when the browser dies.
+    let source = WebMcpSource::new(site.url_of("/?latency_ms=60000"), BrowserOptions::default());
+    let tools = source.list_tools().await;
+    assert!(
+        names(&tools).contains(&"search_products"),
+        "{:?}",
+        names(&tools)
+    );
+    let page = source.page().await.unwrap();
+    let pid = source.browser().await.unwrap().process_id().unwrap();
+
+    let call = {
+        let page = page.clone();
+        tokio::spawn(async move {
+            page.call_tool("view_cart", json!({}), CancellationToken::new())
+                .await
+        })
+    };
+    eventually(
+        "the call to be running in the page",
+        Duration::from_secs(20),
+        || {
+            let page = page.clone();
+            async move { page.calls_in_flight() == 1 }
+        },
+    )
+    .await;
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let error = call.await.unwrap().unwrap_err();
+    assert_eq!(error.code, ToolErrorCode::Unavailable, "{error:?}");
+    assert!(
+        error.message.starts_with("the page is not available"),
+        "{}",
+        error.message
+    );
+
+    let tools = source.list_tools().await;
+    assert!(
+        names(&tools).contains(&"search_products"),
+        "{:?}",
+        names(&tools)
+    );
+    assert_eq!(source.reopened(), 1);
+    let new_pid = source.browser().await.unwrap().process_id().unwrap();
+    assert_ne!(pid, new_pid);
+    if let Some(browser) = source.browser().await {
+        browser.close().await;
+    }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::{Child, ChildStderr, ChildStdin, Command};
 
 use crate::error::ToolsError;
 use crate::webmcp::cdp::Cdp;
@@ -80,39 +80,77 @@ pub struct Browser {
 pub(crate) struct BrowserInner {
     pub(crate) cdp: Arc<Cdp>,
     /// The process, when this crate started it.
-    process: Mutex<Option<Child>>,
+    process: Mutex<Option<Process>>,
     /// The throwaway profile of a launched browser.
     profile: Option<PathBuf>,
     /// The DevTools endpoint, for messages and [`Browser::endpoint`].
     endpoint: String,
 }
 
+/// A launched browser.
+///
+/// On Unix the browser runs under a small shell that holds the read end of
+/// a pipe whose write end only this process holds (`lifeline`). When the
+/// pipe closes, because the browser is dropped or because this process
+/// ended in any way, signals included, the shell kills the browser. A
+/// `kill_on_drop` child would be left running when the process is killed,
+/// since no destructor runs then.
+struct Process {
+    /// The shell (on Unix) or the browser itself.
+    child: Child,
+    /// Closing it stops the browser.
+    lifeline: Option<ChildStdin>,
+    /// The browser's own process id.
+    pid: Option<u32>,
+}
+
+impl Process {
+    /// Stops the browser without waiting.
+    fn stop(&mut self) {
+        if self.lifeline.take().is_none() {
+            let _ = self.child.start_kill();
+        }
+    }
+}
+
+/// The shell that runs the browser (`$0 "$@"`), prints its pid, and, when
+/// its standard input closes, kills it and removes its throwaway profile
+/// (`WMA_PROFILE_DIR`). The shell outlives this process, so the profile is
+/// removed even when this process ends first.
+#[cfg(unix)]
+const WATCHDOG: &str = r#""$0" "$@" </dev/null >/dev/null &
+pid=$!
+echo "$pid"
+while read -r _; do :; done
+kill -9 "$pid" 2>/dev/null
+wait "$pid" 2>/dev/null
+for _ in 1 2 3 4 5; do
+  rm -rf "$WMA_PROFILE_DIR" 2>/dev/null
+  [ -e "$WMA_PROFILE_DIR" ] || break
+  sleep 1
+done
+"#;
+
 impl Drop for BrowserInner {
     fn drop(&mut self) {
-        let child = self.process.get_mut().unwrap_or_else(|e| e.into_inner());
-        if let Some(child) = child.as_mut() {
+        let process = self.process.get_mut().unwrap_or_else(|e| e.into_inner());
+        if let Some(process) = process.as_mut() {
             // Chromium's helper processes exit on their own once the
             // browser process is gone (their IPC channels close).
-            let _ = child.start_kill();
+            process.stop();
         }
-        if let Some(profile) = &self.profile {
-            let profile = profile.clone();
-            // The browser may still hold files open for a moment after the
-            // kill; removal is best effort either way.
-            match tokio::runtime::Handle::try_current() {
-                Ok(handle) => {
-                    let process = child.take();
-                    handle.spawn(async move {
-                        if let Some(mut process) = process {
-                            let _ = process.wait().await;
-                        }
-                        let _ = tokio::fs::remove_dir_all(&profile).await;
-                    });
+        // On Unix the watchdog removes the profile once the browser is gone.
+        #[cfg(not(unix))]
+        if let Some(profile) = self.profile.clone() {
+            // The browser may write for a moment more before the kill lands.
+            std::thread::spawn(move || {
+                for _ in 0..50 {
+                    if std::fs::remove_dir_all(&profile).is_ok() || !profile.exists() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
                 }
-                Err(_) => {
-                    let _ = std::fs::remove_dir_all(&profile);
-                }
-            }
+            });
         }
     }
 }
@@ -197,6 +235,9 @@ fn launch_args(options: &BrowserOptions, profile: &Path) -> Vec<String> {
         "--disable-sync".to_string(),
         "--disable-quic".to_string(),
         "--disable-extensions".to_string(),
+        // No crash-reporter helper processes, which outlive the browser.
+        "--disable-breakpad".to_string(),
+        "--disable-crash-reporter".to_string(),
     ];
     if options.headless {
         args.push("--headless".to_string());
@@ -211,26 +252,89 @@ fn launch_args(options: &BrowserOptions, profile: &Path) -> Vec<String> {
     args
 }
 
+/// Starts the browser; returns it and its stderr.
+async fn spawn_browser(
+    executable: &Path,
+    args: Vec<String>,
+    profile: &Path,
+    limit: Duration,
+) -> std::io::Result<(Process, ChildStderr)> {
+    #[cfg(unix)]
+    {
+        let mut child = Command::new("/bin/sh")
+            .arg("-c")
+            .arg(WATCHDOG)
+            .arg(executable)
+            .args(args)
+            .env("WMA_PROFILE_DIR", profile)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let lifeline = child.stdin.take();
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let mut first = String::new();
+        let read = tokio::time::timeout(limit, BufReader::new(stdout).read_line(&mut first)).await;
+        let pid = match read {
+            Ok(Ok(_)) => first.trim().parse().ok(),
+            _ => None,
+        };
+        if pid.is_none() {
+            let _ = child.start_kill();
+            return Err(std::io::Error::other("the browser did not start"));
+        }
+        Ok((
+            Process {
+                child,
+                lifeline,
+                pid,
+            },
+            stderr,
+        ))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = (limit, profile);
+        let mut child = Command::new(executable)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let pid = child.id();
+        Ok((
+            Process {
+                child,
+                lifeline: None,
+                pid,
+            },
+            stderr,
+        ))
+    }
+}
+
 impl Browser {
     /// Starts a browser with WebMCP on and a fresh, throwaway profile.
     pub async fn launch(options: BrowserOptions) -> Result<Self, ToolsError> {
         let executable = find_chromium(options.executable.as_deref())?;
         let profile = fresh_profile_dir()?;
-        let mut child = Command::new(&executable)
-            .args(launch_args(&options, &profile))
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| {
-                let _ = std::fs::remove_dir_all(&profile);
-                ToolsError::BrowserLaunch {
-                    executable: executable.clone(),
-                    reason: e.to_string(),
-                }
-            })?;
-        let stderr = child.stderr.take().expect("stderr is piped");
+        let (mut process, stderr) = spawn_browser(
+            &executable,
+            launch_args(&options, &profile),
+            &profile,
+            options.launch_timeout,
+        )
+        .await
+        .map_err(|e| {
+            let _ = std::fs::remove_dir_all(&profile);
+            ToolsError::BrowserLaunch {
+                executable: executable.clone(),
+                reason: e.to_string(),
+            }
+        })?;
         let mut lines = BufReader::new(stderr).lines();
         let mut last_words: Vec<String> = Vec::new();
         let found = tokio::time::timeout(options.launch_timeout, async {
@@ -249,8 +353,8 @@ impl Browser {
         let endpoint = match found {
             Ok(Some(endpoint)) => endpoint,
             outcome => {
-                let _ = child.start_kill();
-                let _ = child.wait().await;
+                process.stop();
+                let _ = process.child.wait().await;
                 let _ = std::fs::remove_dir_all(&profile);
                 let reason = match outcome {
                     Err(_) => format!(
@@ -276,7 +380,7 @@ impl Browser {
         Ok(Self {
             inner: Arc::new(BrowserInner {
                 cdp,
-                process: Mutex::new(Some(child)),
+                process: Mutex::new(Some(process)),
                 profile: Some(profile),
                 endpoint,
             }),
@@ -332,7 +436,7 @@ impl Browser {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .as_ref()
-            .and_then(Child::id)
+            .and_then(|p| p.pid)
     }
 
     /// Whether the DevTools connection is closed (the browser exited or
@@ -399,25 +503,30 @@ impl Browser {
     /// the last clone and page are dropped). Pages of a stopped browser
     /// answer `unavailable`.
     pub async fn close(self) {
-        let child = self
+        let process = self
             .inner
             .process
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        let Some(mut child) = child else {
+        let Some(mut process) = process else {
             return;
         };
+        // Asked to close, the browser ends the DevTools connection as it
+        // exits; whatever is left after that is killed.
         let _ = tokio::time::timeout(
             Duration::from_secs(5),
             self.inner.cdp.call(None, "Browser.close", json!({})),
         )
         .await;
-        if tokio::time::timeout(Duration::from_secs(5), child.wait())
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), self.inner.cdp.closed().cancelled()).await;
+        process.stop();
+        if tokio::time::timeout(Duration::from_secs(5), process.child.wait())
             .await
             .is_err()
         {
-            let _ = child.kill().await;
+            let _ = process.child.kill().await;
         }
         if let Some(profile) = &self.inner.profile {
             let _ = tokio::fs::remove_dir_all(profile).await;

@@ -5,12 +5,16 @@
 //! [`WebMcpPage`] it returns is a [`ToolHost`](wma_agent::ToolHost): its
 //! tools are the ones the page registered with
 //! `document.modelContext.registerTool`, followed as the page changes.
+//! [`WebMcpSource`] is a page that starts its own browser, and starts it
+//! again when it died.
 
 mod browser;
 mod cdp;
 mod page;
+mod source;
 
 pub use browser::{
     Browser, BrowserOptions, CHROMIUM_ENV, DEFAULT_LAUNCH_TIMEOUT, PageTarget, find_chromium,
 };
 pub use page::{DEFAULT_PAGE_CALL_TIMEOUT, DEFAULT_SETTLE_TIMEOUT, PageOptions, WebMcpPage};
+pub use source::WebMcpSource;
