@@ -11,7 +11,7 @@ use wma_agent::{
     ToolErrorCode, ToolHost,
 };
 use wma_testkit::ScriptedProvider;
-use wma_tools::{BrowserOptions, LoopbackSite, SourceOptions, ToolSet, WebMcpSource};
+use wma_tools::{Browser, BrowserOptions, LoopbackSite, SourceOptions, ToolSet, WebMcpSource};
 
 use crate::support::{Shop, call, eventually, run_all, shop_dir};
 
@@ -322,4 +322,49 @@ async fn a_page_whose_browser_died_fails_the_running_call_and_is_opened_again() 
     if let Some(browser) = source.browser().await {
         browser.close().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_client_connects_to_the_running_browser_and_follows_its_tab() {
+    let shop = Shop::open("/products/p-33").await;
+    // The browser's HTTP address, as a person would pass it.
+    let websocket = shop.browser.endpoint().to_string();
+    let http = format!(
+        "http://{}",
+        websocket
+            .trim_start_matches("ws://")
+            .split('/')
+            .next()
+            .unwrap()
+    );
+    let other = Browser::connect(&http).await.unwrap();
+    let tabs = other.pages().await.unwrap();
+    let tab = tabs
+        .iter()
+        .find(|t| t.url.ends_with("/products/p-33"))
+        .unwrap_or_else(|| panic!("the shop's tab is listed: {tabs:?}"));
+    assert_eq!(tab.title, "Trail Tent 2P — Trailhead Outfitters");
+    let page = other.attach(&tab.target_id).await.unwrap();
+    assert!(page.url().ends_with("/products/p-33"), "{}", page.url());
+    let tools = page.list_tools().await;
+    assert!(
+        names(&tools).contains(&"add_to_cart"),
+        "{:?}",
+        names(&tools)
+    );
+    page.call_tool(
+        "add_to_cart",
+        json!({"quantity": 2}),
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        shop.cart().await,
+        json!([{"product_id": "p-33", "quantity": 2}]),
+        "the call ran in the first client's tab"
+    );
+    drop(page);
+    drop(other);
+    shop.close().await;
 }

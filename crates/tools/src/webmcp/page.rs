@@ -374,6 +374,18 @@ impl WebMcpPage {
         for method in ["Page.enable", "Inspector.enable", "WebMCP.enable"] {
             page.command(method, json!({})).await?;
         }
+        // A tab that was attached to keeps its document: start from its
+        // address (later navigations update it from events).
+        let info = cdp
+            .call(None, "Target.getTargetInfo", json!({"targetId": target_id}))
+            .await
+            .map_err(|e| e.into_tools_error("Target.getTargetInfo"))?;
+        if let Some(url) = info["targetInfo"]["url"].as_str() {
+            let mut state = page.inner.shared.lock();
+            if state.url.is_empty() {
+                state.url = url.to_string();
+            }
+        }
         Ok(page)
     }
 
