@@ -15,7 +15,8 @@
 //! - [`McpServer`]: an MCP server through the `rmcp` client, as a child
 //!   process over stdio or over streamable HTTP. It follows
 //!   `notifications/tools/list_changed`, turns `isError` results into tool
-//!   errors, and restarts a server that stopped.
+//!   errors, and restarts a server that stopped. [`McpServer::lazy`] starts
+//!   on first use, for builders that cannot wait.
 //! - [`NativeTools`]: Rust functions, each with a JSON Schema, written by
 //!   hand or derived from the argument type ([`NativeTools::add_typed`]).
 //!

@@ -194,6 +194,8 @@ struct Inner {
     restart_times: Mutex<VecDeque<Instant>>,
     /// The last lines the server wrote to stderr, to explain a crash.
     last_words: Arc<Mutex<VecDeque<String>>>,
+    /// A session was opened once; opening another is a restart.
+    started: AtomicBool,
 }
 
 /// An MCP server as a [`ToolHost`].
@@ -228,7 +230,19 @@ impl std::fmt::Debug for McpServer {
 impl McpServer {
     /// Starts (or connects to) the server and initializes the session.
     pub async fn connect(options: McpServerOptions) -> Result<Self, ToolsError> {
-        let server = Self {
+        let server = Self::lazy(options);
+        let connection = server.start().await?;
+        server.inner.started.store(true, Ordering::SeqCst);
+        *server.inner.connection.lock().await = Some(connection);
+        Ok(server)
+    }
+
+    /// A server that is started (or connected to) on its first use, for
+    /// builders that cannot wait, such as the runtime's
+    /// `ToolSource::new(|| …)`. Until it starts, it lists no tools and its
+    /// calls answer `unavailable` with the reason.
+    pub fn lazy(options: McpServerOptions) -> Self {
+        Self {
             inner: Arc::new(Inner {
                 options,
                 flags: Arc::new(Flags {
@@ -241,11 +255,9 @@ impl McpServer {
                 in_flight: AtomicUsize::new(0),
                 restart_times: Mutex::new(VecDeque::new()),
                 last_words: Arc::new(Mutex::new(VecDeque::new())),
+                started: AtomicBool::new(false),
             }),
-        };
-        let connection = server.start().await?;
-        *server.inner.connection.lock().await = Some(connection);
-        Ok(server)
+        }
     }
 
     /// The server's name.
@@ -423,6 +435,15 @@ impl McpServer {
             && !connection.is_closed()
         {
             return Ok(connection.clone());
+        }
+        if !self.inner.started.load(Ordering::SeqCst) {
+            let connection = self
+                .start()
+                .await
+                .map_err(|e| ToolError::new(ToolErrorCode::Unavailable, e.to_string()))?;
+            self.inner.started.store(true, Ordering::SeqCst);
+            *slot = Some(connection.clone());
+            return Ok(connection);
         }
         let name = &self.inner.options.name;
         {

@@ -148,6 +148,43 @@ async fn stdio_lists_calls_and_reports_is_error_results() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_server_starts_on_first_use() {
+    let server = McpServer::lazy(McpServerOptions::stdio(
+        "everything",
+        node(),
+        [everything_server().display().to_string(), "stdio".into()],
+    ));
+    assert_eq!(server.process_id().await, None, "nothing runs yet");
+    let out = server
+        .call_tool("get-sum", json!({"a": 4, "b": 5}), CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(out, "The sum of 4 and 5 is 9.");
+    assert!(server.process_id().await.is_some());
+    assert_eq!(server.restarts(), 0, "a first start is not a restart");
+
+    let broken = McpServer::lazy(McpServerOptions::stdio(
+        "missing",
+        "/nonexistent/mcp-server",
+        Vec::<String>::new(),
+    ));
+    assert!(broken.list_tools().await.is_empty());
+    let error = broken
+        .call_tool("anything", json!({}), CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, ToolErrorCode::Unavailable);
+    assert!(
+        error
+            .message
+            .contains("could not run /nonexistent/mcp-server"),
+        "{}",
+        error.message
+    );
+    server.close().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stdio_follows_tools_list_changed() {
     let server = stdio_server().await;
     follows_list_changed(&server).await;
