@@ -17,6 +17,7 @@ use wma_agent::{
     AgentRunRequest, AgentStreamPart, ChatMessage, ConstraintMode, LocalLoopOptions, Provider,
     ToolDefinition, parse_tool_calls, validate_args,
 };
+use wma_provider_ort::OrtProvider;
 use wma_tools::NativeTools;
 
 use crate::demo_shop::{self, Shop};
@@ -126,6 +127,13 @@ pub async fn run_bfcl<P: Provider + 'static>(
             })
             .collect();
         let replies = provider.take();
+        tracing::debug!(
+            record = %record.id,
+            mode = ?mode,
+            replies = ?replies.iter().map(|r| r.text.as_str()).collect::<Vec<_>>(),
+            correct = bfcl::score(&made, record.expected.as_deref()),
+            "evaluated"
+        );
         for reply in &replies {
             let (calls, valid) = count_calls(&reply.text, &record.tools);
             score.replies += 1;
@@ -212,8 +220,36 @@ pub struct ShopRun {
 /// The product the demo request should end with in the cart.
 pub const SHOP_TASK_PRODUCT: &str = "p-17";
 
+/// A provider whose sampling can be seeded run by run.
+///
+/// Greedy runs of the shop task are all the same; sampled runs (a
+/// temperature above zero) with one fixed seed would be too. Run `i` is
+/// seeded with the base seed plus `i`, so the runs differ and each can be
+/// repeated on its own.
+pub trait SeedPerRun {
+    /// Seeds the generations of run `run` (0-based).
+    fn seed_run(&self, run: usize);
+}
+
+impl SeedPerRun for OrtProvider {
+    fn seed_run(&self, run: usize) {
+        let seed = self
+            .options()
+            .sampling
+            .seed
+            .map(|base| base.wrapping_add(run as u64));
+        self.reseed(seed);
+    }
+}
+
+impl<P: SeedPerRun + ?Sized> SeedPerRun for Arc<P> {
+    fn seed_run(&self, run: usize) {
+        (**self).seed_run(run)
+    }
+}
+
 /// Runs the demo request `runs` times, each against a fresh shop.
-pub async fn run_shop_task<P: Provider + 'static>(
+pub async fn run_shop_task<P: Provider + SeedPerRun + 'static>(
     provider: Arc<P>,
     runs: usize,
     mode: ConstraintMode,
@@ -222,6 +258,7 @@ pub async fn run_shop_task<P: Provider + 'static>(
 ) -> Vec<ShopRun> {
     let mut results = Vec::new();
     for i in 0..runs {
+        provider.seed_run(i);
         let shop = Shop::new();
         let request = AgentRunRequest::new(
             vec![ChatMessage::user(demo_shop::DEFAULT_REQUEST)],

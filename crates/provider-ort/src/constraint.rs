@@ -7,17 +7,29 @@
 //! ```text
 //! start: text | calls                      (TextOrCalls; CallsOnly has no text)
 //! text:  TEXT                              prose that does not start a call
-//! calls: call (SEP call)* SEP?             one or more calls, a line apart
-//! call:  tool_0 | tool_1 | …               each tool its own alternative
+//! calls: calls_0 | calls_1 | …             one tool per reply…
+//! calls_0: tool_0 (SEP tool_0){0,4} SEP?   …called up to five times, a line apart
 //! tool_0: %json { {"name": const, "arguments": <its input schema>} }
 //! ```
 //!
 //! Each tool is a separate alternative with the name as a `const`, so the
-//! arguments always follow the schema of the tool that was named. Prose may
+//! arguments always follow the schema of the tool that was named. One reply
+//! may call one tool several times (the same search for two cities), but not
+//! several tools: a tiny model allowed to mix them tends to call every listed
+//! tool in turn, with invented arguments, before it has seen any result.
+//! Prose may
 //! not contain `{` at all: a JSON object in prose would be read as a call by
 //! the loop's parser without having been checked by the grammar. For Hermes
 //! models each call is wrapped in `<tool_call>` … `</tool_call>`, and prose may
 //! not start with `<`.
+//!
+//! # Prose or a call
+//! Under "text or calls" the first token decides: prose cannot start with
+//! `{` (nor `<` for Hermes), a call must. A tiny model puts most of its
+//! weight on prose even when a shown tool does exactly what was asked, so
+//! [`ConstraintMatcher::with_call_threshold`] lets the provider settle the
+//! branch: when the model gives the call tokens at least that probability
+//! at the first token, prose is masked out.
 //!
 //! The JSON's whitespace is left to the model (a tiny model picks worse
 //! values when forced into compact JSON), but each run of it is bounded so
@@ -53,6 +65,9 @@ use crate::error::OrtError;
 /// (enough for a newline and the indentation of a pretty-printed call).
 pub const MAX_JSON_WHITESPACE: usize = 12;
 
+/// The most calls one reply may hold.
+pub const MAX_CALLS: usize = 5;
+
 /// Whitespace the model may write between JSON tokens.
 fn json_whitespace() -> String {
     format!("[\\x20\\x0A\\x0D\\x09]{{1,{MAX_JSON_WHITESPACE}}}")
@@ -72,6 +87,9 @@ pub struct ConstraintEngine {
     /// Whether `<tool_call>` is a special token (then the grammar names the
     /// token instead of spelling the text).
     tool_call_token: bool,
+    /// Tokens whose first byte is `{` (Json) / `<` (Hermes): where text or
+    /// calls are allowed, exactly the tokens that start a call.
+    call_starts: [Arc<Vec<u32>>; 2],
     /// Tool schema (as JSON text) → the schema the grammar uses for it, so a
     /// schema is only probed once.
     schemas: Mutex<HashMap<String, ArgumentsSchema>>,
@@ -142,6 +160,16 @@ impl ConstraintEngine {
         let info = TokRxInfo::new(size as u32, first_eos);
         let trie = TokTrie::from(&info, &token_bytes).with_eos_tokens(&eos);
         let tool_call_token = trie.get_special_token("<tool_call>").is_some();
+        let starting_with = |byte: u8| {
+            let mut bits = vec![0u32; size.div_ceil(32)];
+            for id in 0..size as u32 {
+                if trie.token(id).first() == Some(&byte) {
+                    bits[id as usize / 32] |= 1 << (id % 32);
+                }
+            }
+            Arc::new(bits)
+        };
+        let call_starts = [starting_with(b'{'), starting_with(b'<')];
         let env: TokEnv = Arc::new(VocabEnv { trie, tokenizer });
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| invalid(format!("cannot prepare constraints: {e}")))?;
@@ -150,6 +178,7 @@ impl ConstraintEngine {
         Ok(Self {
             factory,
             tool_call_token,
+            call_starts,
             schemas: Mutex::new(HashMap::new()),
         })
     }
@@ -195,11 +224,21 @@ impl ConstraintEngine {
         if let Some(e) = matcher.get_error() {
             return Err(OrtError::Constraint(e));
         }
+        // Only "text or calls" has a branch to settle.
+        let call_start = match constraint {
+            Constraint::TextOrCalls { tools } if !tools.is_empty() => Some(Arc::clone(
+                &self.call_starts[usize::from(format == CallFormat::Hermes)],
+            )),
+            _ => None,
+        };
         Ok(ConstraintMatcher {
             matcher,
             compile_time: started.elapsed(),
             mask_time: Duration::ZERO,
             masks: 0,
+            call_start,
+            call_threshold: None,
+            call_probability: None,
         })
     }
 
@@ -225,27 +264,31 @@ impl ConstraintEngine {
         if tools.is_empty() {
             return out;
         }
-        // Calls a line apart; a last newline lets the model end after a call
-        // without being pushed into another one.
-        out.push_str("calls: call (SEP call)* SEP?\n");
+        // Calls a line apart, all to the same tool (see the module docs); a
+        // last newline lets the model end after a call without being pushed
+        // into another one.
+        let runs: Vec<String> = (0..tools.len()).map(|i| format!("calls_{i}")).collect();
+        out.push_str(&format!("calls: {}\n", runs.join(" | ")));
         out.push_str("SEP: /[ \\t]*\\n[ \\t\\n]{0,3}/\n");
-        let alternatives: Vec<String> = (0..tools.len()).map(|i| format!("tool_{i}")).collect();
-        match format {
-            CallFormat::Json => {
-                out.push_str(&format!("call: {}\n", alternatives.join(" | ")));
+        for i in 0..tools.len() {
+            out.push_str(&format!(
+                "calls_{i}: call_{i} (SEP call_{i}){{0,{}}} SEP?\n",
+                MAX_CALLS - 1
+            ));
+            match format {
+                CallFormat::Json => out.push_str(&format!("call_{i}: tool_{i}\n")),
+                CallFormat::Hermes => {
+                    let (open, close) = if self.tool_call_token {
+                        ("<tool_call>", "</tool_call>")
+                    } else {
+                        ("\"<tool_call>\"", "\"</tool_call>\"")
+                    };
+                    out.push_str(&format!("call_{i}: {open} HWS? tool_{i} HWS? {close}\n"));
+                }
             }
-            CallFormat::Hermes => {
-                let (open, close) = if self.tool_call_token {
-                    ("<tool_call>", "</tool_call>")
-                } else {
-                    ("\"<tool_call>\"", "\"</tool_call>\"")
-                };
-                out.push_str(&format!(
-                    "call: {open} HWS? ({}) HWS? {close}\n",
-                    alternatives.join(" | ")
-                ));
-                out.push_str("HWS: /[ \\t\\n]{1,3}/\n");
-            }
+        }
+        if format == CallFormat::Hermes {
+            out.push_str("HWS: /[ \\t\\n]{1,3}/\n");
         }
         for (i, tool) in tools.iter().enumerate() {
             let args = self.arguments_schema(tool);
@@ -383,6 +426,14 @@ pub struct ConstraintMatcher {
     mask_time: Duration,
     /// Masks computed so far.
     masks: usize,
+    /// The tokens that start a call, where the first token chooses between
+    /// prose and a call.
+    call_start: Option<Arc<Vec<u32>>>,
+    /// Call when the model gives calls at least this probability at the
+    /// first token.
+    call_threshold: Option<f32>,
+    /// The probability the model gave calls at the first token.
+    call_probability: Option<f32>,
 }
 
 impl std::fmt::Debug for ConstraintMatcher {
@@ -403,21 +454,33 @@ impl ConstraintMatcher {
             .matcher
             .compute_mask_or_eos()
             .map_err(|e| OrtError::Constraint(e.to_string()))?;
-        let words = mask.as_slice();
-        for (w, chunk) in logits.chunks_mut(32).enumerate() {
-            let word = words.get(w).copied().unwrap_or(0);
-            if word == u32::MAX {
-                continue;
-            }
-            for (bit, logit) in chunk.iter_mut().enumerate() {
-                if word & (1 << bit) == 0 {
-                    *logit = f32::NEG_INFINITY;
-                }
+        apply_bits(mask.as_slice(), logits);
+        if self.masks == 0
+            && let Some(starts) = self.call_start.take()
+        {
+            let p = call_probability(logits, &starts);
+            self.call_probability = Some(p);
+            if self.call_threshold.is_some_and(|t| p >= t) {
+                apply_bits(&starts, logits);
             }
         }
         self.mask_time += started.elapsed();
         self.masks += 1;
         Ok(())
+    }
+
+    /// Settles "text or calls" for a call when the model gives the call
+    /// tokens at least `threshold` probability at the first token (`None`:
+    /// the model's own choice). No effect on other constraints.
+    pub fn with_call_threshold(mut self, threshold: Option<f32>) -> Self {
+        self.call_threshold = threshold;
+        self
+    }
+
+    /// The probability the model gave a call at the first token, once
+    /// known (text-or-calls constraints only).
+    pub fn call_probability(&self) -> Option<f32> {
+        self.call_probability
     }
 
     /// Whether the grammar allows `token` next (computes the mask).
@@ -469,6 +532,41 @@ impl ConstraintMatcher {
     }
 }
 
+/// Sets the logits of tokens whose bit is clear to negative infinity
+/// (tokens past the bits are cleared too).
+fn apply_bits(bits: &[u32], logits: &mut [f32]) {
+    for (w, chunk) in logits.chunks_mut(32).enumerate() {
+        let word = bits.get(w).copied().unwrap_or(0);
+        if word == u32::MAX {
+            continue;
+        }
+        for (bit, logit) in chunk.iter_mut().enumerate() {
+            if word & (1 << bit) == 0 {
+                *logit = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+/// The softmax mass of the tokens in `bits` among the finite logits.
+fn call_probability(logits: &[f32], bits: &[u32]) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return 0.0;
+    }
+    let (mut all, mut calls) = (0.0f64, 0.0f64);
+    for (id, &l) in logits.iter().enumerate() {
+        if l.is_finite() {
+            let p = f64::from(l - max).exp();
+            all += p;
+            if bits.get(id / 32).is_some_and(|w| w & (1 << (id % 32)) != 0) {
+                calls += p;
+            }
+        }
+    }
+    (calls / all) as f32
+}
+
 /// The JSON options of every embedded schema: whitespace chosen by the model
 /// but bounded, `oneOf` read as `anyOf` (llguidance cannot check "exactly
 /// one"; the loop's validation still does), and optionally lenient.
@@ -512,10 +610,9 @@ fn close_objects(schema: &mut Value) {
     let Value::Object(map) = schema else {
         return;
     };
-    let lists_properties = map
-        .get("properties")
-        .and_then(Value::as_object)
-        .is_some_and(|p| !p.is_empty());
+    // `"properties": {}` says "no arguments"; only an object that does not
+    // list properties at all is free-form.
+    let lists_properties = map.get("properties").is_some_and(Value::is_object);
     if lists_properties
         && !map.contains_key("additionalProperties")
         && !map.contains_key("patternProperties")
@@ -605,6 +702,7 @@ mod tests {
             "q": {"type": "string"},
             "opts": {"type": "object", "properties": {"n": {"type": "integer"}}},
             "free": {"type": "object"},
+            "none": {"type": "object", "properties": {}},
             "open": {"type": "object", "properties": {"a": {}}, "additionalProperties": true},
         }});
         let t = tighten(&schema);

@@ -93,6 +93,11 @@ pub struct OrtProviderOptions {
     /// When the tokenizer's vocabulary cannot be read for them, the provider
     /// says it does not support constraints and ignores them.
     pub constraints: bool,
+    /// Under a "text or calls" constraint, call a tool when the model gives
+    /// a call at least this probability at the first token (the branch
+    /// between prose and a call); `None` leaves the choice to the model.
+    /// Default: `None`.
+    pub call_threshold: Option<f32>,
 }
 
 impl Default for OrtProviderOptions {
@@ -114,6 +119,7 @@ impl Default for OrtProviderOptions {
             context_reserve: None,
             context_length: None,
             constraints: true,
+            call_threshold: None,
         }
     }
 }

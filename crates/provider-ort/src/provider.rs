@@ -84,6 +84,8 @@ struct Loaded {
     constraints: Option<ConstraintEngine>,
     /// What constrained generations cost so far.
     constraint_totals: Mutex<ConstraintTotals>,
+    /// See [`OrtProviderOptions::call_threshold`].
+    call_threshold: Option<f32>,
 }
 
 /// What constrained decoding has cost since the model was loaded: the mask
@@ -145,6 +147,10 @@ impl OrtProvider {
     /// model in the cache. Reads no model file yet (except the chat template
     /// of a local folder, to answer [`Provider::call_format`] early).
     pub fn new(options: OrtProviderOptions) -> Result<Self, OrtError> {
+        let options = OrtProviderOptions {
+            call_threshold: call_threshold_from_env(options.call_threshold),
+            ..options
+        };
         let cache = match &options.cache_dir {
             Some(dir) => dir.clone(),
             None => paths::cache_dir()?,
@@ -341,7 +347,7 @@ impl Loaded {
         let constraint = request.constraint.as_ref()?;
         let engine = self.constraints.as_ref()?;
         match engine.matcher(constraint, self.template.call_format()) {
-            Ok(m) => Some(m),
+            Ok(m) => Some(m.with_call_threshold(self.call_threshold)),
             Err(e) => {
                 tracing::warn!(error = %e, "the constraint could not be compiled; generating without it");
                 None
@@ -366,7 +372,8 @@ impl Loaded {
         cancel: &CancellationToken,
     ) -> Result<Generation, OrtError> {
         let start = Instant::now();
-        let prompt = self.encode(&self.render(request)?)?;
+        let prompt_text = self.render(request)?;
+        let prompt = self.encode(&prompt_text)?;
         let mut model = self.lock_model();
         let terminator = model.reset_terminator()?;
         // A forward pass over a long prompt takes seconds; cancelling must not
@@ -404,6 +411,7 @@ impl Loaded {
             totals.decode_steps += stats.decode_steps;
             totals.decode_time += stats.decode_time;
             tracing::debug!(
+                call_probability = m.call_probability(),
                 compile_us = m.compile_time().as_micros() as u64,
                 masked_tokens = stats.constrained_tokens,
                 constraint_us_per_token = stats
@@ -432,6 +440,7 @@ impl Loaded {
             decode_tok_s = stats.decode_tokens_per_second(),
             "generated"
         );
+        tracing::trace!(prompt = %prompt_text, reply = %text, "generated text");
         Ok(Generation {
             text,
             input_tokens: Some(prompt.len() as u32),
@@ -443,6 +452,22 @@ impl Loaded {
             total_time: Some(start.elapsed()),
             finish_reason: Some(reason.as_str().to_string()),
         })
+    }
+}
+
+/// `$WMA_CALL_THRESHOLD` over the options' threshold: a probability, or
+/// `off` to leave the choice between prose and a call to the model.
+fn call_threshold_from_env(threshold: Option<f32>) -> Option<f32> {
+    match std::env::var("WMA_CALL_THRESHOLD") {
+        Ok(v) if v.trim().eq_ignore_ascii_case("off") => None,
+        Ok(v) => match v.trim().parse::<f32>() {
+            Ok(t) if (0.0..=1.0).contains(&t) => Some(t),
+            _ => {
+                tracing::warn!(value = %v, "WMA_CALL_THRESHOLD is not a probability; ignored");
+                threshold
+            }
+        },
+        Err(_) => threshold,
     }
 }
 
@@ -545,6 +570,7 @@ fn load(
         context_length,
         constraints,
         constraint_totals: Mutex::new(ConstraintTotals::default()),
+        call_threshold: options.call_threshold,
     })
 }
 

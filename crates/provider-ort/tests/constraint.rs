@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use serde_json::json;
 use tokenizers::Tokenizer;
 use wma_agent::{CallFormat, Constraint, ToolDefinition};
-use wma_provider_ort::{ConstraintEngine, MAX_JSON_WHITESPACE, cache_dir, default_model_dir};
+use wma_provider_ort::{
+    ConstraintEngine, MAX_CALLS, MAX_JSON_WHITESPACE, cache_dir, default_model_dir,
+};
 
 /// SmolLM2's `<|im_end|>`, the token its chat turns end with.
 const IM_END: u32 = 2;
@@ -144,6 +146,17 @@ fn calls_that_break_the_schema_or_name_an_unshown_tool_are_rejected() {
 }
 
 #[test]
+fn one_reply_calls_one_tool_at_most_max_calls_times() {
+    let f = fixture();
+    let c = Constraint::CallsOnly { tools: tools() };
+    let search = r#"{"name": "search", "arguments": {"query": "a"}}"#;
+    let add = r#"{"name": "add_to_cart", "arguments": {"product_id": "p-17"}}"#;
+    assert!(f.admits(&c, CallFormat::Json, &[search; MAX_CALLS].join("\n")));
+    assert!(!f.admits_prefix(&c, &[search; MAX_CALLS + 1].join("\n")));
+    assert!(!f.admits_prefix(&c, &format!("{search}\n{add}")));
+}
+
+#[test]
 fn calls_only_rejects_prose() {
     let f = fixture();
     let c = Constraint::CallsOnly { tools: tools() };
@@ -256,4 +269,42 @@ fn json_schema_and_grammar_constraints_work_too() {
     };
     assert!(f.admits(&lark, CallFormat::Json, "yes"));
     assert!(!f.admits_prefix(&lark, "maybe"));
+}
+
+#[test]
+fn a_call_threshold_settles_prose_or_call_at_the_first_token() {
+    let f = fixture();
+    let c = Constraint::TextOrCalls { tools: tools() };
+    let id = |t: &str| f.tokenizer.token_to_id(t).unwrap() as usize;
+    let (brace, word) = (id("{"), id("I"));
+    // The model is split evenly between starting a call and starting prose.
+    let logits = || {
+        let mut l = vec![-1e9f32; 49152];
+        l[brace] = 0.0;
+        l[word] = 0.0;
+        l
+    };
+    for (threshold, forced) in [(None, false), (Some(0.6), false), (Some(0.4), true)] {
+        let mut m = f
+            .engine
+            .matcher(&c, CallFormat::Json)
+            .unwrap()
+            .with_call_threshold(threshold);
+        let mut l = logits();
+        m.mask_logits(&mut l).unwrap();
+        let p = m.call_probability().unwrap();
+        assert!((p - 0.5).abs() < 1e-3, "{p}");
+        assert!(l[brace].is_finite());
+        assert_eq!(l[word].is_finite(), !forced, "threshold {threshold:?}");
+    }
+    // Calls-only has no branch to settle.
+    let mut m = f
+        .engine
+        .matcher(&Constraint::CallsOnly { tools: tools() }, CallFormat::Json)
+        .unwrap()
+        .with_call_threshold(Some(0.1));
+    let mut l = logits();
+    m.mask_logits(&mut l).unwrap();
+    assert_eq!(m.call_probability(), None);
+    assert!(!l[word].is_finite());
 }
