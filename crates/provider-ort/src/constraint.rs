@@ -23,6 +23,12 @@
 //! models each call is wrapped in `<tool_call>` … `</tool_call>`, and prose may
 //! not start with `<`.
 //!
+//! # Repeats
+//! A tiny model that has written a call often writes it again, word for
+//! word, and again. [`ConstraintMatcher::repeated_a_call`] notices the first
+//! copy (the same name and arguments, key order aside); the generation then
+//! ends and the reply is cut to the calls before it.
+//!
 //! # Prose or a call
 //! Under "text or calls" the first token decides: prose cannot start with
 //! `{` (nor `<` for Hermes), a call must. A tiny model puts most of its
@@ -231,6 +237,14 @@ impl ConstraintEngine {
             )),
             _ => None,
         };
+        let calls = match constraint {
+            Constraint::TextOrCalls { tools } | Constraint::CallsOnly { tools }
+                if !tools.is_empty() =>
+            {
+                Some(format)
+            }
+            _ => None,
+        };
         Ok(ConstraintMatcher {
             matcher,
             compile_time: started.elapsed(),
@@ -239,6 +253,14 @@ impl ConstraintEngine {
             call_start,
             call_threshold: None,
             call_probability: None,
+            env: self.factory.tok_env().clone(),
+            calls,
+            output: Vec::new(),
+            tokens: 0,
+            unread: 0,
+            written: Vec::new(),
+            distinct_tokens: 0,
+            repeated: false,
         })
     }
 
@@ -434,6 +456,22 @@ pub struct ConstraintMatcher {
     call_threshold: Option<f32>,
     /// The probability the model gave calls at the first token.
     call_probability: Option<f32>,
+    /// The vocabulary, to follow the text the tokens spell.
+    env: TokEnv,
+    /// The call format, for constraints that allow calls.
+    calls: Option<CallFormat>,
+    /// The bytes generated so far.
+    output: Vec<u8>,
+    /// Tokens consumed so far.
+    tokens: usize,
+    /// Where the calls not yet read start in `output`.
+    unread: usize,
+    /// The calls written so far, each once.
+    written: Vec<Value>,
+    /// Tokens up to the end of the last call that was not a repeat.
+    distinct_tokens: usize,
+    /// The reply repeated a call it had already written.
+    repeated: bool,
 }
 
 impl std::fmt::Debug for ConstraintMatcher {
@@ -496,7 +534,64 @@ impl ConstraintMatcher {
     pub fn consume(&mut self, token: u32) -> Result<(), OrtError> {
         self.matcher
             .consume_token(token)
-            .map_err(|e| OrtError::Constraint(e.to_string()))
+            .map_err(|e| OrtError::Constraint(e.to_string()))?;
+        self.tokens += 1;
+        if self.calls.is_some() {
+            self.output
+                .extend_from_slice(self.env.tok_trie().token(token));
+            self.read_calls();
+        }
+        Ok(())
+    }
+
+    /// Reads the calls completed by the last token, and notes a repeat.
+    fn read_calls(&mut self) {
+        let Some(format) = self.calls else {
+            return;
+        };
+        let opens_call = match format {
+            CallFormat::Json => b'{',
+            CallFormat::Hermes => b'<',
+        };
+        // Prose, or a call still open: nothing to read yet.
+        if self.output.first() != Some(&opens_call) || !self.is_accepting() {
+            return;
+        }
+        let unread = String::from_utf8_lossy(&self.output[self.unread..])
+            .replace("</tool_call>", " ")
+            .replace("<tool_call>", " ");
+        if unread.trim().is_empty() {
+            return;
+        }
+        // The grammar only completes whole calls, a line apart: the unread
+        // text is one or more JSON values.
+        for value in serde_json::Deserializer::from_str(&unread).into_iter::<Value>() {
+            let Ok(call) = value else {
+                break;
+            };
+            if self.written.contains(&call) {
+                self.repeated = true;
+            } else {
+                self.written.push(call);
+            }
+        }
+        self.unread = self.output.len();
+        if !self.repeated {
+            self.distinct_tokens = self.tokens;
+        }
+    }
+
+    /// Whether the reply has written a call it had already written (key
+    /// order aside). A tiny model that starts copying its own call tends to
+    /// go on until the token limit; the generation should end instead, with
+    /// the reply cut to [`distinct_tokens`](Self::distinct_tokens).
+    pub fn repeated_a_call(&self) -> bool {
+        self.repeated
+    }
+
+    /// Tokens up to the end of the last call that was not a repeat.
+    pub fn distinct_tokens(&self) -> usize {
+        self.distinct_tokens
     }
 
     /// Whether the output so far is complete (the grammar allows ending here).

@@ -516,8 +516,9 @@ impl OrtModel {
     /// masked out, and the chosen token advances it.
     ///
     /// The generation ends when the grammar is complete and allows nothing
-    /// more, or when the model picks a stop token the grammar allows (the
-    /// grammar's end-of-sequence is the model's stop tokens). When the token
+    /// more, when the model picks a stop token the grammar allows (the
+    /// grammar's end-of-sequence is the model's stop tokens), or when it
+    /// writes a call it has already written (the copy is cut off). When the token
     /// limit cuts a reply short of a complete output, the reply is cut back to
     /// the last point where the grammar was complete (a whole call rather than
     /// half of the next one); `stats` still counts every token generated.
@@ -597,6 +598,10 @@ impl OrtModel {
                     grammar_done = c.is_finished();
                     if c.is_accepting() {
                         complete_at = ids.len();
+                    }
+                    if c.repeated_a_call() {
+                        ids.truncate(c.distinct_tokens());
+                        grammar_done = true;
                     }
                 }
                 stats.constraint_time += started.elapsed();

@@ -308,3 +308,39 @@ fn a_call_threshold_settles_prose_or_call_at_the_first_token() {
     assert_eq!(m.call_probability(), None);
     assert!(!l[word].is_finite());
 }
+
+#[test]
+fn a_repeated_call_is_noticed_and_cut_off() {
+    let f = fixture();
+    let c = Constraint::CallsOnly { tools: tools() };
+    let a = "{\"name\": \"search\", \"arguments\": {\"query\": \"a\"}}";
+    let b = "{\"name\":\"search\",\"arguments\":{\"query\":\"b\"}}";
+    // Two different calls, then the first one again.
+    let first = format!("{a}\n\n{b}");
+    let text = format!("{first}\n\n{a}");
+    let ids = f
+        .tokenizer
+        .encode(text.as_str(), false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    let mut m = f.engine.matcher(&c, CallFormat::Json).unwrap();
+    let mut stopped_at = None;
+    for (i, &t) in ids.iter().enumerate() {
+        m.consume(t).unwrap();
+        if m.repeated_a_call() {
+            stopped_at = Some(i + 1);
+            break;
+        }
+    }
+    assert_eq!(
+        stopped_at,
+        Some(ids.len()),
+        "the copy is noticed when it closes"
+    );
+    let kept = f
+        .tokenizer
+        .decode(&ids[..m.distinct_tokens()], false)
+        .unwrap();
+    assert_eq!(kept.trim_end(), first);
+}
