@@ -678,10 +678,17 @@ fn json_text(value: &Value) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| "{}".into())
 }
 
-/// The schema as the grammar uses it: an object schema, and objects that list
-/// their properties take no others unless they say so. A model should only
-/// write the arguments a tool declares; the tool's own validation may be
-/// more forgiving, but an invented argument is never what the person wants.
+/// The longest string the grammar lets the model write where the schema sets
+/// no bound. A tiny model sometimes never closes a string (a date that goes
+/// on and on); at the token limit that leaves half a call, which the loop
+/// cannot use. Longer text than this is never a tool argument it writes well.
+pub const MAX_STRING_CHARS: u64 = 100;
+
+/// The schema as the grammar uses it: an object schema; objects that list
+/// their properties take no others unless they say so (a model should only
+/// write the arguments a tool declares: the tool's own validation may be
+/// more forgiving, but an invented argument is never what the person
+/// wants); and free strings end within [`MAX_STRING_CHARS`].
 pub fn tighten(schema: &Value) -> Value {
     let mut out = match schema {
         Value::Object(map) if !map.is_empty() => schema.clone(),
@@ -705,6 +712,17 @@ fn close_objects(schema: &mut Value) {
     let Value::Object(map) = schema else {
         return;
     };
+    let free_string = map.get("type").and_then(Value::as_str) == Some("string")
+        && ["maxLength", "enum", "const", "pattern", "format"]
+            .iter()
+            .all(|k| !map.contains_key(*k))
+        && map
+            .get("minLength")
+            .and_then(Value::as_u64)
+            .is_none_or(|min| min <= MAX_STRING_CHARS);
+    if free_string {
+        map.insert("maxLength".into(), MAX_STRING_CHARS.into());
+    }
     // `"properties": {}` says "no arguments"; only an object that does not
     // list properties at all is free-form.
     let lists_properties = map.get("properties").is_some_and(Value::is_object);
@@ -811,6 +829,7 @@ mod tests {
         );
         assert_eq!(t["properties"]["open"]["additionalProperties"], true);
         assert_eq!(tighten(&json!({})), json!({"type": "object"}));
+        assert_eq!(t["properties"]["q"]["maxLength"], MAX_STRING_CHARS);
     }
 
     #[test]

@@ -107,7 +107,8 @@ mod template;
 
 pub use config::{GRAPH_CANDIDATES, ModelConfig, ModelFiles, TokenizerConfig};
 pub use constraint::{
-    ConstraintEngine, ConstraintMatcher, MAX_CALLS, MAX_JSON_WHITESPACE, loose_schema, tighten,
+    ConstraintEngine, ConstraintMatcher, MAX_CALLS, MAX_JSON_WHITESPACE, MAX_STRING_CHARS,
+    loose_schema, tighten,
 };
 pub use error::OrtError;
 pub use hub::{DEFAULT_ENDPOINT, download};

@@ -1,0 +1,140 @@
+//! What constrained decoding costs per token on a real model: the time to
+//! compute each token's mask and advance the grammar, against the model's
+//! own time per token, and the time to compile a grammar.
+//!
+//! ```text
+//! cargo run --release -p wma-provider-ort --example constraint_bench -- [--threads N] [--model DIR] [--repeat N]
+//! ```
+//!
+//! It asks the model (the default one unless `--model` says otherwise) a few
+//! shop requests with the shop's tools in the prompt, once with "calls only"
+//! and once with "text or calls", and prints one table.
+
+use anyhow::{Context, Result, bail};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use wma_agent::{
+    Constraint, GenerateRequest, PromptMessage, PromptRole, Provider, SystemPromptInput,
+    ToolDefinition, system_prompt,
+};
+use wma_provider_ort::{OrtProvider, OrtProviderOptions};
+
+const REQUESTS: [&str; 4] = [
+    "Add two of product p-17 to my cart.",
+    "Find a waterproof backpack.",
+    "What is in my cart?",
+    "Show me the details of product p-33.",
+];
+
+fn tools() -> Vec<ToolDefinition> {
+    vec![
+        ToolDefinition::new(
+            "search_products",
+            "Search the catalog by words.",
+            json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}),
+        ),
+        ToolDefinition::new(
+            "open_product",
+            "Get the details of one product by its id.",
+            json!({"type": "object", "properties": {"product_id": {"type": "string"}}, "required": ["product_id"]}),
+        ),
+        ToolDefinition::new(
+            "add_to_cart",
+            "Add a product to the cart by its id.",
+            json!({"type": "object", "properties": {
+                "product_id": {"type": "string"},
+                "quantity": {"type": "integer", "minimum": 1}
+            }, "required": ["product_id"]}),
+        ),
+        ToolDefinition::new(
+            "view_cart",
+            "Show the items in the cart and the total.",
+            json!({"type": "object", "properties": {}}),
+        ),
+    ]
+}
+
+fn main() -> Result<()> {
+    let mut threads = 2;
+    let mut repeat = 3;
+    let mut model = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let mut value = |name: &str| args.next().with_context(|| format!("{name} needs a value"));
+        match arg.as_str() {
+            "--threads" => threads = value("--threads")?.parse()?,
+            "--repeat" => repeat = value("--repeat")?.parse()?,
+            "--model" => model = Some(value("--model")?),
+            "-h" | "--help" => {
+                println!("constraint_bench [--threads N] [--model DIR] [--repeat N]");
+                return Ok(());
+            }
+            other => bail!("unknown argument {other}"),
+        }
+    }
+    let mut options = OrtProviderOptions::default().with_threads(threads);
+    options.model = model;
+    let provider = OrtProvider::load(options).context("could not load the model")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let tools = tools();
+    let system = system_prompt(&SystemPromptInput {
+        tools: &tools,
+        tools_inline: provider.tools_inline(),
+        call_format: provider.call_format(),
+        ..SystemPromptInput::default()
+    });
+    println!(
+        "| constraint | generations | tokens | grammar compile | constraint per token | model per token | share |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (label, constraint) in [
+        (
+            "calls only",
+            Constraint::CallsOnly {
+                tools: tools.clone(),
+            },
+        ),
+        (
+            "text or calls",
+            Constraint::TextOrCalls {
+                tools: tools.clone(),
+            },
+        ),
+    ] {
+        let before = provider.constraint_totals();
+        for _ in 0..repeat {
+            for request in REQUESTS {
+                let request = GenerateRequest {
+                    messages: vec![
+                        PromptMessage::new(PromptRole::System, system.clone()),
+                        PromptMessage::new(PromptRole::User, request),
+                    ],
+                    tools: Vec::new(),
+                    constraint: Some(constraint.clone()),
+                    max_new_tokens: Some(96),
+                };
+                runtime.block_on(provider.generate(request, CancellationToken::new()))?;
+            }
+        }
+        let after = provider.constraint_totals();
+        let mut d = after;
+        d.generations -= before.generations;
+        d.compile_time -= before.compile_time;
+        d.tokens -= before.tokens;
+        d.constraint_time -= before.constraint_time;
+        d.decode_steps -= before.decode_steps;
+        d.decode_time -= before.decode_time;
+        println!(
+            "| {label} | {} | {} | {:.2} ms | {} µs | {:.1} ms | {:.2}% |",
+            d.generations,
+            d.tokens,
+            d.compile_time.as_secs_f64() * 1e3 / d.generations.max(1) as f64,
+            d.per_token().as_micros(),
+            d.model_per_token().as_secs_f64() * 1e3,
+            d.overhead() * 100.0
+        );
+    }
+    Ok(())
+}
