@@ -684,11 +684,33 @@ fn json_text(value: &Value) -> String {
 /// cannot use. Longer text than this is never a tool argument it writes well.
 pub const MAX_STRING_CHARS: u64 = 100;
 
+/// The most items the grammar lets an array hold where the schema sets no
+/// bound (a tiny model can repeat an item until the token limit).
+pub const MAX_ARRAY_ITEMS: u64 = 16;
+
+/// The largest integer (in size) the grammar lets the model write where the
+/// schema sets no bound: fifteen digits, so a number cannot go on forever.
+pub const MAX_INTEGER: i64 = 999_999_999_999_999;
+
+/// A string, number, boolean or null: what a free-form object holds.
+fn plain_value() -> Value {
+    json!({"anyOf": [
+        {"type": "string", "maxLength": MAX_STRING_CHARS},
+        {"type": "number"},
+        {"type": "boolean"},
+        {"type": "null"}
+    ]})
+}
+
 /// The schema as the grammar uses it: an object schema; objects that list
 /// their properties take no others unless they say so (a model should only
 /// write the arguments a tool declares: the tool's own validation may be
 /// more forgiving, but an invented argument is never what the person
-/// wants); and free strings end within [`MAX_STRING_CHARS`].
+/// wants); and nothing can grow without end: free strings end within
+/// [`MAX_STRING_CHARS`], arrays within [`MAX_ARRAY_ITEMS`], integers within
+/// [`MAX_INTEGER`], and free-form objects hold plain values. A tiny model
+/// that repeats itself inside a value would otherwise reach the token limit
+/// with half a call.
 pub fn tighten(schema: &Value) -> Value {
     let mut out = match schema {
         Value::Object(map) if !map.is_empty() => schema.clone(),
@@ -723,14 +745,35 @@ fn close_objects(schema: &mut Value) {
     if free_string {
         map.insert("maxLength".into(), MAX_STRING_CHARS.into());
     }
+    let ty = map.get("type").and_then(Value::as_str).map(str::to_owned);
+    let ty = ty.as_deref();
+    if ty == Some("array")
+        && !map.contains_key("maxItems")
+        && map
+            .get("minItems")
+            .and_then(Value::as_u64)
+            .is_none_or(|min| min <= MAX_ARRAY_ITEMS)
+    {
+        map.insert("maxItems".into(), MAX_ARRAY_ITEMS.into());
+    }
+    if ty == Some("integer") {
+        if !map.contains_key("maximum") && !map.contains_key("exclusiveMaximum") {
+            map.insert("maximum".into(), MAX_INTEGER.into());
+        }
+        if !map.contains_key("minimum") && !map.contains_key("exclusiveMinimum") {
+            map.insert("minimum".into(), (-MAX_INTEGER).into());
+        }
+    }
     // `"properties": {}` says "no arguments"; only an object that does not
     // list properties at all is free-form.
     let lists_properties = map.get("properties").is_some_and(Value::is_object);
-    if lists_properties
-        && !map.contains_key("additionalProperties")
-        && !map.contains_key("patternProperties")
-    {
+    let open = !map.contains_key("additionalProperties") && !map.contains_key("patternProperties");
+    if lists_properties && open {
         map.insert("additionalProperties".into(), Value::Bool(false));
+    } else if ty == Some("object") && open {
+        // A free-form object holds plain values: nested free objects let a
+        // tiny model nest forever.
+        map.insert("additionalProperties".into(), plain_value());
     }
     for key in ["properties", "$defs", "definitions", "patternProperties"] {
         if let Some(Value::Object(children)) = map.get_mut(key) {
@@ -822,14 +865,24 @@ mod tests {
         assert_eq!(t["type"], "object");
         assert_eq!(t["additionalProperties"], false);
         assert_eq!(t["properties"]["opts"]["additionalProperties"], false);
-        assert!(
-            t["properties"]["free"]
-                .get("additionalProperties")
-                .is_none()
-        );
         assert_eq!(t["properties"]["open"]["additionalProperties"], true);
         assert_eq!(tighten(&json!({})), json!({"type": "object"}));
         assert_eq!(t["properties"]["q"]["maxLength"], MAX_STRING_CHARS);
+        assert_eq!(
+            t["properties"]["free"]["additionalProperties"],
+            plain_value()
+        );
+        let bounded = tighten(&json!({"type": "object", "properties": {
+            "n": {"type": "integer", "minimum": 1},
+            "xs": {"type": "array", "items": {"type": "string"}}
+        }}));
+        assert_eq!(bounded["properties"]["n"]["minimum"], 1);
+        assert_eq!(bounded["properties"]["n"]["maximum"], MAX_INTEGER);
+        assert_eq!(bounded["properties"]["xs"]["maxItems"], MAX_ARRAY_ITEMS);
+        assert_eq!(
+            bounded["properties"]["xs"]["items"]["maxLength"],
+            MAX_STRING_CHARS
+        );
     }
 
     #[test]
