@@ -14,6 +14,7 @@
 
 mod adapter;
 mod error;
+mod ground;
 mod host;
 mod message;
 pub mod messages;
@@ -28,6 +29,9 @@ mod validate;
 
 pub use adapter::{AgentAdapter, LocalAdapter, LocalAdapterOptions, create_local_adapter};
 pub use error::{AgentError, ProviderError, ToolError, ToolErrorCode};
+pub use ground::{
+    Identifiers, MAX_PHRASE_WORDS, copy_phrases, ground_tool, is_identifier_key,
+};
 pub use host::{AgentRunRequest, ToolHost};
 pub use message::{ChatMessage, ToolCall};
 pub use parse::{ParsedCall, ParsedReply, parse_tool_calls};

@@ -44,7 +44,13 @@ pub fn dont_say_it_worked(failure: &str) -> String {
 }
 
 /// Correction: a reply that tells the person to use a tool the agent has.
-pub const CALL_NOW: &str = "Don't tell me to do it: the tool is right here, so you do it. Call now. Reply with only the tool call.";
+/// The request is restated last, so the words the call needs (what to search
+/// for, which item) are the freshest in the prompt and not the tool's name.
+pub fn call_now(request: &str) -> String {
+    format!(
+        "Don't tell me to do it: the tool is right here, so you do it. Call now. Reply with only the tool call.\nMy request: {request}"
+    )
+}
 
 /// Repair: suffix of the tool error that sends a bad call back.
 pub const TRY_AGAIN: &str = "Try again.";

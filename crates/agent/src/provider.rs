@@ -128,6 +128,13 @@ pub struct GenerateRequest {
     pub constraint: Option<Constraint>,
     /// Upper bound on new tokens; `None` lets the provider choose.
     pub max_new_tokens: Option<u32>,
+    /// Phrases of what the person wrote (see [`copy_phrases`](crate::copy_phrases)).
+    /// A provider that decodes calls under a constraint may favour copying
+    /// them into string arguments; others ignore them.
+    pub copy_phrases: Vec<String>,
+    /// Tools a constrained reply may call only once (the others up to the
+    /// provider's limit). Providers without constraints ignore it.
+    pub single_call: Vec<String>,
 }
 
 /// What a generation produced, with the counts and timings the provider knows.

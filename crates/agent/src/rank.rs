@@ -53,7 +53,7 @@ pub const RECENT_WINDOW: usize = 8;
 const MAX_QUERY_TERMS: usize = 64;
 
 /// Words too common to say anything about which tool is wanted.
-const STOP_WORDS: &[&str] = &[
+pub(crate) const STOP_WORDS: &[&str] = &[
     "about", "all", "also", "am", "an", "and", "any", "are", "as", "at", "be", "been", "but", "by",
     "can", "could", "did", "do", "does", "for", "from", "had", "has", "have", "he", "her", "here",
     "him", "his", "how", "if", "in", "into", "is", "it", "its", "just", "let", "like", "me",
@@ -252,7 +252,7 @@ impl<'a> Scorer<'a> {
 
 /// Calls `emit` with each term of `text`, lowercased and stemmed, using
 /// `buffer` as scratch space so that no term allocates.
-fn for_each_term(text: &str, buffer: &mut String, emit: impl FnMut(&str)) {
+pub(crate) fn for_each_term(text: &str, buffer: &mut String, emit: impl FnMut(&str)) {
     for_each_term_where(text, buffer, |_| true, emit);
 }
 

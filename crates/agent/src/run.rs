@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span, field};
 
 use crate::error::{ProviderError, ToolError, ToolErrorCode};
+use crate::ground::{Identifiers, copy_phrases, ground_tool, takes_identifier};
 use crate::host::{AgentRunRequest, ToolHost};
 use crate::message::{ChatMessage, ToolCall};
 use crate::messages;
@@ -64,6 +65,12 @@ pub struct LocalLoopOptions {
     pub instructions: Option<String>,
     /// Constrained decoding per attempt. Default [`ConstraintMode::Auto`].
     pub constraints: ConstraintMode,
+    /// Under a constraint, identifier arguments (`id`, `product_id`,
+    /// `orderId`, …) may only take values the conversation has shown: words
+    /// the person wrote that look like ids, and ids in tool results. A tool
+    /// whose required identifier has no such value cannot be called yet.
+    /// Default true; turn it off for tools that make up new identifiers.
+    pub ground_identifiers: bool,
 }
 
 impl Default for LocalLoopOptions {
@@ -75,6 +82,7 @@ impl Default for LocalLoopOptions {
             tools_inline: false,
             instructions: None,
             constraints: ConstraintMode::Auto,
+            ground_identifiers: true,
         }
     }
 }
@@ -164,6 +172,15 @@ struct Run<P> {
     max_tools: usize,
     tools_inline: bool,
     constraints: ConstraintMode,
+    ground_identifiers: bool,
+    /// Identifiers the conversation has shown, for grounded constraints.
+    identifiers: Identifiers,
+    /// A read-only tool whose call in the last step brought new
+    /// identifiers. Grounded constraints leave it out of the next step, so
+    /// that the model uses what it found instead of looking it up again.
+    looked_up: Option<String>,
+    /// Names of the read-only tools among those listed this step.
+    read_only: Vec<String>,
     instructions: Option<String>,
     sub_agents: Vec<SubAgentInfo>,
     agent_name: String,
@@ -206,6 +223,10 @@ impl<P: Provider + 'static> Run<P> {
             max_tools: options.max_tools.max(1),
             tools_inline: options.tools_inline,
             constraints: options.constraints,
+            ground_identifiers: options.ground_identifiers,
+            identifiers: Identifiers::new(),
+            looked_up: None,
+            read_only: Vec::new(),
             provider,
             tools: request.tools,
             cancel: request.cancel,
@@ -266,6 +287,21 @@ impl<P: Provider + 'static> Run<P> {
             self.request_text = content.clone();
         }
         self.turns = history_turns(&self.messages, self.provider.call_format());
+        for message in &self.messages {
+            match message {
+                ChatMessage::User { content } => {
+                    self.identifiers.add_user_text(content);
+                }
+                ChatMessage::Tool {
+                    content,
+                    is_error: false,
+                    ..
+                } => {
+                    self.identifiers.add_result(content);
+                }
+                _ => {}
+            }
+        }
         if matches!(self.messages.last(), Some(ChatMessage::Tool { .. })) {
             self.resume(request_index);
         }
@@ -349,6 +385,11 @@ impl<P: Provider + 'static> Run<P> {
             _ = self.cancel.cancelled() => return Some(End::Finish(FinishReason::Aborted)),
             page = self.tools.page_context() => page,
         };
+        self.read_only = all_tools
+            .iter()
+            .filter(|t| t.annotations.read_only)
+            .map(|t| t.name.clone())
+            .collect();
         let ranked = rank_tools(&all_tools, &self.request_text, &self.recent, self.max_tools);
         let (mut request, shown) = match self.fit(&ranked, page.as_ref()).await {
             Ok(fitted) => fitted,
@@ -408,7 +449,7 @@ impl<P: Provider + 'static> Run<P> {
                     if is_action_request(&self.request_text) && tells_user_to_act(&text, &shown) {
                         corrected = true;
                         self.push_turn(PromptRole::Assistant, text.clone());
-                        self.push_turn(PromptRole::User, messages::CALL_NOW);
+                        self.push_turn(PromptRole::User, messages::call_now(&self.request_text));
                         attempt = Attempt::CallNow;
                         self.append_to(&mut request);
                         continue;
@@ -502,6 +543,25 @@ impl<P: Provider + 'static> Run<P> {
             tools,
             constraint: None,
             max_new_tokens: None,
+            copy_phrases: copy_phrases(
+                self.messages.iter().filter_map(|m| match m {
+                    ChatMessage::User { content } => Some(content.as_str()),
+                    _ => None,
+                }),
+                shown,
+            ),
+            // A tiny model given a list of ids calls a tool that acts on one
+            // with each of them in turn; things that change the world go one
+            // at a time.
+            single_call: if self.ground_identifiers {
+                shown
+                    .iter()
+                    .filter(|t| !t.annotations.read_only && takes_identifier(t))
+                    .map(|t| t.name.clone())
+                    .collect()
+            } else {
+                Vec::new()
+            },
         }
     }
 
@@ -509,7 +569,15 @@ impl<P: Provider + 'static> Run<P> {
         if !self.provider.supports_constraints() || shown.is_empty() {
             return None;
         }
-        let tools = shown.to_vec();
+        let tools: Vec<ToolDefinition> = if self.ground_identifiers {
+            shown
+                .iter()
+                .filter(|t| self.looked_up.as_deref() != Some(t.name.as_str()))
+                .filter_map(|t| ground_tool(t, &self.identifiers))
+                .collect()
+        } else {
+            shown.to_vec()
+        };
         match (self.constraints, attempt) {
             (ConstraintMode::Off, _) => None,
             (ConstraintMode::CallsOnly, _)
@@ -623,6 +691,7 @@ impl<P: Provider + 'static> Run<P> {
         }
         content.push_str(&self.provider.call_format().write_all(&calls));
         self.push_turn(PromptRole::Assistant, content);
+        let mut looked_up = None;
         for call in calls {
             if self.cancel.is_cancelled() {
                 return Some(End::Finish(FinishReason::Aborted));
@@ -653,6 +722,10 @@ impl<P: Provider + 'static> Run<P> {
                         output: output.clone(),
                     });
                     self.last_failure = None;
+                    let new_ids = self.identifiers.add_result(&output);
+                    if new_ids > 0 && self.read_only.contains(&call.name) {
+                        looked_up = Some(call.name.clone());
+                    }
                     self.last_result = Some(output.clone());
                     self.results.push(output);
                 }
@@ -679,6 +752,7 @@ impl<P: Provider + 'static> Run<P> {
             }
             self.push_turn(PromptRole::Tool, for_model);
         }
+        self.looked_up = looked_up;
         self.push_turn(PromptRole::User, messages::restate(&self.request_text));
         None
     }

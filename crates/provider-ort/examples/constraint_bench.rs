@@ -114,6 +114,7 @@ fn main() -> Result<()> {
                     tools: Vec::new(),
                     constraint: Some(constraint.clone()),
                     max_new_tokens: Some(96),
+                    ..GenerateRequest::default()
                 };
                 runtime.block_on(provider.generate(request, CancellationToken::new()))?;
             }

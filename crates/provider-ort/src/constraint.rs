@@ -65,6 +65,7 @@ use serde_json::{Map, Value, json};
 use tokenizers::Tokenizer;
 use wma_agent::{CallFormat, Constraint, ToolDefinition};
 
+use crate::copy::CopyBias;
 use crate::error::OrtError;
 
 /// The longest run of whitespace the grammar allows between two JSON tokens
@@ -96,6 +97,8 @@ pub struct ConstraintEngine {
     /// Tokens whose first byte is `{` (Json) / `<` (Hermes): where text or
     /// calls are allowed, exactly the tokens that start a call.
     call_starts: [Arc<Vec<u32>>; 2],
+    /// Tokens whose first byte is `"`: what may close a string value.
+    quote_tokens: Arc<Vec<u32>>,
     /// Tool schema (as JSON text) → the schema the grammar uses for it, so a
     /// schema is only probed once.
     schemas: Mutex<HashMap<String, ArgumentsSchema>>,
@@ -176,6 +179,11 @@ impl ConstraintEngine {
             Arc::new(bits)
         };
         let call_starts = [starting_with(b'{'), starting_with(b'<')];
+        let quote_tokens = Arc::new(
+            (0..size as u32)
+                .filter(|&id| trie.token(id).first() == Some(&b'"'))
+                .collect(),
+        );
         let env: TokEnv = Arc::new(VocabEnv { trie, tokenizer });
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| invalid(format!("cannot prepare constraints: {e}")))?;
@@ -185,6 +193,7 @@ impl ConstraintEngine {
             factory,
             tool_call_token,
             call_starts,
+            quote_tokens,
             schemas: Mutex::new(HashMap::new()),
         })
     }
@@ -201,9 +210,24 @@ impl ConstraintEngine {
 
     /// The Lark grammar for a constraint, with calls in `format`.
     pub fn grammar(&self, constraint: &Constraint, format: CallFormat) -> String {
+        self.grammar_with(constraint, format, &[])
+    }
+
+    /// [`grammar`](Self::grammar), where the tools named in `single_call`
+    /// may be called only once per reply.
+    pub fn grammar_with(
+        &self,
+        constraint: &Constraint,
+        format: CallFormat,
+        single_call: &[String],
+    ) -> String {
         match constraint {
-            Constraint::TextOrCalls { tools } => self.calls_grammar(tools, format, true),
-            Constraint::CallsOnly { tools } => self.calls_grammar(tools, format, false),
+            Constraint::TextOrCalls { tools } => {
+                self.calls_grammar(tools, format, true, single_call)
+            }
+            Constraint::CallsOnly { tools } => {
+                self.calls_grammar(tools, format, false, single_call)
+            }
             Constraint::JsonSchema { schema } => {
                 format!("start: %json {}", json_text(&self.usable_schema(schema)))
             }
@@ -217,7 +241,18 @@ impl ConstraintEngine {
         constraint: &Constraint,
         format: CallFormat,
     ) -> Result<ConstraintMatcher, OrtError> {
-        let lark = self.grammar(constraint, format);
+        self.matcher_with(constraint, format, &[])
+    }
+
+    /// [`matcher`](Self::matcher), where the tools named in `single_call`
+    /// may be called only once per reply.
+    pub fn matcher_with(
+        &self,
+        constraint: &Constraint,
+        format: CallFormat,
+        single_call: &[String],
+    ) -> Result<ConstraintMatcher, OrtError> {
+        let lark = self.grammar_with(constraint, format, single_call);
         let started = Instant::now();
         let parser = self
             .factory
@@ -261,10 +296,18 @@ impl ConstraintEngine {
             written: Vec::new(),
             distinct_tokens: 0,
             repeated: false,
+            copy: None,
+            quote_tokens: Arc::clone(&self.quote_tokens),
         })
     }
 
-    fn calls_grammar(&self, tools: &[ToolDefinition], format: CallFormat, text: bool) -> String {
+    fn calls_grammar(
+        &self,
+        tools: &[ToolDefinition],
+        format: CallFormat,
+        text: bool,
+        single_call: &[String],
+    ) -> String {
         let mut out = String::new();
         if text && !tools.is_empty() {
             out.push_str("start: text | calls\n");
@@ -292,11 +335,15 @@ impl ConstraintEngine {
         let runs: Vec<String> = (0..tools.len()).map(|i| format!("calls_{i}")).collect();
         out.push_str(&format!("calls: {}\n", runs.join(" | ")));
         out.push_str("SEP: /[ \\t]*\\n[ \\t\\n]{0,3}/\n");
-        for i in 0..tools.len() {
-            out.push_str(&format!(
-                "calls_{i}: call_{i} (SEP call_{i}){{0,{}}} SEP?\n",
-                MAX_CALLS - 1
-            ));
+        for (i, tool) in tools.iter().enumerate() {
+            if single_call.contains(&tool.name) {
+                out.push_str(&format!("calls_{i}: call_{i} SEP?\n"));
+            } else {
+                out.push_str(&format!(
+                    "calls_{i}: call_{i} (SEP call_{i}){{0,{}}} SEP?\n",
+                    MAX_CALLS - 1
+                ));
+            }
             match format {
                 CallFormat::Json => out.push_str(&format!("call_{i}: tool_{i}\n")),
                 CallFormat::Hermes => {
@@ -472,6 +519,10 @@ pub struct ConstraintMatcher {
     distinct_tokens: usize,
     /// The reply repeated a call it had already written.
     repeated: bool,
+    /// The bonus for copying the person's phrases into string arguments.
+    copy: Option<CopyBias>,
+    /// Tokens whose first byte is `"`.
+    quote_tokens: Arc<Vec<u32>>,
 }
 
 impl std::fmt::Debug for ConstraintMatcher {
@@ -502,6 +553,11 @@ impl ConstraintMatcher {
                 apply_bits(&starts, logits);
             }
         }
+        if self.calls.is_some()
+            && let Some(copy) = self.copy.as_ref()
+        {
+            copy.apply(&self.output, logits, &self.env, &self.quote_tokens);
+        }
         self.mask_time += started.elapsed();
         self.masks += 1;
         Ok(())
@@ -512,6 +568,14 @@ impl ConstraintMatcher {
     /// the model's own choice). No effect on other constraints.
     pub fn with_call_threshold(mut self, threshold: Option<f32>) -> Self {
         self.call_threshold = threshold;
+        self
+    }
+
+    /// Gives phrases of the person's messages a bonus inside the string
+    /// arguments of calls (see [`crate::copy`]). No effect on constraints
+    /// without calls.
+    pub fn with_copy_bias(mut self, copy: Option<CopyBias>) -> Self {
+        self.copy = copy;
         self
     }
 

@@ -61,7 +61,9 @@
 //! on the default model (`cargo run --release -p wma-provider-ort --example
 //! constraint_bench`). [`OrtProviderOptions::constraints`] turns it off, and
 //! [`OrtProviderOptions::call_threshold`] decides prose or call where both
-//! are allowed.
+//! are allowed. Inside a call's string arguments, phrases of the person's
+//! own messages get a logit bonus ([`copy`], [`OrtProviderOptions::copy_bias`]),
+//! so a search is for their words rather than the tool's name.
 //!
 //! # Cancellation
 //! Inference runs on a blocking thread. The cancellation token is checked
@@ -109,6 +111,7 @@
 
 mod config;
 mod constraint;
+pub mod copy;
 mod error;
 mod hub;
 mod model;
@@ -130,7 +133,7 @@ pub use model::{
     GenerateParams, GenerationStats, IdGeneration, OrtModel, StopReason, Terminator, common_prefix,
 };
 pub use options::{
-    DEFAULT_CALL_THRESHOLD, DEFAULT_MAX_NEW_TOKENS, ExecutionProvider, OrtProviderOptions,
+    DEFAULT_CALL_THRESHOLD, DEFAULT_COPY_BIAS, DEFAULT_MAX_NEW_TOKENS, ExecutionProvider, OrtProviderOptions,
 };
 pub use paths::{
     DEFAULT_MODEL_NAME, ModelSource, cache_dir, default_model_dir, dylib_path, hub_dir,

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 
+pub use crate::copy::DEFAULT_COPY_BIAS;
 use crate::sampling::SamplingOptions;
 
 /// Default upper bound on new tokens per generation.
@@ -110,6 +111,11 @@ pub struct OrtProviderOptions {
     /// Default: [`DEFAULT_CALL_THRESHOLD`]; `$WMA_CALL_THRESHOLD` (a number,
     /// or `off`) overrides it.
     pub call_threshold: Option<f32>,
+    /// Inside a string argument of a constrained call, the logit bonus for
+    /// tokens that copy a phrase of the person's messages (see the request's
+    /// `copy_phrases`); 0 turns it off. Default: [`DEFAULT_COPY_BIAS`];
+    /// `$WMA_COPY_BIAS` overrides it.
+    pub copy_bias: f32,
 }
 
 impl Default for OrtProviderOptions {
@@ -132,6 +138,7 @@ impl Default for OrtProviderOptions {
             context_length: None,
             constraints: true,
             call_threshold: Some(DEFAULT_CALL_THRESHOLD),
+            copy_bias: DEFAULT_COPY_BIAS,
         }
     }
 }

@@ -15,6 +15,7 @@ use wma_agent::{
 
 use crate::config::{ModelConfig, ModelFiles, TokenizerConfig};
 use crate::constraint::{ConstraintEngine, ConstraintMatcher};
+use crate::copy::CopyBias;
 use crate::error::OrtError;
 use crate::hub;
 use crate::model::{GenerateParams, IdGeneration, OrtModel, StopReason};
@@ -86,6 +87,8 @@ struct Loaded {
     constraint_totals: Mutex<ConstraintTotals>,
     /// See [`OrtProviderOptions::call_threshold`].
     call_threshold: Option<f32>,
+    /// See [`OrtProviderOptions::copy_bias`].
+    copy_bias: f32,
 }
 
 /// What constrained decoding has cost since the model was loaded: the mask
@@ -149,6 +152,7 @@ impl OrtProvider {
     pub fn new(options: OrtProviderOptions) -> Result<Self, OrtError> {
         let options = OrtProviderOptions {
             call_threshold: call_threshold_from_env(options.call_threshold),
+            copy_bias: copy_bias_from_env(options.copy_bias),
             ..options
         };
         let cache = match &options.cache_dir {
@@ -346,8 +350,15 @@ impl Loaded {
     fn constraint_matcher(&self, request: &GenerateRequest) -> Option<ConstraintMatcher> {
         let constraint = request.constraint.as_ref()?;
         let engine = self.constraints.as_ref()?;
-        match engine.matcher(constraint, self.template.call_format()) {
-            Ok(m) => Some(m.with_call_threshold(self.call_threshold)),
+        match engine.matcher_with(
+            constraint,
+            self.template.call_format(),
+            &request.single_call,
+        ) {
+            Ok(m) => Some(
+                m.with_call_threshold(self.call_threshold)
+                    .with_copy_bias(CopyBias::new(&request.copy_phrases, self.copy_bias)),
+            ),
             Err(e) => {
                 tracing::warn!(error = %e, "the constraint could not be compiled; generating without it");
                 None
@@ -471,6 +482,20 @@ fn call_threshold_from_env(threshold: Option<f32>) -> Option<f32> {
     }
 }
 
+/// `$WMA_COPY_BIAS` over the options' copy bias (a logit bonus; 0 is off).
+fn copy_bias_from_env(bias: f32) -> f32 {
+    match std::env::var("WMA_COPY_BIAS") {
+        Ok(v) => match v.trim().parse::<f32>() {
+            Ok(b) if b.is_finite() && b >= 0.0 => b,
+            _ => {
+                tracing::warn!(value = %v, "WMA_COPY_BIAS is not a non-negative number; ignored");
+                bias
+            }
+        },
+        Err(_) => bias,
+    }
+}
+
 /// Reads a local folder's chat template, if it has one.
 fn read_template(dir: &Path) -> Result<Option<ChatTemplate>, OrtError> {
     if !dir.is_dir() {
@@ -571,6 +596,7 @@ fn load(
         constraints,
         constraint_totals: Mutex::new(ConstraintTotals::default()),
         call_threshold: options.call_threshold,
+        copy_bias: options.copy_bias,
     })
 }
 

@@ -1,0 +1,545 @@
+//! Grounded identifiers: under a constraint, an argument that names a thing
+//! by its identifier (`product_id`, `orderId`, `id`) may only take a value the
+//! conversation has shown — one the person wrote or a tool returned.
+//!
+//! A small model asked to "add the backpack to my cart" before it has searched
+//! writes a plausible-looking id (`"1234567890"`) and the call fails, again
+//! and again. No grammar over the schema alone can stop that: the schema says
+//! "a string". The conversation, though, knows every identifier the model
+//! could rightly use. Narrowing identifier arguments to those values turns
+//! the invented id into a choice the model cannot make: before a search it
+//! has to search (or answer), after a search it picks one of the ids found.
+//!
+//! Grounding shapes only the constraint the provider decodes under. The
+//! prompt still shows the tool's own schema, and a call is still validated
+//! against it; providers without constraints are not affected.
+//!
+//! Free-text arguments get a softer form of the same idea: [`copy_phrases`]
+//! lists the phrases of the person's messages that a call could quote (what
+//! to search for, a city, a name), and a provider that decodes under a
+//! constraint may favour copying them.
+
+use serde_json::{Map, Value};
+
+use crate::rank::{STOP_WORDS, for_each_term};
+use crate::tool::ToolDefinition;
+
+/// The most words in one phrase of [`copy_phrases`].
+pub const MAX_PHRASE_WORDS: usize = 6;
+
+/// The phrases of `texts` (what the person wrote) that a string argument
+/// could quote: runs of up to [`MAX_PHRASE_WORDS`] words, as written, that
+/// start and end on a word that says something about the argument — not a
+/// common word ("the", "my") and not a word of a tool's name. In "add the
+/// tent to my cart" with `add_to_cart` shown, `add` and `cart` choose the
+/// tool; `tent` is what goes in its arguments.
+pub fn copy_phrases<'a>(
+    texts: impl IntoIterator<Item = &'a str>,
+    tools: &[ToolDefinition],
+) -> Vec<String> {
+    let mut buffer = String::new();
+    let mut tool_terms: Vec<String> = Vec::new();
+    for tool in tools {
+        for_each_term(&tool.name, &mut buffer, |t| tool_terms.push(t.to_string()));
+    }
+    let bounds = |word: &str, buffer: &mut String| {
+        let lower = word.to_lowercase();
+        // "a", "I": one letter says nothing; one digit may ("room 5").
+        let one_letter = lower.chars().count() == 1 && lower.chars().all(char::is_alphabetic);
+        if one_letter || STOP_WORDS.contains(&lower.as_str()) {
+            return false;
+        }
+        let mut tool_word = false;
+        for_each_term(word, buffer, |t| tool_word |= tool_terms.iter().any(|n| n == t));
+        !tool_word
+    };
+    let mut out: Vec<String> = Vec::new();
+    for text in texts {
+        let words = word_spans(text);
+        let ok: Vec<bool> = words
+            .iter()
+            .map(|&(s, e)| bounds(&text[s..e], &mut buffer))
+            .collect();
+        for i in (0..words.len()).filter(|&i| ok[i]) {
+            for j in (i..words.len().min(i + MAX_PHRASE_WORDS)).filter(|&j| ok[j]) {
+                let phrase = &text[words[i].0..words[j].1];
+                if !out.iter().any(|p| p == phrase) {
+                    out.push(phrase.to_string());
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Byte ranges of the words of `text`: letters, digits, and `'`, `-`, `_`,
+/// `.` inside a word (`don't`, `p-17`, `3.5`).
+fn word_spans(text: &str) -> Vec<(usize, usize)> {
+    let mut spans = Vec::new();
+    let mut start: Option<usize> = None;
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    for (k, &(i, c)) in chars.iter().enumerate() {
+        let inner = matches!(c, '\'' | '-' | '_' | '.')
+            && start.is_some()
+            && chars.get(k + 1).is_some_and(|&(_, n)| n.is_alphanumeric());
+        if c.is_alphanumeric() || inner {
+            start.get_or_insert(i);
+        } else if let Some(s) = start.take() {
+            spans.push((s, i));
+        }
+    }
+    if let Some(s) = start {
+        spans.push((s, text.len()));
+    }
+    spans
+}
+
+/// Most identifiers kept; the newest win, since a result usually lists the
+/// ids the next call needs.
+const MAX_IDENTIFIERS: usize = 200;
+
+/// Longest string taken as an identifier.
+const MAX_IDENTIFIER_CHARS: usize = 80;
+
+/// Whether an argument or result key names an identifier: `id`, `ID`,
+/// `…_id`, `…Id`, `…-id`, and the plural forms (`ids`, `…_ids`, `…Ids`).
+pub fn is_identifier_key(key: &str) -> bool {
+    let stem = key
+        .strip_suffix('s')
+        .filter(|s| s.ends_with("id") || s.ends_with("Id") || s.ends_with("ID"))
+        .unwrap_or(key);
+    if stem.eq_ignore_ascii_case("id") {
+        return true;
+    }
+    let lower = stem.to_ascii_lowercase();
+    if lower.ends_with("_id") || lower.ends_with("-id") {
+        return true;
+    }
+    // camelCase: `productId`, `userID`, but not `paid` or `valid`.
+    (stem.ends_with("Id") || stem.ends_with("ID"))
+        && stem.len() > 2
+        && stem[..stem.len() - 2]
+            .chars()
+            .last()
+            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+}
+
+/// Whether a word the person wrote looks like an identifier: it carries a
+/// digit (`p-17`, `ORD-2231`, `42`) or joins parts with `_` or `-`
+/// (`john_doe`, `sku-blue`).
+fn is_identifier_word(word: &str) -> bool {
+    let has_alnum = word.chars().any(|c| c.is_alphanumeric());
+    let has_digit = word.chars().any(|c| c.is_ascii_digit());
+    let joined = word
+        .trim_matches(|c| c == '-' || c == '_')
+        .contains(['-', '_']);
+    has_alnum && (has_digit || joined) && word.chars().count() <= MAX_IDENTIFIER_CHARS
+}
+
+/// Number words a request may use for a count.
+const NUMBER_WORDS: &[&str] = &[
+    "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+    "twelve", "dozen", "couple", "pair", "half", "once", "twice",
+];
+
+/// The identifiers a conversation has shown, oldest first, and whether the
+/// person wrote any number.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Identifiers {
+    values: Vec<Value>,
+    numbers: bool,
+}
+
+impl Identifiers {
+    /// No identifiers yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The identifiers, oldest first.
+    pub fn values(&self) -> &[Value] {
+        &self.values
+    }
+
+    /// Whether none were seen.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// Whether the person wrote a number (in digits or as a word).
+    pub fn has_numbers(&self) -> bool {
+        self.numbers
+    }
+
+    /// Adds one identifier; whether it was new.
+    fn push(&mut self, value: Value) -> bool {
+        let ok = match &value {
+            Value::String(s) => {
+                !s.trim().is_empty() && s.chars().count() <= MAX_IDENTIFIER_CHARS
+            }
+            Value::Number(n) => n.is_i64() || n.is_u64(),
+            _ => false,
+        };
+        if !ok {
+            return false;
+        }
+        // Seen again: it moves to the newest end, so trimming keeps it.
+        let before = self.values.len();
+        self.values.retain(|v| v != &value);
+        let new = self.values.len() == before;
+        self.values.push(value);
+        if self.values.len() > MAX_IDENTIFIERS {
+            let extra = self.values.len() - MAX_IDENTIFIERS;
+            self.values.drain(..extra);
+        }
+        new
+    }
+
+    /// Takes the identifier-shaped words of something the person wrote;
+    /// how many were new.
+    pub fn add_user_text(&mut self, text: &str) -> usize {
+        let mut new = 0;
+        for raw in text.split(|c: char| c.is_whitespace() || ",;()[]{}<>\"'`".contains(c)) {
+            // Sentence punctuation around a word is not part of it.
+            let word = raw.trim_matches(|c: char| ".:!?".contains(c));
+            self.numbers |= word.chars().any(|c| c.is_ascii_digit())
+                || NUMBER_WORDS.contains(&word.to_lowercase().as_str());
+            if is_identifier_word(word) {
+                new += usize::from(self.push(Value::String(word.to_string())));
+                if let Ok(n) = word.parse::<i64>() {
+                    new += usize::from(self.push(Value::from(n)));
+                }
+            }
+        }
+        new
+    }
+
+    /// Takes the identifiers of a successful tool result: the values of its
+    /// identifier keys when it is JSON, its identifier-shaped words when it is
+    /// text; how many were new.
+    pub fn add_result(&mut self, result: &str) -> usize {
+        match serde_json::from_str::<Value>(result.trim()) {
+            Ok(value) => self.add_json(&value, false),
+            Err(_) => self.add_user_text(result),
+        }
+    }
+
+    fn add_json(&mut self, value: &Value, under_id_key: bool) -> usize {
+        let mut new = 0;
+        match value {
+            Value::Object(map) => {
+                for (key, inner) in map {
+                    new += self.add_json(inner, is_identifier_key(key));
+                }
+            }
+            Value::Array(items) => {
+                for item in items {
+                    new += self.add_json(item, under_id_key);
+                }
+            }
+            Value::String(s) if under_id_key => {
+                new += usize::from(self.push(Value::String(s.clone())));
+                if let Ok(n) = s.parse::<i64>() {
+                    new += usize::from(self.push(Value::from(n)));
+                }
+            }
+            Value::Number(n) if under_id_key => {
+                new += usize::from(self.push(Value::Number(n.clone())));
+                new += usize::from(self.push(Value::String(n.to_string())));
+            }
+            // Text inside a result may name ids too ("order ORD-7 placed"):
+            // words that join letters or digits with `-` or `_` and carry a
+            // digit, so sizes and model names ("30L") are not taken.
+            Value::String(s) if s.len() <= 400 => {
+                for word in s.split_whitespace() {
+                    let word = word.trim_matches(|c: char| ".,:;!?()\"'".contains(c));
+                    let joined = word.trim_matches(['-', '_']).contains(['-', '_']);
+                    if joined
+                        && is_identifier_word(word)
+                        && word.chars().any(|c| c.is_ascii_digit())
+                    {
+                        new += usize::from(self.push(Value::String(word.to_string())));
+                    }
+                }
+            }
+            _ => {}
+        }
+        new
+    }
+
+    /// The identifiers a property of the given JSON type may take.
+    fn of_type(&self, ty: &str) -> Vec<Value> {
+        self.values
+            .iter()
+            .filter(|v| match ty {
+                "string" => v.is_string(),
+                "integer" | "number" => v.is_number(),
+                _ => false,
+            })
+            .cloned()
+            .collect()
+    }
+}
+
+/// The property's single JSON type, when it has one we can ground.
+fn scalar_type(schema: &Value) -> Option<&str> {
+    match schema.get("type")? {
+        Value::String(t) => Some(t.as_str()),
+        Value::Array(types) => {
+            let mut real = types.iter().filter_map(Value::as_str).filter(|t| *t != "null");
+            let first = real.next()?;
+            real.next().is_none().then_some(first)
+        }
+        _ => None,
+    }
+}
+
+/// Narrows one identifier property to `ids`; `None` when no value fits.
+fn ground_property(prop: &Value, ids: &Identifiers) -> Option<Value> {
+    // The schema already lists its values: nothing to add.
+    if prop.get("enum").is_some() || prop.get("const").is_some() {
+        return Some(prop.clone());
+    }
+    let mut out = prop.as_object().cloned().unwrap_or_default();
+    match scalar_type(prop)? {
+        ty @ ("string" | "integer" | "number") => {
+            let values = ids.of_type(ty);
+            if values.is_empty() {
+                return None;
+            }
+            out.remove("pattern");
+            out.remove("format");
+            out.insert("enum".to_string(), Value::Array(values));
+        }
+        "array" => {
+            let items = prop.get("items")?;
+            let grounded = ground_property(items, ids)?;
+            out.insert("items".to_string(), grounded);
+        }
+        _ => return Some(prop.clone()),
+    }
+    Some(Value::Object(out))
+}
+
+/// Whether one of the tool's top-level arguments is an identifier.
+pub fn takes_identifier(tool: &ToolDefinition) -> bool {
+    tool.input_schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .is_some_and(|props| props.keys().any(|k| is_identifier_key(k)))
+}
+
+/// The tool with its identifier arguments narrowed to `ids`, for a
+/// constraint. An optional identifier with no value to take is left out of
+/// the constrained schema; a required one makes the tool uncallable for now
+/// (`None`). An optional number (a quantity, a limit) is left out too when
+/// the person wrote no number: the tool's default is a better guess than
+/// the one a tiny model makes up. Tools without such arguments come back
+/// unchanged.
+pub fn ground_tool(tool: &ToolDefinition, ids: &Identifiers) -> Option<ToolDefinition> {
+    let Some(props) = tool.input_schema.get("properties").and_then(Value::as_object) else {
+        return Some(tool.clone());
+    };
+    let required: Vec<&str> = tool
+        .input_schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let mut new_props = Map::new();
+    let mut changed = false;
+    for (name, prop) in props {
+        let optional = !required.contains(&name.as_str());
+        let number = matches!(scalar_type(prop), Some("integer" | "number"));
+        if optional && number && !ids.has_numbers() && !is_identifier_key(name) {
+            changed = true;
+            continue;
+        }
+        if !is_identifier_key(name) || scalar_type(prop).is_none() {
+            new_props.insert(name.clone(), prop.clone());
+            continue;
+        }
+        match ground_property(prop, ids) {
+            Some(grounded) => {
+                changed |= &grounded != prop;
+                new_props.insert(name.clone(), grounded);
+            }
+            None if !optional => return None,
+            None => changed = true,
+        }
+    }
+    if !changed {
+        return Some(tool.clone());
+    }
+    let mut schema = tool.input_schema.clone();
+    if let Some(map) = schema.as_object_mut() {
+        map.insert("properties".to_string(), Value::Object(new_props));
+    }
+    Some(ToolDefinition {
+        input_schema: schema,
+        ..tool.clone()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn phrases_start_and_end_on_words_about_the_arguments() {
+        let p = copy_phrases(["Find a waterproof backpack and add it to my cart."], &[]);
+        for want in [
+            "Find",
+            "Find a waterproof",
+            "waterproof backpack",
+            "waterproof backpack and add",
+            "cart",
+        ] {
+            assert!(p.contains(&want.to_string()), "{want}: {p:?}");
+        }
+        for never in ["a waterproof", "backpack and", "my cart", "cart."] {
+            assert!(!p.contains(&never.to_string()), "{never}: {p:?}");
+        }
+        let p = copy_phrases(["Weather in New York, NY?", "order p-17 and 3.5 kg"], &[]);
+        assert!(p.contains(&"New York, NY".to_string()), "{p:?}");
+        assert!(p.contains(&"p-17".to_string()), "{p:?}");
+        assert!(p.contains(&"3.5 kg".to_string()), "{p:?}");
+    }
+
+    #[test]
+    fn words_of_tool_names_do_not_bound_phrases() {
+        let tools = [
+            ToolDefinition::new("add_to_cart", "", json!({})),
+            ToolDefinition::new("searchProducts", "", json!({})),
+        ];
+        let p = copy_phrases(
+            ["Search products: add the waterproof backpacks to my cart"],
+            &tools,
+        );
+        assert_eq!(p, ["waterproof", "waterproof backpacks", "backpacks"]);
+    }
+
+    #[test]
+    fn identifier_keys() {
+        for key in [
+            "id", "ID", "product_id", "orderId", "userID", "item-id", "ids", "product_ids",
+            "orderIds",
+        ] {
+            assert!(is_identifier_key(key), "{key}");
+        }
+        for key in ["paid", "valid", "idea", "width", "hidden", "query", "Id_card"] {
+            assert!(!is_identifier_key(key), "{key}");
+        }
+    }
+
+    #[test]
+    fn user_text_gives_identifier_shaped_words() {
+        let mut ids = Identifiers::new();
+        ids.add_user_text("Add two of p-17 to my cart, and cancel order 4521. I'm john_doe.");
+        assert_eq!(
+            ids.values(),
+            &[
+                json!("p-17"),
+                json!("4521"),
+                json!(4521),
+                json!("john_doe")
+            ]
+        );
+    }
+
+    #[test]
+    fn results_give_the_values_of_identifier_keys() {
+        let mut ids = Identifiers::new();
+        ids.add_result(
+            r#"[{"id":"p-17","title":"Summit 30L","price":109.0},{"id":"p-21","title":"Daytrip 20L"}]"#,
+        );
+        ids.add_result(r#"{"order": {"orderId": 991, "message": "Order ORD-7 placed"}}"#);
+        ids.add_result("Created ticket T-88 for you");
+        assert_eq!(
+            ids.values(),
+            &[
+                json!("p-17"),
+                json!("p-21"),
+                json!(991),
+                json!("991"),
+                json!("ORD-7"),
+                json!("T-88")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_required_identifier_with_nothing_to_take_makes_the_tool_uncallable() {
+        let add = ToolDefinition::new(
+            "add_to_cart",
+            "Add",
+            json!({"type": "object", "properties": {"product_id": {"type": "string"},
+                   "quantity": {"type": "integer"}}, "required": ["product_id"]}),
+        );
+        assert_eq!(ground_tool(&add, &Identifiers::new()), None);
+        let mut ids = Identifiers::new();
+        ids.add_result(r#"[{"id":"p-17"},{"id":"p-21"}]"#);
+        let grounded = ground_tool(&add, &ids).unwrap();
+        assert_eq!(
+            grounded.input_schema["properties"]["product_id"],
+            json!({"type": "string", "enum": ["p-17", "p-21"]})
+        );
+        assert_eq!(
+            grounded.input_schema["properties"].get("quantity"),
+            None,
+            "no number was written: the quantity is left to its default"
+        );
+        ids.add_user_text("two of them, please");
+        let grounded = ground_tool(&add, &ids).unwrap();
+        assert_eq!(
+            grounded.input_schema["properties"]["quantity"],
+            json!({"type": "integer"}),
+            "a count was written: the quantity is free"
+        );
+    }
+
+    #[test]
+    fn optional_identifiers_are_dropped_and_plain_tools_unchanged() {
+        let list = ToolDefinition::new(
+            "list_orders",
+            "List",
+            json!({"type": "object", "properties": {"customer_id": {"type": "integer"},
+                   "status": {"type": "string"}}}),
+        );
+        let grounded = ground_tool(&list, &Identifiers::new()).unwrap();
+        assert_eq!(
+            grounded.input_schema["properties"],
+            json!({"status": {"type": "string"}})
+        );
+        let search = ToolDefinition::new(
+            "search",
+            "Search",
+            json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}),
+        );
+        assert_eq!(ground_tool(&search, &Identifiers::new()), Some(search));
+    }
+
+    #[test]
+    fn enums_arrays_and_numbers() {
+        let mut ids = Identifiers::new();
+        ids.add_user_text("merge 12 and 15");
+        let tool = ToolDefinition::new(
+            "merge",
+            "Merge",
+            json!({"type": "object", "properties": {
+                "ticket_ids": {"type": "array", "items": {"type": "integer"}},
+                "kind_id": {"type": "string", "enum": ["a", "b"]}},
+                "required": ["ticket_ids", "kind_id"]}),
+        );
+        let grounded = ground_tool(&tool, &ids).unwrap();
+        assert_eq!(
+            grounded.input_schema["properties"]["ticket_ids"]["items"],
+            json!({"type": "integer", "enum": [12, 15]})
+        );
+        assert_eq!(
+            grounded.input_schema["properties"]["kind_id"],
+            json!({"type": "string", "enum": ["a", "b"]})
+        );
+    }
+}

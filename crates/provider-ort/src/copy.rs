@@ -1,0 +1,224 @@
+//! Copy bias: inside a string argument of a constrained call, phrases the
+//! person wrote get a fixed bonus on their logits.
+//!
+//! A tiny model that has settled on the right tool often fills a free-text
+//! argument with noise: asked to "find a waterproof backpack", it searches
+//! for `"search_products"` or `"your_tool_name"` — the words nearest in its
+//! prompt, not the person's. The right words are usually in its top twenty,
+//! a few percent each. A bonus on the tokens that start or continue a phrase
+//! from the person's messages lifts them above the noise, without forbidding
+//! anything: once the model writes something that is not such a phrase, the
+//! bonus stops and it writes freely, and a strong preference of its own
+//! still wins.
+//!
+//! The loop chooses the phrases (`GenerateRequest::copy_phrases`, made by
+//! `wma_agent::copy_phrases`); each counts as written and lowercased. The
+//! closing quote gets the bonus where the value written so far is a whole
+//! phrase. Only string values get the bonus, never keys, and never a call's
+//! `name` (the grammar decides that one).
+
+use llguidance::toktrie::TokEnv;
+
+/// The logit bonus, by default: enough to lift a phrase the model gives a
+/// few percent over noise it gives ten, not enough to override a clear
+/// choice.
+pub const DEFAULT_COPY_BIAS: f32 = 3.0;
+
+/// Phrases to copy, and the bonus for copying them.
+#[derive(Debug, Clone)]
+pub struct CopyBias {
+    phrases: Vec<Vec<u8>>,
+    bias: f32,
+}
+
+impl CopyBias {
+    /// A bonus of `bias` for copying any of `phrases` (as written or
+    /// lowercased). `None` when there is no phrase or the bias is not
+    /// positive.
+    pub fn new(phrases: &[String], bias: f32) -> Option<Self> {
+        if bias <= 0.0 || !bias.is_finite() {
+            return None;
+        }
+        let mut all: Vec<Vec<u8>> = Vec::new();
+        for phrase in phrases.iter().filter(|p| !p.is_empty()) {
+            for variant in [phrase.clone(), phrase.to_lowercase()] {
+                let bytes = variant.into_bytes();
+                if !all.contains(&bytes) {
+                    all.push(bytes);
+                }
+            }
+        }
+        (!all.is_empty()).then(|| Self { phrases: all, bias })
+    }
+
+    /// The phrases, for tests and diagnostics.
+    pub fn phrases(&self) -> impl Iterator<Item = &str> {
+        self.phrases
+            .iter()
+            .filter_map(|p| std::str::from_utf8(p).ok())
+    }
+
+    /// Adds the bonus to the tokens that copy a phrase, when `output` (the
+    /// reply so far) is about to write a string value or ends inside one.
+    /// A token copies when its bytes are a prefix of what would complete a
+    /// phrase: the rest of the phrase and the closing quote, or, before the
+    /// value, the opening quote too (tokenizers merge `"` with the word after
+    /// it). `quote_tokens` are the tokens that start with `"`.
+    pub fn apply(&self, output: &[u8], logits: &mut [f32], env: &TokEnv, quote_tokens: &[u32]) {
+        let Some(position) = value_position(output) else {
+            return;
+        };
+        let trie = env.tok_trie();
+        let mut boosted: Vec<u32> = Vec::new();
+        match position {
+            Position::Inside(start) => {
+                let written = &output[start..];
+                for phrase in &self.phrases {
+                    let Some(rest) = phrase.strip_prefix(written) else {
+                        continue;
+                    };
+                    if rest.is_empty() {
+                        boosted.extend_from_slice(quote_tokens);
+                    } else {
+                        let mut target = rest.to_vec();
+                        target.push(b'"');
+                        boosted.extend(trie.all_prefixes(&target));
+                    }
+                }
+            }
+            Position::Before => {
+                for phrase in &self.phrases {
+                    let mut target = Vec::with_capacity(phrase.len() + 3);
+                    target.extend_from_slice(b" \"");
+                    target.extend_from_slice(phrase);
+                    target.push(b'"');
+                    // With and without a space before the quote; a lone
+                    // space is not a copy.
+                    boosted.extend(trie.all_prefixes(&target[1..]));
+                    boosted.extend(trie.all_prefixes(&target).into_iter().skip(1));
+                }
+            }
+        }
+        boosted.sort_unstable();
+        boosted.dedup();
+        for t in boosted {
+            // Masked tokens stay masked: -inf plus a bonus is still -inf.
+            if let Some(logit) = logits.get_mut(t as usize) {
+                *logit += self.bias;
+            }
+        }
+    }
+}
+
+/// Where a reply stands with respect to a string value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Position {
+    /// A value comes next (after `:`, or in an array), not yet begun.
+    Before,
+    /// Inside a string value whose text starts at this byte.
+    Inside(usize),
+}
+
+/// Whether `output` ends where a value comes next or inside a string value.
+/// Keys do not count, nor the value of a top-level `name` (the tool's name
+/// in a call, which the grammar picks).
+fn value_position(output: &[u8]) -> Option<Position> {
+    let mut stack: Vec<u8> = Vec::new();
+    let mut last = 0u8;
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut start = 0;
+    let mut is_value = false;
+    let mut key: &[u8] = b"";
+    let mut value_key: &[u8] = b"";
+    for (i, &b) in output.iter().enumerate() {
+        if in_string {
+            if escaped {
+                escaped = false;
+            } else if b == b'\\' {
+                escaped = true;
+            } else if b == b'"' {
+                in_string = false;
+                if !is_value {
+                    key = &output[start..i];
+                }
+                last = b'"';
+            }
+            continue;
+        }
+        match b {
+            b'"' => {
+                in_string = true;
+                start = i + 1;
+                is_value = expects_value(last, &stack);
+                value_key = key;
+            }
+            b'{' | b'[' => {
+                stack.push(b);
+                last = b;
+            }
+            b'}' | b']' => {
+                stack.pop();
+                last = b;
+            }
+            b if b.is_ascii_whitespace() => {}
+            _ => last = b,
+        }
+    }
+    // Outside any object or array this is prose, not JSON.
+    if stack.is_empty() {
+        return None;
+    }
+    if in_string {
+        let top_level_name = stack.len() == 1 && value_key == b"name";
+        return (is_value && !top_level_name).then_some(Position::Inside(start));
+    }
+    let top_level_name = stack.len() == 1 && key == b"name" && last == b':';
+    (expects_value(last, &stack) && !top_level_name).then_some(Position::Before)
+}
+
+/// Whether a value comes after `last` (the last byte outside strings and
+/// whitespace) in the open containers `stack`.
+fn expects_value(last: u8, stack: &[u8]) -> bool {
+    last == b':' || (matches!(last, b'[' | b',') && stack.last() == Some(&b'['))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_string_values_count() {
+        fn open(s: &str) -> Option<&str> {
+            match value_position(s.as_bytes()) {
+                Some(Position::Inside(i)) => Some(&s[i..]),
+                _ => None,
+            }
+        }
+        assert_eq!(open(r#"{"name": "search", "arguments": {"query": "water"#), Some("water"));
+        assert_eq!(open(r#"{"name": "sea"#), None, "the tool's name");
+        assert_eq!(open(r#"{"name": "s", "arguments": {"que"#), None, "a key");
+        assert_eq!(open(r#"{"name": "s", "arguments": {"q": "a"}"#), None, "closed");
+        assert_eq!(
+            open(r#"{"name": "s", "arguments": {"tags": ["red", "blu"#),
+            Some("blu")
+        );
+        assert_eq!(
+            open(r#"{"name": "s", "arguments": {"person": {"name": "Ad"#),
+            Some("Ad"),
+            "a nested name is an argument"
+        );
+        assert_eq!(
+            open(r#"<tool_call>{"name": "s", "arguments": {"q": "say \"hi"#),
+            Some(r#"say \"hi"#)
+        );
+        assert_eq!(open("I can do that"), None);
+        let before = |s: &str| value_position(s.as_bytes()) == Some(Position::Before);
+        assert!(before(r#"{"name": "s", "arguments": {"query": "#));
+        assert!(before(r#"{"name": "s", "arguments": {"tags": ["a", "#));
+        assert!(!before(r#"{"name": "#), "the tool's name");
+        assert!(!before(r#"{"name": "s", "#), "a key comes next");
+        assert!(!before("Sure: "), "prose");
+        assert_eq!(open(r#"He said: "hel"#), None, "prose");
+    }
+}
