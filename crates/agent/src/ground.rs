@@ -125,14 +125,12 @@ pub fn is_identifier_key(key: &str) -> bool {
 }
 
 /// Whether a word the person wrote looks like an identifier: it carries a
-/// digit (`p-17`, `ORD-2231`, `42`) or joins parts with `_` or `-`
-/// (`john_doe`, `sku-blue`).
+/// digit (`p-17`, `ORD-2231`, `42`) or joins parts with `_` (`john_doe`).
+/// Hyphens alone do not make one: "two-person" is English.
 fn is_identifier_word(word: &str) -> bool {
     let has_alnum = word.chars().any(|c| c.is_alphanumeric());
     let has_digit = word.chars().any(|c| c.is_ascii_digit());
-    let joined = word
-        .trim_matches(|c| c == '-' || c == '_')
-        .contains(['-', '_']);
+    let joined = word.trim_matches('_').contains('_');
     has_alnum && (has_digit || joined) && word.chars().count() <= MAX_IDENTIFIER_CHARS
 }
 
@@ -164,6 +162,34 @@ impl Identifiers {
     /// Whether none were seen.
     pub fn is_empty(&self) -> bool {
         self.values.is_empty()
+    }
+
+    /// The same identifiers less `used`.
+    pub fn without(&self, used: &[Value]) -> Identifiers {
+        Identifiers {
+            values: self
+                .values
+                .iter()
+                .filter(|v| !used.contains(v))
+                .cloned()
+                .collect(),
+            numbers: self.numbers,
+        }
+    }
+
+    /// The identifier values of a call's arguments (top level, and the
+    /// items of identifier lists).
+    pub fn of_call(arguments: &Value) -> Vec<Value> {
+        let mut out = Vec::new();
+        if let Some(map) = arguments.as_object() {
+            for (_, value) in map.iter().filter(|(k, _)| is_identifier_key(k)) {
+                match value {
+                    Value::Array(items) => out.extend(items.iter().cloned()),
+                    other => out.push(other.clone()),
+                }
+            }
+        }
+        out
     }
 
     /// Whether the person wrote a number (in digits or as a word).
@@ -322,7 +348,7 @@ fn ground_property(prop: &Value, ids: &Identifiers) -> Option<Value> {
 }
 
 /// Whether one of the tool's top-level arguments is an identifier.
-pub fn takes_identifier(tool: &ToolDefinition) -> bool {
+pub(crate) fn takes_identifier(tool: &ToolDefinition) -> bool {
     tool.input_schema
         .get("properties")
         .and_then(Value::as_object)
@@ -436,7 +462,9 @@ mod tests {
     #[test]
     fn user_text_gives_identifier_shaped_words() {
         let mut ids = Identifiers::new();
-        ids.add_user_text("Add two of p-17 to my cart, and cancel order 4521. I'm john_doe.");
+        ids.add_user_text(
+            "Add two of p-17 to my cart, and cancel order 4521. I'm john_doe, a well-known buyer.",
+        );
         assert_eq!(
             ids.values(),
             &[

@@ -52,6 +52,14 @@ pub fn call_now(request: &str) -> String {
     )
 }
 
+/// Correction under constraints: a prose reply, with nothing called yet, to
+/// a request that names a tool shown.
+pub fn use_the_tool(request: &str) -> String {
+    format!(
+        "A tool here does this, so do it: call it now. Reply with only the tool call.\nMy request: {request}"
+    )
+}
+
 /// Repair: suffix of the tool error that sends a bad call back.
 pub const TRY_AGAIN: &str = "Try again.";
 

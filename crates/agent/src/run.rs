@@ -25,7 +25,7 @@ use crate::prompt::{
     prompt_messages, system_prompt, truncate_chars, window,
 };
 use crate::provider::{Constraint, GenerateRequest, Generation, PromptRole, Provider};
-use crate::rank::rank_tools;
+use crate::rank::{rank_tools, score_tools};
 use crate::tool::{PageContext, SubAgentInfo, ToolDefinition};
 use crate::validate::{ArgsError, ValidatorCache};
 
@@ -179,8 +179,19 @@ struct Run<P> {
     /// identifiers. Grounded constraints leave it out of the next step, so
     /// that the model uses what it found instead of looking it up again.
     looked_up: Option<String>,
+    /// A tool that changes things and succeeded in the last step. Grounded
+    /// constraints leave it out of the next step: a tiny model repeats its
+    /// last action, on the next id in the list once the first is used.
+    just_acted: Option<String>,
     /// Names of the read-only tools among those listed this step.
     read_only: Vec<String>,
+    /// Tool → identifiers it already acted on successfully in this run.
+    /// Grounded constraints do not offer them to that tool again: a tiny
+    /// model that added an item tends to add it again, and again.
+    acted: HashMap<String, Vec<Value>>,
+    /// The newest successful result of a tool that changes things, for the
+    /// message of a run that stops going in circles.
+    last_action: Option<String>,
     instructions: Option<String>,
     sub_agents: Vec<SubAgentInfo>,
     agent_name: String,
@@ -226,7 +237,10 @@ impl<P: Provider + 'static> Run<P> {
             ground_identifiers: options.ground_identifiers,
             identifiers: Identifiers::new(),
             looked_up: None,
+            just_acted: None,
             read_only: Vec::new(),
+            acted: HashMap::new(),
+            last_action: None,
             provider,
             tools: request.tools,
             cancel: request.cancel,
@@ -454,6 +468,21 @@ impl<P: Provider + 'static> Run<P> {
                         self.append_to(&mut request);
                         continue;
                     }
+                    // Under constraints, a tiny model that has called nothing
+                    // yet and answers in prose while a tool plainly fits
+                    // (the request names it) gets the same retry: the retry
+                    // can only be a call, so it cannot fail the same way.
+                    if self.seen.is_empty()
+                        && self.constraint(Attempt::CallNow, &shown).is_some()
+                        && names_a_tool(&self.request_text, &shown)
+                    {
+                        corrected = true;
+                        self.push_turn(PromptRole::Assistant, text.clone());
+                        self.push_turn(PromptRole::User, messages::use_the_tool(&self.request_text));
+                        attempt = Attempt::CallNow;
+                        self.append_to(&mut request);
+                        continue;
+                    }
                 }
                 let text = match &self.last_result {
                     Some(last) if echoes_a_result(&text, &self.results) => gist(last),
@@ -573,7 +602,11 @@ impl<P: Provider + 'static> Run<P> {
             shown
                 .iter()
                 .filter(|t| self.looked_up.as_deref() != Some(t.name.as_str()))
-                .filter_map(|t| ground_tool(t, &self.identifiers))
+                .filter(|t| self.just_acted.as_deref() != Some(t.name.as_str()))
+                .filter_map(|t| match self.acted.get(&t.name) {
+                    Some(used) => ground_tool(t, &self.identifiers.without(used)),
+                    None => ground_tool(t, &self.identifiers),
+                })
                 .collect()
         } else {
             shown.to_vec()
@@ -692,6 +725,7 @@ impl<P: Provider + 'static> Run<P> {
         content.push_str(&self.provider.call_format().write_all(&calls));
         self.push_turn(PromptRole::Assistant, content);
         let mut looked_up = None;
+        let mut just_acted = None;
         for call in calls {
             if self.cancel.is_cancelled() {
                 return Some(End::Finish(FinishReason::Aborted));
@@ -723,8 +757,17 @@ impl<P: Provider + 'static> Run<P> {
                     });
                     self.last_failure = None;
                     let new_ids = self.identifiers.add_result(&output);
-                    if new_ids > 0 && self.read_only.contains(&call.name) {
-                        looked_up = Some(call.name.clone());
+                    if self.read_only.contains(&call.name) {
+                        if new_ids > 0 {
+                            looked_up = Some(call.name.clone());
+                        }
+                    } else {
+                        self.acted
+                            .entry(call.name.clone())
+                            .or_default()
+                            .extend(Identifiers::of_call(&call.arguments));
+                        self.last_action = Some(output.clone());
+                        just_acted = Some(call.name.clone());
                     }
                     self.last_result = Some(output.clone());
                     self.results.push(output);
@@ -742,7 +785,12 @@ impl<P: Provider + 'static> Run<P> {
                 if self.loop_flagged {
                     Span::current().record("wma.outcome", "circles");
                     self.emit(AgentStreamPart::Text {
-                        text: messages::CIRCLES.to_string(),
+                        // What was done (or found) is worth more to the
+                        // person than how the run ended.
+                        text: match self.last_action.as_ref().or(self.last_result.as_ref()) {
+                            Some(done) => format!("{}\n\n{}", gist(done), messages::CIRCLES),
+                            None => messages::CIRCLES.to_string(),
+                        },
                     });
                     return Some(End::Finish(FinishReason::Stop));
                 }
@@ -753,6 +801,7 @@ impl<P: Provider + 'static> Run<P> {
             self.push_turn(PromptRole::Tool, for_model);
         }
         self.looked_up = looked_up;
+        self.just_acted = just_acted;
         self.push_turn(PromptRole::User, messages::restate(&self.request_text));
         None
     }
@@ -981,6 +1030,16 @@ fn is_action_request(request: &str) -> bool {
         "call",
     ];
     words(request).iter().any(|w| VERBS.contains(&w.as_str()))
+}
+
+/// Whether a word of the request (other than a common one) is in the name of
+/// a shown tool: "put a tent in my cart" names `add_to_cart`. A request that
+/// only shares description words with the tools (most requests no tool
+/// fits) does not.
+fn names_a_tool(request: &str, shown: &[ToolDefinition]) -> bool {
+    score_tools(shown, request, &[])
+        .iter()
+        .any(|s| !s.name_matches.is_empty())
 }
 
 /// Whether a plain reply tells the person to do it themselves with a tool the
