@@ -5,6 +5,7 @@ mod support;
 mod cluster;
 mod config;
 mod delegation;
+mod grounding;
 mod http_api;
 mod loop_behaviour;
 mod real_model;

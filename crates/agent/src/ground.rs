@@ -126,8 +126,12 @@ pub fn is_identifier_key(key: &str) -> bool {
 
 /// Whether a word the person wrote looks like an identifier: it carries a
 /// digit (`p-17`, `ORD-2231`, `42`) or joins parts with `_` (`john_doe`).
-/// Hyphens alone do not make one: "two-person" is English.
+/// Hyphens alone do not make one: "two-person" is English; nor does a bare
+/// number of one or two digits, which is a count ("add 2 of them").
 fn is_identifier_word(word: &str) -> bool {
+    if word.len() <= 2 && word.chars().all(|c| c.is_ascii_digit()) {
+        return false;
+    }
     let has_alnum = word.chars().any(|c| c.is_alphanumeric());
     let has_digit = word.chars().any(|c| c.is_ascii_digit());
     let joined = word.trim_matches('_').contains('_');
@@ -551,7 +555,7 @@ mod tests {
     #[test]
     fn enums_arrays_and_numbers() {
         let mut ids = Identifiers::new();
-        ids.add_user_text("merge 12 and 15");
+        ids.add_user_text("merge 120 and 150, 2 of them");
         let tool = ToolDefinition::new(
             "merge",
             "Merge",
@@ -563,7 +567,7 @@ mod tests {
         let grounded = ground_tool(&tool, &ids).unwrap();
         assert_eq!(
             grounded.input_schema["properties"]["ticket_ids"]["items"],
-            json!({"type": "integer", "enum": [12, 15]})
+            json!({"type": "integer", "enum": [120, 150]})
         );
         assert_eq!(
             grounded.input_schema["properties"]["kind_id"],

@@ -1,0 +1,316 @@
+//! What the loop adds to a constraint beyond the tool schemas: grounded
+//! identifiers, one action per reply, phrases to copy, and the calls-only
+//! retry for a prose reply to a request that names a tool.
+
+use std::sync::Arc;
+
+use serde_json::{Value, json};
+use webmcp_agents::agent::{
+    AgentStreamPart, Constraint, ConstraintMode, FinishReason, GenerateRequest, LocalLoopOptions,
+    ToolAnnotations, ToolDefinition, messages,
+};
+use wma_testkit::{InMemoryToolHost, ScriptedProvider};
+
+use crate::support::*;
+
+/// A shop whose lookups are marked read-only, as real hosts mark them.
+fn annotated_shop() -> Arc<InMemoryToolHost> {
+    let host = Arc::new(InMemoryToolHost::new());
+    let read_only = ToolAnnotations {
+        read_only: true,
+        ..ToolAnnotations::default()
+    };
+    host.add(
+        ToolDefinition::new(
+            "search_products",
+            "Search the catalog by words.",
+            json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}),
+        )
+        .with_annotations(read_only.clone()),
+        |_| Ok(json!([{"id": "p-17", "title": "Summit Backpack"}, {"id": "p-4", "title": "Trail Tent"}]).to_string()),
+    );
+    host.add(
+        ToolDefinition::new(
+            "add_to_cart",
+            "Add a product to the cart by its id.",
+            json!({"type": "object", "properties": {
+                "product_id": {"type": "string"},
+                "quantity": {"type": "integer", "minimum": 1}},
+                "required": ["product_id"]}),
+        ),
+        |args| Ok(json!({"ok": true, "message": format!("Added {} to the cart.", args["product_id"].as_str().unwrap_or("?"))}).to_string()),
+    );
+    host.add(
+        ToolDefinition::new(
+            "view_cart",
+            "Show the cart.",
+            json!({"type": "object", "properties": {}}),
+        )
+        .with_annotations(read_only),
+        |_| Ok(json!({"items": [], "total": 0}).to_string()),
+    );
+    host
+}
+
+/// The tools a request's constraint allows, by name.
+fn allowed(request: &GenerateRequest) -> Vec<String> {
+    match &request.constraint {
+        Some(Constraint::TextOrCalls { tools } | Constraint::CallsOnly { tools }) => {
+            let mut names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
+            names.sort();
+            names
+        }
+        other => panic!("expected a calls constraint, got {other:?}"),
+    }
+}
+
+/// The schema a request's constraint gives one tool's argument.
+fn argument_schema(request: &GenerateRequest, tool: &str, argument: &str) -> Option<Value> {
+    let (Some(Constraint::TextOrCalls { tools }) | Some(Constraint::CallsOnly { tools })) =
+        &request.constraint
+    else {
+        return None;
+    };
+    tools
+        .iter()
+        .find(|t| t.name == tool)
+        .and_then(|t| t.input_schema["properties"].get(argument).cloned())
+}
+
+#[tokio::test]
+async fn a_tool_that_needs_an_id_nobody_has_shown_cannot_be_called_yet() {
+    let provider = ScriptedProvider::new([
+        call("search_products", json!({"query": "tent"})),
+        call("add_to_cart", json!({"product_id": "p-4"})),
+        "Added the Trail Tent.".to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(
+        provider.clone(),
+        ask("Find a tent and add it to my cart", annotated_shop()),
+        inline(),
+    )
+    .await;
+    assert_finish(&parts, FinishReason::Stop);
+    let requests = provider.requests();
+    assert_eq!(
+        allowed(&requests[0]),
+        ["search_products", "view_cart"],
+        "add_to_cart needs a product id and none was shown"
+    );
+    assert_eq!(
+        argument_schema(&requests[1], "add_to_cart", "product_id"),
+        Some(json!({"type": "string", "enum": ["p-17", "p-4"]})),
+        "after the search, the ids it returned"
+    );
+    assert!(
+        !allowed(&requests[1]).contains(&"search_products".to_string()),
+        "the lookup that found the ids is not offered again right away"
+    );
+    assert!(
+        requests[1].tools.is_empty() && prompt_text(&requests[1]).contains("search_products"),
+        "the prompt still lists every tool; only the constraint narrows"
+    );
+}
+
+#[tokio::test]
+async fn ids_the_person_wrote_are_grounded_too() {
+    let provider = ScriptedProvider::new([
+        call("add_to_cart", json!({"product_id": "p-17", "quantity": 2})),
+        "Done.".to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(
+        provider.clone(),
+        ask("Add 2 of p-17 to my cart", annotated_shop()),
+        inline(),
+    )
+    .await;
+    assert_finish(&parts, FinishReason::Stop);
+    let first = &provider.requests()[0];
+    assert_eq!(
+        argument_schema(first, "add_to_cart", "product_id"),
+        Some(json!({"type": "string", "enum": ["p-17"]}))
+    );
+    assert_eq!(
+        argument_schema(first, "add_to_cart", "quantity"),
+        Some(json!({"type": "integer", "minimum": 1})),
+        "a number was written, so the quantity stays free"
+    );
+}
+
+#[tokio::test]
+async fn an_action_is_not_offered_the_next_step_nor_on_the_same_id_again() {
+    let provider = ScriptedProvider::new([
+        call("add_to_cart", json!({"product_id": "p-17"})),
+        call("view_cart", json!({})),
+        call("add_to_cart", json!({"product_id": "p-21"})),
+        "Both are in the cart.".to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(
+        provider.clone(),
+        ask("Add p-17 and p-21 to my cart", annotated_shop()),
+        inline(),
+    )
+    .await;
+    assert_finish(&parts, FinishReason::Stop);
+    let requests = provider.requests();
+    assert!(allowed(&requests[0]).contains(&"add_to_cart".to_string()));
+    assert_eq!(
+        requests[0].single_call,
+        ["add_to_cart"],
+        "a tool that changes things gets one call per reply; lookups may fan out"
+    );
+    assert!(
+        !allowed(&requests[1]).contains(&"add_to_cart".to_string()),
+        "the step after an action does not offer it again"
+    );
+    assert_eq!(
+        argument_schema(&requests[2], "add_to_cart", "product_id"),
+        Some(json!({"type": "string", "enum": ["p-21"]})),
+        "p-17 was added already"
+    );
+}
+
+#[tokio::test]
+async fn grounding_can_be_turned_off() {
+    let provider = ScriptedProvider::new(["Sure."]).with_constraints(true);
+    let options = LocalLoopOptions {
+        ground_identifiers: false,
+        ..inline()
+    };
+    run_all(
+        provider.clone(),
+        ask("Find a tent and add it to my cart", annotated_shop()),
+        options,
+    )
+    .await;
+    let first = &provider.requests()[0];
+    assert_eq!(
+        allowed(first),
+        ["add_to_cart", "search_products", "view_cart"]
+    );
+    assert!(first.single_call.is_empty());
+}
+
+#[tokio::test]
+async fn the_persons_phrases_reach_the_provider_without_tool_words() {
+    let provider = ScriptedProvider::new(["Sure."]).with_constraints(true);
+    run_all(
+        provider.clone(),
+        ask("Add a waterproof backpack to my cart", annotated_shop()),
+        inline(),
+    )
+    .await;
+    let phrases = &provider.requests()[0].copy_phrases;
+    assert!(
+        phrases.contains(&"waterproof backpack".to_string()),
+        "{phrases:?}"
+    );
+    for tool_word in ["Add", "cart", "my cart", "Add a waterproof backpack"] {
+        assert!(
+            !phrases.contains(&tool_word.to_string()),
+            "{tool_word}: {phrases:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_prose_reply_to_a_request_naming_a_tool_gets_the_calls_only_retry() {
+    let provider = ScriptedProvider::new([
+        "I'm sorry, I cannot help with that.".to_string(),
+        call("view_cart", json!({})),
+        "Your cart is empty.".to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(
+        provider.clone(),
+        ask("What is in my cart?", annotated_shop()),
+        inline(),
+    )
+    .await;
+    assert_finish(&parts, FinishReason::Stop);
+    let requests = provider.requests();
+    assert!(matches!(
+        requests[1].constraint,
+        Some(Constraint::CallsOnly { .. })
+    ));
+    assert!(
+        prompt_text(&requests[1]).contains(&messages::use_the_tool("What is in my cart?")),
+        "{}",
+        prompt_text(&requests[1])
+    );
+    assert_eq!(texts(&parts), ["Your cart is empty."]);
+}
+
+#[tokio::test]
+async fn without_constraints_a_prose_reply_stands_as_the_reference_has_it() {
+    for (provider, mode) in [
+        (
+            ScriptedProvider::new(["I'm sorry, I cannot help with that."]),
+            ConstraintMode::Auto,
+        ),
+        (
+            ScriptedProvider::new(["I'm sorry, I cannot help with that."])
+                .with_constraints(true),
+            ConstraintMode::Off,
+        ),
+    ] {
+        let options = LocalLoopOptions {
+            constraints: mode,
+            ..inline()
+        };
+        let parts = run_all(
+            provider.clone(),
+            ask("What is in my cart?", annotated_shop()),
+            options,
+        )
+        .await;
+        assert_eq!(provider.requests().len(), 1, "no retry");
+        assert_eq!(texts(&parts), ["I'm sorry, I cannot help with that."]);
+    }
+}
+
+#[tokio::test]
+async fn a_prose_reply_to_a_request_no_tool_name_matches_is_shown() {
+    let provider = ScriptedProvider::new(["Paris."]).with_constraints(true);
+    let parts = run_all(
+        provider.clone(),
+        ask("What is the capital of France?", annotated_shop()),
+        inline(),
+    )
+    .await;
+    assert_eq!(provider.requests().len(), 1);
+    assert_eq!(texts(&parts), ["Paris."]);
+}
+
+#[tokio::test]
+async fn going_in_circles_still_says_what_was_done() {
+    let provider = ScriptedProvider::new([
+        call("add_to_cart", json!({"product_id": "p-17"})),
+        call("view_cart", json!({})),
+        call("view_cart", json!({})),
+        call("view_cart", json!({})),
+    ])
+    .with_constraints(true);
+    let parts = run_all(
+        provider,
+        ask("Add p-17 to my cart", annotated_shop()),
+        inline(),
+    )
+    .await;
+    assert_finish(&parts, FinishReason::Stop);
+    let last = texts(&parts).pop().unwrap();
+    assert_eq!(
+        last,
+        format!("Added p-17 to the cart.\n\n{}", messages::CIRCLES)
+    );
+    assert_eq!(
+        parts
+            .iter()
+            .filter(|p| matches!(p, AgentStreamPart::ToolCall { name, .. } if name == "add_to_cart"))
+            .count(),
+        1
+    );
+}
