@@ -145,7 +145,11 @@ async fn resume_counts_the_finished_call_toward_loop_detection() {
     )
     .await;
     assert_finish(&parts, FinishReason::Stop);
-    assert_eq!(texts(&parts).last().unwrap(), messages::CIRCLES);
+    // The stop message leads with what the last result said.
+    assert_eq!(
+        texts(&parts).last().unwrap(),
+        &format!("Added p-17 to the cart\n\n{}", messages::CIRCLES)
+    );
 }
 
 #[tokio::test]
@@ -619,7 +623,13 @@ async fn a_repeated_call_is_flagged_once_then_the_run_stops() {
         flagged.contains(&messages::repeated_call("view_cart")),
         "{flagged}"
     );
-    assert_eq!(texts(&parts).last().unwrap(), messages::CIRCLES);
+    assert_eq!(
+        texts(&parts).last().unwrap(),
+        &format!(
+            "items: 1 result: Summit 30L Backpack.\n\n{}",
+            messages::CIRCLES
+        )
+    );
     assert_eq!(provider.requests().len(), 3);
 }
 
