@@ -344,3 +344,67 @@ fn a_repeated_call_is_noticed_and_cut_off() {
         .unwrap();
     assert_eq!(kept.trim_end(), first);
 }
+
+#[test]
+fn a_single_call_tool_is_called_once_per_reply() {
+    let f = fixture();
+    let c = Constraint::CallsOnly { tools: tools() };
+    let add = r#"{"name": "add_to_cart", "arguments": {"product_id": "p-17"}}"#;
+    let search = r#"{"name": "search", "arguments": {"query": "a"}}"#;
+    let single = ["add_to_cart".to_string()];
+    let admits = |text: &str, whole: bool| {
+        let ids = f.tokenizer.encode(text, false).unwrap().get_ids().to_vec();
+        let mut m = f
+            .engine
+            .matcher_with(&c, CallFormat::Json, &single)
+            .unwrap();
+        m.feed(&ids).unwrap() == ids.len() && (!whole || m.allows(IM_END).unwrap())
+    };
+    assert!(admits(add, true));
+    assert!(admits(&format!("{add}\n"), true));
+    assert!(!admits(&format!("{add}\n{add}"), false), "a second action");
+    assert!(
+        admits(&format!("{search}\n{search}"), true),
+        "other tools may still be called several times"
+    );
+}
+
+#[test]
+fn the_copy_bias_lifts_the_persons_words_inside_string_arguments_only() {
+    let f = fixture();
+    let c = Constraint::CallsOnly { tools: tools() };
+    let id = |t: &str| f.tokenizer.token_to_id(t).unwrap() as usize;
+    let phrases = ["waterproof backpack".to_string()];
+    let copy = || wma_provider_ort::copy::CopyBias::new(&phrases, 3.0);
+    // Every token even: what the bias adds is what the model would see.
+    let logits_after = |prefix: &str| {
+        let ids = f.tokenizer.encode(prefix, false).unwrap().get_ids().to_vec();
+        let mut m = f
+            .engine
+            .matcher(&c, CallFormat::Json)
+            .unwrap()
+            .with_copy_bias(copy());
+        assert_eq!(m.feed(&ids).unwrap(), ids.len(), "{prefix}");
+        let mut l = vec![0.0f32; 49152];
+        m.mask_logits(&mut l).unwrap();
+        l
+    };
+    let inside = logits_after(r#"{"name": "search", "arguments": {"query": ""#);
+    let water = id("water");
+    let other = id("the");
+    assert_eq!(inside[water], 3.0, "the phrase's first token");
+    assert_eq!(inside[other], 0.0, "anything else is left alone");
+    let next = logits_after(r#"{"name": "search", "arguments": {"query": "waterproof"#);
+    assert_eq!(next[id("Ġbackpack")], 3.0, "the phrase goes on");
+    let closing = logits_after(r#"{"name": "search", "arguments": {"query": "waterproof backpack"#);
+    assert_eq!(closing[id("\"")], 3.0, "a whole phrase may end the string");
+    let key = logits_after(r#"{"name": "search", "arguments": {""#);
+    assert!(
+        key.iter().all(|&l| l <= 0.0),
+        "keys get no bonus (the grammar masks the rest)"
+    );
+    assert!(
+        wma_provider_ort::copy::CopyBias::new(&phrases, 0.0).is_none(),
+        "a bias of 0 is off"
+    );
+}
