@@ -24,13 +24,23 @@ use serde_json::{Map, Value};
 use crate::rank::{STOP_WORDS, for_each_term};
 use crate::tool::ToolDefinition;
 
+/// Verbs that ask for an action ("add", "find", "show"): a request with
+/// one is an action request, and they say what to do, not what to do it to.
+pub(crate) const ACTION_VERBS: &[&str] = &[
+    "add", "buy", "purchase", "order", "put", "remove", "delete", "open", "show", "search", "find",
+    "look", "get", "check", "apply", "book", "go", "navigate", "set", "change", "update", "create",
+    "make", "send", "cancel", "subscribe", "save", "fill", "submit", "pick", "choose", "select",
+    "compare", "list", "view", "call",
+];
+
 /// The most words in one phrase of [`copy_phrases`].
 pub const MAX_PHRASE_WORDS: usize = 6;
 
 /// The phrases of `texts` (what the person wrote) that a string argument
 /// could quote: runs of up to [`MAX_PHRASE_WORDS`] words, as written, that
 /// start and end on a word that says something about the argument — not a
-/// common word ("the", "my") and not a word of a tool's name. In "add the
+/// common word ("the", "my"), not a verb asking for the action ("find",
+/// "add") and not a word of a tool's name. In "add the
 /// tent to my cart" with `add_to_cart` shown, `add` and `cart` choose the
 /// tool; `tent` is what goes in its arguments.
 pub fn copy_phrases<'a>(
@@ -46,7 +56,10 @@ pub fn copy_phrases<'a>(
         let lower = word.to_lowercase();
         // "a", "I": one letter says nothing; one digit may ("room 5").
         let one_letter = lower.chars().count() == 1 && lower.chars().all(char::is_alphabetic);
-        if one_letter || STOP_WORDS.contains(&lower.as_str()) {
+        if one_letter
+            || STOP_WORDS.contains(&lower.as_str())
+            || ACTION_VERBS.contains(&lower.as_str())
+        {
             return false;
         }
         let mut tool_word = false;
@@ -351,6 +364,22 @@ fn ground_property(prop: &Value, ids: &Identifiers) -> Option<Value> {
     Some(Value::Object(out))
 }
 
+/// Whether one of the tool's top-level arguments is free text: a string that
+/// is not an identifier and lists no allowed values.
+pub(crate) fn takes_free_text(tool: &ToolDefinition) -> bool {
+    tool.input_schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .is_some_and(|props| {
+            props.iter().any(|(k, p)| {
+                !is_identifier_key(k)
+                    && scalar_type(p) == Some("string")
+                    && p.get("enum").is_none()
+                    && p.get("const").is_none()
+            })
+        })
+}
+
 /// Whether one of the tool's top-level arguments is an identifier.
 pub(crate) fn takes_identifier(tool: &ToolDefinition) -> bool {
     tool.input_schema
@@ -419,16 +448,18 @@ mod tests {
     #[test]
     fn phrases_start_and_end_on_words_about_the_arguments() {
         let p = copy_phrases(["Find a waterproof backpack and add it to my cart."], &[]);
-        for want in [
-            "Find",
-            "Find a waterproof",
-            "waterproof backpack",
-            "waterproof backpack and add",
-            "cart",
-        ] {
+        for want in ["waterproof", "waterproof backpack", "backpack", "cart"] {
             assert!(p.contains(&want.to_string()), "{want}: {p:?}");
         }
-        for never in ["a waterproof", "backpack and", "my cart", "cart."] {
+        for never in [
+            "Find",
+            "Find a waterproof",
+            "a waterproof",
+            "backpack and",
+            "backpack and add",
+            "my cart",
+            "cart.",
+        ] {
             assert!(!p.contains(&never.to_string()), "{never}: {p:?}");
         }
         let p = copy_phrases(["Weather in New York, NY?", "order p-17 and 3.5 kg"], &[]);

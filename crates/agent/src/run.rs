@@ -14,7 +14,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span, field};
 
 use crate::error::{ProviderError, ToolError, ToolErrorCode};
-use crate::ground::{Identifiers, copy_phrases, ground_tool, takes_identifier};
+use crate::ground::{
+    ACTION_VERBS,     Identifiers, copy_phrases, ground_tool, takes_free_text, takes_identifier,
+};
 use crate::host::{AgentRunRequest, ToolHost};
 use crate::message::{ChatMessage, ToolCall};
 use crate::messages;
@@ -404,7 +406,12 @@ impl<P: Provider + 'static> Run<P> {
             .filter(|t| t.annotations.read_only)
             .map(|t| t.name.clone())
             .collect();
-        let ranked = rank_tools(&all_tools, &self.request_text, &self.recent, self.max_tools);
+        let ranked = self.order_for_grounding(rank_tools(
+            &all_tools,
+            &self.request_text,
+            &self.recent,
+            self.max_tools,
+        ));
         let (mut request, shown) = match self.fit(&ranked, page.as_ref()).await {
             Ok(fitted) => fitted,
             Err(end) => return Some(end),
@@ -594,20 +601,60 @@ impl<P: Provider + 'static> Run<P> {
         }
     }
 
+    /// The tool as a grounded constraint offers it this step, or `None`
+    /// when it is not offered (see `docs/loop.md`, constrained decoding).
+    fn grounded(&self, tool: &ToolDefinition) -> Option<ToolDefinition> {
+        let name = Some(tool.name.as_str());
+        if self.looked_up.as_deref() == name || self.just_acted.as_deref() == name {
+            return None;
+        }
+        match self.acted.get(&tool.name) {
+            Some(used) => ground_tool(tool, &self.identifiers.without(used)),
+            None => ground_tool(tool, &self.identifiers),
+        }
+    }
+
+    /// Whether this run's attempts are grounded: constraints on, a provider
+    /// that follows them, and grounding not turned off.
+    fn grounding(&self) -> bool {
+        self.ground_identifiers
+            && self.constraints != ConstraintMode::Off
+            && self.provider.supports_constraints()
+    }
+
+    /// The ranked tools, reordered for a grounded step: the tools that can
+    /// be called now first, and among them, when the request has phrases to
+    /// copy, those that take free text. A tiny model mostly calls the first
+    /// tool listed (and the worked example shows it); a tool it cannot call
+    /// yet at the top only pulls it toward a name the grammar then refuses.
+    fn order_for_grounding(&self, ranked: Vec<ToolDefinition>) -> Vec<ToolDefinition> {
+        if !self.grounding() {
+            return ranked;
+        }
+        let has_phrases = !copy_phrases(
+            std::iter::once(self.request_text.as_str()),
+            &ranked,
+        )
+        .is_empty();
+        let mut keyed: Vec<(bool, bool, ToolDefinition)> = ranked
+            .into_iter()
+            .map(|t| {
+                let callable = self.grounded(&t).is_some();
+                let text = has_phrases && takes_free_text(&t);
+                (!callable, !text, t)
+            })
+            .collect();
+        // Stable: the ranking decides within each group.
+        keyed.sort_by_key(|(uncallable, no_text, _)| (*uncallable, *no_text));
+        keyed.into_iter().map(|(_, _, t)| t).collect()
+    }
+
     fn constraint(&self, attempt: Attempt, shown: &[ToolDefinition]) -> Option<Constraint> {
         if !self.provider.supports_constraints() || shown.is_empty() {
             return None;
         }
         let tools: Vec<ToolDefinition> = if self.ground_identifiers {
-            shown
-                .iter()
-                .filter(|t| self.looked_up.as_deref() != Some(t.name.as_str()))
-                .filter(|t| self.just_acted.as_deref() != Some(t.name.as_str()))
-                .filter_map(|t| match self.acted.get(&t.name) {
-                    Some(used) => ground_tool(t, &self.identifiers.without(used)),
-                    None => ground_tool(t, &self.identifiers),
-                })
-                .collect()
+            shown.iter().filter_map(|t| self.grounded(t)).collect()
         } else {
             shown.to_vec()
         };
@@ -991,45 +1038,7 @@ fn acknowledges_failure(reply: &str, failure: &str) -> bool {
 
 /// Whether the person asked for something to be done (not just a question).
 fn is_action_request(request: &str) -> bool {
-    const VERBS: [&str; 36] = [
-        "add",
-        "buy",
-        "purchase",
-        "order",
-        "put",
-        "remove",
-        "delete",
-        "open",
-        "show",
-        "search",
-        "find",
-        "look",
-        "get",
-        "check",
-        "apply",
-        "book",
-        "go",
-        "navigate",
-        "set",
-        "change",
-        "update",
-        "create",
-        "make",
-        "send",
-        "cancel",
-        "subscribe",
-        "save",
-        "fill",
-        "submit",
-        "pick",
-        "choose",
-        "select",
-        "compare",
-        "list",
-        "view",
-        "call",
-    ];
-    words(request).iter().any(|w| VERBS.contains(&w.as_str()))
+    words(request).iter().any(|w| ACTION_VERBS.contains(&w.as_str()))
 }
 
 /// Whether a word of the request (other than a common one) is in the name of

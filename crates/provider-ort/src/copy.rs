@@ -11,13 +11,17 @@
 //! bonus stops and it writes freely, and a strong preference of its own
 //! still wins.
 //!
+//! Of the tokens that would copy a phrase, only the longest gets the bonus:
+//! the one a copy writes next. A one-letter token that merely starts a
+//! phrase word would let the model begin it and then write anything.
+//!
 //! The loop chooses the phrases (`GenerateRequest::copy_phrases`, made by
 //! `wma_agent::copy_phrases`); each counts as written and lowercased. The
 //! closing quote gets the bonus where the value written so far is a whole
 //! phrase. Only string values get the bonus, never keys, and never a call's
 //! `name` (the grammar decides that one).
 
-use llguidance::toktrie::TokEnv;
+use llguidance::toktrie::{TokEnv, TokTrie};
 
 /// The logit bonus, by default: enough to lift a phrase the model gives a
 /// few percent over noise it gives ten, not enough to override a clear
@@ -82,7 +86,7 @@ impl CopyBias {
                     } else {
                         let mut target = rest.to_vec();
                         target.push(b'"');
-                        boosted.extend(trie.all_prefixes(&target));
+                        boosted.extend(longest_prefix(trie, &target));
                     }
                 }
             }
@@ -92,10 +96,9 @@ impl CopyBias {
                     target.extend_from_slice(b" \"");
                     target.extend_from_slice(phrase);
                     target.push(b'"');
-                    // With and without a space before the quote; a lone
-                    // space is not a copy.
-                    boosted.extend(trie.all_prefixes(&target[1..]));
-                    boosted.extend(trie.all_prefixes(&target).into_iter().skip(1));
+                    // With and without a space before the quote.
+                    boosted.extend(longest_prefix(trie, &target[1..]));
+                    boosted.extend(longest_prefix(trie, &target).filter(|&t| trie.token(t) != b" "));
                 }
             }
         }
@@ -108,6 +111,13 @@ impl CopyBias {
             }
         }
     }
+}
+
+/// The longest token that is a prefix of `target`: the one a copy would
+/// write next. Shorter ones ("F" of "Find") are left alone, since after them
+/// the model is free to write any word with that start.
+fn longest_prefix(trie: &TokTrie, target: &[u8]) -> Option<u32> {
+    trie.all_prefixes(target).last().copied()
 }
 
 /// Where a reply stands with respect to a string value.
