@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use webmcp_agents::agent::{
-    AgentStreamPart, Constraint, ConstraintMode, FinishReason, GenerateRequest, LocalLoopOptions,
-    ToolAnnotations, ToolDefinition, messages,
+    AgentStreamPart, CALL_NOW_CALL_PROBABILITY, Constraint, ConstraintMode, FinishReason,
+    GenerateRequest, LocalLoopOptions, RETRY_CALL_PROBABILITY, ToolAnnotations, ToolDefinition,
+    messages,
 };
 use wma_testkit::{InMemoryToolHost, ScriptedProvider};
 
@@ -223,10 +224,11 @@ async fn a_prose_reply_to_a_request_naming_a_tool_gets_the_calls_only_retry() {
         call("view_cart", json!({})),
         "Your cart is empty.".to_string(),
     ])
-    .with_constraints(true);
+    .with_constraints(true)
+    .with_call_probability(RETRY_CALL_PROBABILITY);
     let parts = run_all(
         provider.clone(),
-        ask("What is in my cart?", annotated_shop()),
+        ask("View my cart, please.", annotated_shop()),
         inline(),
     )
     .await;
@@ -237,11 +239,29 @@ async fn a_prose_reply_to_a_request_naming_a_tool_gets_the_calls_only_retry() {
         Some(Constraint::CallsOnly { .. })
     ));
     assert!(
-        prompt_text(&requests[1]).contains(&messages::use_the_tool("What is in my cart?")),
+        prompt_text(&requests[1]).contains(&messages::use_the_tool("View my cart, please.")),
         "{}",
         prompt_text(&requests[1])
     );
     assert_eq!(texts(&parts), ["Your cart is empty."]);
+}
+
+#[tokio::test]
+async fn the_retry_needs_two_named_words_and_the_models_own_weight_on_a_call() {
+    // (request, call probability the model gave): one named word only; the
+    // model all but sure it should not call; no tool named at all.
+    for (request, p) in [
+        ("What is in my cart?", 0.5),
+        ("View my cart, please.", RETRY_CALL_PROBABILITY / 10.0),
+        ("What is the capital of France?", 0.5),
+    ] {
+        let provider = ScriptedProvider::new(["Some prose."])
+            .with_constraints(true)
+            .with_call_probability(p);
+        let parts = run_all(provider.clone(), ask(request, annotated_shop()), inline()).await;
+        assert_eq!(provider.requests().len(), 1, "no retry for {request:?}");
+        assert_eq!(texts(&parts), ["Some prose."]);
+    }
 }
 
 #[tokio::test]
@@ -253,7 +273,8 @@ async fn without_constraints_a_prose_reply_stands_as_the_reference_has_it() {
         ),
         (
             ScriptedProvider::new(["I'm sorry, I cannot help with that."])
-                .with_constraints(true),
+                .with_constraints(true)
+                .with_call_probability(0.5),
             ConstraintMode::Off,
         ),
     ] {
@@ -263,26 +284,13 @@ async fn without_constraints_a_prose_reply_stands_as_the_reference_has_it() {
         };
         let parts = run_all(
             provider.clone(),
-            ask("What is in my cart?", annotated_shop()),
+            ask("View my cart, please.", annotated_shop()),
             options,
         )
         .await;
         assert_eq!(provider.requests().len(), 1, "no retry");
         assert_eq!(texts(&parts), ["I'm sorry, I cannot help with that."]);
     }
-}
-
-#[tokio::test]
-async fn a_prose_reply_to_a_request_no_tool_name_matches_is_shown() {
-    let provider = ScriptedProvider::new(["Paris."]).with_constraints(true);
-    let parts = run_all(
-        provider.clone(),
-        ask("What is the capital of France?", annotated_shop()),
-        inline(),
-    )
-    .await;
-    assert_eq!(provider.requests().len(), 1);
-    assert_eq!(texts(&parts), ["Paris."]);
 }
 
 #[tokio::test]
@@ -309,8 +317,32 @@ async fn going_in_circles_still_says_what_was_done() {
     assert_eq!(
         parts
             .iter()
-            .filter(|p| matches!(p, AgentStreamPart::ToolCall { name, .. } if name == "add_to_cart"))
+            .filter(
+                |p| matches!(p, AgentStreamPart::ToolCall { name, .. } if name == "add_to_cart")
+            )
             .count(),
         1
     );
+}
+
+#[tokio::test]
+async fn under_constraints_call_now_needs_some_weight_on_a_call() {
+    let reply = "You can use the formula for the area of a circle.";
+    for (p, retried) in [(CALL_NOW_CALL_PROBABILITY / 10.0, false), (0.01, true)] {
+        let provider = ScriptedProvider::new([
+            reply.to_string(),
+            call("search_products", json!({"query": "circle"})),
+            "Found it.".to_string(),
+        ])
+        .with_constraints(true)
+        .with_call_probability(p);
+        run_all(
+            provider.clone(),
+            ask("Find the area of a circle", annotated_shop()),
+            inline(),
+        )
+        .await;
+        let requests = provider.requests();
+        assert_eq!(requests.len() > 1, retried, "probability {p}");
+    }
 }

@@ -62,3 +62,55 @@ async fn a_default_model_run_against_the_demo_shop_finishes_and_reports_tokens()
     );
     assert!(usage.output_tokens > 0, "{usage:?}");
 }
+
+/// The main job, as `wma run` does it: the default model, the default
+/// request, the demo shop, the loop's defaults (constraints and grounding
+/// on). The backpack must end up in the cart, found by a search for the
+/// person's words rather than an id the model made up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_model_puts_the_backpack_in_the_cart() {
+    let model = default_model();
+    model
+        .prepare(Arc::new(|_| {}), Default::default())
+        .await
+        .expect("the default model loads");
+    let shop = Shop::new();
+    let request = AgentRunRequest::new(
+        vec![ChatMessage::user(demo_shop::DEFAULT_REQUEST)],
+        Arc::new(shop.tools()),
+    );
+    let options = LocalLoopOptions {
+        tools_inline: model.tools_inline(),
+        instructions: Some(demo_shop::INSTRUCTIONS.to_string()),
+        ..LocalLoopOptions::default()
+    };
+    let parts: Vec<AgentStreamPart> = run_local_agent(model, request, options).collect().await;
+    let calls: Vec<(&str, &serde_json::Value)> = parts
+        .iter()
+        .filter_map(|p| match p {
+            AgentStreamPart::ToolCall {
+                name, arguments, ..
+            } => Some((name.as_str(), arguments)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        shop.cart()
+            .iter()
+            .map(|l| l.product_id.as_str())
+            .collect::<Vec<_>>(),
+        ["p-17"],
+        "{calls:?}"
+    );
+    let (first, arguments) = calls[0];
+    assert_eq!(first, "search_products", "{calls:?}");
+    let query = arguments["query"]
+        .as_str()
+        .unwrap_or_default()
+        .to_lowercase();
+    assert!(query.contains("backpack"), "{calls:?}");
+    assert!(
+        matches!(parts.last(), Some(AgentStreamPart::Finish { .. })),
+        "{parts:#?}"
+    );
+}

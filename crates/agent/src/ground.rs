@@ -27,10 +27,42 @@ use crate::tool::ToolDefinition;
 /// Verbs that ask for an action ("add", "find", "show"): a request with
 /// one is an action request, and they say what to do, not what to do it to.
 pub(crate) const ACTION_VERBS: &[&str] = &[
-    "add", "buy", "purchase", "order", "put", "remove", "delete", "open", "show", "search", "find",
-    "look", "get", "check", "apply", "book", "go", "navigate", "set", "change", "update", "create",
-    "make", "send", "cancel", "subscribe", "save", "fill", "submit", "pick", "choose", "select",
-    "compare", "list", "view", "call",
+    "add",
+    "buy",
+    "purchase",
+    "order",
+    "put",
+    "remove",
+    "delete",
+    "open",
+    "show",
+    "search",
+    "find",
+    "look",
+    "get",
+    "check",
+    "apply",
+    "book",
+    "go",
+    "navigate",
+    "set",
+    "change",
+    "update",
+    "create",
+    "make",
+    "send",
+    "cancel",
+    "subscribe",
+    "save",
+    "fill",
+    "submit",
+    "pick",
+    "choose",
+    "select",
+    "compare",
+    "list",
+    "view",
+    "call",
 ];
 
 /// The most words in one phrase of [`copy_phrases`].
@@ -63,7 +95,9 @@ pub fn copy_phrases<'a>(
             return false;
         }
         let mut tool_word = false;
-        for_each_term(word, buffer, |t| tool_word |= tool_terms.iter().any(|n| n == t));
+        for_each_term(word, buffer, |t| {
+            tool_word |= tool_terms.iter().any(|n| n == t)
+        });
         !tool_word
     };
     let mut out: Vec<String> = Vec::new();
@@ -217,9 +251,7 @@ impl Identifiers {
     /// Adds one identifier; whether it was new.
     fn push(&mut self, value: Value) -> bool {
         let ok = match &value {
-            Value::String(s) => {
-                !s.trim().is_empty() && s.chars().count() <= MAX_IDENTIFIER_CHARS
-            }
+            Value::String(s) => !s.trim().is_empty() && s.chars().count() <= MAX_IDENTIFIER_CHARS,
             Value::Number(n) => n.is_i64() || n.is_u64(),
             _ => false,
         };
@@ -329,7 +361,10 @@ fn scalar_type(schema: &Value) -> Option<&str> {
     match schema.get("type")? {
         Value::String(t) => Some(t.as_str()),
         Value::Array(types) => {
-            let mut real = types.iter().filter_map(Value::as_str).filter(|t| *t != "null");
+            let mut real = types
+                .iter()
+                .filter_map(Value::as_str)
+                .filter(|t| *t != "null");
             let first = real.next()?;
             real.next().is_none().then_some(first)
         }
@@ -396,7 +431,11 @@ pub(crate) fn takes_identifier(tool: &ToolDefinition) -> bool {
 /// the one a tiny model makes up. Tools without such arguments come back
 /// unchanged.
 pub fn ground_tool(tool: &ToolDefinition, ids: &Identifiers) -> Option<ToolDefinition> {
-    let Some(props) = tool.input_schema.get("properties").and_then(Value::as_object) else {
+    let Some(props) = tool
+        .input_schema
+        .get("properties")
+        .and_then(Value::as_object)
+    else {
         return Some(tool.clone());
     };
     let required: Vec<&str> = tool
@@ -484,12 +523,21 @@ mod tests {
     #[test]
     fn identifier_keys() {
         for key in [
-            "id", "ID", "product_id", "orderId", "userID", "item-id", "ids", "product_ids",
+            "id",
+            "ID",
+            "product_id",
+            "orderId",
+            "userID",
+            "item-id",
+            "ids",
+            "product_ids",
             "orderIds",
         ] {
             assert!(is_identifier_key(key), "{key}");
         }
-        for key in ["paid", "valid", "idea", "width", "hidden", "query", "Id_card"] {
+        for key in [
+            "paid", "valid", "idea", "width", "hidden", "query", "Id_card",
+        ] {
             assert!(!is_identifier_key(key), "{key}");
         }
     }
@@ -502,12 +550,7 @@ mod tests {
         );
         assert_eq!(
             ids.values(),
-            &[
-                json!("p-17"),
-                json!("4521"),
-                json!(4521),
-                json!("john_doe")
-            ]
+            &[json!("p-17"), json!("4521"), json!(4521), json!("john_doe")]
         );
     }
 

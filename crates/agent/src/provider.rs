@@ -154,6 +154,9 @@ pub struct Generation {
     pub total_time: Option<Duration>,
     /// Why generation stopped (`stop`, `length`, ...).
     pub finish_reason: Option<String>,
+    /// Under a constraint that allowed prose or a call: the probability the
+    /// model gave a call at its first token, when the provider knows it.
+    pub call_probability: Option<f32>,
 }
 
 impl Generation {

@@ -98,7 +98,8 @@ impl CopyBias {
                     target.push(b'"');
                     // With and without a space before the quote.
                     boosted.extend(longest_prefix(trie, &target[1..]));
-                    boosted.extend(longest_prefix(trie, &target).filter(|&t| trie.token(t) != b" "));
+                    boosted
+                        .extend(longest_prefix(trie, &target).filter(|&t| trie.token(t) != b" "));
                 }
             }
         }
@@ -205,10 +206,17 @@ mod tests {
                 _ => None,
             }
         }
-        assert_eq!(open(r#"{"name": "search", "arguments": {"query": "water"#), Some("water"));
+        assert_eq!(
+            open(r#"{"name": "search", "arguments": {"query": "water"#),
+            Some("water")
+        );
         assert_eq!(open(r#"{"name": "sea"#), None, "the tool's name");
         assert_eq!(open(r#"{"name": "s", "arguments": {"que"#), None, "a key");
-        assert_eq!(open(r#"{"name": "s", "arguments": {"q": "a"}"#), None, "closed");
+        assert_eq!(
+            open(r#"{"name": "s", "arguments": {"q": "a"}"#),
+            None,
+            "closed"
+        );
         assert_eq!(
             open(r#"{"name": "s", "arguments": {"tags": ["red", "blu"#),
             Some("blu")

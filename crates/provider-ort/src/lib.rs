@@ -133,7 +133,8 @@ pub use model::{
     GenerateParams, GenerationStats, IdGeneration, OrtModel, StopReason, Terminator, common_prefix,
 };
 pub use options::{
-    DEFAULT_CALL_THRESHOLD, DEFAULT_COPY_BIAS, DEFAULT_MAX_NEW_TOKENS, ExecutionProvider, OrtProviderOptions,
+    DEFAULT_CALL_THRESHOLD, DEFAULT_COPY_BIAS, DEFAULT_MAX_NEW_TOKENS, ExecutionProvider,
+    OrtProviderOptions,
 };
 pub use paths::{
     DEFAULT_MODEL_NAME, ModelSource, cache_dir, default_model_dir, dylib_path, hub_dir,

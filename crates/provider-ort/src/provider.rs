@@ -462,6 +462,7 @@ impl Loaded {
             time_to_first_token: Some(setup + stats.time_to_first_token),
             total_time: Some(start.elapsed()),
             finish_reason: Some(reason.as_str().to_string()),
+            call_probability: matcher.as_ref().and_then(|m| m.call_probability()),
         })
     }
 }

@@ -214,3 +214,42 @@ async fn in_the_loop_a_prose_reply_is_retried_as_a_valid_call() {
         "{parts:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_phrases_put_the_persons_words_into_a_free_text_argument() {
+    let provider = provider().await;
+    let search = vec![shop_tools().remove(2)];
+    let ask = "Find a waterproof backpack for me.";
+    let system = system_prompt(&SystemPromptInput {
+        tools: &search,
+        tools_inline: provider.tools_inline(),
+        call_format: provider.call_format(),
+        ..SystemPromptInput::default()
+    });
+    let request = GenerateRequest {
+        messages: vec![
+            PromptMessage::new(PromptRole::System, system),
+            PromptMessage::new(PromptRole::User, ask),
+        ],
+        max_new_tokens: Some(60),
+        constraint: Some(Constraint::CallsOnly {
+            tools: search.clone(),
+        }),
+        copy_phrases: wma_agent::copy_phrases([ask], &search),
+        ..GenerateRequest::default()
+    };
+    let reply = provider
+        .generate(request, CancellationToken::new())
+        .await
+        .unwrap();
+    let calls = valid_calls(&reply.text, &search);
+    let query = calls[0].1["query"]
+        .as_str()
+        .unwrap_or_default()
+        .to_lowercase();
+    assert!(
+        query.contains("waterproof") || query.contains("backpack"),
+        "the search should be for the person's words: {:?}",
+        reply.text
+    );
+}

@@ -378,7 +378,12 @@ fn the_copy_bias_lifts_the_persons_words_inside_string_arguments_only() {
     let copy = || wma_provider_ort::copy::CopyBias::new(&phrases, 3.0);
     // Every token even: what the bias adds is what the model would see.
     let logits_after = |prefix: &str| {
-        let ids = f.tokenizer.encode(prefix, false).unwrap().get_ids().to_vec();
+        let ids = f
+            .tokenizer
+            .encode(prefix, false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
         let mut m = f
             .engine
             .matcher(&c, CallFormat::Json)

@@ -278,6 +278,7 @@ impl Provider for TokenModel {
             time_to_first_token: first,
             total_time: Some(started.elapsed()),
             finish_reason: Some("stop".to_string()),
+            call_probability: None,
         })
     }
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
-    CallFormat, GenerateRequest, Generation, Progress, ProgressFn, Provider, ProviderError,
-    ProviderInfo,
+    CallFormat, Constraint, GenerateRequest, Generation, Progress, ProgressFn, Provider,
+    ProviderError, ProviderInfo,
 };
 
 /// One scripted answer.
@@ -77,6 +77,9 @@ pub struct ScriptedProvider {
     constraints: bool,
     /// Prompts longer than this many characters do not fit.
     max_prompt_chars: Option<usize>,
+    /// The call probability reported for generations under a text-or-calls
+    /// constraint.
+    call_probability: Option<f32>,
 }
 
 impl ScriptedProvider {
@@ -97,6 +100,7 @@ impl ScriptedProvider {
             tools_inline: true,
             constraints: false,
             max_prompt_chars: None,
+            call_probability: None,
         }
     }
 
@@ -121,6 +125,13 @@ impl ScriptedProvider {
     /// Claims constraint support (the constraint is recorded, not applied).
     pub fn with_constraints(mut self, supported: bool) -> Self {
         self.constraints = supported;
+        self
+    }
+
+    /// Reports `p` as the model's call probability for generations under a
+    /// text-or-calls constraint, as a provider that decodes under one does.
+    pub fn with_call_probability(mut self, p: f32) -> Self {
+        self.call_probability = Some(p);
         self
     }
 
@@ -204,6 +215,7 @@ impl Provider for ScriptedProvider {
         cancel: CancellationToken,
     ) -> Result<Generation, ProviderError> {
         let input_tokens = Self::prompt_chars(&request) as u32 / 4;
+        let text_or_calls = matches!(request.constraint, Some(Constraint::TextOrCalls { .. }));
         let reply = {
             let mut inner = self.lock();
             inner.requests.push(request);
@@ -231,6 +243,7 @@ impl Provider for ScriptedProvider {
             total_time: Some(reply.delay.unwrap_or_default()),
             finish_reason: Some("stop".to_string()),
             cached_tokens: None,
+            call_probability: self.call_probability.filter(|_| text_or_calls),
         })
     }
 
