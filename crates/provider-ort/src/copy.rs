@@ -52,7 +52,7 @@ impl CopyBias {
                 }
             }
         }
-        (!all.is_empty()).then(|| Self { phrases: all, bias })
+        (!all.is_empty()).then_some(Self { phrases: all, bias })
     }
 
     /// The phrases, for tests and diagnostics.
