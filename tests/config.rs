@@ -73,6 +73,19 @@ fn a_good_config_validates_with_its_defaults() {
 }
 
 #[test]
+fn grounding_is_on_unless_an_agent_turns_it_off() {
+    let config = Config::parse(GOOD, FILE).unwrap();
+    assert!(config.agent("child").unwrap().ground_identifiers);
+    let text = GOOD.replace(
+        "[agents.child]\n",
+        "[agents.child]\nground_identifiers = false\n",
+    );
+    let config = Config::parse(&text, FILE).unwrap();
+    assert!(!config.agent("child").unwrap().ground_identifiers);
+    assert!(config.agent("parent").unwrap().ground_identifiers);
+}
+
+#[test]
 fn an_unknown_key_names_its_line_and_key() {
     let text = GOOD.replace("[agents.child]\n", "[agents.child]\nmax_stepz = 3\n");
     assert_error(

@@ -27,7 +27,7 @@
 //!
 //! let err = Config::parse("[agents.helper]\nmax_stepz = 3\n", "bad.toml").unwrap_err();
 //! assert_eq!(err.to_string().lines().next().unwrap(),
-//!     "bad.toml:2:1: `agents.helper.max_stepz`: unknown field `max_stepz`, expected one of `description`, `remote`, `provider`, `instructions`, `max_steps`, `step_timeout_secs`, `max_tools`, `constraints`, `max_concurrent_runs`, `tools`, `sub_agents`");
+//!     "bad.toml:2:1: `agents.helper.max_stepz`: unknown field `max_stepz`, expected one of `description`, `remote`, `provider`, `instructions`, `max_steps`, `step_timeout_secs`, `max_tools`, `constraints`, `ground_identifiers`, `max_concurrent_runs`, `tools`, `sub_agents`");
 //! ```
 
 mod builtin;
@@ -177,6 +177,9 @@ pub struct AgentSpec {
     pub max_tools: usize,
     /// `constraints`: `off`, `auto` or `calls-only`. Default `auto`.
     pub constraints: ConstraintMode,
+    /// `ground_identifiers`: narrow identifier arguments to ids the
+    /// conversation has shown (see `docs/loop.md`). Default true.
+    pub ground_identifiers: bool,
     /// `max_concurrent_runs`. Default
     /// [`DEFAULT_MAX_CONCURRENT_RUNS`](wma_runtime::DEFAULT_MAX_CONCURRENT_RUNS).
     pub max_concurrent_runs: usize,

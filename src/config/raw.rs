@@ -128,6 +128,7 @@ pub(crate) struct RawAgent {
     pub(crate) step_timeout_secs: Option<Spanned<u64>>,
     pub(crate) max_tools: Option<Spanned<usize>>,
     pub(crate) constraints: Option<Spanned<RawConstraints>>,
+    pub(crate) ground_identifiers: Option<Spanned<bool>>,
     pub(crate) max_concurrent_runs: Option<Spanned<usize>>,
     pub(crate) tools: Option<Spanned<Vec<Name>>>,
     pub(crate) sub_agents: Option<Spanned<Vec<Name>>>,

@@ -380,6 +380,7 @@ fn remote_only(source: &Source<'_>, key: &str, agent: &RawAgent) -> Result<()> {
             ("step_timeout_secs", span_of(&agent.step_timeout_secs)),
             ("max_tools", span_of(&agent.max_tools)),
             ("constraints", span_of(&agent.constraints)),
+            ("ground_identifiers", span_of(&agent.ground_identifiers)),
             ("max_concurrent_runs", span_of(&agent.max_concurrent_runs)),
             ("tools", span_of(&agent.tools)),
             ("sub_agents", span_of(&agent.sub_agents)),
@@ -515,6 +516,10 @@ fn agent_spec(
             Some(RawConstraints::Off) => ConstraintMode::Off,
             Some(RawConstraints::CallsOnly) => ConstraintMode::CallsOnly,
         },
+        ground_identifiers: agent
+            .ground_identifiers
+            .as_ref()
+            .is_none_or(|g| *g.get_ref()),
         max_concurrent_runs: runs.map_or(DEFAULT_MAX_CONCURRENT_RUNS, |n| n as usize),
         tools,
         sub_agents,
