@@ -846,6 +846,18 @@ impl<P: Provider + 'static> Run<P> {
                 }
             }
             if repeated {
+                // Grounded: once something was done, a lookup repeated word
+                // for word (same answer) means the model has run out of new
+                // things to do; what was done is the answer.
+                if let Some(done) = self
+                    .last_action
+                    .as_ref()
+                    .filter(|_| self.grounding() && self.read_only.contains(&call.name))
+                {
+                    Span::current().record("wma.outcome", "done");
+                    self.emit(AgentStreamPart::Text { text: gist(done) });
+                    return Some(End::Finish(FinishReason::Stop));
+                }
                 if self.loop_flagged {
                     Span::current().record("wma.outcome", "circles");
                     self.emit(AgentStreamPart::Text {
