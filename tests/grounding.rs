@@ -6,9 +6,8 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use webmcp_agents::agent::{
-    AgentStreamPart, CALL_NOW_CALL_PROBABILITY, Constraint, ConstraintMode, FinishReason,
-    GenerateRequest, LocalLoopOptions, RETRY_CALL_PROBABILITY, ToolAnnotations, ToolDefinition,
-    messages,
+    CALL_NOW_CALL_PROBABILITY, Constraint, ConstraintMode, FinishReason, GenerateRequest,
+    LocalLoopOptions, RETRY_CALL_PROBABILITY, ToolAnnotations, ToolDefinition, messages,
 };
 use wma_testkit::{InMemoryToolHost, ScriptedProvider};
 
