@@ -606,13 +606,13 @@ impl<P: Provider + 'static> Run<P> {
                 }),
                 shown,
             ),
-            // A tiny model given a list of ids calls a tool that acts on one
-            // with each of them in turn; things that change the world go one
-            // at a time.
+            // A tiny model given a list of ids calls a tool that takes one
+            // with each of them in turn: opening every product found, adding
+            // every one to the cart. Tools that take an id go one at a time.
             single_call: if self.ground_identifiers {
                 shown
                     .iter()
-                    .filter(|t| !t.annotations.read_only && takes_identifier(t))
+                    .filter(|t| takes_identifier(t))
                     .map(|t| t.name.clone())
                     .collect()
             } else {
@@ -634,6 +634,18 @@ impl<P: Provider + 'static> Run<P> {
         }
     }
 
+    /// The tools a grounded constraint offers this step. Right after a
+    /// lookup found ids, only tools that take an id (when any can be called):
+    /// the ids were looked up to be used, and a tiny model otherwise drifts
+    /// to a tool that ignores them (`view_cart` after a search).
+    fn offered(&self, shown: &[ToolDefinition]) -> Vec<ToolDefinition> {
+        let grounded: Vec<ToolDefinition> = shown.iter().filter_map(|t| self.grounded(t)).collect();
+        if self.looked_up.is_some() && grounded.iter().any(takes_identifier) {
+            return grounded.into_iter().filter(takes_identifier).collect();
+        }
+        grounded
+    }
+
     /// Whether this run's attempts are grounded: constraints on, a provider
     /// that follows them, and grounding not turned off.
     fn grounding(&self) -> bool {
@@ -643,27 +655,33 @@ impl<P: Provider + 'static> Run<P> {
     }
 
     /// The ranked tools, reordered for a grounded step: the tools that can
-    /// be called now first, and among them, when the request has phrases to
-    /// copy, those that take free text. A tiny model mostly calls the first
-    /// tool listed (and the worked example shows it); a tool it cannot call
-    /// yet at the top only pulls it toward a name the grammar then refuses.
+    /// be called now first; among them, right after a lookup found ids, the
+    /// tools that take an id (the ids were looked up to be used); then, on
+    /// the first step, when the request has phrases to copy, those that take
+    /// free text (a search for the person's words starts most tasks). A tiny
+    /// model mostly calls the first tool listed (and the worked example shows
+    /// it); a tool it cannot call yet at the top only pulls it toward a name
+    /// the grammar then refuses.
     fn order_for_grounding(&self, ranked: Vec<ToolDefinition>) -> Vec<ToolDefinition> {
         if !self.grounding() {
             return ranked;
         }
-        let has_phrases =
-            !copy_phrases(std::iter::once(self.request_text.as_str()), &ranked).is_empty();
-        let mut keyed: Vec<(bool, bool, ToolDefinition)> = ranked
+        let has_phrases = self.seen.is_empty()
+            && !copy_phrases(std::iter::once(self.request_text.as_str()), &ranked).is_empty();
+        let found_ids = self.looked_up.is_some();
+        let offered: Vec<String> = self.offered(&ranked).into_iter().map(|t| t.name).collect();
+        let mut keyed: Vec<((bool, bool, bool), ToolDefinition)> = ranked
             .into_iter()
             .map(|t| {
-                let callable = self.grounded(&t).is_some();
+                let callable = offered.contains(&t.name);
+                let uses_ids = found_ids && takes_identifier(&t);
                 let text = has_phrases && takes_free_text(&t);
-                (!callable, !text, t)
+                ((!callable, !uses_ids, !text), t)
             })
             .collect();
         // Stable: the ranking decides within each group.
-        keyed.sort_by_key(|(uncallable, no_text, _)| (*uncallable, *no_text));
-        keyed.into_iter().map(|(_, _, t)| t).collect()
+        keyed.sort_by_key(|(key, _)| *key);
+        keyed.into_iter().map(|(_, t)| t).collect()
     }
 
     fn constraint(&self, attempt: Attempt, shown: &[ToolDefinition]) -> Option<Constraint> {
@@ -671,7 +689,7 @@ impl<P: Provider + 'static> Run<P> {
             return None;
         }
         let tools: Vec<ToolDefinition> = if self.ground_identifiers {
-            shown.iter().filter_map(|t| self.grounded(t)).collect()
+            self.offered(shown)
         } else {
             shown.to_vec()
         };
