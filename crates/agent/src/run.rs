@@ -493,7 +493,7 @@ impl<P: Provider + 'static> Run<P> {
                     // the request names the tool, and the model itself gave
                     // a call some weight.
                     if self.seen.is_empty()
-                        && self.constraint(Attempt::CallNow, &shown).is_some()
+                        && self.constrains(&shown)
                         && generation
                             .call_probability
                             .is_some_and(|p| p >= RETRY_CALL_PROBABILITY)
@@ -684,8 +684,16 @@ impl<P: Provider + 'static> Run<P> {
         keyed.into_iter().map(|(_, t)| t).collect()
     }
 
+    /// Whether this step's attempts carry a constraint, without building
+    /// one.
+    fn constrains(&self, shown: &[ToolDefinition]) -> bool {
+        self.constraints != ConstraintMode::Off
+            && self.provider.supports_constraints()
+            && !shown.is_empty()
+    }
+
     fn constraint(&self, attempt: Attempt, shown: &[ToolDefinition]) -> Option<Constraint> {
-        if !self.provider.supports_constraints() || shown.is_empty() {
+        if !self.constrains(shown) {
             return None;
         }
         let tools: Vec<ToolDefinition> = if self.ground_identifiers {
