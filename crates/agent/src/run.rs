@@ -417,11 +417,12 @@ impl<P: Provider + 'static> Run<P> {
             Err(end) => return Some(end),
         };
         Span::current().record("wma.tools_shown", shown.len() as i64);
+        let offered = self.offered_tools(&shown);
         let mut attempt = Attempt::First;
         let mut corrected = false;
         let mut repaired = false;
         loop {
-            request.constraint = self.constraint(attempt, &shown);
+            request.constraint = self.constraint(attempt, &shown, &offered);
             let generation = match self.generate(request.clone(), attempt).await {
                 Ok(g) => g,
                 Err(end) => return Some(end),
@@ -684,6 +685,17 @@ impl<P: Provider + 'static> Run<P> {
         keyed.into_iter().map(|(_, t)| t).collect()
     }
 
+    /// The tools this step's constraints offer: grounded when grounding is
+    /// on, else all shown. Grounding state only changes when calls run, so
+    /// one step's attempts share it.
+    fn offered_tools(&self, shown: &[ToolDefinition]) -> Vec<ToolDefinition> {
+        if self.ground_identifiers && self.constrains(shown) {
+            self.offered(shown)
+        } else {
+            shown.to_vec()
+        }
+    }
+
     /// Whether this step's attempts carry a constraint, without building
     /// one.
     fn constrains(&self, shown: &[ToolDefinition]) -> bool {
@@ -692,15 +704,18 @@ impl<P: Provider + 'static> Run<P> {
             && !shown.is_empty()
     }
 
-    fn constraint(&self, attempt: Attempt, shown: &[ToolDefinition]) -> Option<Constraint> {
+    /// The constraint for one attempt; `offered` is what the step's
+    /// tools offer under grounding (see [`Self::offered_tools`]).
+    fn constraint(
+        &self,
+        attempt: Attempt,
+        shown: &[ToolDefinition],
+        offered: &[ToolDefinition],
+    ) -> Option<Constraint> {
         if !self.constrains(shown) {
             return None;
         }
-        let tools: Vec<ToolDefinition> = if self.ground_identifiers {
-            self.offered(shown)
-        } else {
-            shown.to_vec()
-        };
+        let tools = offered.to_vec();
         match (self.constraints, attempt) {
             (ConstraintMode::Off, _) => None,
             (ConstraintMode::CallsOnly, _)
