@@ -1,11 +1,11 @@
 //! Delegation: sub-agents as tools of their parent, with their own tools,
-//! a depth limit, Stop reaching them, tagged parts and nested spans.
+//! a depth limit, Stop reaching them and tagged parts. How a sub-agent's run
+//! nests in the exported trace is checked in the runtime's `span_tree` tests.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tracing::Instrument;
 use webmcp_agents::agent::{
     AgentStreamPart, ChatMessage, FinishReason, GenerateRequest, ToolDefinition,
 };
@@ -13,8 +13,7 @@ use webmcp_agents::runtime::{
     AgentConfig, DEFAULT_MAX_DELEGATION_DEPTH, ProviderSource, Runtime, RuntimeBuilder, TaggedPart,
     ToolSource,
 };
-use webmcp_agents::telemetry::TelemetryConfig;
-use wma_testkit::{CapturedSpan, InMemoryToolHost, OtlpReceiver, ScriptedProvider, ScriptedReply};
+use wma_testkit::{InMemoryToolHost, ScriptedProvider, ScriptedReply};
 
 use crate::support::call;
 
@@ -486,132 +485,6 @@ async fn dropping_the_parents_stream_stops_its_sub_agents() {
     })
     .await;
     runtime.shutdown().await;
-}
-
-fn one<'a>(spans: &'a [CapturedSpan], name: &str) -> &'a CapturedSpan {
-    let found: Vec<_> = spans.iter().filter(|s| s.name == name).collect();
-    assert_eq!(
-        found.len(),
-        1,
-        "one span named {name:?} in {:?}",
-        spans.iter().map(|s| &s.name).collect::<Vec<_>>()
-    );
-    found[0]
-}
-
-// The subscriber is this thread's, so the runtime runs on the test's
-// current-thread runtime with it.
-#[tokio::test]
-async fn the_sub_agents_run_nests_under_the_parents_tool_call_in_the_trace() {
-    let receiver = OtlpReceiver::start().unwrap();
-    let config = TelemetryConfig {
-        log: Some("off".to_string()),
-        ..TelemetryConfig::exporting_to(receiver.endpoint())
-    };
-    let (dispatch, guard) =
-        webmcp_agents::telemetry::build(&config.resolve(|_| None).unwrap()).unwrap();
-    let _scope = tracing::dispatcher::set_default(&dispatch);
-    // Another test's thread may have registered a callsite (a loop span)
-    // while this subscriber was being set: its cached interest can miss this
-    // subscriber, and its spans would be lost. Recompute every interest now
-    // that the subscriber is in place.
-    tracing::callsite::rebuild_interest_cache();
-
-    let (_, parent_source) = model(
-        "parent-model",
-        vec![
-            task("finder", "Find a backpack"),
-            text("Found p-17 for you."),
-        ],
-    );
-    let (_, finder_source) = model(
-        "finder-model",
-        vec![
-            text(&call("search_products", json!({"query": "backpack"}))),
-            text("The best match is p-17."),
-        ],
-    );
-    let runtime = RuntimeBuilder::new()
-        .provider("parent", parent_source)
-        .provider("finder", finder_source)
-        .tool_source(ToolSource::shared("search", search_host()))
-        .agent(
-            AgentConfig::new("shopper")
-                .with_provider("parent")
-                .with_tool_sources(Vec::<String>::new())
-                .with_sub_agents(["finder"]),
-        )
-        .agent(
-            AgentConfig::new("finder")
-                .with_provider("finder")
-                .with_tool_sources(["search"]),
-        )
-        .start()
-        .await
-        .unwrap();
-    let request = tracing::info_span!("request");
-    let parts = async {
-        runtime
-            .agent("shopper")
-            .unwrap()
-            .run(vec![ChatMessage::user("Find me a backpack")])
-            .await
-            .unwrap()
-            .collect_tagged()
-            .await
-    }
-    .instrument(request.clone())
-    .await;
-    assert!(parts.last().unwrap().ends_the_run());
-    let trace = webmcp_agents::telemetry::trace_id(&request).unwrap();
-    drop(request);
-    guard.flush().unwrap();
-    wait_until("both runs are exported", || {
-        receiver
-            .spans()
-            .iter()
-            .filter(|s| s.name.starts_with("invoke_agent"))
-            .count()
-            == 2
-    })
-    .await;
-    let spans: Vec<CapturedSpan> = receiver
-        .spans()
-        .into_iter()
-        .filter(|s| s.trace_id == trace)
-        .collect();
-
-    let parent_run = one(&spans, "invoke_agent shopper");
-    assert!(parent_run.is_child_of(one(&spans, "request")));
-    let delegation = one(&spans, "execute_tool finder");
-    assert_eq!(delegation.str_attr("gen_ai.tool.name"), Some("finder"));
-    let parent_step = spans
-        .iter()
-        .find(|s| s.name == "step 1" && s.is_child_of(parent_run))
-        .expect("the parent's first step");
-    assert!(delegation.is_child_of(parent_step));
-    // The sub-agent's run hangs under the call that started it, in the same trace.
-    let sub_run = one(&spans, "invoke_agent finder");
-    assert!(sub_run.is_child_of(delegation), "{sub_run:#?}");
-    assert_eq!(sub_run.str_attr("gen_ai.agent.name"), Some("finder"));
-    assert_eq!(
-        sub_run.str_attr("gen_ai.request.model"),
-        Some("finder-model")
-    );
-    let sub_step = spans
-        .iter()
-        .find(|s| s.name == "step 1" && s.is_child_of(sub_run))
-        .expect("the sub-agent's first step");
-    assert!(
-        spans
-            .iter()
-            .any(|s| s.name == "chat finder-model" && s.is_child_of(sub_step))
-    );
-    assert!(one(&spans, "execute_tool search_products").is_child_of(sub_step));
-
-    runtime.shutdown().await;
-    drop(_scope);
-    drop(guard);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

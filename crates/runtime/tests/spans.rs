@@ -9,9 +9,9 @@ use wma_agent::{
     AgentStreamPart, ChatMessage, FinishReason, PageContext, ToolDefinition, ToolError,
     ToolErrorCode, ToolHost,
 };
-use wma_runtime::{AgentConfig, ProviderSource, Runtime, ToolSource};
+use wma_runtime::{AgentConfig, ProviderSource, Runtime, RuntimeBuilder, ToolSource};
 use wma_telemetry::TelemetryConfig;
-use wma_testkit::{CapturedSpan, OtlpReceiver, SpanStatus};
+use wma_testkit::{CapturedSpan, InMemoryToolHost, OtlpReceiver, SpanStatus};
 
 use crate::support::{TokenModel, add_to_cart, call, end, wait_until};
 
@@ -328,5 +328,129 @@ async fn the_same_tree_arrives_over_grpc() {
     assert!(chat.is_child_of(step));
     assert_eq!(chat.int_attr("gen_ai.usage.output_tokens"), Some(1));
     assert_eq!(run.service_name.as_deref(), Some("webmcp-agents"));
+    drop(guard);
+}
+
+/// A tool host with one search tool, for the sub-agent.
+fn search_host() -> std::sync::Arc<InMemoryToolHost> {
+    let host = std::sync::Arc::new(InMemoryToolHost::new());
+    host.add(
+        ToolDefinition::new(
+            "search_products",
+            "Search the catalog by words.",
+            json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}),
+        ),
+        |_| Ok(json!([{"id": "p-17", "title": "Summit 30L Backpack"}]).to_string()),
+    );
+    host
+}
+
+#[tokio::test]
+async fn a_sub_agents_run_nests_under_the_parents_tool_call_in_the_trace() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
+    let receiver = OtlpReceiver::start().unwrap();
+    let config = TelemetryConfig {
+        log: Some("off".to_string()),
+        ..TelemetryConfig::exporting_to(receiver.endpoint())
+    };
+    let (dispatch, guard) = wma_telemetry::build(&config.resolve(|_| None).unwrap()).unwrap();
+    let _scope = tracing::dispatcher::set_default(&dispatch);
+
+    let parent = TokenModel::new(
+        "parent-model",
+        [
+            call("finder", json!({"task": "Find a backpack"})),
+            "Found p-17 for you.".to_string(),
+        ],
+    );
+    let finder = TokenModel::new(
+        "finder-model",
+        [
+            call("search_products", json!({"query": "backpack"})),
+            "The best match is p-17.".to_string(),
+        ],
+    );
+    let runtime = RuntimeBuilder::new()
+        .provider("parent", ProviderSource::new(move || parent.clone()))
+        .provider("finder", ProviderSource::new(move || finder.clone()))
+        .tool_source(ToolSource::shared("search", search_host()))
+        .agent(
+            AgentConfig::new("shopper")
+                .with_provider("parent")
+                .with_tool_sources(Vec::<String>::new())
+                .with_sub_agents(["finder"]),
+        )
+        .agent(
+            AgentConfig::new("finder")
+                .with_provider("finder")
+                .with_tool_sources(["search"]),
+        )
+        .start()
+        .await
+        .unwrap();
+    let request = tracing::info_span!("request");
+    let parts = async {
+        runtime
+            .agent("shopper")
+            .unwrap()
+            .run(vec![ChatMessage::user("Find me a backpack")])
+            .await
+            .unwrap()
+            .collect_tagged()
+            .await
+    }
+    .instrument(request.clone())
+    .await;
+    assert!(parts.last().unwrap().ends_the_run());
+    let trace = wma_telemetry::trace_id(&request).unwrap();
+    drop(request);
+    // The runs' spans close when their tasks end, which may be just after
+    // the last part arrived; wait for both instead of flushing once.
+    wait_until("both runs are exported", || {
+        let _ = guard.flush();
+        receiver
+            .spans()
+            .iter()
+            .filter(|s| s.name.starts_with("invoke_agent"))
+            .count()
+            == 2
+    })
+    .await;
+    let spans: Vec<CapturedSpan> = receiver
+        .spans()
+        .into_iter()
+        .filter(|s| s.trace_id == trace)
+        .collect();
+
+    let parent_run = one(&spans, "invoke_agent shopper");
+    assert!(parent_run.is_child_of(one(&spans, "request")));
+    let delegation = one(&spans, "execute_tool finder");
+    assert_eq!(delegation.str_attr("gen_ai.tool.name"), Some("finder"));
+    let parent_step = spans
+        .iter()
+        .find(|s| s.name == "step 1" && s.is_child_of(parent_run))
+        .expect("the parent's first step");
+    assert!(delegation.is_child_of(parent_step));
+    // The sub-agent's run hangs under the call that started it, in the same trace.
+    let sub_run = one(&spans, "invoke_agent finder");
+    assert!(sub_run.is_child_of(delegation), "{sub_run:#?}");
+    assert_eq!(sub_run.str_attr("gen_ai.agent.name"), Some("finder"));
+    assert_eq!(
+        sub_run.str_attr("gen_ai.request.model"),
+        Some("finder-model")
+    );
+    let sub_step = spans
+        .iter()
+        .find(|s| s.name == "step 1" && s.is_child_of(sub_run))
+        .expect("the sub-agent's first step");
+    assert!(
+        spans
+            .iter()
+            .any(|s| s.name == "chat finder-model" && s.is_child_of(sub_step))
+    );
+    assert!(one(&spans, "execute_tool search_products").is_child_of(sub_step));
+
+    runtime.shutdown().await;
+    drop(_scope);
     drop(guard);
 }
