@@ -264,6 +264,39 @@ async fn the_retry_needs_two_named_words_and_the_models_own_weight_on_a_call() {
 }
 
 #[tokio::test]
+async fn an_id_the_person_wrote_is_the_second_sign_for_a_tool_that_takes_one() {
+    let request = "Put three of p-17 in my cart.";
+    let provider = ScriptedProvider::new([
+        "I'm sorry, I can't find that product.".to_string(),
+        call("add_to_cart", json!({"product_id": "p-17", "quantity": 3})),
+        "Added three.".to_string(),
+    ])
+    .with_constraints(true)
+    .with_call_probability(RETRY_CALL_PROBABILITY);
+    let parts = run_all(provider.clone(), ask(request, annotated_shop()), inline()).await;
+    let requests = provider.requests();
+    assert!(
+        prompt_text(&requests[1]).contains(&messages::use_the_tool(request)),
+        "{}",
+        prompt_text(&requests[1])
+    );
+    assert_eq!(texts(&parts), ["Added three."]);
+    // "cart" alone names `view_cart` and `add_to_cart`, but `view_cart`
+    // takes no id, and without one neither is named twice.
+    for request in [
+        "Put my p-17 notes aside, what is the view?",
+        "Put it in my cart.",
+    ] {
+        let provider = ScriptedProvider::new(["Some prose."])
+            .with_constraints(true)
+            .with_call_probability(0.5);
+        let parts = run_all(provider.clone(), ask(request, annotated_shop()), inline()).await;
+        assert_eq!(provider.requests().len(), 1, "no retry for {request:?}");
+        assert_eq!(texts(&parts), ["Some prose."]);
+    }
+}
+
+#[tokio::test]
 async fn without_constraints_a_prose_reply_stands_as_the_reference_has_it() {
     for (provider, mode) in [
         (

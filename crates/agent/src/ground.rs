@@ -74,7 +74,8 @@ pub const MAX_PHRASE_WORDS: usize = 6;
 /// common word ("the", "my"), not a verb asking for the action ("find",
 /// "add") and not a word of a tool's name. In "add the
 /// tent to my cart" with `add_to_cart` shown, `add` and `cart` choose the
-/// tool; `tent` is what goes in its arguments.
+/// tool; `tent` is what goes in its arguments. A number word also gives
+/// its digits ("two" gives `2`), for a number argument.
 pub fn copy_phrases<'a>(
     texts: impl IntoIterator<Item = &'a str>,
     tools: &[ToolDefinition],
@@ -107,12 +108,21 @@ pub fn copy_phrases<'a>(
             .iter()
             .map(|&(s, e)| bounds(&text[s..e], &mut buffer))
             .collect();
+        let mut push = |phrase: &str| {
+            if !out.iter().any(|p| p == phrase) {
+                out.push(phrase.to_string());
+            }
+        };
         for i in (0..words.len()).filter(|&i| ok[i]) {
             for j in (i..words.len().min(i + MAX_PHRASE_WORDS)).filter(|&j| ok[j]) {
-                let phrase = &text[words[i].0..words[j].1];
-                if !out.iter().any(|p| p == phrase) {
-                    out.push(phrase.to_string());
-                }
+                push(&text[words[i].0..words[j].1]);
+            }
+        }
+        // "two" goes into a quantity as 2: the digits are a phrase too (a
+        // provider copies a phrase that is a number into number values).
+        for &(s, e) in &words {
+            if let Some(number) = number_of_word(&text[s..e]) {
+                push(number);
             }
         }
     }
@@ -185,18 +195,67 @@ fn is_identifier_word(word: &str) -> bool {
     has_alnum && (has_digit || joined) && word.chars().count() <= MAX_IDENTIFIER_CHARS
 }
 
-/// Number words a request may use for a count.
-const NUMBER_WORDS: &[&str] = &[
-    "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
-    "twelve", "dozen", "couple", "pair", "half", "once", "twice",
+/// Number words a request may use for a count, with the number each
+/// stands for when it goes into a number argument ("half" has none: half
+/// of what is not the word's to say).
+const NUMBER_WORDS: &[(&str, Option<&str>)] = &[
+    ("one", Some("1")),
+    ("two", Some("2")),
+    ("three", Some("3")),
+    ("four", Some("4")),
+    ("five", Some("5")),
+    ("six", Some("6")),
+    ("seven", Some("7")),
+    ("eight", Some("8")),
+    ("nine", Some("9")),
+    ("ten", Some("10")),
+    ("eleven", Some("11")),
+    ("twelve", Some("12")),
+    ("dozen", Some("12")),
+    ("couple", Some("2")),
+    ("pair", Some("2")),
+    ("half", None),
+    ("once", Some("1")),
+    ("twice", Some("2")),
 ];
 
-/// The identifiers a conversation has shown, oldest first, and whether the
-/// person wrote any number.
+/// The number `word` states, in digits: `2`, `$20`, `5%`, `3.5kg`, "two"
+/// (as `2`); `None` for other words, identifiers with digits (`p-17`)
+/// included, since those name a thing rather than count it.
+fn number_in(word: &str) -> Option<String> {
+    if let Some(n) = number_of_word(word) {
+        return Some(n.to_string());
+    }
+    let digits = word.trim_start_matches(['$', '€', '£', '#', '+']);
+    let end = digits
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(digits.len());
+    let (number, unit) = digits.split_at(end);
+    let number = number.trim_end_matches('.');
+    let plain_unit = unit.chars().all(|c| c.is_alphabetic() || c == '%');
+    (!number.is_empty()
+        && number.starts_with(|c: char| c.is_ascii_digit())
+        && number.parse::<f64>().is_ok()
+        && plain_unit)
+        .then(|| number.to_string())
+}
+
+/// The number a number word stands for.
+fn number_of_word(word: &str) -> Option<&'static str> {
+    let lower = word.to_lowercase();
+    NUMBER_WORDS
+        .iter()
+        .find(|(w, _)| *w == lower)
+        .and_then(|(_, n)| *n)
+}
+
+/// The identifiers a conversation has shown, oldest first, and the numbers
+/// the person wrote.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Identifiers {
     values: Vec<Value>,
-    numbers: bool,
+    /// The distinct numbers the person wrote, in digits ("two" as `2`).
+    numbers: Vec<String>,
 }
 
 impl Identifiers {
@@ -224,7 +283,7 @@ impl Identifiers {
                 .filter(|v| !used.contains(v))
                 .cloned()
                 .collect(),
-            numbers: self.numbers,
+            numbers: self.numbers.clone(),
         }
     }
 
@@ -245,7 +304,12 @@ impl Identifiers {
 
     /// Whether the person wrote a number (in digits or as a word).
     pub fn has_numbers(&self) -> bool {
-        self.numbers
+        !self.numbers.is_empty()
+    }
+
+    /// How many different numbers the person wrote.
+    pub fn number_count(&self) -> usize {
+        self.numbers.len()
     }
 
     /// Adds one identifier; whether it was new.
@@ -270,15 +334,23 @@ impl Identifiers {
         new
     }
 
-    /// Takes the identifier-shaped words of something the person wrote;
-    /// how many were new.
+    /// Takes the identifier-shaped words and the numbers of something the
+    /// person wrote; how many identifiers were new.
     pub fn add_user_text(&mut self, text: &str) -> usize {
+        self.add_words(text, true)
+    }
+
+    fn add_words(&mut self, text: &str, from_person: bool) -> usize {
         let mut new = 0;
         for raw in text.split(|c: char| c.is_whitespace() || ",;()[]{}<>\"'`".contains(c)) {
             // Sentence punctuation around a word is not part of it.
             let word = raw.trim_matches(|c: char| ".:!?".contains(c));
-            self.numbers |= word.chars().any(|c| c.is_ascii_digit())
-                || NUMBER_WORDS.contains(&word.to_lowercase().as_str());
+            if from_person
+                && let Some(number) = number_in(word)
+                && !self.numbers.contains(&number)
+            {
+                self.numbers.push(number);
+            }
             if is_identifier_word(word) {
                 new += usize::from(self.push(Value::String(word.to_string())));
                 if let Ok(n) = word.parse::<i64>() {
@@ -295,7 +367,7 @@ impl Identifiers {
     pub fn add_result(&mut self, result: &str) -> usize {
         match serde_json::from_str::<Value>(result.trim()) {
             Ok(value) => self.add_json(&value, false),
-            Err(_) => self.add_user_text(result),
+            Err(_) => self.add_words(result, false),
         }
     }
 
@@ -428,8 +500,9 @@ pub(crate) fn takes_identifier(tool: &ToolDefinition) -> bool {
 /// the constrained schema; a required one makes the tool uncallable for now
 /// (`None`). An optional number (a quantity, a limit) is left out too when
 /// the person wrote no number: the tool's default is a better guess than
-/// the one a tiny model makes up. Tools without such arguments come back
-/// unchanged.
+/// the one a tiny model makes up. When the person wrote more numbers than
+/// the tool requires, as many optional numbers become required (in the
+/// schema's order). Tools without such arguments come back unchanged.
 pub fn ground_tool(tool: &ToolDefinition, ids: &Identifiers) -> Option<ToolDefinition> {
     let Some(props) = tool
         .input_schema
@@ -444,14 +517,32 @@ pub fn ground_tool(tool: &ToolDefinition, ids: &Identifiers) -> Option<ToolDefin
         .and_then(Value::as_array)
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
+    let is_count = |name: &str, prop: &Value| {
+        matches!(scalar_type(prop), Some("integer" | "number")) && !is_identifier_key(name)
+    };
+    // Every number the person wrote is there to go somewhere: those the
+    // required numbers do not take go to the optional ones, which become
+    // required ("put three of p-17 in the cart" sets the quantity, which a
+    // tiny model otherwise leaves out).
+    let required_counts = props
+        .iter()
+        .filter(|(name, prop)| required.contains(&name.as_str()) && is_count(name, prop))
+        .count();
+    let mut surplus = ids.number_count().saturating_sub(required_counts);
+    let mut now_required: Vec<String> = Vec::new();
     let mut new_props = Map::new();
     let mut changed = false;
     for (name, prop) in props {
         let optional = !required.contains(&name.as_str());
-        let number = matches!(scalar_type(prop), Some("integer" | "number"));
-        if optional && number && !ids.has_numbers() && !is_identifier_key(name) {
-            changed = true;
-            continue;
+        if optional && is_count(name, prop) {
+            if !ids.has_numbers() {
+                changed = true;
+                continue;
+            }
+            if surplus > 0 {
+                surplus -= 1;
+                now_required.push(name.clone());
+            }
         }
         if !is_identifier_key(name) || scalar_type(prop).is_none() {
             new_props.insert(name.clone(), prop.clone());
@@ -466,12 +557,17 @@ pub fn ground_tool(tool: &ToolDefinition, ids: &Identifiers) -> Option<ToolDefin
             None => changed = true,
         }
     }
-    if !changed {
+    if !changed && now_required.is_empty() {
         return Some(tool.clone());
     }
     let mut schema = tool.input_schema.clone();
     if let Some(map) = schema.as_object_mut() {
         map.insert("properties".to_string(), Value::Object(new_props));
+        if !now_required.is_empty() {
+            let mut all: Vec<Value> = required.iter().map(|&r| Value::from(r)).collect();
+            all.extend(now_required.into_iter().map(Value::from));
+            map.insert("required".to_string(), Value::Array(all));
+        }
     }
     Some(ToolDefinition {
         input_schema: schema,
@@ -505,6 +601,17 @@ mod tests {
         assert!(p.contains(&"New York, NY".to_string()), "{p:?}");
         assert!(p.contains(&"p-17".to_string()), "{p:?}");
         assert!(p.contains(&"3.5 kg".to_string()), "{p:?}");
+        assert!(p.contains(&"3.5".to_string()), "a number alone: {p:?}");
+    }
+
+    #[test]
+    fn number_words_are_also_copied_as_digits() {
+        let p = copy_phrases(["Add two of p-21, and a dozen eggs, half price"], &[]);
+        assert!(p.contains(&"2".to_string()), "{p:?}");
+        assert!(p.contains(&"12".to_string()), "{p:?}");
+        assert!(!p.contains(&"0.5".to_string()), "half of what? {p:?}");
+        let p = copy_phrases(["Add the tent"], &[]);
+        assert!(p.iter().all(|w| w.parse::<f64>().is_err()), "{p:?}");
     }
 
     #[test]
@@ -624,6 +731,67 @@ mod tests {
             json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}),
         );
         assert_eq!(ground_tool(&search, &Identifiers::new()), Some(search));
+    }
+
+    #[test]
+    fn numbers_the_person_wrote_are_counted_but_not_an_identifiers_digits() {
+        let mut ids = Identifiers::new();
+        ids.add_user_text("Add p-17 and SKU_9 to my cart");
+        assert!(!ids.has_numbers(), "{ids:?}");
+        ids.add_user_text("Put two of them, $20 each, 5% off, 3.5kg, 2 more");
+        assert_eq!(ids.numbers, ["2", "20", "5", "3.5"]);
+        let mut from_a_result = Identifiers::new();
+        from_a_result.add_result("Found 12 tents under p-4");
+        assert!(
+            !from_a_result.has_numbers(),
+            "a result's numbers are not the person's"
+        );
+    }
+
+    #[test]
+    fn a_number_no_required_argument_takes_makes_an_optional_one_required() {
+        let add = ToolDefinition::new(
+            "add_to_cart",
+            "Add",
+            json!({"type": "object", "properties": {
+                "product_id": {"type": "string"},
+                "quantity": {"type": "integer"},
+                "gift_wrap_count": {"type": "integer"}},
+                "required": ["product_id"]}),
+        );
+        let grounded = |text: &str| {
+            let mut ids = Identifiers::new();
+            ids.add_user_text(text);
+            ground_tool(&add, &ids).unwrap().input_schema
+        };
+        let three = grounded("Put three of p-17 in my cart");
+        assert_eq!(three["required"], json!(["product_id", "quantity"]));
+        assert!(
+            three["properties"].get("gift_wrap_count").is_some(),
+            "still optional"
+        );
+        let none = grounded("Put p-17 in my cart");
+        assert_eq!(none["required"], json!(["product_id"]));
+        assert!(
+            none["properties"].get("quantity").is_none(),
+            "left to the default"
+        );
+        let area = ToolDefinition::new(
+            "area",
+            "Area",
+            json!({"type": "object", "properties": {
+                "base": {"type": "number"},
+                "height": {"type": "number"},
+                "scale": {"type": "number"}},
+                "required": ["base", "height"]}),
+        );
+        let mut ids = Identifiers::new();
+        ids.add_user_text("base 10 and height 5");
+        assert_eq!(
+            ground_tool(&area, &ids).unwrap().input_schema["required"],
+            json!(["base", "height"]),
+            "both numbers go to the required ones"
+        );
     }
 
     #[test]

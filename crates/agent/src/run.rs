@@ -1129,11 +1129,19 @@ pub const RETRY_CALL_PROBABILITY: f32 = 0.002;
 /// Whether two words of the request (other than common ones) are in the name
 /// of one shown tool: "show the cart items" names `view_cart_items`. One
 /// shared word is too weak a sign: requests no tool fits often share one
-/// (a "time" question and `calculate_time`).
+/// (a "time" question and `calculate_time`). An identifier the person wrote
+/// counts as the second sign for a tool that takes one: "put three of p-17
+/// in my cart" hands `add_to_cart` its product.
 fn names_a_tool(request: &str, shown: &[ToolDefinition]) -> bool {
-    score_tools(shown, request, &[])
-        .iter()
-        .any(|s| s.name_matches.len() >= 2)
+    let mut written = Identifiers::new();
+    let hands_an_id = written.add_user_text(request) > 0;
+    score_tools(shown, request, &[]).iter().any(|s| {
+        let id_sign = hands_an_id
+            && shown
+                .iter()
+                .any(|t| t.name == s.name && takes_identifier(t));
+        s.name_matches.len() + usize::from(id_sign) >= 2
+    })
 }
 
 /// Whether a plain reply tells the person to do it themselves with a tool the

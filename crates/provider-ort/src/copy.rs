@@ -18,8 +18,14 @@
 //! The loop chooses the phrases (`GenerateRequest::copy_phrases`, made by
 //! `wma_agent::copy_phrases`); each counts as written and lowercased. The
 //! closing quote gets the bonus where the value written so far is a whole
-//! phrase. Only string values get the bonus, never keys, and never a call's
-//! `name` (the grammar decides that one).
+//! phrase. Only values get the bonus, never keys, and never a call's `name`
+//! (the grammar decides that one).
+//!
+//! A phrase that is a JSON number ("2", "3.5", made from "two" by the loop)
+//! is copied into number values too: asked to "add two of p-21", the model
+//! otherwise writes the `1` it has seen in every example. Where the schema
+//! wants a string, the grammar masks the digits, so the bonus cannot turn a
+//! string into a number.
 
 use llguidance::toktrie::{TokEnv, TokTrie};
 
@@ -32,6 +38,8 @@ pub const DEFAULT_COPY_BIAS: f32 = 3.0;
 #[derive(Debug, Clone)]
 pub struct CopyBias {
     phrases: Vec<Vec<u8>>,
+    /// The phrases that are JSON numbers, for number values.
+    numbers: Vec<Vec<u8>>,
     bias: f32,
 }
 
@@ -52,7 +60,12 @@ impl CopyBias {
                 }
             }
         }
-        (!all.is_empty()).then_some(Self { phrases: all, bias })
+        let numbers = all.iter().filter(|p| is_json_number(p)).cloned().collect();
+        (!all.is_empty()).then_some(Self {
+            phrases: all,
+            numbers,
+            bias,
+        })
     }
 
     /// The phrases, for tests and diagnostics.
@@ -63,11 +76,12 @@ impl CopyBias {
     }
 
     /// Adds the bonus to the tokens that copy a phrase, when `output` (the
-    /// reply so far) is about to write a string value or ends inside one.
-    /// A token copies when its bytes are a prefix of what would complete a
-    /// phrase: the rest of the phrase and the closing quote, or, before the
-    /// value, the opening quote too (tokenizers merge `"` with the word after
-    /// it). `quote_tokens` are the tokens that start with `"`.
+    /// reply so far) is about to write a value or ends inside a string or a
+    /// number. A token copies when its bytes are a prefix of what would
+    /// complete a phrase: the rest of the phrase and the closing quote, or,
+    /// before the value, the opening quote too (tokenizers merge `"` with the
+    /// word after it); for a number phrase, its digits. `quote_tokens` are
+    /// the tokens that start with `"`.
     pub fn apply(&self, output: &[u8], logits: &mut [f32], env: &TokEnv, quote_tokens: &[u32]) {
         let Some(position) = value_position(output) else {
             return;
@@ -90,7 +104,25 @@ impl CopyBias {
                     }
                 }
             }
+            Position::InsideNumber(start) => {
+                let written = &output[start..];
+                for number in &self.numbers {
+                    // A whole number gets nothing: where it ends is the
+                    // model's to say ("1" may be the start of "12").
+                    if let Some(rest) = number.strip_prefix(written).filter(|r| !r.is_empty()) {
+                        boosted.extend(longest_prefix(trie, rest));
+                    }
+                }
+            }
             Position::Before => {
+                for number in &self.numbers {
+                    boosted.extend(longest_prefix(trie, number));
+                    let mut spaced = Vec::with_capacity(number.len() + 1);
+                    spaced.push(b' ');
+                    spaced.extend_from_slice(number);
+                    boosted
+                        .extend(longest_prefix(trie, &spaced).filter(|&t| trie.token(t) != b" "));
+                }
                 for phrase in &self.phrases {
                     let mut target = Vec::with_capacity(phrase.len() + 3);
                     target.extend_from_slice(b" \"");
@@ -121,19 +153,34 @@ fn longest_prefix(trie: &TokTrie, target: &[u8]) -> Option<u32> {
     trie.all_prefixes(target).last().copied()
 }
 
-/// Where a reply stands with respect to a string value.
+/// Whether `bytes` is a JSON number: an optional minus, digits without a
+/// leading zero, an optional fraction.
+fn is_json_number(bytes: &[u8]) -> bool {
+    let digits = bytes.strip_prefix(b"-").unwrap_or(bytes);
+    let (whole, fraction) = match digits.iter().position(|&b| b == b'.') {
+        Some(dot) => (&digits[..dot], Some(&digits[dot + 1..])),
+        None => (digits, None),
+    };
+    let all_digits = |d: &[u8]| !d.is_empty() && d.iter().all(u8::is_ascii_digit);
+    all_digits(whole) && (whole == b"0" || whole[0] != b'0') && fraction.is_none_or(all_digits)
+}
+
+/// Where a reply stands with respect to a value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Position {
     /// A value comes next (after `:`, or in an array), not yet begun.
     Before,
     /// Inside a string value whose text starts at this byte.
     Inside(usize),
+    /// Inside a number value that starts at this byte.
+    InsideNumber(usize),
 }
 
-/// Whether `output` ends where a value comes next or inside a string value.
-/// Keys do not count, nor the value of a top-level `name` (the tool's name
-/// in a call, which the grammar picks).
+/// Whether `output` ends where a value comes next, or inside a string or
+/// number value. Keys do not count, nor the value of a top-level `name` (the
+/// tool's name in a call, which the grammar picks).
 fn value_position(output: &[u8]) -> Option<Position> {
+    let mut number: Option<usize> = None;
     let mut stack: Vec<u8> = Vec::new();
     let mut last = 0u8;
     let mut in_string = false;
@@ -157,6 +204,12 @@ fn value_position(output: &[u8]) -> Option<Position> {
             }
             continue;
         }
+        let number_byte = b.is_ascii_digit() || matches!(b, b'-' | b'.' | b'e' | b'E' | b'+');
+        if !number_byte {
+            number = None;
+        } else if number.is_none() && expects_value(last, &stack) {
+            number = Some(i);
+        }
         match b {
             b'"' => {
                 in_string = true;
@@ -179,6 +232,9 @@ fn value_position(output: &[u8]) -> Option<Position> {
     // Outside any object or array this is prose, not JSON.
     if stack.is_empty() {
         return None;
+    }
+    if let Some(start) = number.filter(|_| !in_string) {
+        return Some(Position::InsideNumber(start));
     }
     if in_string {
         let top_level_name = stack.len() == 1 && value_key == b"name";
@@ -238,5 +294,39 @@ mod tests {
         assert!(!before(r#"{"name": "s", "#), "a key comes next");
         assert!(!before("Sure: "), "prose");
         assert_eq!(open(r#"He said: "hel"#), None, "prose");
+    }
+
+    #[test]
+    fn a_number_value_is_found_where_it_starts() {
+        fn at(s: &str) -> Option<&str> {
+            match value_position(s.as_bytes()) {
+                Some(Position::InsideNumber(i)) => Some(&s[i..]),
+                _ => None,
+            }
+        }
+        assert_eq!(
+            at(r#"{"name": "a", "arguments": {"quantity": 1"#),
+            Some("1")
+        );
+        assert_eq!(at(r#"{"name": "a", "arguments": {"x": -3.5"#), Some("-3.5"));
+        assert_eq!(at(r#"{"name": "a", "arguments": {"xs": [1, 2"#), Some("2"));
+        assert_eq!(
+            at(r#"{"name": "a", "arguments": {"q": "p-17"#),
+            None,
+            "a string"
+        );
+        assert_eq!(at(r#"{"name": "a", "arguments": {"q": 12,"#), None, "ended");
+        assert_eq!(at(r#"{"name": "a", "arguments": {"q": true"#), None);
+        assert_eq!(at("I have 2"), None, "prose");
+    }
+
+    #[test]
+    fn only_json_numbers_are_copied_as_numbers() {
+        for yes in ["2", "0", "-4", "3.5", "0.25", "120"] {
+            assert!(is_json_number(yes.as_bytes()), "{yes}");
+        }
+        for no in ["", "-", "02", "3.", ".5", "p-17", "1e5", "two", "1,000"] {
+            assert!(!is_json_number(no.as_bytes()), "{no}");
+        }
     }
 }

@@ -413,3 +413,46 @@ fn the_copy_bias_lifts_the_persons_words_inside_string_arguments_only() {
         "a bias of 0 is off"
     );
 }
+
+#[test]
+fn a_number_the_person_wrote_is_lifted_in_number_values_only() {
+    let f = fixture();
+    let c = Constraint::CallsOnly { tools: tools() };
+    let id = |t: &str| f.tokenizer.token_to_id(t).unwrap() as usize;
+    let phrases = ["12".to_string(), "tent".to_string()];
+    let logits_after = |prefix: &str| {
+        let ids = f
+            .tokenizer
+            .encode(prefix, false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
+        let mut m = f
+            .engine
+            .matcher(&c, CallFormat::Json)
+            .unwrap()
+            .with_copy_bias(wma_provider_ort::copy::CopyBias::new(&phrases, 3.0));
+        assert_eq!(m.feed(&ids).unwrap(), ids.len(), "{prefix}");
+        let mut l = vec![0.0f32; 49152];
+        m.mask_logits(&mut l).unwrap();
+        l
+    };
+    let add = r#"{"name": "add_to_cart", "arguments": {"product_id": "p-17", "quantity": "#;
+    let before = logits_after(add);
+    assert_eq!(before[id("1")], 3.0, "the number's first digit");
+    assert_eq!(before[id("3")], 0.0, "other digits are left alone");
+    let inside = logits_after(&format!("{add}1"));
+    assert_eq!(inside[id("2")], 3.0, "the number goes on");
+    assert_eq!(inside[id("1")], 0.0);
+    let whole = logits_after(&format!("{add}12"));
+    assert!(
+        whole.iter().all(|&l| l <= 0.0),
+        "a whole number: where it ends is the model's choice"
+    );
+    let string = logits_after(r#"{"name": "add_to_cart", "arguments": {"product_id": "#);
+    assert_eq!(
+        string[id("1")],
+        f32::NEG_INFINITY,
+        "a string value stays a string: the grammar masks the digit"
+    );
+}
