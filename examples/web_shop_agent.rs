@@ -62,6 +62,10 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<()> {
     let args = Args::parse();
+    // RUST_LOG filters the log (`wma_provider_ort=trace` prints each prompt
+    // and reply); the standard OTEL_* variables export the runs' traces.
+    let _telemetry =
+        webmcp_agents::telemetry::init(&Default::default()).context("could not start tracing")?;
     let site_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/web_shop");
     let site = LoopbackSite::serve(&site_dir).await?;
     let browser = Browser::launch(BrowserOptions {

@@ -174,6 +174,76 @@ async fn an_action_is_not_offered_the_next_step_nor_on_the_same_id_again() {
 }
 
 #[tokio::test]
+async fn a_tool_the_last_call_made_appear_is_offered_alone_and_first() {
+    // A web shop: add_to_cart exists only on a product's page, which
+    // open_product opens.
+    let host = annotated_shop();
+    host.remove("add_to_cart");
+    let page = Arc::downgrade(&host);
+    host.add(
+        ToolDefinition::new(
+            "open_product",
+            "Open a product's page.",
+            json!({"type": "object", "properties": {"product_id": {"type": "string"}}, "required": ["product_id"]}),
+        )
+        .with_annotations(ToolAnnotations {
+            read_only: true,
+            ..ToolAnnotations::default()
+        }),
+        move |args| {
+            if let Some(page) = page.upgrade() {
+                page.add(
+                    ToolDefinition::new(
+                        "add_to_cart",
+                        "Add this page's product to the cart.",
+                        json!({"type": "object", "properties": {"quantity": {"type": "integer"}}}),
+                    ),
+                    |_| Ok("Added.".to_string()),
+                );
+            }
+            Ok(json!({"id": args["product_id"], "title": "Summit Backpack"}).to_string())
+        },
+    );
+    let provider = ScriptedProvider::new([
+        call("search_products", json!({"query": "backpack"})),
+        call("open_product", json!({"product_id": "p-17"})),
+        call("add_to_cart", json!({})),
+        "Done.".to_string(),
+    ])
+    .with_constraints(true);
+    run_all(
+        provider.clone(),
+        ask("Find a backpack and add it to my cart", host),
+        inline(),
+    )
+    .await;
+    let requests = provider.requests();
+    // The constraint lists the offered tools in the order the prompt shows them.
+    let first = |r: &GenerateRequest| match &r.constraint {
+        Some(Constraint::TextOrCalls { tools } | Constraint::CallsOnly { tools }) => {
+            tools.first().map(|t| t.name.clone())
+        }
+        _ => None,
+    };
+    assert_eq!(first(&requests[2]).as_deref(), Some("add_to_cart"));
+    assert_eq!(
+        allowed(&requests[2]),
+        ["add_to_cart"],
+        "the step after it appeared offers only what appeared"
+    );
+    assert_ne!(
+        first(&requests[3]).as_deref(),
+        Some("add_to_cart"),
+        "only the step right after it appeared"
+    );
+    assert_eq!(
+        argument_schema(&requests[3], "open_product", "product_id"),
+        Some(json!({"type": "string", "enum": ["p-4"]})),
+        "p-17 was opened already: its page is in the conversation"
+    );
+}
+
+#[tokio::test]
 async fn grounding_can_be_turned_off() {
     let provider = ScriptedProvider::new(["Sure."]).with_constraints(true);
     let options = LocalLoopOptions {

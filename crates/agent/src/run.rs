@@ -187,10 +187,19 @@ struct Run<P> {
     just_acted: Option<String>,
     /// Names of the read-only tools among those listed this step.
     read_only: Vec<String>,
-    /// Tool → identifiers it already acted on successfully in this run.
+    /// Names of the tools listed the step before, once there was one.
+    listed_before: Option<Vec<String>>,
+    /// Tools listed this step that were not listed the step before: a
+    /// page's tools change as it navigates, and a tool the last call made
+    /// appear (`add_to_cart` on the product page just opened) is what the
+    /// call was for.
+    appeared: Vec<String>,
+    /// Tool → identifiers it was called with successfully in this run.
     /// Grounded constraints do not offer them to that tool again: a tiny
-    /// model that added an item tends to add it again, and again.
-    acted: HashMap<String, Vec<Value>>,
+    /// model that added an item tends to add it again, and again, and one
+    /// that opened a product opens it again; a lookup's answer is already
+    /// in the conversation.
+    used: HashMap<String, Vec<Value>>,
     /// The newest successful result of a tool that changes things, for the
     /// message of a run that stops going in circles.
     last_action: Option<String>,
@@ -240,8 +249,10 @@ impl<P: Provider + 'static> Run<P> {
             identifiers: Identifiers::new(),
             looked_up: None,
             just_acted: None,
+            listed_before: None,
+            appeared: Vec::new(),
             read_only: Vec::new(),
-            acted: HashMap::new(),
+            used: HashMap::new(),
             last_action: None,
             provider,
             tools: request.tools,
@@ -406,6 +417,11 @@ impl<P: Provider + 'static> Run<P> {
             .filter(|t| t.annotations.read_only)
             .map(|t| t.name.clone())
             .collect();
+        let listed: Vec<String> = all_tools.iter().map(|t| t.name.clone()).collect();
+        self.appeared = match self.listed_before.replace(listed.clone()) {
+            Some(before) => listed.into_iter().filter(|n| !before.contains(n)).collect(),
+            None => Vec::new(),
+        };
         let ranked = self.order_for_grounding(rank_tools(
             &all_tools,
             &self.request_text,
@@ -629,18 +645,27 @@ impl<P: Provider + 'static> Run<P> {
         if self.looked_up.as_deref() == name || self.just_acted.as_deref() == name {
             return None;
         }
-        match self.acted.get(&tool.name) {
+        match self.used.get(&tool.name) {
             Some(used) => ground_tool(tool, &self.identifiers.without(used)),
             None => ground_tool(tool, &self.identifiers),
         }
     }
 
-    /// The tools a grounded constraint offers this step. Right after a
+    /// The tools a grounded constraint offers this step. Right after the
+    /// last call made tools appear, only those (when any can be called):
+    /// opening a product's page was for its `add_to_cart`, and a tiny model
+    /// otherwise repeats the search that started the run. Right after a
     /// lookup found ids, only tools that take an id (when any can be called):
     /// the ids were looked up to be used, and a tiny model otherwise drifts
     /// to a tool that ignores them (`view_cart` after a search).
     fn offered(&self, shown: &[ToolDefinition]) -> Vec<ToolDefinition> {
         let grounded: Vec<ToolDefinition> = shown.iter().filter_map(|t| self.grounded(t)).collect();
+        if grounded.iter().any(|t| self.appeared.contains(&t.name)) {
+            return grounded
+                .into_iter()
+                .filter(|t| self.appeared.contains(&t.name))
+                .collect();
+        }
         if self.looked_up.is_some() && grounded.iter().any(takes_identifier) {
             return grounded.into_iter().filter(takes_identifier).collect();
         }
@@ -656,8 +681,10 @@ impl<P: Provider + 'static> Run<P> {
     }
 
     /// The ranked tools, reordered for a grounded step: the tools that can
-    /// be called now first; among them, right after a lookup found ids, the
-    /// tools that take an id (the ids were looked up to be used); then, on
+    /// be called now first; among them, the tools that appeared since the
+    /// last step (what the last call opened); then, right after a lookup
+    /// found ids, the tools that take an id (the ids were looked up to be
+    /// used); then, on
     /// the first step, when the request has phrases to copy, those that take
     /// free text (a search for the person's words starts most tasks). A tiny
     /// model mostly calls the first tool listed (and the worked example shows
@@ -671,13 +698,14 @@ impl<P: Provider + 'static> Run<P> {
             && !copy_phrases(std::iter::once(self.request_text.as_str()), &ranked).is_empty();
         let found_ids = self.looked_up.is_some();
         let offered: Vec<String> = self.offered(&ranked).into_iter().map(|t| t.name).collect();
-        let mut keyed: Vec<((bool, bool, bool), ToolDefinition)> = ranked
+        let mut keyed: Vec<((bool, bool, bool, bool), ToolDefinition)> = ranked
             .into_iter()
             .map(|t| {
                 let callable = offered.contains(&t.name);
+                let new = self.appeared.contains(&t.name);
                 let uses_ids = found_ids && takes_identifier(&t);
                 let text = has_phrases && takes_free_text(&t);
-                ((!callable, !uses_ids, !text), t)
+                ((!callable, !new, !uses_ids, !text), t)
             })
             .collect();
         // Stable: the ranking decides within each group.
@@ -862,15 +890,15 @@ impl<P: Provider + 'static> Run<P> {
                     });
                     self.last_failure = None;
                     let new_ids = self.identifiers.add_result(&output);
+                    self.used
+                        .entry(call.name.clone())
+                        .or_default()
+                        .extend(Identifiers::of_call(&call.arguments));
                     if self.read_only.contains(&call.name) {
                         if new_ids > 0 {
                             looked_up = Some(call.name.clone());
                         }
                     } else {
-                        self.acted
-                            .entry(call.name.clone())
-                            .or_default()
-                            .extend(Identifiers::of_call(&call.arguments));
                         self.last_action = Some(output.clone());
                         just_acted = Some(call.name.clone());
                     }
