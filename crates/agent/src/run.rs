@@ -684,9 +684,9 @@ impl<P: Provider + 'static> Run<P> {
     /// be called now first; among them, the tools that appeared since the
     /// last step (what the last call opened); then, right after a lookup
     /// found ids, the tools that take an id (the ids were looked up to be
-    /// used); then, on
-    /// the first step, when the request has phrases to copy, those that take
-    /// free text (a search for the person's words starts most tasks). A tiny
+    /// used); then, on the first step, when the request has phrases to copy,
+    /// those that take free text (a search for the person's words starts
+    /// most tasks). A tiny
     /// model mostly calls the first tool listed (and the worked example shows
     /// it); a tool it cannot call yet at the top only pulls it toward a name
     /// the grammar then refuses.
