@@ -1,5 +1,7 @@
-//! A whole agent run with the default model (made by `scripts/setup.sh`)
-//! against the demo shop's Rust-native tools.
+//! Whole agent runs with the default model (made by `scripts/setup.sh`)
+//! against the demo shop's Rust-native tools, and against the web shop's
+//! WebMCP tools in headless Chromium (installed by
+//! `scripts/install-peers.sh`).
 
 use std::sync::Arc;
 
@@ -113,4 +115,98 @@ async fn the_default_model_puts_the_backpack_in_the_cart() {
         matches!(parts.last(), Some(AgentStreamPart::Finish { .. })),
         "{parts:#?}"
     );
+}
+
+/// The calls of a run, by name, for failure messages.
+fn call_names(parts: &[AgentStreamPart]) -> Vec<String> {
+    parts
+        .iter()
+        .filter_map(|p| match p {
+            AgentStreamPart::ToolCall {
+                name, arguments, ..
+            } => Some(format!("{name} {arguments}")),
+            _ => None,
+        })
+        .collect()
+}
+
+/// "two" is a quantity: the loop copies it into the number argument as 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_model_adds_as_many_as_the_person_asked_for() {
+    let model = default_model();
+    model
+        .prepare(Arc::new(|_| {}), Default::default())
+        .await
+        .expect("the default model loads");
+    let shop = Shop::new();
+    let request = AgentRunRequest::new(
+        vec![ChatMessage::user("Add two of product p-21 to my cart.")],
+        Arc::new(shop.tools()),
+    );
+    let options = LocalLoopOptions {
+        tools_inline: model.tools_inline(),
+        instructions: Some(demo_shop::INSTRUCTIONS.to_string()),
+        ..LocalLoopOptions::default()
+    };
+    let parts: Vec<AgentStreamPart> = run_local_agent(model, request, options).collect().await;
+    let cart: Vec<(String, u32)> = shop
+        .cart()
+        .into_iter()
+        .map(|l| (l.product_id, l.quantity))
+        .collect();
+    assert_eq!(cart, [("p-21".to_string(), 2)], "{:?}", call_names(&parts));
+}
+
+/// The web shop in headless Chromium: its tools come through WebMCP, and
+/// `add_to_cart` exists only on a product's page, so the model must search,
+/// open the product and add it there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_model_shops_on_a_real_web_page() {
+    use webmcp_agents::tools::{Browser, BrowserOptions, LoopbackSite, SourceOptions, ToolSet};
+
+    let model = default_model();
+    model
+        .prepare(Arc::new(|_| {}), Default::default())
+        .await
+        .expect("the default model loads");
+    let site = LoopbackSite::serve(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/web_shop"))
+        .await
+        .unwrap();
+    let browser = Browser::launch(BrowserOptions::default())
+        .await
+        .expect("Chromium is installed (scripts/install-peers.sh)");
+    let page = browser.open(&site.url()).await.unwrap();
+    // Tabs of one origin share storage: start from an empty cart.
+    page.evaluate("localStorage.removeItem('trailhead-cart')")
+        .await
+        .unwrap();
+    let mut tools = ToolSet::new();
+    tools.add_with("shop", page.clone(), SourceOptions::default());
+    let request = AgentRunRequest::new(
+        vec![ChatMessage::user(demo_shop::DEFAULT_REQUEST)],
+        Arc::new(tools),
+    );
+    let options = LocalLoopOptions {
+        tools_inline: model.tools_inline(),
+        instructions: Some(
+            "This is an outdoor shop. To buy something: search_products, then open_product \
+             with the product's id, then add_to_cart on the product's page."
+                .to_string(),
+        ),
+        ..LocalLoopOptions::default()
+    };
+    let parts: Vec<AgentStreamPart> = run_local_agent(model, request, options).collect().await;
+    let cart = page
+        .evaluate("JSON.parse(localStorage.getItem('trailhead-cart') || '[]')")
+        .await
+        .unwrap();
+    page.close().await;
+    browser.close().await;
+    let ids: Vec<&str> = cart
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|l| l["product_id"].as_str())
+        .collect();
+    assert_eq!(ids, ["p-17"], "{:?}", call_names(&parts));
 }
