@@ -57,6 +57,7 @@ pub(crate) struct RawProvider {
     pub(crate) top_p: Option<Spanned<f32>>,
     pub(crate) seed: Option<Spanned<u64>>,
     pub(crate) repetition_penalty: Option<Spanned<f32>>,
+    pub(crate) greedy_calls: Option<Spanned<bool>>,
     pub(crate) max_new_tokens: Option<Spanned<u32>>,
     pub(crate) stop: Option<Spanned<Vec<String>>>,
     pub(crate) context_length: Option<Spanned<u32>>,

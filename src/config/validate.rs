@@ -196,6 +196,7 @@ fn provider_spec(source: &Source<'_>, name: &str, raw: &RawProvider) -> Result<P
                     seed: value(&raw.seed),
                     repetition_penalty: value(&raw.repetition_penalty)
                         .unwrap_or(sampling.repetition_penalty),
+                    greedy_calls: value(&raw.greedy_calls).unwrap_or(sampling.greedy_calls),
                 },
                 max_new_tokens: value(&raw.max_new_tokens).unwrap_or(defaults.max_new_tokens),
                 stop: value(&raw.stop).unwrap_or_default(),
@@ -222,6 +223,7 @@ fn provider_spec(source: &Source<'_>, name: &str, raw: &RawProvider) -> Result<P
                     ("top_p", span_of(&raw.top_p)),
                     ("seed", span_of(&raw.seed)),
                     ("repetition_penalty", span_of(&raw.repetition_penalty)),
+                    ("greedy_calls", span_of(&raw.greedy_calls)),
                     ("max_new_tokens", span_of(&raw.max_new_tokens)),
                     ("stop", span_of(&raw.stop)),
                     ("context_length", span_of(&raw.context_length)),

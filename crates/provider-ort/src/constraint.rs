@@ -653,6 +653,22 @@ impl ConstraintMatcher {
         self.repeated
     }
 
+    /// Whether the reply so far has started a tool call (constraints that
+    /// allow calls only; prose never starts with a call's opening).
+    pub fn writing_call(&self) -> bool {
+        let Some(format) = self.calls else {
+            return false;
+        };
+        let opens = match format {
+            CallFormat::Json => b'{',
+            CallFormat::Hermes => b'<',
+        };
+        self.output
+            .iter()
+            .find(|b| !b.is_ascii_whitespace())
+            .is_some_and(|&b| b == opens)
+    }
+
     /// Tokens up to the end of the last call that was not a repeat.
     pub fn distinct_tokens(&self) -> usize {
         self.distinct_tokens

@@ -581,7 +581,10 @@ impl OrtModel {
                 stats.constraint_time += started.elapsed();
                 stats.constrained_tokens += 1;
             }
-            let id = sampler.sample(&mut logits);
+            let greedy = params.sampling.is_greedy()
+                || (params.sampling.greedy_calls
+                    && constraint.as_deref().is_some_and(|c| c.writing_call()));
+            let id = sampler.sample_as(&mut logits, greedy);
             if ids.is_empty() {
                 stats.time_to_first_token = start.elapsed();
             }
