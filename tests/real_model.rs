@@ -25,14 +25,37 @@ fn default_model() -> OrtProvider {
     provider
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_default_model_run_against_the_demo_shop_finishes_and_reports_tokens() {
+/// The default model, loaded.
+async fn loaded_model() -> OrtProvider {
     let model = default_model();
     model
         .prepare(Arc::new(|_| {}), Default::default())
         .await
         .expect("the default model loads");
-    let provider = Arc::new(UsageMeter::new(Arc::new(model)));
+    model
+}
+
+/// One run of the loop's defaults with `instructions`, to its end.
+async fn run_to_end<P: Provider + 'static>(
+    model: P,
+    ask: &str,
+    tools: Arc<dyn webmcp_agents::agent::ToolHost>,
+    instructions: &str,
+) -> Vec<AgentStreamPart> {
+    let options = LocalLoopOptions {
+        tools_inline: model.tools_inline(),
+        instructions: Some(instructions.to_string()),
+        ..LocalLoopOptions::default()
+    };
+    let request = AgentRunRequest::new(vec![ChatMessage::user(ask)], tools);
+    run_local_agent(Arc::new(model), request, options)
+        .collect()
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_default_model_run_against_the_demo_shop_finishes_and_reports_tokens() {
+    let provider = Arc::new(UsageMeter::new(Arc::new(loaded_model().await)));
     let shop = Shop::new();
     let request = AgentRunRequest::new(
         vec![ChatMessage::user(demo_shop::DEFAULT_REQUEST)],
@@ -71,22 +94,14 @@ async fn a_default_model_run_against_the_demo_shop_finishes_and_reports_tokens()
 /// person's words rather than an id the model made up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_model_puts_the_backpack_in_the_cart() {
-    let model = default_model();
-    model
-        .prepare(Arc::new(|_| {}), Default::default())
-        .await
-        .expect("the default model loads");
     let shop = Shop::new();
-    let request = AgentRunRequest::new(
-        vec![ChatMessage::user(demo_shop::DEFAULT_REQUEST)],
+    let parts = run_to_end(
+        loaded_model().await,
+        demo_shop::DEFAULT_REQUEST,
         Arc::new(shop.tools()),
-    );
-    let options = LocalLoopOptions {
-        tools_inline: model.tools_inline(),
-        instructions: Some(demo_shop::INSTRUCTIONS.to_string()),
-        ..LocalLoopOptions::default()
-    };
-    let parts: Vec<AgentStreamPart> = run_local_agent(model, request, options).collect().await;
+        demo_shop::INSTRUCTIONS,
+    )
+    .await;
     let calls: Vec<(&str, &serde_json::Value)> = parts
         .iter()
         .filter_map(|p| match p {
@@ -133,22 +148,14 @@ fn call_names(parts: &[AgentStreamPart]) -> Vec<String> {
 /// "two" is a quantity: the loop copies it into the number argument as 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_model_adds_as_many_as_the_person_asked_for() {
-    let model = default_model();
-    model
-        .prepare(Arc::new(|_| {}), Default::default())
-        .await
-        .expect("the default model loads");
     let shop = Shop::new();
-    let request = AgentRunRequest::new(
-        vec![ChatMessage::user("Add two of product p-21 to my cart.")],
+    let parts = run_to_end(
+        loaded_model().await,
+        "Add two of product p-21 to my cart.",
         Arc::new(shop.tools()),
-    );
-    let options = LocalLoopOptions {
-        tools_inline: model.tools_inline(),
-        instructions: Some(demo_shop::INSTRUCTIONS.to_string()),
-        ..LocalLoopOptions::default()
-    };
-    let parts: Vec<AgentStreamPart> = run_local_agent(model, request, options).collect().await;
+        demo_shop::INSTRUCTIONS,
+    )
+    .await;
     let cart: Vec<(String, u32)> = shop
         .cart()
         .into_iter()
@@ -164,11 +171,7 @@ async fn the_default_model_adds_as_many_as_the_person_asked_for() {
 async fn the_default_model_shops_on_a_real_web_page() {
     use webmcp_agents::tools::{Browser, BrowserOptions, LoopbackSite, SourceOptions, ToolSet};
 
-    let model = default_model();
-    model
-        .prepare(Arc::new(|_| {}), Default::default())
-        .await
-        .expect("the default model loads");
+    let model = loaded_model().await;
     let site = LoopbackSite::serve(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/web_shop"))
         .await
         .unwrap();
@@ -182,20 +185,14 @@ async fn the_default_model_shops_on_a_real_web_page() {
         .unwrap();
     let mut tools = ToolSet::new();
     tools.add_with("shop", page.clone(), SourceOptions::default());
-    let request = AgentRunRequest::new(
-        vec![ChatMessage::user(demo_shop::DEFAULT_REQUEST)],
+    let parts = run_to_end(
+        model,
+        demo_shop::DEFAULT_REQUEST,
         Arc::new(tools),
-    );
-    let options = LocalLoopOptions {
-        tools_inline: model.tools_inline(),
-        instructions: Some(
-            "This is an outdoor shop. To buy something: search_products, then open_product \
-             with the product's id, then add_to_cart on the product's page."
-                .to_string(),
-        ),
-        ..LocalLoopOptions::default()
-    };
-    let parts: Vec<AgentStreamPart> = run_local_agent(model, request, options).collect().await;
+        "This is an outdoor shop. To buy something: search_products, then open_product \
+         with the product's id, then add_to_cart on the product's page.",
+    )
+    .await;
     let cart = page
         .evaluate("JSON.parse(localStorage.getItem('trailhead-cart') || '[]')")
         .await

@@ -525,6 +525,19 @@ pub struct ConstraintMatcher {
     quote_tokens: Arc<Vec<u32>>,
 }
 
+/// Whether `output` begins a call (after any whitespace: the model may
+/// start its reply on a new line) rather than prose.
+fn starts_a_call(output: &[u8], format: CallFormat) -> bool {
+    let opens = match format {
+        CallFormat::Json => b'{',
+        CallFormat::Hermes => b'<',
+    };
+    output
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|&b| b == opens)
+}
+
 impl std::fmt::Debug for ConstraintMatcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConstraintMatcher")
@@ -613,12 +626,8 @@ impl ConstraintMatcher {
         let Some(format) = self.calls else {
             return;
         };
-        let opens_call = match format {
-            CallFormat::Json => b'{',
-            CallFormat::Hermes => b'<',
-        };
         // Prose, or a call still open: nothing to read yet.
-        if self.output.first() != Some(&opens_call) || !self.is_accepting() {
+        if !starts_a_call(&self.output, format) || !self.is_accepting() {
             return;
         }
         let unread = String::from_utf8_lossy(&self.output[self.unread..])
@@ -656,17 +665,8 @@ impl ConstraintMatcher {
     /// Whether the reply so far has started a tool call (constraints that
     /// allow calls only; prose never starts with a call's opening).
     pub fn writing_call(&self) -> bool {
-        let Some(format) = self.calls else {
-            return false;
-        };
-        let opens = match format {
-            CallFormat::Json => b'{',
-            CallFormat::Hermes => b'<',
-        };
-        self.output
-            .iter()
-            .find(|b| !b.is_ascii_whitespace())
-            .is_some_and(|&b| b == opens)
+        self.calls
+            .is_some_and(|format| starts_a_call(&self.output, format))
     }
 
     /// Tokens up to the end of the last call that was not a repeat.

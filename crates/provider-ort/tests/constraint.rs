@@ -317,32 +317,32 @@ fn a_repeated_call_is_noticed_and_cut_off() {
     let b = "{\"name\":\"search\",\"arguments\":{\"query\":\"b\"}}";
     // Two different calls, then the first one again.
     let first = format!("{a}\n\n{b}");
-    let text = format!("{first}\n\n{a}");
-    let ids = f
-        .tokenizer
-        .encode(text.as_str(), false)
-        .unwrap()
-        .get_ids()
-        .to_vec();
-    let mut m = f.engine.matcher(&c, CallFormat::Json).unwrap();
-    let mut stopped_at = None;
-    for (i, &t) in ids.iter().enumerate() {
-        m.consume(t).unwrap();
-        if m.repeated_a_call() {
-            stopped_at = Some(i + 1);
-            break;
+    // Feeds `text` until the matcher notices a repeat: the tokens fed, the
+    // tokens in all, and the text it keeps.
+    let until_repeat = |text: &str| {
+        let ids = f.tokenizer.encode(text, false).unwrap().get_ids().to_vec();
+        let mut m = f.engine.matcher(&c, CallFormat::Json).unwrap();
+        let mut fed = 0;
+        for &t in &ids {
+            m.consume(t).unwrap();
+            fed += 1;
+            if m.repeated_a_call() {
+                break;
+            }
         }
-    }
-    assert_eq!(
-        stopped_at,
-        Some(ids.len()),
-        "the copy is noticed when it closes"
-    );
-    let kept = f
-        .tokenizer
-        .decode(&ids[..m.distinct_tokens()], false)
-        .unwrap();
+        let kept = f
+            .tokenizer
+            .decode(&ids[..m.distinct_tokens()], false)
+            .unwrap();
+        (fed, ids.len(), kept)
+    };
+    let (fed, all, kept) = until_repeat(&format!("{first}\n\n{a}"));
+    assert_eq!(fed, all, "the copy is noticed when it closes");
     assert_eq!(kept.trim_end(), first);
+    // A reply that starts on a new line, as sampled ones do.
+    let (fed, all, kept) = until_repeat(&format!("\n{a}\n\n{a}"));
+    assert_eq!(fed, all, "noticed after a leading new line too");
+    assert_eq!(kept.trim(), a);
 }
 
 #[test]
@@ -369,31 +369,34 @@ fn a_single_call_tool_is_called_once_per_reply() {
     );
 }
 
+/// The logits after `prefix` under constraint `c` with a copy bias of 3
+/// for `phrases`, every token starting even: what the bias adds is what the
+/// model would see.
+fn biased_logits(f: &Fixture, c: &Constraint, phrases: &[String], prefix: &str) -> Vec<f32> {
+    let ids = f
+        .tokenizer
+        .encode(prefix, false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    let mut m = f
+        .engine
+        .matcher(c, CallFormat::Json)
+        .unwrap()
+        .with_copy_bias(wma_provider_ort::copy::CopyBias::new(phrases, 3.0));
+    assert_eq!(m.feed(&ids).unwrap(), ids.len(), "{prefix}");
+    let mut l = vec![0.0f32; 49152];
+    m.mask_logits(&mut l).unwrap();
+    l
+}
+
 #[test]
 fn the_copy_bias_lifts_the_persons_words_inside_string_arguments_only() {
     let f = fixture();
     let c = Constraint::CallsOnly { tools: tools() };
     let id = |t: &str| f.tokenizer.token_to_id(t).unwrap() as usize;
     let phrases = ["waterproof backpack".to_string()];
-    let copy = || wma_provider_ort::copy::CopyBias::new(&phrases, 3.0);
-    // Every token even: what the bias adds is what the model would see.
-    let logits_after = |prefix: &str| {
-        let ids = f
-            .tokenizer
-            .encode(prefix, false)
-            .unwrap()
-            .get_ids()
-            .to_vec();
-        let mut m = f
-            .engine
-            .matcher(&c, CallFormat::Json)
-            .unwrap()
-            .with_copy_bias(copy());
-        assert_eq!(m.feed(&ids).unwrap(), ids.len(), "{prefix}");
-        let mut l = vec![0.0f32; 49152];
-        m.mask_logits(&mut l).unwrap();
-        l
-    };
+    let logits_after = |prefix: &str| biased_logits(&f, &c, &phrases, prefix);
     let inside = logits_after(r#"{"name": "search", "arguments": {"query": ""#);
     let water = id("water");
     let other = id("the");
@@ -420,23 +423,7 @@ fn a_number_the_person_wrote_is_lifted_in_number_values_only() {
     let c = Constraint::CallsOnly { tools: tools() };
     let id = |t: &str| f.tokenizer.token_to_id(t).unwrap() as usize;
     let phrases = ["12".to_string(), "tent".to_string()];
-    let logits_after = |prefix: &str| {
-        let ids = f
-            .tokenizer
-            .encode(prefix, false)
-            .unwrap()
-            .get_ids()
-            .to_vec();
-        let mut m = f
-            .engine
-            .matcher(&c, CallFormat::Json)
-            .unwrap()
-            .with_copy_bias(wma_provider_ort::copy::CopyBias::new(&phrases, 3.0));
-        assert_eq!(m.feed(&ids).unwrap(), ids.len(), "{prefix}");
-        let mut l = vec![0.0f32; 49152];
-        m.mask_logits(&mut l).unwrap();
-        l
-    };
+    let logits_after = |prefix: &str| biased_logits(&f, &c, &phrases, prefix);
     let add = r#"{"name": "add_to_cart", "arguments": {"product_id": "p-17", "quantity": "#;
     let before = logits_after(add);
     assert_eq!(before[id("1")], 3.0, "the number's first digit");
