@@ -422,18 +422,21 @@ impl<P: Provider + 'static> Run<P> {
             Some(before) => listed.into_iter().filter(|n| !before.contains(n)).collect(),
             None => Vec::new(),
         };
-        let ranked = self.order_for_grounding(rank_tools(
-            &all_tools,
-            &self.request_text,
-            &self.recent,
-            self.max_tools,
-        ));
+        let ranked = rank_tools(&all_tools, &self.request_text, &self.recent, self.max_tools);
+        // Grounded once per step: the order, and every attempt's
+        // constraint, use the same narrowed tools.
+        let grounded: Vec<ToolDefinition> = if self.grounding() {
+            ranked.iter().filter_map(|t| self.grounded(t)).collect()
+        } else {
+            Vec::new()
+        };
+        let ranked = self.order_for_grounding(ranked, &grounded);
         let (mut request, shown) = match self.fit(&ranked, page.as_ref()).await {
             Ok(fitted) => fitted,
             Err(end) => return Some(end),
         };
         Span::current().record("wma.tools_shown", shown.len() as i64);
-        let offered = self.offered_tools(&shown);
+        let offered = self.offered_tools(&shown, &grounded);
         let mut attempt = Attempt::First;
         let mut corrected = false;
         let mut repaired = false;
@@ -657,9 +660,10 @@ impl<P: Provider + 'static> Run<P> {
     /// otherwise repeats the search that started the run. Right after a
     /// lookup found ids, only tools that take an id (when any can be called):
     /// the ids were looked up to be used, and a tiny model otherwise drifts
-    /// to a tool that ignores them (`view_cart` after a search).
-    fn offered(&self, shown: &[ToolDefinition]) -> Vec<ToolDefinition> {
-        let grounded: Vec<ToolDefinition> = shown.iter().filter_map(|t| self.grounded(t)).collect();
+    /// to a tool that ignores them (`view_cart` after a search). `grounded`
+    /// are the tools as [`Self::grounded`] narrows them, the uncallable
+    /// ones left out.
+    fn offered(&self, grounded: Vec<ToolDefinition>) -> Vec<ToolDefinition> {
         if grounded.iter().any(|t| self.appeared.contains(&t.name)) {
             return grounded
                 .into_iter()
@@ -686,18 +690,26 @@ impl<P: Provider + 'static> Run<P> {
     /// found ids, the tools that take an id (the ids were looked up to be
     /// used); then, on the first step, when the request has phrases to copy,
     /// those that take free text (a search for the person's words starts
-    /// most tasks). A tiny
-    /// model mostly calls the first tool listed (and the worked example shows
-    /// it); a tool it cannot call yet at the top only pulls it toward a name
-    /// the grammar then refuses.
-    fn order_for_grounding(&self, ranked: Vec<ToolDefinition>) -> Vec<ToolDefinition> {
+    /// most tasks). A tiny model mostly calls the first tool listed (and the
+    /// worked example shows it); a tool it cannot call yet at the top only
+    /// pulls it toward a name the grammar then refuses. `grounded` are the
+    /// ranked tools as grounding narrows them.
+    fn order_for_grounding(
+        &self,
+        ranked: Vec<ToolDefinition>,
+        grounded: &[ToolDefinition],
+    ) -> Vec<ToolDefinition> {
         if !self.grounding() {
             return ranked;
         }
         let has_phrases = self.seen.is_empty()
             && !copy_phrases(std::iter::once(self.request_text.as_str()), &ranked).is_empty();
         let found_ids = self.looked_up.is_some();
-        let offered: Vec<String> = self.offered(&ranked).into_iter().map(|t| t.name).collect();
+        let offered: Vec<String> = self
+            .offered(grounded.to_vec())
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
         let mut keyed: Vec<((bool, bool, bool, bool), ToolDefinition)> = ranked
             .into_iter()
             .map(|t| {
@@ -713,12 +725,21 @@ impl<P: Provider + 'static> Run<P> {
         keyed.into_iter().map(|(_, t)| t).collect()
     }
 
-    /// The tools this step's constraints offer: grounded when grounding is
-    /// on, else all shown. Grounding state only changes when calls run, so
-    /// one step's attempts share it.
-    fn offered_tools(&self, shown: &[ToolDefinition]) -> Vec<ToolDefinition> {
+    /// The tools this step's constraints offer: the grounded forms of the
+    /// shown tools when grounding is on, else all shown. Grounding state
+    /// only changes when calls run, so one step's attempts share it.
+    fn offered_tools(
+        &self,
+        shown: &[ToolDefinition],
+        grounded: &[ToolDefinition],
+    ) -> Vec<ToolDefinition> {
         if self.ground_identifiers && self.constrains(shown) {
-            self.offered(shown)
+            self.offered(
+                shown
+                    .iter()
+                    .filter_map(|t| grounded.iter().find(|g| g.name == t.name).cloned())
+                    .collect(),
+            )
         } else {
             shown.to_vec()
         }
