@@ -115,20 +115,19 @@ impl CopyBias {
                 }
             }
             Position::Before => {
-                for number in &self.numbers {
-                    boosted.extend(longest_prefix(trie, number));
-                    let mut spaced = Vec::with_capacity(number.len() + 1);
-                    spaced.push(b' ');
-                    spaced.extend_from_slice(number);
-                    boosted
-                        .extend(longest_prefix(trie, &spaced).filter(|&t| trie.token(t) != b" "));
-                }
-                for phrase in &self.phrases {
-                    let mut target = Vec::with_capacity(phrase.len() + 3);
-                    target.extend_from_slice(b" \"");
-                    target.extend_from_slice(phrase);
-                    target.push(b'"');
-                    // With and without a space before the quote.
+                // A number as it is; a phrase as a string, in quotes.
+                let values = self.numbers.iter().map(|n| (n, false));
+                for (value, quoted) in values.chain(self.phrases.iter().map(|p| (p, true))) {
+                    let mut target = Vec::with_capacity(value.len() + 3);
+                    target.push(b' ');
+                    if quoted {
+                        target.push(b'"');
+                    }
+                    target.extend_from_slice(value);
+                    if quoted {
+                        target.push(b'"');
+                    }
+                    // With and without a space before the value.
                     boosted.extend(longest_prefix(trie, &target[1..]));
                     boosted
                         .extend(longest_prefix(trie, &target).filter(|&t| trie.token(t) != b" "));
