@@ -56,6 +56,24 @@ impl ToolHost for TracedShop {
 /// The tests of this binary run one at a time (see the binary's docs).
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Exports this thread's spans to `receiver` over OTLP http/protobuf, the
+/// log off (runs that fail on purpose log errors); the subscriber is
+/// scoped to the thread until the second guard drops.
+fn export_over_http(
+    receiver: &OtlpReceiver,
+) -> (
+    wma_telemetry::TelemetryGuard,
+    tracing::dispatcher::DefaultGuard,
+) {
+    let config = TelemetryConfig {
+        log: Some("off".to_string()),
+        ..TelemetryConfig::exporting_to(receiver.endpoint())
+    };
+    let (dispatch, guard) = wma_telemetry::build(&config.resolve(|_| None).unwrap()).unwrap();
+    let scope = tracing::dispatcher::set_default(&dispatch);
+    (guard, scope)
+}
+
 fn one<'a>(spans: &'a [CapturedSpan], name: &str) -> &'a CapturedSpan {
     let found: Vec<_> = spans.iter().filter(|s| s.name == name).collect();
     assert_eq!(
@@ -88,14 +106,7 @@ fn children<'a>(
 async fn a_run_exports_the_genai_span_tree_with_parent_links_across_the_actors() {
     let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let receiver = OtlpReceiver::start().unwrap();
-    let config = TelemetryConfig {
-        // The failed run logs an error on purpose; keep the test output clean.
-        log: Some("off".to_string()),
-        ..TelemetryConfig::exporting_to(receiver.endpoint())
-    };
-    let settings = config.resolve(|_| None).unwrap();
-    let (dispatch, guard) = wma_telemetry::build(&settings).unwrap();
-    let _scope = tracing::dispatcher::set_default(&dispatch);
+    let (guard, _scope) = export_over_http(&receiver);
 
     let model = TokenModel::new(
         "tiny-model",
@@ -349,12 +360,7 @@ fn search_host() -> std::sync::Arc<InMemoryToolHost> {
 async fn a_sub_agents_run_nests_under_the_parents_tool_call_in_the_trace() {
     let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let receiver = OtlpReceiver::start().unwrap();
-    let config = TelemetryConfig {
-        log: Some("off".to_string()),
-        ..TelemetryConfig::exporting_to(receiver.endpoint())
-    };
-    let (dispatch, guard) = wma_telemetry::build(&config.resolve(|_| None).unwrap()).unwrap();
-    let _scope = tracing::dispatcher::set_default(&dispatch);
+    let (guard, _scope) = export_over_http(&receiver);
 
     let parent = TokenModel::new(
         "parent-model",
