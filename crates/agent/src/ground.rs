@@ -503,7 +503,14 @@ pub(crate) fn takes_identifier(tool: &ToolDefinition) -> bool {
 /// the one a tiny model makes up. When the person wrote more numbers than
 /// the tool requires, as many optional numbers become required (in the
 /// schema's order). Tools without such arguments come back unchanged.
-pub fn ground_tool(tool: &ToolDefinition, ids: &Identifiers) -> Option<ToolDefinition> {
+/// `identifiers` and `numbers` switch the two halves (the policy's
+/// `ground_identifiers` and `ground_numbers`).
+pub fn ground_tool(
+    tool: &ToolDefinition,
+    ids: &Identifiers,
+    identifiers: bool,
+    numbers: bool,
+) -> Option<ToolDefinition> {
     let Some(props) = tool
         .input_schema
         .get("properties")
@@ -534,7 +541,7 @@ pub fn ground_tool(tool: &ToolDefinition, ids: &Identifiers) -> Option<ToolDefin
     let mut changed = false;
     for (name, prop) in props {
         let optional = !required.contains(&name.as_str());
-        if optional && is_count(name, prop) {
+        if numbers && optional && is_count(name, prop) {
             if !ids.has_numbers() {
                 changed = true;
                 continue;
@@ -544,7 +551,7 @@ pub fn ground_tool(tool: &ToolDefinition, ids: &Identifiers) -> Option<ToolDefin
                 now_required.push(name.clone());
             }
         }
-        if !is_identifier_key(name) || scalar_type(prop).is_none() {
+        if !identifiers || !is_identifier_key(name) || scalar_type(prop).is_none() {
             new_props.insert(name.clone(), prop.clone());
             continue;
         }
@@ -690,10 +697,10 @@ mod tests {
             json!({"type": "object", "properties": {"product_id": {"type": "string"},
                    "quantity": {"type": "integer"}}, "required": ["product_id"]}),
         );
-        assert_eq!(ground_tool(&add, &Identifiers::new()), None);
+        assert_eq!(ground_tool(&add, &Identifiers::new(), true, true), None);
         let mut ids = Identifiers::new();
         ids.add_result(r#"[{"id":"p-17"},{"id":"p-21"}]"#);
-        let grounded = ground_tool(&add, &ids).unwrap();
+        let grounded = ground_tool(&add, &ids, true, true).unwrap();
         assert_eq!(
             grounded.input_schema["properties"]["product_id"],
             json!({"type": "string", "enum": ["p-17", "p-21"]})
@@ -704,7 +711,7 @@ mod tests {
             "no number was written: the quantity is left to its default"
         );
         ids.add_user_text("two of them, please");
-        let grounded = ground_tool(&add, &ids).unwrap();
+        let grounded = ground_tool(&add, &ids, true, true).unwrap();
         assert_eq!(
             grounded.input_schema["properties"]["quantity"],
             json!({"type": "integer"}),
@@ -720,7 +727,7 @@ mod tests {
             json!({"type": "object", "properties": {"customer_id": {"type": "integer"},
                    "status": {"type": "string"}}}),
         );
-        let grounded = ground_tool(&list, &Identifiers::new()).unwrap();
+        let grounded = ground_tool(&list, &Identifiers::new(), true, true).unwrap();
         assert_eq!(
             grounded.input_schema["properties"],
             json!({"status": {"type": "string"}})
@@ -730,7 +737,10 @@ mod tests {
             "Search",
             json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}),
         );
-        assert_eq!(ground_tool(&search, &Identifiers::new()), Some(search));
+        assert_eq!(
+            ground_tool(&search, &Identifiers::new(), true, true),
+            Some(search)
+        );
     }
 
     #[test]
@@ -762,7 +772,7 @@ mod tests {
         let grounded = |text: &str| {
             let mut ids = Identifiers::new();
             ids.add_user_text(text);
-            ground_tool(&add, &ids).unwrap().input_schema
+            ground_tool(&add, &ids, true, true).unwrap().input_schema
         };
         let three = grounded("Put three of p-17 in my cart");
         assert_eq!(three["required"], json!(["product_id", "quantity"]));
@@ -788,7 +798,7 @@ mod tests {
         let mut ids = Identifiers::new();
         ids.add_user_text("base 10 and height 5");
         assert_eq!(
-            ground_tool(&area, &ids).unwrap().input_schema["required"],
+            ground_tool(&area, &ids, true, true).unwrap().input_schema["required"],
             json!(["base", "height"]),
             "both numbers go to the required ones"
         );
@@ -806,7 +816,7 @@ mod tests {
                 "kind_id": {"type": "string", "enum": ["a", "b"]}},
                 "required": ["ticket_ids", "kind_id"]}),
         );
-        let grounded = ground_tool(&tool, &ids).unwrap();
+        let grounded = ground_tool(&tool, &ids, true, true).unwrap();
         assert_eq!(
             grounded.input_schema["properties"]["ticket_ids"]["items"],
             json!({"type": "integer", "enum": [120, 150]})

@@ -20,6 +20,7 @@ mod message;
 pub mod messages;
 mod parse;
 mod part;
+mod policy;
 mod prompt;
 mod provider;
 mod rank;
@@ -34,21 +35,19 @@ pub use host::{AgentRunRequest, ToolHost};
 pub use message::{ChatMessage, ToolCall};
 pub use parse::{ParsedCall, ParsedReply, parse_tool_calls};
 pub use part::{AgentStreamPart, FinishReason};
+pub use policy::{Policy, PolicyName, REFERENCE_FROM_PARAMETERS, Rule};
 pub use prompt::{
     HISTORY_TURNS, RESULT_CHARS, SystemPromptInput, compact_schema, example_arguments, gist,
     system_prompt, tool_line, truncate_chars,
 };
 pub use provider::{
-    CallFormat, Constraint, GenerateRequest, Generation, Progress, ProgressFn, PromptMessage,
-    PromptRole, Provider, ProviderInfo,
+    CallFormat, Constraint, Decoding, GenerateRequest, Generation, Progress, ProgressFn,
+    PromptMessage, PromptRole, Provider, ProviderInfo,
 };
 pub use rank::{
     DESCRIPTION_WEIGHT, NAME_WEIGHT, RECENT_BONUS, RECENT_WINDOW, ToolScore, rank_tools,
     score_tools,
 };
-pub use run::{
-    AgentStream, CALL_NOW_CALL_PROBABILITY, ConstraintMode, LocalLoopOptions,
-    RETRY_CALL_PROBABILITY, run_local_agent,
-};
+pub use run::{AgentStream, ConstraintMode, LocalLoopOptions, run_local_agent};
 pub use tool::{AgentProfile, PageContext, SubAgentInfo, ToolAnnotations, ToolDefinition};
 pub use validate::{ArgsError, CompiledSchema, MAX_ERRORS, ValidatorCache, validate_args};

@@ -70,6 +70,15 @@ pub enum AgentStreamPart {
         /// The failure, with its code.
         error: ToolError,
     },
+    /// A rule of the loop's policy changed what the model was offered, how
+    /// it was retried or how the run ended (see `docs/loop.md`, the policy).
+    /// Informational: hosts may show it, count it or ignore it.
+    Rule {
+        /// The rule's name (`ground-identifiers`, `named-tool-retry`, …).
+        rule: String,
+        /// What it changed, in a few words.
+        detail: String,
+    },
     /// The run ended normally.
     Finish {
         /// Why it ended.

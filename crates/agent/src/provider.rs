@@ -132,9 +132,46 @@ pub struct GenerateRequest {
     /// A provider that decodes calls under a constraint may favour copying
     /// them into string arguments; others ignore them.
     pub copy_phrases: Vec<String>,
-    /// Tools a constrained reply may call only once (the others up to the
-    /// provider's limit). Providers without constraints ignore it.
+    /// How a constrained reply is shaped: grammar limits and the pulls on
+    /// the model's choices. The loop's policy sets them; providers without
+    /// constraints ignore them.
+    pub decoding: Decoding,
+}
+
+/// The shape of a constrained reply, chosen by the loop's policy (see
+/// `docs/loop.md`): the limits the grammar puts on what the model may write
+/// and the pulls on its choices. The default is the reference loop's: no
+/// limit beyond the tool's own schema and no pull, so a capable model writes
+/// what it would write unconstrained, only well-formed.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Decoding {
+    /// The longest string the grammar lets a call hold where the schema sets
+    /// no `maxLength`; `None` leaves strings as the schema bounds them.
+    pub max_string_chars: Option<u32>,
+    /// The most items an array argument may hold where the schema sets no
+    /// `maxItems`; `None` leaves arrays as the schema bounds them.
+    pub max_array_items: Option<u32>,
+    /// The most calls one constrained reply may hold; `None` is no limit.
+    pub max_calls: Option<u32>,
+    /// Every call of one reply names the same tool.
+    pub one_tool_per_reply: bool,
+    /// Tools a constrained reply may call only once (the others up to
+    /// `max_calls`).
     pub single_call: Vec<String>,
+    /// Where prose and a call are both allowed, call as soon as the model
+    /// gives a call at least this probability at the first token (the
+    /// branch between prose and a call); `None` leaves the choice to the
+    /// model.
+    pub call_threshold: Option<f32>,
+    /// Inside a string or number argument of a constrained call, the logit
+    /// bonus for tokens that copy one of the request's
+    /// [`copy_phrases`](GenerateRequest::copy_phrases); 0 is none.
+    pub copy_bias: f32,
+    /// Once a constrained reply has begun a call, decode its name and
+    /// arguments greedily even when sampling (whether to call stays
+    /// sampled).
+    pub greedy_calls: bool,
 }
 
 /// What a generation produced, with the counts and timings the provider knows.
@@ -231,6 +268,12 @@ pub trait Provider: Send + Sync {
     fn supports_constraints(&self) -> bool {
         false
     }
+
+    /// How many parameters the model has, when known: the loop picks its
+    /// default policy from it (see `Policy::for_model`).
+    fn parameters(&self) -> Option<u64> {
+        None
+    }
 }
 
 #[async_trait]
@@ -263,5 +306,8 @@ impl<P: Provider + ?Sized> Provider for Arc<P> {
     }
     fn supports_constraints(&self) -> bool {
         (**self).supports_constraints()
+    }
+    fn parameters(&self) -> Option<u64> {
+        (**self).parameters()
     }
 }

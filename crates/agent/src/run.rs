@@ -14,20 +14,19 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span, field};
 
 use crate::error::{ProviderError, ToolError, ToolErrorCode};
-use crate::ground::{
-    ACTION_VERBS, Identifiers, copy_phrases, ground_tool, takes_free_text, takes_identifier,
-};
+use crate::ground::{ACTION_VERBS, copy_phrases};
 use crate::host::{AgentRunRequest, ToolHost};
 use crate::message::{ChatMessage, ToolCall};
 use crate::messages;
 use crate::parse::{ParsedReply, parse_tool_calls};
 use crate::part::{AgentStreamPart, FinishReason};
+use crate::policy::{Fired, Policy, PolicyState, Rule, StepFacts, names_a_tool};
 use crate::prompt::{
     HISTORY_TURNS, RESULT_CHARS, SystemPromptInput, Turn, compact_schema, gist, history_turns,
     prompt_messages, system_prompt, truncate_chars, window,
 };
 use crate::provider::{Constraint, GenerateRequest, Generation, PromptRole, Provider};
-use crate::rank::{rank_tools, score_tools};
+use crate::rank::rank_tools;
 use crate::tool::{PageContext, SubAgentInfo, ToolDefinition};
 use crate::validate::{ArgsError, ValidatorCache};
 
@@ -67,12 +66,10 @@ pub struct LocalLoopOptions {
     pub instructions: Option<String>,
     /// Constrained decoding per attempt. Default [`ConstraintMode::Auto`].
     pub constraints: ConstraintMode,
-    /// Under a constraint, identifier arguments (`id`, `product_id`,
-    /// `orderId`, …) may only take values the conversation has shown: words
-    /// the person wrote that look like ids, and ids in tool results. A tool
-    /// whose required identifier has no such value cannot be called yet.
-    /// Default true; turn it off for tools that make up new identifiers.
-    pub ground_identifiers: bool,
+    /// What the loop does beyond the reference's steps (see [`Policy`]).
+    /// Default `None`: [`Policy::for_model`] picks one from the provider's
+    /// [`parameters`](Provider::parameters).
+    pub policy: Option<Policy>,
 }
 
 impl Default for LocalLoopOptions {
@@ -84,7 +81,7 @@ impl Default for LocalLoopOptions {
             tools_inline: false,
             instructions: None,
             constraints: ConstraintMode::Auto,
-            ground_identifiers: true,
+            policy: None,
         }
     }
 }
@@ -150,6 +147,7 @@ enum Attempt {
     First,
     FailureCorrection,
     CallNow,
+    NamedTool,
     Repair,
 }
 
@@ -159,6 +157,7 @@ impl Attempt {
             Self::First => "first",
             Self::FailureCorrection => "correction:failed-call",
             Self::CallNow => "correction:call-now",
+            Self::NamedTool => "correction:named-tool",
             Self::Repair => "repair",
         }
     }
@@ -174,35 +173,9 @@ struct Run<P> {
     max_tools: usize,
     tools_inline: bool,
     constraints: ConstraintMode,
-    ground_identifiers: bool,
-    /// Identifiers the conversation has shown, for grounded constraints.
-    identifiers: Identifiers,
-    /// A read-only tool whose call in the last step brought new
-    /// identifiers. Grounded constraints leave it out of the next step, so
-    /// that the model uses what it found instead of looking it up again.
-    looked_up: Option<String>,
-    /// A tool that changes things and succeeded in the last step. Grounded
-    /// constraints leave it out of the next step: a tiny model repeats its
-    /// last action, on the next id in the list once the first is used.
-    just_acted: Option<String>,
-    /// Names of the read-only tools among those listed this step.
-    read_only: Vec<String>,
-    /// Names of the tools listed the step before, once there was one.
-    listed_before: Option<Vec<String>>,
-    /// Tools listed this step that were not listed the step before: a
-    /// page's tools change as it navigates, and a tool the last call made
-    /// appear (`add_to_cart` on the product page just opened) is what the
-    /// call was for.
-    appeared: Vec<String>,
-    /// Tool → identifiers it was called with successfully in this run.
-    /// Grounded constraints do not offer them to that tool again: a tiny
-    /// model that added an item tends to add it again, and again, and one
-    /// that opened a product opens it again; a lookup's answer is already
-    /// in the conversation.
-    used: HashMap<String, Vec<Value>>,
-    /// The newest successful result of a tool that changes things, for the
-    /// message of a run that stops going in circles.
-    last_action: Option<String>,
+    /// The rules beyond the reference, and what they remember.
+    policy: Policy,
+    rules: PolicyState,
     instructions: Option<String>,
     sub_agents: Vec<SubAgentInfo>,
     agent_name: String,
@@ -245,15 +218,10 @@ impl<P: Provider + 'static> Run<P> {
             max_tools: options.max_tools.max(1),
             tools_inline: options.tools_inline,
             constraints: options.constraints,
-            ground_identifiers: options.ground_identifiers,
-            identifiers: Identifiers::new(),
-            looked_up: None,
-            just_acted: None,
-            listed_before: None,
-            appeared: Vec::new(),
-            read_only: Vec::new(),
-            used: HashMap::new(),
-            last_action: None,
+            policy: options
+                .policy
+                .unwrap_or_else(|| Policy::for_model(provider.parameters())),
+            rules: PolicyState::default(),
             provider,
             tools: request.tools,
             cancel: request.cancel,
@@ -317,14 +285,14 @@ impl<P: Provider + 'static> Run<P> {
         for message in &self.messages {
             match message {
                 ChatMessage::User { content } => {
-                    self.identifiers.add_user_text(content);
+                    self.rules.identifiers.add_user_text(content);
                 }
                 ChatMessage::Tool {
                     content,
                     is_error: false,
                     ..
                 } => {
-                    self.identifiers.add_result(content);
+                    self.rules.identifiers.add_result(content);
                 }
                 _ => {}
             }
@@ -412,31 +380,39 @@ impl<P: Provider + 'static> Run<P> {
             _ = self.cancel.cancelled() => return Some(End::Finish(FinishReason::Aborted)),
             page = self.tools.page_context() => page,
         };
-        self.read_only = all_tools
-            .iter()
-            .filter(|t| t.annotations.read_only)
-            .map(|t| t.name.clone())
-            .collect();
-        let listed: Vec<String> = all_tools.iter().map(|t| t.name.clone()).collect();
-        self.appeared = match self.listed_before.replace(listed.clone()) {
-            Some(before) => listed.into_iter().filter(|n| !before.contains(n)).collect(),
-            None => Vec::new(),
-        };
+        self.rules.observe_tools(&all_tools);
         let ranked = rank_tools(&all_tools, &self.request_text, &self.recent, self.max_tools);
-        // Grounded once per step: the order, and every attempt's
-        // constraint, use the same narrowed tools.
-        let grounded: Vec<ToolDefinition> = if self.grounding() {
-            ranked.iter().filter_map(|t| self.grounded(t)).collect()
-        } else {
-            Vec::new()
-        };
-        let ranked = self.order_for_grounding(ranked, &grounded);
-        let (mut request, shown) = match self.fit(&ranked, page.as_ref()).await {
+        // The policy decides once per step which tools a constraint may call
+        // and the order they are listed in; every attempt of the step uses
+        // the same decision.
+        let constrained = self.constrains(&ranked);
+        let first_step = self.seen.is_empty();
+        let has_phrases = self.policy.order_for_calls
+            && constrained
+            && first_step
+            && !copy_phrases(std::iter::once(self.request_text.as_str()), &ranked).is_empty();
+        let mut offer = self.rules.offer(
+            &self.policy,
+            ranked,
+            StepFacts {
+                request: &self.request_text,
+                constrained,
+                first_step,
+                has_phrases,
+            },
+        );
+        self.report(std::mem::take(&mut offer.fired));
+        let (mut request, shown) = match self.fit(&offer.ranked, page.as_ref()).await {
             Ok(fitted) => fitted,
             Err(end) => return Some(end),
         };
         Span::current().record("wma.tools_shown", shown.len() as i64);
-        let offered = self.offered_tools(&shown, &grounded);
+        // What the constraint offers: the shown tools the policy lets be
+        // called, in their (grounded) constrained form.
+        let offered: Vec<ToolDefinition> = shown
+            .iter()
+            .filter_map(|t| offer.callable.iter().find(|c| c.name == t.name).cloned())
+            .collect();
         let mut attempt = Attempt::First;
         let mut corrected = false;
         let mut repaired = false;
@@ -487,46 +463,64 @@ impl<P: Provider + 'static> Run<P> {
                         self.append_to(&mut request);
                         continue;
                     }
-                    // Under constraints the retry can only be a call, and a
-                    // call where no tool fits is always wrong; a model that
-                    // gave a call almost no weight was explaining, not
-                    // handing the work back.
-                    if is_action_request(&self.request_text)
-                        && tells_user_to_act(&text, &shown)
-                        && generation
-                            .call_probability
-                            .is_none_or(|p| p >= CALL_NOW_CALL_PROBABILITY)
-                    {
-                        corrected = true;
-                        tracing::debug!("correction: the reply tells the person to act");
-                        self.push_turn(PromptRole::Assistant, text.clone());
-                        self.push_turn(PromptRole::User, messages::call_now(&self.request_text));
-                        attempt = Attempt::CallNow;
-                        self.append_to(&mut request);
-                        continue;
+                    if is_action_request(&self.request_text) && tells_user_to_act(&text, &shown) {
+                        // Under constraints the retry can only be a call, and
+                        // a call where no tool fits is always wrong; a model
+                        // that gave a call almost no weight was explaining,
+                        // not handing the work back.
+                        let held = match (
+                            self.policy.call_now_min_probability,
+                            generation.call_probability,
+                        ) {
+                            (Some(min), Some(p)) if p < min => Some(p),
+                            _ => None,
+                        };
+                        if let Some(p) = held {
+                            self.report(vec![Fired {
+                                rule: Rule::CallNowGate,
+                                detail: format!(
+                                    "held back \"call now\": a call had {:.3}%",
+                                    p * 100.0
+                                ),
+                            }]);
+                        } else {
+                            corrected = true;
+                            tracing::debug!("correction: the reply tells the person to act");
+                            self.push_turn(PromptRole::Assistant, text.clone());
+                            self.push_turn(
+                                PromptRole::User,
+                                messages::call_now(&self.request_text),
+                            );
+                            attempt = Attempt::CallNow;
+                            self.append_to(&mut request);
+                            continue;
+                        }
                     }
-                    // Under constraints, a tiny model that has called nothing
-                    // yet and answers in prose while a tool plainly fits
-                    // gets the same retry: the retry can only be a call, so
-                    // it cannot fail the same way. "Plainly" takes two
-                    // signs, since a call where none fits is always wrong:
-                    // the request names the tool, and the model itself gave
-                    // a call some weight.
-                    if self.seen.is_empty()
+                    // A tiny model that has called nothing yet and answers in
+                    // prose while a tool plainly fits gets a calls-only retry:
+                    // it cannot fail the same way. "Plainly" takes two signs,
+                    // since a call where none fits is always wrong: the
+                    // request names the tool, and the model itself gave a
+                    // call some weight.
+                    if let Some(min) = self.policy.named_tool_retry
+                        && first_step
+                        && !offered.is_empty()
                         && self.constrains(&shown)
-                        && generation
-                            .call_probability
-                            .is_some_and(|p| p >= RETRY_CALL_PROBABILITY)
+                        && generation.call_probability.is_some_and(|p| p >= min)
                         && names_a_tool(&self.request_text, &shown)
                     {
                         corrected = true;
-                        tracing::debug!("correction: prose where a tool is named");
+                        self.report(vec![Fired {
+                            rule: Rule::NamedToolRetry,
+                            detail: "retried a prose reply as calls only: the request names a tool"
+                                .to_string(),
+                        }]);
                         self.push_turn(PromptRole::Assistant, text.clone());
                         self.push_turn(
                             PromptRole::User,
                             messages::use_the_tool(&self.request_text),
                         );
-                        attempt = Attempt::CallNow;
+                        attempt = Attempt::NamedTool;
                         self.append_to(&mut request);
                         continue;
                     }
@@ -619,129 +613,20 @@ impl<P: Provider + 'static> Run<P> {
             tools,
             constraint: None,
             max_new_tokens: None,
-            copy_phrases: copy_phrases(
-                self.messages.iter().filter_map(|m| match m {
-                    ChatMessage::User { content } => Some(content.as_str()),
-                    _ => None,
-                }),
-                shown,
-            ),
-            // A tiny model given a list of ids calls a tool that takes one
-            // with each of them in turn: opening every product found, adding
-            // every one to the cart. Tools that take an id go one at a time.
-            single_call: if self.ground_identifiers {
-                shown
-                    .iter()
-                    .filter(|t| takes_identifier(t))
-                    .map(|t| t.name.clone())
-                    .collect()
+            // Only a copy bias reads the phrases: without one they are
+            // not worth finding.
+            copy_phrases: if self.policy.copy_bias > 0.0 {
+                copy_phrases(
+                    self.messages.iter().filter_map(|m| match m {
+                        ChatMessage::User { content } => Some(content.as_str()),
+                        _ => None,
+                    }),
+                    shown,
+                )
             } else {
                 Vec::new()
             },
-        }
-    }
-
-    /// The tool as a grounded constraint offers it this step, or `None`
-    /// when it is not offered (see `docs/loop.md`, constrained decoding).
-    fn grounded(&self, tool: &ToolDefinition) -> Option<ToolDefinition> {
-        let name = Some(tool.name.as_str());
-        if self.looked_up.as_deref() == name || self.just_acted.as_deref() == name {
-            return None;
-        }
-        match self.used.get(&tool.name) {
-            Some(used) => ground_tool(tool, &self.identifiers.without(used)),
-            None => ground_tool(tool, &self.identifiers),
-        }
-    }
-
-    /// The tools a grounded constraint offers this step. Right after the
-    /// last call made tools appear, only those (when any can be called):
-    /// opening a product's page was for its `add_to_cart`, and a tiny model
-    /// otherwise repeats the search that started the run. Right after a
-    /// lookup found ids, only tools that take an id (when any can be called):
-    /// the ids were looked up to be used, and a tiny model otherwise drifts
-    /// to a tool that ignores them (`view_cart` after a search). `grounded`
-    /// are the tools as [`Self::grounded`] narrows them, the uncallable
-    /// ones left out.
-    fn offered(&self, grounded: Vec<ToolDefinition>) -> Vec<ToolDefinition> {
-        if grounded.iter().any(|t| self.appeared.contains(&t.name)) {
-            return grounded
-                .into_iter()
-                .filter(|t| self.appeared.contains(&t.name))
-                .collect();
-        }
-        if self.looked_up.is_some() && grounded.iter().any(takes_identifier) {
-            return grounded.into_iter().filter(takes_identifier).collect();
-        }
-        grounded
-    }
-
-    /// Whether this run's attempts are grounded: constraints on, a provider
-    /// that follows them, and grounding not turned off.
-    fn grounding(&self) -> bool {
-        self.ground_identifiers
-            && self.constraints != ConstraintMode::Off
-            && self.provider.supports_constraints()
-    }
-
-    /// The ranked tools, reordered for a grounded step: the tools that can
-    /// be called now first; among them, the tools that appeared since the
-    /// last step (what the last call opened); then, right after a lookup
-    /// found ids, the tools that take an id (the ids were looked up to be
-    /// used); then, on the first step, when the request has phrases to copy,
-    /// those that take free text (a search for the person's words starts
-    /// most tasks). A tiny model mostly calls the first tool listed (and the
-    /// worked example shows it); a tool it cannot call yet at the top only
-    /// pulls it toward a name the grammar then refuses. `grounded` are the
-    /// ranked tools as grounding narrows them.
-    fn order_for_grounding(
-        &self,
-        ranked: Vec<ToolDefinition>,
-        grounded: &[ToolDefinition],
-    ) -> Vec<ToolDefinition> {
-        if !self.grounding() {
-            return ranked;
-        }
-        let has_phrases = self.seen.is_empty()
-            && !copy_phrases(std::iter::once(self.request_text.as_str()), &ranked).is_empty();
-        let found_ids = self.looked_up.is_some();
-        let offered: Vec<String> = self
-            .offered(grounded.to_vec())
-            .into_iter()
-            .map(|t| t.name)
-            .collect();
-        let mut keyed: Vec<((bool, bool, bool, bool), ToolDefinition)> = ranked
-            .into_iter()
-            .map(|t| {
-                let callable = offered.contains(&t.name);
-                let new = self.appeared.contains(&t.name);
-                let uses_ids = found_ids && takes_identifier(&t);
-                let text = has_phrases && takes_free_text(&t);
-                ((!callable, !new, !uses_ids, !text), t)
-            })
-            .collect();
-        // Stable: the ranking decides within each group.
-        keyed.sort_by_key(|(key, _)| *key);
-        keyed.into_iter().map(|(_, t)| t).collect()
-    }
-
-    /// The tools this step's constraints offer: the grounded forms of the
-    /// shown tools when grounding is on, else all shown. Grounding state
-    /// only changes when calls run, so one step's attempts share it.
-    fn offered_tools(
-        &self,
-        shown: &[ToolDefinition],
-        grounded: &[ToolDefinition],
-    ) -> Vec<ToolDefinition> {
-        if self.ground_identifiers && self.constrains(shown) {
-            self.offered(
-                shown
-                    .iter()
-                    .filter_map(|t| grounded.iter().find(|g| g.name == t.name).cloned())
-                    .collect(),
-            )
-        } else {
-            shown.to_vec()
+            decoding: self.policy.decoding(shown),
         }
     }
 
@@ -753,8 +638,8 @@ impl<P: Provider + 'static> Run<P> {
             && !shown.is_empty()
     }
 
-    /// The constraint for one attempt; `offered` is what the step's
-    /// tools offer under grounding (see [`Self::offered_tools`]).
+    /// The constraint for one attempt; `offered` is what the policy lets
+    /// the step's attempts call.
     fn constraint(
         &self,
         attempt: Attempt,
@@ -768,7 +653,7 @@ impl<P: Provider + 'static> Run<P> {
         match (self.constraints, attempt) {
             (ConstraintMode::Off, _) => None,
             (ConstraintMode::CallsOnly, _)
-            | (ConstraintMode::Auto, Attempt::CallNow | Attempt::Repair) => {
+            | (ConstraintMode::Auto, Attempt::CallNow | Attempt::NamedTool | Attempt::Repair) => {
                 Some(Constraint::CallsOnly { tools })
             }
             (ConstraintMode::Auto, Attempt::First | Attempt::FailureCorrection) => {
@@ -878,8 +763,6 @@ impl<P: Provider + 'static> Run<P> {
         }
         content.push_str(&self.provider.call_format().write_all(&calls));
         self.push_turn(PromptRole::Assistant, content);
-        let mut looked_up = None;
-        let mut just_acted = None;
         for call in calls {
             if self.cancel.is_cancelled() {
                 return Some(End::Finish(FinishReason::Aborted));
@@ -910,19 +793,9 @@ impl<P: Provider + 'static> Run<P> {
                         output: output.clone(),
                     });
                     self.last_failure = None;
-                    let new_ids = self.identifiers.add_result(&output);
-                    self.used
-                        .entry(call.name.clone())
-                        .or_default()
-                        .extend(Identifiers::of_call(&call.arguments));
-                    if self.read_only.contains(&call.name) {
-                        if new_ids > 0 {
-                            looked_up = Some(call.name.clone());
-                        }
-                    } else {
-                        self.last_action = Some(output.clone());
-                        just_acted = Some(call.name.clone());
-                    }
+                    let new_ids = self.rules.identifiers.add_result(&output);
+                    self.rules
+                        .called(&call.name, &call.arguments, &output, new_ids);
                     self.last_result = Some(output.clone());
                     self.results.push(output);
                 }
@@ -936,16 +809,14 @@ impl<P: Provider + 'static> Run<P> {
                 }
             }
             if repeated {
-                // Grounded: once something was done, a lookup repeated word
-                // for word (same answer) means the model has run out of new
-                // things to do; what was done is the answer.
-                if let Some(done) = self
-                    .last_action
-                    .as_ref()
-                    .filter(|_| self.grounding() && self.read_only.contains(&call.name))
-                {
+                if let Some(done) = self.rules.done_on_repeat(&self.policy, &call.name) {
+                    let text = gist(done);
+                    self.report(vec![Fired {
+                        rule: Rule::DoneOnRepeatedLookup,
+                        detail: format!("{} repeated after an action succeeded", call.name),
+                    }]);
                     Span::current().record("wma.outcome", "done");
-                    self.emit(AgentStreamPart::Text { text: gist(done) });
+                    self.emit(AgentStreamPart::Text { text });
                     return Some(End::Finish(FinishReason::Stop));
                 }
                 if self.loop_flagged {
@@ -953,7 +824,15 @@ impl<P: Provider + 'static> Run<P> {
                     self.emit(AgentStreamPart::Text {
                         // What was done (or found) is worth more to the
                         // person than how the run ended.
-                        text: match self.last_action.as_ref().or(self.last_result.as_ref()) {
+                        // (The reference says only that; the small-model
+                        // policy leads with the gist of what was done.)
+                        text: match self
+                            .rules
+                            .last_action
+                            .as_ref()
+                            .or(self.last_result.as_ref())
+                            .filter(|_| self.policy.done_on_repeated_lookup)
+                        {
                             Some(done) => format!("{}\n\n{}", gist(done), messages::CIRCLES),
                             None => messages::CIRCLES.to_string(),
                         },
@@ -966,8 +845,7 @@ impl<P: Provider + 'static> Run<P> {
             }
             self.push_turn(PromptRole::Tool, for_model);
         }
-        self.looked_up = looked_up;
-        self.just_acted = just_acted;
+        self.rules.step_done();
         self.push_turn(PromptRole::User, messages::restate(&self.request_text));
         None
     }
@@ -1006,6 +884,19 @@ impl<P: Provider + 'static> Run<P> {
             Some(Ok(_)) => {}
         }
         result
+    }
+
+    /// Reports rules that fired: a span event on the step (named after the
+    /// rule, with `wma.rule` and `wma.detail`) and a stream part.
+    fn report(&self, fired: Vec<Fired>) {
+        for Fired { rule, detail } in fired {
+            let name = rule.as_str();
+            tracing::info!(wma.rule = name, wma.detail = %detail, "{name}");
+            self.emit(AgentStreamPart::Rule {
+                rule: name.to_string(),
+                detail,
+            });
+        }
     }
 
     fn push_turn(&mut self, role: PromptRole, content: impl Into<String>) {
@@ -1160,40 +1051,6 @@ fn is_action_request(request: &str) -> bool {
     words(request)
         .iter()
         .any(|w| ACTION_VERBS.contains(&w.as_str()))
-}
-
-/// The least probability of a call, at the first token of a prose reply
-/// that tells the person to use a tool, for the "call now" retry when the
-/// provider reports one (under a constraint). On BFCL's irrelevance set the
-/// replies that set it off wrongly gave a call 0.01%; the demo shop's
-/// request, which needs it, 0.13%.
-pub const CALL_NOW_CALL_PROBABILITY: f32 = 0.0005;
-
-/// The least probability of a call, at the first token of a prose reply,
-/// for the retry that turns prose into a call where a tool is named. On
-/// BFCL with the default model, prose replies to requests a tool fits gave
-/// a call a median 0.15%; to requests no tool fits, 0.03%. The shop's
-/// request gives 0.16%: at 0.2% a sampled run that answered in prose was
-/// not retried (2 of 10 solved at temperature 0.7, against 7 of 10 at
-/// 0.1%); BFCL irrelevance went from 100% to 98%.
-pub const RETRY_CALL_PROBABILITY: f32 = 0.001;
-
-/// Whether two words of the request (other than common ones) are in the name
-/// of one shown tool: "show the cart items" names `view_cart_items`. One
-/// shared word is too weak a sign: requests no tool fits often share one
-/// (a "time" question and `calculate_time`). An identifier the person wrote
-/// counts as the second sign for a tool that takes one: "put three of p-17
-/// in my cart" hands `add_to_cart` its product.
-fn names_a_tool(request: &str, shown: &[ToolDefinition]) -> bool {
-    let mut written = Identifiers::new();
-    let hands_an_id = written.add_user_text(request) > 0;
-    score_tools(shown, request, &[]).iter().any(|s| {
-        let id_sign = hands_an_id
-            && shown
-                .iter()
-                .any(|t| t.name == s.name && takes_identifier(t));
-        s.name_matches.len() + usize::from(id_sign) >= 2
-    })
 }
 
 /// Whether a plain reply tells the person to do it themselves with a tool the

@@ -1,0 +1,864 @@
+//! The loop's policy: what it does beyond the reference's steps.
+//!
+//! `run_local_agent` runs the eleven steps of the reference loop and asks a
+//! [`Policy`] at fixed points: which tools to offer in what order, how to
+//! shape a constrained attempt, whether a prose reply earns a retry, and
+//! whether the calls just made end the run. [`Policy::reference`] answers
+//! every question the way the reference does (it makes no move of its own,
+//! with constraints on or off); [`Policy::small_model`] is a set of named
+//! rules, each a switch documented with its default and the measurement that
+//! chose it, that help a tiny model through the same steps.
+//!
+//! A rule that fires is reported three ways: a `rule` span event on the step
+//! (`wma.rule`, `wma.detail`), an [`AgentStreamPart::Rule`](crate::AgentStreamPart::Rule)
+//! in the run's stream, and so a count in whatever ledger the host keeps
+//! (`wma eval` prints one per task and category).
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ground::{Identifiers, ground_tool, takes_free_text, takes_identifier};
+use crate::provider::Decoding;
+use crate::rank::score_tools;
+use crate::tool::ToolDefinition;
+
+/// The named policies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyName {
+    /// The reference loop exactly.
+    Reference,
+    /// The reference loop with the small-model rules.
+    SmallModel,
+}
+
+impl PolicyName {
+    /// The name as configs and `wma eval` write it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reference => "reference",
+            Self::SmallModel => "small-model",
+        }
+    }
+
+    /// Reads a name as configs and `wma eval` write it.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "reference" => Some(Self::Reference),
+            "small-model" => Some(Self::SmallModel),
+            _ => None,
+        }
+    }
+}
+
+/// The model size from which [`Policy::for_model`] picks the reference
+/// policy: below a billion parameters a model needs the loop's help (the
+/// 135M default solves none of the shop task without it), above it a model
+/// follows the plain loop and only gains from well-formed calls.
+pub const REFERENCE_FROM_PARAMETERS: u64 = 1_000_000_000;
+
+/// What the loop does beyond the reference: one switch per rule. Build it
+/// from [`Policy::reference`] or [`Policy::small_model`] and change fields;
+/// every field is also a key of an agent's `[agents.NAME.rules]` table.
+///
+/// The rules that narrow what a constrained attempt may call (grounding,
+/// `move_on`, `offer_appeared`, `offer_id_takers`, `skip_used_ids`,
+/// `read_only_questions`) apply only to attempts that carry a constraint:
+/// without one there is nothing to narrow. The order rule and the retries
+/// apply with or without.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// The policy this one started from, for traces and tables.
+    pub base: PolicyName,
+    /// Identifier arguments (`id`, `product_id`, `orderId`, …) may only take
+    /// values the conversation has shown; a tool whose required identifier
+    /// has none cannot be called yet. Small-model default: on (the shop went
+    /// from invented ids on every run to none).
+    pub ground_identifiers: bool,
+    /// Numbers the person wrote go to number arguments: with none written an
+    /// optional count is left to the tool's default, and numbers beyond the
+    /// required ones make optional counts required. Default: on ("add two
+    /// of p-21" adds 2, was 1).
+    pub ground_numbers: bool,
+    /// A lookup that just found ids, or an action that just succeeded, is
+    /// not offered on the next step: the model uses what it found or moves
+    /// on instead of repeating itself. Default: on.
+    pub move_on: bool,
+    /// Right after the last call made tools appear (a page navigated), the
+    /// step offers those alone, first. Default: on (the WebMCP shop went from
+    /// 0 of 3 to 10 of 10).
+    pub offer_appeared: bool,
+    /// Right after a lookup found ids, the step offers the tools that take
+    /// an id, first (when one can be called). Default: on.
+    pub offer_id_takers: bool,
+    /// A tool is not offered an id it was already called with in this run.
+    /// Default: on.
+    pub skip_used_ids: bool,
+    /// The tools that can be called now are listed first (a tiny model calls
+    /// the first tool listed, and the worked example shows it); on the first
+    /// step, tools that take free text come first among them when the
+    /// request has phrases to copy. Default: on.
+    pub order_for_calls: bool,
+    /// A constrained reply calls a tool that takes an id at most once (a
+    /// tiny model given a list of ids calls the tool with each in turn).
+    /// Default: on.
+    pub one_id_per_reply: bool,
+    /// A request that asks for information (no verb that asks for a change)
+    /// is offered only the tools annotated read-only, when the tool set
+    /// annotates any: a question is never answered with a write. Default: on.
+    pub read_only_questions: bool,
+    /// The calls-only retry of a prose reply on the first step, when the
+    /// request names a shown tool (two of its name's words, or one and an id
+    /// for a tool that takes one) and the model gave a call at least this
+    /// probability at its first token. `None` turns it off. Default 0.1%:
+    /// on BFCL prose replies to requests a tool fits gave a call a median
+    /// 0.15%, to requests no tool fits 0.03%.
+    pub named_tool_retry: Option<f32>,
+    /// The reference's "you do it. Call now" correction runs only when the
+    /// model gave a call at least this probability (when the provider
+    /// reports one). `None` is the reference: no gate. Default 0.05%: on
+    /// BFCL irrelevance, replies that set the correction off wrongly gave a
+    /// call 0.01%.
+    pub call_now_min_probability: Option<f32>,
+    /// Once an action succeeded, a lookup repeated word for word (same
+    /// answer) ends the run with the gist of what was done. Default: on.
+    pub done_on_repeated_lookup: bool,
+    /// The longest free string of a constrained call. Default 100
+    /// characters: a tiny model sometimes never closes a string; `None`
+    /// leaves strings as the schema bounds them.
+    pub max_string_chars: Option<u32>,
+    /// The most items of an array argument where the schema sets no bound.
+    /// Default 16.
+    pub max_array_items: Option<u32>,
+    /// The most calls one constrained reply may hold. Default 4.
+    pub max_calls: Option<u32>,
+    /// Every call of one constrained reply names the same tool. Default: on.
+    pub one_tool_per_reply: bool,
+    /// Where prose and a call are both allowed, call once the model gives a
+    /// call at least this probability at the first token. Default 0.5%.
+    pub call_threshold: Option<f32>,
+    /// Logit bonus for copying the person's phrases into string and number
+    /// arguments. Default 3.0; 0 is off.
+    pub copy_bias: f32,
+    /// A call, once begun, is written greedily even when sampling. Default: on.
+    pub greedy_calls: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self::small_model()
+    }
+}
+
+impl Policy {
+    /// The reference loop: no rule of its own.
+    pub fn reference() -> Self {
+        Self {
+            base: PolicyName::Reference,
+            ground_identifiers: false,
+            ground_numbers: false,
+            move_on: false,
+            offer_appeared: false,
+            offer_id_takers: false,
+            skip_used_ids: false,
+            order_for_calls: false,
+            one_id_per_reply: false,
+            read_only_questions: false,
+            named_tool_retry: None,
+            call_now_min_probability: None,
+            done_on_repeated_lookup: false,
+            max_string_chars: None,
+            max_array_items: None,
+            max_calls: None,
+            one_tool_per_reply: false,
+            call_threshold: None,
+            copy_bias: 0.0,
+            greedy_calls: false,
+        }
+    }
+
+    /// Every small-model rule at its default.
+    pub fn small_model() -> Self {
+        Self {
+            base: PolicyName::SmallModel,
+            ground_identifiers: true,
+            ground_numbers: true,
+            move_on: true,
+            offer_appeared: true,
+            offer_id_takers: true,
+            skip_used_ids: true,
+            order_for_calls: true,
+            one_id_per_reply: true,
+            read_only_questions: true,
+            named_tool_retry: Some(0.001),
+            call_now_min_probability: Some(0.0005),
+            done_on_repeated_lookup: true,
+            max_string_chars: Some(100),
+            max_array_items: Some(16),
+            max_calls: Some(4),
+            one_tool_per_reply: true,
+            call_threshold: Some(0.005),
+            copy_bias: 3.0,
+            greedy_calls: true,
+        }
+    }
+
+    /// The named policy at its defaults.
+    pub fn named(name: PolicyName) -> Self {
+        match name {
+            PolicyName::Reference => Self::reference(),
+            PolicyName::SmallModel => Self::small_model(),
+        }
+    }
+
+    /// The default for a model of this many parameters (unknown counts as
+    /// small): see [`REFERENCE_FROM_PARAMETERS`].
+    pub fn for_model(parameters: Option<u64>) -> Self {
+        match parameters {
+            Some(n) if n >= REFERENCE_FROM_PARAMETERS => Self::reference(),
+            _ => Self::small_model(),
+        }
+    }
+
+    /// Whether any rule narrows what a constrained attempt may call.
+    pub(crate) fn narrows(&self) -> bool {
+        self.ground_identifiers
+            || self.ground_numbers
+            || self.move_on
+            || self.offer_appeared
+            || self.offer_id_takers
+            || self.skip_used_ids
+            || self.read_only_questions
+    }
+
+    /// The shape of a constrained reply for the tools shown.
+    pub(crate) fn decoding(&self, shown: &[ToolDefinition]) -> Decoding {
+        Decoding {
+            max_string_chars: self.max_string_chars,
+            max_array_items: self.max_array_items,
+            max_calls: self.max_calls,
+            one_tool_per_reply: self.one_tool_per_reply,
+            single_call: if self.one_id_per_reply {
+                shown
+                    .iter()
+                    .filter(|t| takes_identifier(t))
+                    .map(|t| t.name.clone())
+                    .collect()
+            } else {
+                Vec::new()
+            },
+            call_threshold: self.call_threshold,
+            copy_bias: self.copy_bias,
+            greedy_calls: self.greedy_calls,
+        }
+    }
+}
+
+/// One rule of the policy, as traces, stream parts and tables name it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Rule {
+    /// See [`Policy::ground_identifiers`].
+    GroundIdentifiers,
+    /// See [`Policy::ground_numbers`].
+    GroundNumbers,
+    /// See [`Policy::move_on`].
+    MoveOn,
+    /// See [`Policy::offer_appeared`].
+    OfferAppeared,
+    /// See [`Policy::offer_id_takers`].
+    OfferIdTakers,
+    /// See [`Policy::skip_used_ids`].
+    SkipUsedIds,
+    /// See [`Policy::order_for_calls`].
+    OrderForCalls,
+    /// See [`Policy::read_only_questions`].
+    ReadOnlyQuestions,
+    /// See [`Policy::named_tool_retry`].
+    NamedToolRetry,
+    /// See [`Policy::call_now_min_probability`]: the reference's correction
+    /// was held back.
+    CallNowGate,
+    /// See [`Policy::done_on_repeated_lookup`].
+    DoneOnRepeatedLookup,
+}
+
+impl Rule {
+    /// The rule's name (kebab-case, as in `wma.rule`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::GroundIdentifiers => "ground-identifiers",
+            Self::GroundNumbers => "ground-numbers",
+            Self::MoveOn => "move-on",
+            Self::OfferAppeared => "offer-appeared",
+            Self::OfferIdTakers => "offer-id-takers",
+            Self::SkipUsedIds => "skip-used-ids",
+            Self::OrderForCalls => "order-for-calls",
+            Self::ReadOnlyQuestions => "read-only-questions",
+            Self::NamedToolRetry => "named-tool-retry",
+            Self::CallNowGate => "call-now-gate",
+            Self::DoneOnRepeatedLookup => "done-on-repeated-lookup",
+        }
+    }
+}
+
+/// A rule that fired, with what it changed.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Fired {
+    pub(crate) rule: Rule,
+    pub(crate) detail: String,
+}
+
+/// Verbs that ask for something to change. A request without one asks for
+/// information, and [`Policy::read_only_questions`] serves it with tools that
+/// only read.
+const CHANGE_VERBS: &[&str] = &[
+    "add",
+    "buy",
+    "purchase",
+    "order",
+    "put",
+    "remove",
+    "delete",
+    "erase",
+    "set",
+    "change",
+    "update",
+    "create",
+    "make",
+    "write",
+    "save",
+    "send",
+    "cancel",
+    "subscribe",
+    "unsubscribe",
+    "submit",
+    "fill",
+    "book",
+    "apply",
+    "move",
+    "rename",
+    "copy",
+    "edit",
+    "append",
+    "replace",
+    "insert",
+    "post",
+    "reply",
+    "pay",
+    "checkout",
+    "register",
+    "sign",
+    "reserve",
+    "schedule",
+    "enable",
+    "disable",
+    "turn",
+    "mark",
+    "assign",
+    "upload",
+    "store",
+    "record",
+    "log",
+    "empty",
+    "clear",
+    "reset",
+    "increment",
+    "decrement",
+    "toggle",
+    "install",
+    "start",
+    "stop",
+    "run",
+    "modify",
+    "transfer",
+    "mkdir",
+];
+
+/// Whether the request asks for a change (one of [`CHANGE_VERBS`] as a word).
+pub(crate) fn asks_for_change(request: &str) -> bool {
+    request
+        .split(|c: char| !c.is_alphanumeric())
+        .any(|w| CHANGE_VERBS.contains(&w.to_lowercase().as_str()))
+}
+
+/// Whether two words of the request (other than common ones) are in the name
+/// of one shown tool: "show the cart items" names `view_cart_items`. One
+/// shared word is too weak a sign: requests no tool fits often share one (a
+/// "time" question and `calculate_time`). An identifier the person wrote
+/// counts as the second sign for a tool that takes one: "put three of p-17
+/// in my cart" hands `add_to_cart` its product.
+pub(crate) fn names_a_tool(request: &str, shown: &[ToolDefinition]) -> bool {
+    let mut written = Identifiers::new();
+    let hands_an_id = written.add_user_text(request) > 0;
+    score_tools(shown, request, &[]).iter().any(|s| {
+        let id_sign = hands_an_id
+            && shown
+                .iter()
+                .any(|t| t.name == s.name && takes_identifier(t));
+        s.name_matches.len() + usize::from(id_sign) >= 2
+    })
+}
+
+/// What the small-model rules remember across the steps of one run.
+#[derive(Debug, Default)]
+pub(crate) struct PolicyState {
+    /// Identifiers the conversation has shown, for grounding.
+    pub(crate) identifiers: Identifiers,
+    /// A read-only tool whose call in the last step brought new identifiers.
+    looked_up: Option<String>,
+    /// A tool that changes things and succeeded in the last step.
+    just_acted: Option<String>,
+    /// Names of the read-only tools listed this step.
+    read_only: Vec<String>,
+    /// Names of the tools listed the step before, once there was one.
+    listed_before: Option<Vec<String>>,
+    /// Tools listed this step that were not listed the step before.
+    appeared: Vec<String>,
+    /// Tool → identifiers it was called with successfully in this run.
+    used: HashMap<String, Vec<Value>>,
+    /// The newest successful result of a tool that changes things.
+    pub(crate) last_action: Option<String>,
+    /// Found-ids and acted markers of the step being run, moved into
+    /// `looked_up` / `just_acted` when its calls are done.
+    step_looked_up: Option<String>,
+    step_acted: Option<String>,
+}
+
+/// What the loop knows of a step when it asks for the step's offer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StepFacts<'a> {
+    /// The person's request.
+    pub(crate) request: &'a str,
+    /// Whether the step's attempts carry a constraint.
+    pub(crate) constrained: bool,
+    /// Whether no call was made yet in this run.
+    pub(crate) first_step: bool,
+    /// Whether the request has phrases a call could copy.
+    pub(crate) has_phrases: bool,
+}
+
+/// The tools a step offers, as the policy decided them.
+pub(crate) struct Offer {
+    /// The ranked tools in the order the prompt lists them.
+    pub(crate) ranked: Vec<ToolDefinition>,
+    /// The tools a constraint may call (grounded schemas), by name.
+    pub(crate) callable: Vec<ToolDefinition>,
+    /// The rules that fired deciding it.
+    pub(crate) fired: Vec<Fired>,
+}
+
+impl PolicyState {
+    /// Starts a step: notes which tools are read-only and which appeared.
+    pub(crate) fn observe_tools(&mut self, all: &[ToolDefinition]) {
+        self.read_only = all
+            .iter()
+            .filter(|t| t.annotations.read_only)
+            .map(|t| t.name.clone())
+            .collect();
+        let listed: Vec<String> = all.iter().map(|t| t.name.clone()).collect();
+        self.appeared = match self.listed_before.replace(listed.clone()) {
+            Some(before) => listed.into_iter().filter(|n| !before.contains(n)).collect(),
+            None => Vec::new(),
+        };
+    }
+
+    /// Whether the tool was annotated read-only this step.
+    pub(crate) fn is_read_only(&self, name: &str) -> bool {
+        self.read_only.iter().any(|n| n == name)
+    }
+
+    /// The step's offer: which ranked tools a constraint may call (and in
+    /// what grounded form), and the order the prompt lists them in.
+    pub(crate) fn offer(
+        &self,
+        policy: &Policy,
+        ranked: Vec<ToolDefinition>,
+        facts: StepFacts<'_>,
+    ) -> Offer {
+        let mut fired = Vec::new();
+        if !facts.constrained || !policy.narrows() {
+            return Offer {
+                callable: ranked.clone(),
+                ranked,
+                fired,
+            };
+        }
+        let request = facts.request;
+        let mut callable: Vec<ToolDefinition> = Vec::new();
+        let mut withheld: HashMap<Rule, Vec<String>> = HashMap::new();
+        let annotated = !self.read_only.is_empty();
+        let question = policy.read_only_questions && annotated && !asks_for_change(request);
+        for tool in &ranked {
+            let name = tool.name.as_str();
+            if question && !self.is_read_only(name) {
+                withheld
+                    .entry(Rule::ReadOnlyQuestions)
+                    .or_default()
+                    .push(tool.name.clone());
+                continue;
+            }
+            if policy.move_on
+                && (self.looked_up.as_deref() == Some(name)
+                    || self.just_acted.as_deref() == Some(name))
+            {
+                withheld
+                    .entry(Rule::MoveOn)
+                    .or_default()
+                    .push(tool.name.clone());
+                continue;
+            }
+            let ids = match self.used.get(name).filter(|_| policy.skip_used_ids) {
+                Some(used) => self.identifiers.without(used),
+                None => self.identifiers.clone(),
+            };
+            match ground_tool(tool, &ids, policy.ground_identifiers, policy.ground_numbers) {
+                Some(grounded) => {
+                    if grounded.input_schema != tool.input_schema {
+                        let rule = if policy.ground_identifiers && takes_identifier(tool) {
+                            Rule::GroundIdentifiers
+                        } else {
+                            Rule::GroundNumbers
+                        };
+                        fired.push(Fired {
+                            rule,
+                            detail: format!("narrowed the arguments of {name}"),
+                        });
+                    }
+                    callable.push(grounded);
+                }
+                None => {
+                    let rule = if self.used.contains_key(name) && policy.skip_used_ids {
+                        Rule::SkipUsedIds
+                    } else {
+                        Rule::GroundIdentifiers
+                    };
+                    withheld.entry(rule).or_default().push(tool.name.clone());
+                }
+            }
+        }
+        let mut withheld: Vec<(Rule, Vec<String>)> = withheld.into_iter().collect();
+        withheld.sort();
+        for (rule, names) in withheld {
+            fired.push(Fired {
+                rule,
+                detail: format!("withheld {}", names.join(", ")),
+            });
+        }
+        // Right after tools appeared, or a lookup found ids: offer those
+        // alone, when any of them can be called.
+        if policy.offer_appeared && callable.iter().any(|t| self.appeared.contains(&t.name)) {
+            let (keep, drop): (Vec<_>, Vec<_>) = callable
+                .into_iter()
+                .partition(|t| self.appeared.contains(&t.name));
+            if !drop.is_empty() {
+                fired.push(Fired {
+                    rule: Rule::OfferAppeared,
+                    detail: format!(
+                        "offered {} alone",
+                        keep.iter()
+                            .map(|t| t.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+            }
+            callable = keep;
+        } else if policy.offer_id_takers
+            && self.looked_up.is_some()
+            && callable.iter().any(takes_identifier)
+        {
+            let (keep, drop): (Vec<_>, Vec<_>) = callable.into_iter().partition(takes_identifier);
+            if !drop.is_empty() {
+                fired.push(Fired {
+                    rule: Rule::OfferIdTakers,
+                    detail: format!(
+                        "offered {} for the ids found",
+                        keep.iter()
+                            .map(|t| t.name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+            }
+            callable = keep;
+        }
+        let ranked = if policy.order_for_calls {
+            self.order(
+                ranked,
+                &callable,
+                facts.first_step && facts.has_phrases,
+                &mut fired,
+            )
+        } else {
+            ranked
+        };
+        Offer {
+            ranked,
+            callable,
+            fired,
+        }
+    }
+
+    /// The ranked tools, reordered: the tools that can be called now first;
+    /// among them the tools that appeared, then (after a lookup found ids)
+    /// those that take an id, then (when `phrases`) those that take free
+    /// text. Stable: the ranking decides within each group.
+    fn order(
+        &self,
+        ranked: Vec<ToolDefinition>,
+        callable: &[ToolDefinition],
+        phrases: bool,
+        fired: &mut Vec<Fired>,
+    ) -> Vec<ToolDefinition> {
+        let found_ids = self.looked_up.is_some();
+        let before: Vec<String> = ranked.iter().map(|t| t.name.clone()).collect();
+        let mut keyed: Vec<((bool, bool, bool, bool), ToolDefinition)> = ranked
+            .into_iter()
+            .map(|t| {
+                let can = callable.iter().any(|c| c.name == t.name);
+                let new = self.appeared.contains(&t.name);
+                let uses_ids = found_ids && takes_identifier(&t);
+                let text = phrases && takes_free_text(&t);
+                ((!can, !new, !uses_ids, !text), t)
+            })
+            .collect();
+        keyed.sort_by_key(|(key, _)| *key);
+        let ordered: Vec<ToolDefinition> = keyed.into_iter().map(|(_, t)| t).collect();
+        if ordered.first().map(|t| &t.name) != before.first() {
+            fired.push(Fired {
+                rule: Rule::OrderForCalls,
+                detail: format!("listed {} first", ordered[0].name),
+            });
+        }
+        ordered
+    }
+
+    /// Notes a successful call; `new_ids` is how many identifiers its result
+    /// brought.
+    pub(crate) fn called(&mut self, name: &str, arguments: &Value, output: &str, new_ids: usize) {
+        self.used
+            .entry(name.to_string())
+            .or_default()
+            .extend(Identifiers::of_call(arguments));
+        if self.is_read_only(name) {
+            if new_ids > 0 {
+                self.step_looked_up = Some(name.to_string());
+            }
+        } else {
+            self.last_action = Some(output.to_string());
+            self.step_acted = Some(name.to_string());
+        }
+    }
+
+    /// Ends a step's calls: what it found and did steers the next step.
+    pub(crate) fn step_done(&mut self) {
+        self.looked_up = self.step_looked_up.take();
+        self.just_acted = self.step_acted.take();
+    }
+
+    /// Whether a repeated call of `name` (same arguments, same answer) ends
+    /// the run as done: the text to end it with.
+    pub(crate) fn done_on_repeat(&self, policy: &Policy, name: &str) -> Option<&str> {
+        if policy.done_on_repeated_lookup && self.is_read_only(name) {
+            self.last_action.as_deref()
+        } else {
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tool::ToolAnnotations;
+    use serde_json::json;
+
+    fn tool(name: &str, schema: Value, read_only: bool) -> ToolDefinition {
+        ToolDefinition {
+            name: name.into(),
+            description: String::new(),
+            input_schema: schema,
+            annotations: ToolAnnotations {
+                read_only,
+                ..ToolAnnotations::default()
+            },
+        }
+    }
+
+    fn files() -> Vec<ToolDefinition> {
+        vec![
+            tool(
+                "write_file",
+                json!({"type": "object", "properties": {"path": {"type": "string"}, "content": {"type": "string"}}, "required": ["path", "content"]}),
+                false,
+            ),
+            tool(
+                "read_file",
+                json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+                true,
+            ),
+        ]
+    }
+
+    fn facts(
+        request: &str,
+        constrained: bool,
+        first_step: bool,
+        has_phrases: bool,
+    ) -> StepFacts<'_> {
+        StepFacts {
+            request,
+            constrained,
+            first_step,
+            has_phrases,
+        }
+    }
+
+    fn offer(policy: &Policy, state: &PolicyState, request: &str) -> (Offer, Vec<Fired>) {
+        let o = state.offer(policy, files(), facts(request, true, true, false));
+        let fired = o.fired.clone();
+        (o, fired)
+    }
+
+    #[test]
+    fn the_reference_policy_offers_every_ranked_tool_in_rank_order() {
+        let mut state = PolicyState::default();
+        state.observe_tools(&files());
+        let (o, fired) = offer(&Policy::reference(), &state, "What is in notes.txt?");
+        assert_eq!(o.callable, files());
+        assert_eq!(o.ranked, files());
+        assert!(fired.is_empty());
+        assert_eq!(Policy::reference().decoding(&files()), Decoding::default());
+    }
+
+    #[test]
+    fn a_question_is_offered_only_tools_that_read() {
+        let mut state = PolicyState::default();
+        state.observe_tools(&files());
+        let (o, fired) = offer(&Policy::small_model(), &state, "What is in notes.txt?");
+        let names: Vec<&str> = o.callable.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["read_file"]);
+        assert_eq!(o.ranked[0].name, "read_file", "callable tools first");
+        assert!(
+            fired
+                .iter()
+                .any(|f| f.rule == Rule::ReadOnlyQuestions && f.detail.contains("write_file"))
+        );
+        assert!(fired.iter().any(|f| f.rule == Rule::OrderForCalls));
+        // A request for a change may write.
+        let (o, _) = offer(&Policy::small_model(), &state, "Write hello to notes.txt");
+        assert_eq!(o.callable.len(), 2);
+    }
+
+    #[test]
+    fn a_tool_set_without_annotations_is_not_narrowed_for_questions() {
+        let tools: Vec<ToolDefinition> = files()
+            .into_iter()
+            .map(|mut t| {
+                t.annotations.read_only = false;
+                t
+            })
+            .collect();
+        let mut state = PolicyState::default();
+        state.observe_tools(&tools);
+        let o = state.offer(
+            &Policy::small_model(),
+            tools.clone(),
+            facts("What is in notes.txt?", true, true, false),
+        );
+        assert_eq!(o.callable.len(), 2);
+    }
+
+    #[test]
+    fn nothing_is_narrowed_without_a_constraint() {
+        let mut state = PolicyState::default();
+        state.observe_tools(&files());
+        let o = state.offer(
+            &Policy::small_model(),
+            files(),
+            facts("What is in notes.txt?", false, true, false),
+        );
+        let fired = o.fired.clone();
+        assert_eq!(o.callable, files());
+        assert!(fired.is_empty());
+    }
+
+    #[test]
+    fn a_lookup_that_found_ids_moves_on_to_the_tools_that_take_them() {
+        let tools = vec![
+            tool(
+                "search",
+                json!({"type": "object", "properties": {"q": {"type": "string"}}}),
+                true,
+            ),
+            tool(
+                "open_product",
+                json!({"type": "object", "properties": {"product_id": {"type": "string"}}, "required": ["product_id"]}),
+                true,
+            ),
+        ];
+        let policy = Policy::small_model();
+        let mut state = PolicyState::default();
+        state.observe_tools(&tools);
+        let o = state.offer(
+            &policy,
+            tools.clone(),
+            facts("find a tent", true, true, true),
+        );
+        assert_eq!(
+            o.callable.len(),
+            1,
+            "no id yet: open_product cannot be called"
+        );
+        let new = state.identifiers.add_result(r#"[{"id": "p-3"}]"#);
+        state.called("search", &json!({"q": "tent"}), "[{\"id\": \"p-3\"}]", new);
+        state.step_done();
+        state.observe_tools(&tools);
+        let o = state.offer(
+            &policy,
+            tools.clone(),
+            facts("find a tent", true, false, true),
+        );
+        let fired = o.fired.clone();
+        assert_eq!(o.callable.len(), 1);
+        assert_eq!(o.callable[0].name, "open_product");
+        assert_eq!(
+            o.callable[0].input_schema["properties"]["product_id"]["enum"],
+            json!(["p-3"])
+        );
+        assert!(fired.iter().any(|f| f.rule == Rule::MoveOn));
+        assert!(fired.iter().any(|f| f.rule == Rule::GroundIdentifiers));
+    }
+
+    #[test]
+    fn change_requests_are_told_from_questions() {
+        for q in ["What is in notes.txt?", "Show me my cart", "list the files"] {
+            assert!(!asks_for_change(q), "{q}");
+        }
+        for c in [
+            "Write hello to a.txt",
+            "Add p-17 to my cart",
+            "delete old.log",
+        ] {
+            assert!(asks_for_change(c), "{c}");
+        }
+    }
+
+    #[test]
+    fn policies_are_chosen_by_name_and_size() {
+        assert_eq!(PolicyName::parse("reference"), Some(PolicyName::Reference));
+        assert_eq!(PolicyName::parse("small"), None);
+        assert_eq!(
+            Policy::for_model(Some(135_000_000)).base,
+            PolicyName::SmallModel
+        );
+        assert_eq!(Policy::for_model(None).base, PolicyName::SmallModel);
+        assert_eq!(
+            Policy::for_model(Some(7_000_000_000)).base,
+            PolicyName::Reference
+        );
+    }
+}
