@@ -71,6 +71,13 @@ pub enum ToolsError {
         /// Why.
         reason: String,
     },
+    /// A source stopped more often than its restart budget allows and is
+    /// not started again for now.
+    #[error("{reason}")]
+    GaveUp {
+        /// How often, within what window.
+        reason: String,
+    },
     /// A file or socket operation failed.
     #[error("{context}: {source}")]
     Io {

@@ -52,6 +52,7 @@
 //! ```
 
 mod error;
+mod health;
 mod mcp;
 mod native;
 mod set;
@@ -59,14 +60,16 @@ mod site;
 mod webmcp;
 
 pub use error::ToolsError;
-pub use mcp::{
-    DEFAULT_CONNECT_TIMEOUT, DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW, McpServer,
-    McpServerOptions, McpTransport,
+pub use health::{
+    DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW, Monitored, SourceHealth, SourceState,
+    SourceStatus,
 };
+pub use mcp::{DEFAULT_CONNECT_TIMEOUT, McpServer, McpServerOptions, McpTransport};
 pub use native::{DEFAULT_CALL_TIMEOUT, NativeTools, input_schema};
 pub use set::{
-    DEFAULT_MAX_RESULT_CHARS, DEFAULT_SOURCE_CALL_TIMEOUT, LIST_TIMEOUT, NameClash, SourceOptions,
-    ToolSet,
+    DEFAULT_MAX_RESULT_CHARS, DEFAULT_SOURCE_CALL_TIMEOUT, LIST_TIMEOUT, MAX_DESCRIPTION_CHARS,
+    MAX_SCHEMA_BYTES, MAX_TOOL_NAME_CHARS, MAX_TOOLS_PER_SOURCE, NameClash, SourceOptions, ToolSet,
+    is_tool_name,
 };
 pub use site::LoopbackSite;
 pub use webmcp::{

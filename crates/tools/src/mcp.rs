@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use rmcp::model::{
@@ -25,13 +25,10 @@ use tokio_util::sync::CancellationToken;
 use wma_agent::{ToolAnnotations, ToolDefinition, ToolError, ToolErrorCode, ToolHost};
 
 use crate::error::ToolsError;
-
-/// Restarts allowed within [`DEFAULT_RESTART_WINDOW`] before a server is
-/// given up on (until the window has passed).
-pub const DEFAULT_MAX_RESTARTS: u32 = 5;
-
-/// The window [`DEFAULT_MAX_RESTARTS`] counts in.
-pub const DEFAULT_RESTART_WINDOW: Duration = Duration::from_secs(60);
+use crate::health::{
+    DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW, Monitored, RestartBudget, SourceState,
+    SourceStatus,
+};
 
 /// How long starting and initializing a server may take.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -190,8 +187,12 @@ struct Inner {
     restarts: AtomicU32,
     /// Calls sent and not yet answered.
     in_flight: AtomicUsize,
-    /// When recent restarts happened, for the budget.
-    restart_times: Mutex<VecDeque<Instant>>,
+    /// Bounds the restarts.
+    budget: RestartBudget,
+    /// Why the server last stopped or failed to start, for health reports.
+    last_error: Mutex<Option<String>>,
+    /// A start (process and `initialize`) is in progress.
+    starting: AtomicBool,
     /// The last lines the server wrote to stderr, to explain a crash.
     last_words: Arc<Mutex<VecDeque<String>>>,
     /// A session was opened once; opening another is a restart.
@@ -242,6 +243,7 @@ impl McpServer {
     /// `ToolSource::new(|| …)`. Until it starts, it lists no tools and its
     /// calls answer `unavailable` with the reason.
     pub fn lazy(options: McpServerOptions) -> Self {
+        let budget = RestartBudget::new(options.max_restarts, options.restart_window);
         Self {
             inner: Arc::new(Inner {
                 options,
@@ -253,7 +255,9 @@ impl McpServer {
                 connection: tokio::sync::Mutex::new(None),
                 restarts: AtomicU32::new(0),
                 in_flight: AtomicUsize::new(0),
-                restart_times: Mutex::new(VecDeque::new()),
+                budget,
+                last_error: Mutex::new(None),
+                starting: AtomicBool::new(false),
                 last_words: Arc::new(Mutex::new(VecDeque::new())),
                 started: AtomicBool::new(false),
             }),
@@ -332,6 +336,13 @@ impl McpServer {
 
     /// Starts a process (or opens an HTTP session) and initializes.
     async fn start(&self) -> Result<Arc<Connection>, ToolsError> {
+        self.inner.starting.store(true, Ordering::SeqCst);
+        let started = self.start_session().await;
+        self.inner.starting.store(false, Ordering::SeqCst);
+        started
+    }
+
+    async fn start_session(&self) -> Result<Arc<Connection>, ToolsError> {
         let options = &self.inner.options;
         let mut config = ClientConfig::new(
             ClientCapabilities::default(),
@@ -411,6 +422,15 @@ impl McpServer {
         }))
     }
 
+    /// Keeps why the server last stopped, for [`Monitored::status`].
+    fn note_error(&self, reason: &str) {
+        *self
+            .inner
+            .last_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(reason.to_string());
+    }
+
     /// What the server last wrote to stderr, for messages.
     fn said(&self) -> String {
         let last = self
@@ -437,39 +457,18 @@ impl McpServer {
             return Ok(connection.clone());
         }
         if !self.inner.started.load(Ordering::SeqCst) {
-            let connection = self
-                .start()
-                .await
-                .map_err(|e| ToolError::new(ToolErrorCode::Unavailable, e.to_string()))?;
+            let connection = self.start().await.map_err(|e| {
+                self.note_error(&e.to_string());
+                ToolError::new(ToolErrorCode::Unavailable, e.to_string())
+            })?;
             self.inner.started.store(true, Ordering::SeqCst);
             *slot = Some(connection.clone());
             return Ok(connection);
         }
         let name = &self.inner.options.name;
-        {
-            let mut times = self
-                .inner
-                .restart_times
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
-            let now = Instant::now();
-            while times
-                .front()
-                .is_some_and(|t| now.duration_since(*t) > self.inner.options.restart_window)
-            {
-                times.pop_front();
-            }
-            if times.len() >= self.inner.options.max_restarts as usize {
-                return Err(ToolError::new(
-                    ToolErrorCode::Unavailable,
-                    format!(
-                        "the MCP server `{name}` stopped {} times within {} s; it is not restarted again for now",
-                        times.len(),
-                        self.inner.options.restart_window.as_secs()
-                    ),
-                ));
-            }
-            times.push_back(now);
+        if let Err(refusal) = self.inner.budget.take(&format!("the MCP server `{name}`")) {
+            self.note_error(&refusal);
+            return Err(ToolError::new(ToolErrorCode::Unavailable, refusal));
         }
         *slot = None;
         self.inner
@@ -478,10 +477,10 @@ impl McpServer {
             .unwrap_or_else(|e| e.into_inner())
             .clear();
         tracing::warn!(server = %name, "the MCP server stopped; starting it again");
-        let connection = self
-            .start()
-            .await
-            .map_err(|e| ToolError::new(ToolErrorCode::Unavailable, e.to_string()))?;
+        let connection = self.start().await.map_err(|e| {
+            self.note_error(&e.to_string());
+            ToolError::new(ToolErrorCode::Unavailable, e.to_string())
+        })?;
         self.inner.restarts.fetch_add(1, Ordering::SeqCst);
         self.inner.flags.changes.send_modify(|g| *g += 1);
         *slot = Some(connection.clone());
@@ -512,6 +511,42 @@ impl McpServer {
             .filter_map(|tool| serde_json::to_value(tool).ok())
             .map(|tool| tool_definition(&tool))
             .collect())
+    }
+}
+
+impl Monitored for McpServer {
+    fn status(&self) -> SourceStatus {
+        let last_error = || {
+            self.inner
+                .last_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        };
+        let state = match self.inner.connection.try_lock() {
+            // Held across a start, and for a moment by every call.
+            Err(_) if self.inner.starting.load(Ordering::SeqCst) => SourceState::Starting,
+            Err(_) => SourceState::Ready,
+            Ok(slot) => match slot.as_ref() {
+                Some(connection) if !connection.is_closed() => SourceState::Ready,
+                _ if !self.inner.started.load(Ordering::SeqCst) => match last_error() {
+                    Some(reason) => SourceState::Down { reason },
+                    None => SourceState::Starting,
+                },
+                _ => {
+                    let reason = last_error().unwrap_or_else(|| "the server stopped".to_string());
+                    if self.inner.budget.spent() {
+                        SourceState::GaveUp { reason }
+                    } else {
+                        SourceState::Down { reason }
+                    }
+                }
+            },
+        };
+        SourceStatus {
+            state,
+            restarts: self.restarts(),
+        }
     }
 }
 
@@ -681,6 +716,7 @@ impl ToolHost for McpServer {
             }
             Err(ServiceError::TransportClosed | ServiceError::TransportSend(_)) => {
                 let said = self.said();
+                self.note_error(&format!("it stopped while running {name}{said}"));
                 connection.broken.store(true, Ordering::SeqCst);
                 self.restart_soon();
                 Err(ToolError::new(

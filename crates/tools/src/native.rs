@@ -32,6 +32,17 @@ pub struct NativeTools {
     timeout: Duration,
 }
 
+/// Rust functions run in this process: they have nothing to restart, so
+/// they always serve (a panicking function answers `tool_failed`).
+impl crate::health::Monitored for NativeTools {
+    fn status(&self) -> crate::health::SourceStatus {
+        crate::health::SourceStatus {
+            state: crate::health::SourceState::Ready,
+            restarts: 0,
+        }
+    }
+}
+
 impl Default for NativeTools {
     fn default() -> Self {
         Self::new()

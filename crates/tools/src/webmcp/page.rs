@@ -573,6 +573,21 @@ impl WebMcpPage {
     }
 }
 
+/// A page cannot reopen itself ([`WebMcpSource`](crate::WebMcpSource)
+/// can): once gone it stays down.
+impl crate::health::Monitored for WebMcpPage {
+    fn status(&self) -> crate::health::SourceStatus {
+        let state = if self.is_gone() {
+            crate::health::SourceState::Down {
+                reason: "the page is gone (its tab closed or its browser stopped)".to_string(),
+            }
+        } else {
+            crate::health::SourceState::Ready
+        };
+        crate::health::SourceStatus { state, restarts: 0 }
+    }
+}
+
 impl std::fmt::Debug for WebMcpPage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WebMcpPage")

@@ -1,6 +1,8 @@
 //! A page that opens itself, and opens itself again when it died.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -8,6 +10,10 @@ use tokio_util::sync::CancellationToken;
 use wma_agent::{PageContext, ToolDefinition, ToolError, ToolErrorCode, ToolHost};
 
 use crate::error::ToolsError;
+use crate::health::{
+    DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW, Monitored, RestartBudget, SourceState,
+    SourceStatus,
+};
 use crate::webmcp::browser::{Browser, BrowserOptions};
 use crate::webmcp::page::{PageOptions, WebMcpPage};
 
@@ -16,7 +22,11 @@ use crate::webmcp::page::{PageOptions, WebMcpPage};
 /// browser crashed, was killed or the tab closed. The call that was running
 /// when the page died answers `unavailable`; the next one finds a fresh
 /// page (at `url`, so a page's own state, such as where it had navigated
-/// to, starts over).
+/// to, starts over). Reopening is bounded by a restart budget
+/// ([`DEFAULT_MAX_RESTARTS`] per [`DEFAULT_RESTART_WINDOW`], or
+/// [`WebMcpSource::restart_budget`]): a page that keeps killing its browser
+/// is left down until the window has passed, and [`Monitored::status`]
+/// says so.
 ///
 /// Its constructor does no work, so it fits the runtime's synchronous
 /// `ToolSource::new(|| …)` builders.
@@ -27,6 +37,11 @@ pub struct WebMcpSource {
     current: tokio::sync::Mutex<Option<(Browser, WebMcpPage)>>,
     /// Pages opened after the first one.
     reopened: AtomicU32,
+    budget: RestartBudget,
+    /// Why the page last died or failed to open, for health reports.
+    last_error: Mutex<Option<String>>,
+    /// A first page was opened once; opening another is a restart.
+    opened: AtomicBool,
 }
 
 impl std::fmt::Debug for WebMcpSource {
@@ -55,7 +70,20 @@ impl WebMcpSource {
             page_options,
             current: tokio::sync::Mutex::new(None),
             reopened: AtomicU32::new(0),
+            budget: RestartBudget::new(DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW),
+            last_error: Mutex::new(None),
+            opened: AtomicBool::new(false),
         }
+    }
+
+    /// Allows `max` reopenings within `window` instead of the default.
+    pub fn restart_budget(mut self, max: u32, window: Duration) -> Self {
+        self.budget = RestartBudget::new(max, window);
+        self
+    }
+
+    fn note_error(&self, reason: &str) {
+        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason.to_string());
     }
 
     /// Times the page was opened again after it died.
@@ -71,17 +99,32 @@ impl WebMcpSource {
         {
             return Ok(page.clone());
         }
-        let had_one = current.take().is_some();
-        if had_one {
+        if current.take().is_some() {
+            self.note_error("the page is gone (its tab closed or its browser stopped)");
+        }
+        // A page that opened once and is gone now (or failed to open
+        // again) takes from the budget; the first opening does not.
+        let reopening = self.opened.load(Ordering::SeqCst);
+        if reopening {
+            if let Err(refusal) = self.budget.take(&format!("the page {}", self.url)) {
+                self.note_error(&refusal);
+                return Err(ToolsError::GaveUp { reason: refusal });
+            }
             tracing::warn!(url = %self.url, "the page is gone; opening it again");
         }
-        let browser = Browser::launch(self.browser_options.clone()).await?;
-        let page = browser
-            .open_with(&self.url, self.page_options.clone())
-            .await?;
-        if had_one {
+        let opened = async {
+            let browser = Browser::launch(self.browser_options.clone()).await?;
+            let page = browser
+                .open_with(&self.url, self.page_options.clone())
+                .await?;
+            Ok::<_, ToolsError>((browser, page))
+        }
+        .await;
+        let (browser, page) = opened.inspect_err(|error| self.note_error(&error.to_string()))?;
+        if reopening {
             self.reopened.fetch_add(1, Ordering::SeqCst);
         }
+        self.opened.store(true, Ordering::SeqCst);
         *current = Some((browser, page.clone()));
         Ok(page)
     }
@@ -89,6 +132,36 @@ impl WebMcpSource {
     /// The browser of the current page, if one is open.
     pub async fn browser(&self) -> Option<Browser> {
         self.current.lock().await.as_ref().map(|(b, _)| b.clone())
+    }
+}
+
+impl Monitored for WebMcpSource {
+    fn status(&self) -> SourceStatus {
+        let last_error = || {
+            self.last_error
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+        };
+        let state = match self.current.try_lock() {
+            // Held while a page opens, and for a moment by every use.
+            Err(_) => SourceState::Starting,
+            Ok(current) => match current.as_ref() {
+                Some((_, page)) if !page.is_gone() => SourceState::Ready,
+                Some(_) => SourceState::Down {
+                    reason: "the page is gone (its tab closed or its browser stopped)".to_string(),
+                },
+                None => match last_error() {
+                    None => SourceState::Starting,
+                    Some(reason) if self.budget.spent() => SourceState::GaveUp { reason },
+                    Some(reason) => SourceState::Down { reason },
+                },
+            },
+        };
+        SourceStatus {
+            state,
+            restarts: self.reopened(),
+        }
     }
 }
 

@@ -1,0 +1,150 @@
+//! How a tool source is doing: whether it serves, how often it was started
+//! again, and the budget that bounds those restarts.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// Restarts allowed within [`DEFAULT_RESTART_WINDOW`] before a source is
+/// given up on (until the window has passed).
+pub const DEFAULT_MAX_RESTARTS: u32 = 5;
+
+/// The window [`DEFAULT_MAX_RESTARTS`] counts in.
+pub const DEFAULT_RESTART_WINDOW: Duration = Duration::from_secs(60);
+
+/// Whether a source serves right now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum SourceState {
+    /// Not started yet (sources start on first use), or being started.
+    Starting,
+    /// Serving.
+    Ready,
+    /// Stopped or failed to start; the next listing or call starts it again.
+    Down {
+        /// Why, as far as is known.
+        reason: String,
+    },
+    /// Stopped more often than its restart budget allows; it is not started
+    /// again until the budget's window has passed.
+    GaveUp {
+        /// The last failure.
+        reason: String,
+    },
+}
+
+/// What a source that looks after its own process (an MCP server, a
+/// browser) says about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SourceStatus {
+    /// Whether it serves.
+    #[serde(flatten)]
+    pub state: SourceState,
+    /// Times it was started again after it stopped.
+    pub restarts: u32,
+}
+
+/// A tool source that can say how it is doing, for health reports.
+/// [`ToolSet::add_monitored`](crate::ToolSet::add_monitored) and
+/// [`ToolSet::add_built`](crate::ToolSet::add_built) read it.
+pub trait Monitored: Send + Sync {
+    /// The source's state and restart count right now. Never waits: a
+    /// source busy starting answers [`SourceState::Starting`].
+    fn status(&self) -> SourceStatus;
+}
+
+/// One source of a [`ToolSet`](crate::ToolSet), as
+/// [`ToolSet::health`](crate::ToolSet::health) reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SourceHealth {
+    /// The source's name in the set.
+    pub source: String,
+    /// Whether it serves.
+    #[serde(flatten)]
+    pub state: SourceState,
+    /// Times it was started again: by itself (a server process, a browser)
+    /// and by the set (made afresh after a panic).
+    pub restarts: u32,
+    /// Times it panicked while listing or calling.
+    pub panics: u32,
+}
+
+/// At most `max` restarts within any `window`.
+#[derive(Debug)]
+pub(crate) struct RestartBudget {
+    max: u32,
+    window: Duration,
+    recent: Mutex<VecDeque<Instant>>,
+}
+
+impl RestartBudget {
+    pub(crate) fn new(max: u32, window: Duration) -> Self {
+        Self {
+            max,
+            window,
+            recent: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    fn trimmed(&self) -> std::sync::MutexGuard<'_, VecDeque<Instant>> {
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        while recent
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > self.window)
+        {
+            recent.pop_front();
+        }
+        recent
+    }
+
+    /// Takes one restart, or says why none is left.
+    pub(crate) fn take(&self, what: &str) -> Result<(), String> {
+        let mut recent = self.trimmed();
+        if recent.len() >= self.max as usize {
+            return Err(format!(
+                "{what} stopped {} times within {} s, more than its restart budget allows; \
+                 it is not started again for now",
+                recent.len(),
+                self.window.as_secs()
+            ));
+        }
+        recent.push_back(Instant::now());
+        Ok(())
+    }
+
+    /// Whether the budget is spent right now.
+    pub(crate) fn spent(&self) -> bool {
+        self.trimmed().len() >= self.max as usize
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_refuses_once_spent_and_says_why() {
+        let budget = RestartBudget::new(2, Duration::from_secs(60));
+        assert!(budget.take("the page").is_ok());
+        assert!(!budget.spent());
+        assert!(budget.take("the page").is_ok());
+        assert!(budget.spent());
+        let refused = budget.take("the page").unwrap_err();
+        assert!(refused.contains("stopped 2 times within 60 s"), "{refused}");
+    }
+
+    #[test]
+    fn restarts_older_than_the_window_do_not_count() {
+        let budget = RestartBudget::new(1, Duration::ZERO);
+        assert!(budget.take("x").is_ok());
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(
+            budget.take("x").is_ok(),
+            "the first restart left the window"
+        );
+    }
+}
