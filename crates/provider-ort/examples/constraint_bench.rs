@@ -8,13 +8,14 @@
 //!
 //! It asks the model (the default one unless `--model` says otherwise) a few
 //! shop requests with the shop's tools in the prompt, once with "calls only"
-//! and once with "text or calls", and prints one table.
+//! and once with "text or calls", under the decoding the loop's small-model
+//! policy asks for (docs/providers.md), and prints one table.
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
-    Constraint, GenerateRequest, PromptMessage, PromptRole, Provider, SystemPromptInput,
+    Constraint, Decoding, GenerateRequest, PromptMessage, PromptRole, Provider, SystemPromptInput,
     ToolDefinition, system_prompt,
 };
 use wma_provider_ort::{OrtProvider, OrtProviderOptions};
@@ -52,6 +53,21 @@ fn tools() -> Vec<ToolDefinition> {
             json!({"type": "object", "properties": {}}),
         ),
     ]
+}
+
+/// The small-model policy's decoding: bounded values, up to five calls to
+/// one tool, a 0.5% call threshold, a copy bias of 3 and greedy calls.
+fn small_model_decoding() -> Decoding {
+    Decoding {
+        max_string_chars: Some(100),
+        max_array_items: Some(16),
+        max_calls: Some(5),
+        one_tool_per_reply: true,
+        call_threshold: Some(0.005),
+        copy_bias: 3.0,
+        greedy_calls: true,
+        ..Decoding::default()
+    }
 }
 
 fn main() -> Result<()> {
@@ -114,6 +130,7 @@ fn main() -> Result<()> {
                     tools: Vec::new(),
                     constraint: Some(constraint.clone()),
                     max_new_tokens: Some(96),
+                    decoding: small_model_decoding(),
                     ..GenerateRequest::default()
                 };
                 runtime.block_on(provider.generate(request, CancellationToken::new()))?;

@@ -7,21 +7,32 @@
 //! ```text
 //! start: text | calls                      (TextOrCalls; CallsOnly has no text)
 //! text:  TEXT                              prose that does not start a call
-//! calls: calls_0 | calls_1 | …             one tool per reply…
-//! calls_0: tool_0 (SEP tool_0){0,4} SEP?   …called up to five times, a line apart
+//! calls: call (SEP call){0,n-1} SEP?       up to `max_calls`, a line apart
+//! call:  tool_0 | tool_1 | …
 //! tool_0: %json { {"name": const, "arguments": <its input schema>} }
 //! ```
 //!
 //! Each tool is a separate alternative with the name as a `const`, so the
-//! arguments always follow the schema of the tool that was named. One reply
-//! may call one tool several times (the same search for two cities), but not
-//! several tools: a tiny model allowed to mix them tends to call every listed
-//! tool in turn, with invented arguments, before it has seen any result.
-//! Prose may
-//! not contain `{` at all: a JSON object in prose would be read as a call by
-//! the loop's parser without having been checked by the grammar. For Hermes
-//! models each call is wrapped in `<tool_call>` … `</tool_call>`, and prose may
-//! not start with `<`.
+//! arguments always follow the schema of the tool that was named. How a
+//! reply is shaped comes from the request's [`Decoding`]:
+//!
+//! - `max_calls` bounds the calls of one reply (`None`: no bound beyond
+//!   `max_new_tokens`);
+//! - `one_tool_per_reply` makes every call of a reply name the same tool
+//!   (`calls: calls_0 | calls_1 | …`, each `calls_i` repeating `tool_i`): a
+//!   tiny model allowed to mix tools tends to call every listed tool in turn,
+//!   with invented arguments, before it has seen any result;
+//! - tools in `single_call` are called at most once per reply. When tools
+//!   may be mixed, a reply holds at most one call to any of them (the others
+//!   around it): a grammar that counted each such tool separately would grow
+//!   with every ordering of them;
+//! - `max_string_chars` and `max_array_items` bound strings and arrays the
+//!   schema leaves unbounded (see [`tighten`]).
+//!
+//! Prose may not contain `{` at all: a JSON object in prose would be read as
+//! a call by the loop's parser without having been checked by the grammar.
+//! For Hermes models each call is wrapped in `<tool_call>` … `</tool_call>`,
+//! and prose may not start with `<`.
 //!
 //! # Repeats
 //! A tiny model that has written a call often writes it again, word for
@@ -33,9 +44,10 @@
 //! Under "text or calls" the first token decides: prose cannot start with
 //! `{` (nor `<` for Hermes), a call must. A tiny model puts most of its
 //! weight on prose even when a shown tool does exactly what was asked, so
-//! [`ConstraintMatcher::with_call_threshold`] lets the provider settle the
-//! branch: when the model gives the call tokens at least that probability
-//! at the first token, prose is masked out.
+//! the request's `call_threshold` ([`Decoding::call_threshold`], or
+//! [`ConstraintMatcher::with_call_threshold`]) settles the branch: when the
+//! model gives the call tokens at least that probability at the first token,
+//! prose is masked out.
 //!
 //! The JSON's whitespace is left to the model (a tiny model picks worse
 //! values when forced into compact JSON), but each run of it is bounded so
@@ -63,7 +75,7 @@ use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::{Map, Value, json};
 use tokenizers::Tokenizer;
-use wma_agent::{CallFormat, Constraint, ToolDefinition};
+use wma_agent::{CallFormat, Constraint, Decoding, ToolDefinition};
 
 use crate::copy::CopyBias;
 use crate::error::OrtError;
@@ -71,9 +83,6 @@ use crate::error::OrtError;
 /// The longest run of whitespace the grammar allows between two JSON tokens
 /// (enough for a newline and the indentation of a pretty-printed call).
 pub const MAX_JSON_WHITESPACE: usize = 12;
-
-/// The most calls one reply may hold.
-pub const MAX_CALLS: usize = 5;
 
 /// Whitespace the model may write between JSON tokens.
 fn json_whitespace() -> String {
@@ -99,9 +108,25 @@ pub struct ConstraintEngine {
     call_starts: [Arc<Vec<u32>>; 2],
     /// Tokens whose first byte is `"`: what may close a string value.
     quote_tokens: Arc<Vec<u32>>,
-    /// Tool schema (as JSON text) → the schema the grammar uses for it, so a
-    /// schema is only probed once.
-    schemas: Mutex<HashMap<String, ArgumentsSchema>>,
+    /// Tool schema (as JSON text) and the limits it was tightened with →
+    /// the schema the grammar uses for it, so a schema is only probed once.
+    schemas: Mutex<HashMap<(String, Limits), ArgumentsSchema>>,
+}
+
+/// The parts of a [`Decoding`] that change a tool's schema in the grammar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Limits {
+    max_string_chars: Option<u32>,
+    max_array_items: Option<u32>,
+}
+
+impl Limits {
+    fn of(decoding: &Decoding) -> Self {
+        Self {
+            max_string_chars: decoding.max_string_chars,
+            max_array_items: decoding.max_array_items,
+        }
+    }
 }
 
 /// What the grammar uses for one tool's arguments.
@@ -208,26 +233,18 @@ impl ConstraintEngine {
         self.factory.tok_env().tok_trie().eos_tokens().to_vec()
     }
 
-    /// The Lark grammar for a constraint, with calls in `format`.
-    pub fn grammar(&self, constraint: &Constraint, format: CallFormat) -> String {
-        self.grammar_with(constraint, format, &[])
-    }
-
-    /// [`grammar`](Self::grammar), where the tools named in `single_call`
-    /// may be called only once per reply.
-    pub fn grammar_with(
+    /// The Lark grammar for a constraint, with calls in `format`, shaped by
+    /// `decoding` (see the module docs). A JSON-schema constraint is the
+    /// schema as given; a Lark grammar is used as written.
+    pub fn grammar(
         &self,
         constraint: &Constraint,
         format: CallFormat,
-        single_call: &[String],
+        decoding: &Decoding,
     ) -> String {
         match constraint {
-            Constraint::TextOrCalls { tools } => {
-                self.calls_grammar(tools, format, true, single_call)
-            }
-            Constraint::CallsOnly { tools } => {
-                self.calls_grammar(tools, format, false, single_call)
-            }
+            Constraint::TextOrCalls { tools } => self.calls_grammar(tools, format, true, decoding),
+            Constraint::CallsOnly { tools } => self.calls_grammar(tools, format, false, decoding),
             Constraint::JsonSchema { schema } => {
                 format!("start: %json {}", json_text(&self.usable_schema(schema)))
             }
@@ -235,24 +252,17 @@ impl ConstraintEngine {
         }
     }
 
-    /// A matcher for one generation under `constraint`.
+    /// A matcher for one generation under `constraint`, shaped by
+    /// `decoding`: its grammar is [`grammar`](Self::grammar)'s, and its call
+    /// threshold is `decoding.call_threshold`. The copy bias needs the
+    /// request's phrases: see [`ConstraintMatcher::with_copy_bias`].
     pub fn matcher(
         &self,
         constraint: &Constraint,
         format: CallFormat,
+        decoding: &Decoding,
     ) -> Result<ConstraintMatcher, OrtError> {
-        self.matcher_with(constraint, format, &[])
-    }
-
-    /// [`matcher`](Self::matcher), where the tools named in `single_call`
-    /// may be called only once per reply.
-    pub fn matcher_with(
-        &self,
-        constraint: &Constraint,
-        format: CallFormat,
-        single_call: &[String],
-    ) -> Result<ConstraintMatcher, OrtError> {
-        let lark = self.grammar_with(constraint, format, single_call);
+        let lark = self.grammar(constraint, format, decoding);
         let started = Instant::now();
         let parser = self
             .factory
@@ -286,7 +296,7 @@ impl ConstraintEngine {
             mask_time: Duration::ZERO,
             masks: 0,
             call_start,
-            call_threshold: None,
+            call_threshold: decoding.call_threshold,
             call_probability: None,
             env: self.factory.tok_env().clone(),
             calls,
@@ -306,7 +316,7 @@ impl ConstraintEngine {
         tools: &[ToolDefinition],
         format: CallFormat,
         text: bool,
-        single_call: &[String],
+        decoding: &Decoding,
     ) -> String {
         let mut out = String::new();
         if text && !tools.is_empty() {
@@ -329,21 +339,11 @@ impl ConstraintEngine {
         if tools.is_empty() {
             return out;
         }
-        // Calls a line apart, all to the same tool (see the module docs); a
-        // last newline lets the model end after a call without being pushed
-        // into another one.
-        let runs: Vec<String> = (0..tools.len()).map(|i| format!("calls_{i}")).collect();
-        out.push_str(&format!("calls: {}\n", runs.join(" | ")));
+        // Calls a line apart; a last newline lets the model end after a call
+        // without being pushed into another one.
         out.push_str("SEP: /[ \\t]*\\n[ \\t\\n]{0,3}/\n");
-        for (i, tool) in tools.iter().enumerate() {
-            if single_call.contains(&tool.name) {
-                out.push_str(&format!("calls_{i}: call_{i} SEP?\n"));
-            } else {
-                out.push_str(&format!(
-                    "calls_{i}: call_{i} (SEP call_{i}){{0,{}}} SEP?\n",
-                    MAX_CALLS - 1
-                ));
-            }
+        out.push_str(&calls_rules(tools, decoding));
+        for i in 0..tools.len() {
             match format {
                 CallFormat::Json => out.push_str(&format!("call_{i}: tool_{i}\n")),
                 CallFormat::Hermes => {
@@ -360,7 +360,7 @@ impl ConstraintEngine {
             out.push_str("HWS: /[ \\t\\n]{1,3}/\n");
         }
         for (i, tool) in tools.iter().enumerate() {
-            let args = self.arguments_schema(tool);
+            let args = self.arguments_schema(tool, Limits::of(decoding));
             let mut arguments = args.schema;
             let mut call = Map::new();
             call.insert("type".into(), "object".into());
@@ -391,12 +391,12 @@ impl ConstraintEngine {
 
     /// The schema the grammar uses for a tool's arguments: the tool's own
     /// when llguidance can compile it, else a looser one (logged).
-    fn arguments_schema(&self, tool: &ToolDefinition) -> ArgumentsSchema {
-        let key = json_text(&tool.input_schema);
+    fn arguments_schema(&self, tool: &ToolDefinition, limits: Limits) -> ArgumentsSchema {
+        let key = (json_text(&tool.input_schema), limits);
         if let Some(found) = self.schema_cache().get(&key) {
             return found.clone();
         }
-        let strict = tighten(&tool.input_schema);
+        let strict = tighten_with(&tool.input_schema, limits);
         let usable = if self.compiles(&strict, false) {
             ArgumentsSchema {
                 schema: strict,
@@ -477,7 +477,9 @@ impl ConstraintEngine {
         }
     }
 
-    fn schema_cache(&self) -> std::sync::MutexGuard<'_, HashMap<String, ArgumentsSchema>> {
+    fn schema_cache(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<(String, Limits), ArgumentsSchema>> {
         // The cache only ever holds finished entries; a panic elsewhere
         // cannot leave it half-written.
         self.schemas.lock().unwrap_or_else(|p| p.into_inner())
@@ -707,6 +709,83 @@ impl ConstraintMatcher {
     }
 }
 
+/// The rules from `calls` down to the `call_i` of each tool: how many calls
+/// a reply holds, and to which tools (see the module docs).
+fn calls_rules(tools: &[ToolDefinition], decoding: &Decoding) -> String {
+    // At least one call: `Some(0)` under "calls only" would leave nothing
+    // the model may write.
+    let max = decoding.max_calls.map(|n| n.max(1) as usize);
+    // `(SEP x)` up to `more` times more: `{0,k}` is left out where k is 0,
+    // and `*` is used where there is no bound.
+    let repeat = |x: &str, more: Option<usize>| match more {
+        Some(0) => String::new(),
+        Some(k) => format!(" (SEP {x}){{0,{k}}}"),
+        None => format!(" (SEP {x})*"),
+    };
+    let once = |i: usize| decoding.single_call.contains(&tools[i].name);
+    let mut out = String::new();
+    if decoding.one_tool_per_reply {
+        let runs: Vec<String> = (0..tools.len()).map(|i| format!("calls_{i}")).collect();
+        out.push_str(&format!("calls: {}\n", runs.join(" | ")));
+        for i in 0..tools.len() {
+            let more = if once(i) { Some(0) } else { max.map(|n| n - 1) };
+            let call = format!("call_{i}");
+            out.push_str(&format!("calls_{i}: {call}{} SEP?\n", repeat(&call, more)));
+        }
+        return out;
+    }
+    let (singles, free): (Vec<usize>, Vec<usize>) = (0..tools.len()).partition(|&i| once(i));
+    let alternatives = |ids: &[usize]| {
+        ids.iter()
+            .map(|i| format!("call_{i}"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    if !free.is_empty() {
+        out.push_str(&format!("free_call: {}\n", alternatives(&free)));
+    }
+    if !singles.is_empty() {
+        out.push_str(&format!("single_call: {}\n", alternatives(&singles)));
+    }
+    // Each reply has exactly one parse: calls to free tools only, or those
+    // with one single call among them (after `a` free ones).
+    let mut shapes = Vec::new();
+    if !free.is_empty() {
+        shapes.push(format!(
+            "free_call{}",
+            repeat("free_call", max.map(|n| n - 1))
+        ));
+    }
+    if !singles.is_empty() {
+        if free.is_empty() {
+            shapes.push("single_call".to_string());
+        } else {
+            match max {
+                None => shapes.push(format!(
+                    "(free_call SEP)* single_call{}",
+                    repeat("free_call", None)
+                )),
+                Some(n) => {
+                    for before in 0..n {
+                        let lead = if before == 0 {
+                            String::new()
+                        } else {
+                            format!("(free_call SEP){{{before}}} ")
+                        };
+                        shapes.push(format!(
+                            "{lead}single_call{}",
+                            repeat("free_call", Some(n - 1 - before))
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    let shapes: Vec<String> = shapes.into_iter().map(|s| format!("({s})")).collect();
+    out.push_str(&format!("calls: ({}) SEP?\n", shapes.join(" | ")));
+    out
+}
+
 /// Sets the logits of tokens whose bit is clear to negative infinity
 /// (tokens past the bits are cleared too).
 fn apply_bits(bits: &[u32], logits: &mut [f32]) {
@@ -758,40 +837,42 @@ fn json_text(value: &Value) -> String {
     serde_json::to_string(value).unwrap_or_else(|_| "{}".into())
 }
 
-/// The longest string the grammar lets the model write where the schema sets
-/// no bound. A tiny model sometimes never closes a string (a date that goes
-/// on and on); at the token limit that leaves half a call, which the loop
-/// cannot use. Longer text than this is never a tool argument it writes well.
-pub const MAX_STRING_CHARS: u64 = 100;
-
-/// The most items the grammar lets an array hold where the schema sets no
-/// bound (a tiny model can repeat an item until the token limit).
-pub const MAX_ARRAY_ITEMS: u64 = 16;
-
 /// The largest integer (in size) the grammar lets the model write where the
-/// schema sets no bound: fifteen digits, so a number cannot go on forever.
+/// schema sets no bound: fifteen digits. This is a safety limit, not a
+/// policy: every such integer is exact as a JavaScript number (below 2^53),
+/// which is what WebMCP tools receive, and a number cannot go on forever.
 pub const MAX_INTEGER: i64 = 999_999_999_999_999;
 
-/// A string, number, boolean or null: what a free-form object holds.
-fn plain_value() -> Value {
+/// A string, number, boolean or null: what a free-form object holds when
+/// values are bounded.
+fn plain_value(max_string_chars: Option<u32>) -> Value {
+    let mut string = json!({"type": "string"});
+    if let Some(n) = max_string_chars {
+        string["maxLength"] = n.into();
+    }
     json!({"anyOf": [
-        {"type": "string", "maxLength": MAX_STRING_CHARS},
+        string,
         {"type": "number"},
         {"type": "boolean"},
         {"type": "null"}
     ]})
 }
 
-/// The schema as the grammar uses it: an object schema; objects that list
-/// their properties take no others unless they say so (a model should only
-/// write the arguments a tool declares: the tool's own validation may be
-/// more forgiving, but an invented argument is never what the person
-/// wants); and nothing can grow without end: free strings end within
-/// [`MAX_STRING_CHARS`], arrays within [`MAX_ARRAY_ITEMS`], integers within
-/// [`MAX_INTEGER`], and free-form objects hold plain values. A tiny model
-/// that repeats itself inside a value would otherwise reach the token limit
-/// with half a call.
-pub fn tighten(schema: &Value) -> Value {
+/// The schema as the grammar uses it, with the value limits of `decoding`:
+/// an object schema; objects that list their properties take no others
+/// unless they say so (a model should only write the arguments a tool
+/// declares: the tool's own validation may be more forgiving, but an
+/// invented argument is never what the person wants); integers stay within
+/// [`MAX_INTEGER`]. Where `decoding` bounds values, strings the schema
+/// leaves unbounded end within `max_string_chars`, arrays within
+/// `max_array_items`, and free-form objects hold plain values (nested free
+/// objects let a tiny model nest until the token limit); `None` leaves them
+/// as the schema says.
+pub fn tighten(schema: &Value, decoding: &Decoding) -> Value {
+    tighten_with(schema, Limits::of(decoding))
+}
+
+fn tighten_with(schema: &Value, limits: Limits) -> Value {
     let mut out = match schema {
         Value::Object(map) if !map.is_empty() => schema.clone(),
         // `{}` or `true`: any arguments object.
@@ -806,68 +887,82 @@ pub fn tighten(schema: &Value) -> Value {
     {
         map.insert("type".into(), "object".into());
     }
-    close_objects(&mut out);
+    close_objects(&mut out, limits);
     out
 }
 
-fn close_objects(schema: &mut Value) {
+fn close_objects(schema: &mut Value, limits: Limits) {
     let Value::Object(map) = schema else {
         return;
     };
-    let free_string = map.get("type").and_then(Value::as_str) == Some("string")
-        && ["maxLength", "enum", "const", "pattern", "format"]
-            .iter()
-            .all(|k| !map.contains_key(*k))
-        && map
-            .get("minLength")
-            .and_then(Value::as_u64)
-            .is_none_or(|min| min <= MAX_STRING_CHARS);
-    if free_string {
-        map.insert("maxLength".into(), MAX_STRING_CHARS.into());
-    }
     let ty = map.get("type").and_then(Value::as_str).map(str::to_owned);
     let ty = ty.as_deref();
-    if ty == Some("array")
-        && !map.contains_key("maxItems")
-        && map
-            .get("minItems")
-            .and_then(Value::as_u64)
-            .is_none_or(|min| min <= MAX_ARRAY_ITEMS)
-    {
-        map.insert("maxItems".into(), MAX_ARRAY_ITEMS.into());
+    let number = |key: &str| map.get(key).and_then(Value::as_f64);
+    let has = |key: &str| map.contains_key(key);
+    let add_max_length = limits.max_string_chars.filter(|&max| {
+        ty == Some("string")
+            && ["maxLength", "enum", "const", "pattern", "format"]
+                .iter()
+                .all(|k| !has(k))
+            && number("minLength").is_none_or(|min| min <= f64::from(max))
+    });
+    let add_max_items = limits.max_array_items.filter(|&max| {
+        ty == Some("array")
+            && !has("maxItems")
+            && number("minItems").is_none_or(|min| min <= f64::from(max))
+    });
+    // The integer safety bound, only where it leaves the schema's own range
+    // non-empty.
+    let integer = ty == Some("integer");
+    let bound = MAX_INTEGER as f64;
+    let add_maximum = integer
+        && !has("maximum")
+        && !has("exclusiveMaximum")
+        && number("minimum").is_none_or(|v| v < bound)
+        && number("exclusiveMinimum").is_none_or(|v| v < bound);
+    let add_minimum = integer
+        && !has("minimum")
+        && !has("exclusiveMinimum")
+        && number("maximum").is_none_or(|v| v > -bound)
+        && number("exclusiveMaximum").is_none_or(|v| v > -bound);
+    if let Some(max) = add_max_length {
+        map.insert("maxLength".into(), max.into());
     }
-    if ty == Some("integer") {
-        if !map.contains_key("maximum") && !map.contains_key("exclusiveMaximum") {
-            map.insert("maximum".into(), MAX_INTEGER.into());
-        }
-        if !map.contains_key("minimum") && !map.contains_key("exclusiveMinimum") {
-            map.insert("minimum".into(), (-MAX_INTEGER).into());
-        }
+    if let Some(max) = add_max_items {
+        map.insert("maxItems".into(), max.into());
+    }
+    if add_maximum {
+        map.insert("maximum".into(), MAX_INTEGER.into());
+    }
+    if add_minimum {
+        map.insert("minimum".into(), (-MAX_INTEGER).into());
     }
     // `"properties": {}` says "no arguments"; only an object that does not
     // list properties at all is free-form.
     let lists_properties = map.get("properties").is_some_and(Value::is_object);
     let open = !map.contains_key("additionalProperties") && !map.contains_key("patternProperties");
+    let bounded = limits.max_string_chars.is_some() || limits.max_array_items.is_some();
     if lists_properties && open {
         map.insert("additionalProperties".into(), Value::Bool(false));
-    } else if ty == Some("object") && open {
-        // A free-form object holds plain values: nested free objects let a
-        // tiny model nest forever.
-        map.insert("additionalProperties".into(), plain_value());
+    } else if ty == Some("object") && open && bounded {
+        map.insert(
+            "additionalProperties".into(),
+            plain_value(limits.max_string_chars),
+        );
     }
     for key in ["properties", "$defs", "definitions", "patternProperties"] {
         if let Some(Value::Object(children)) = map.get_mut(key) {
-            children.values_mut().for_each(close_objects);
+            children.values_mut().for_each(|c| close_objects(c, limits));
         }
     }
     for key in ["items", "additionalProperties", "not"] {
         if let Some(child) = map.get_mut(key) {
-            close_objects(child);
+            close_objects(child, limits);
         }
     }
     for key in ["anyOf", "oneOf", "allOf", "prefixItems"] {
         if let Some(Value::Array(children)) = map.get_mut(key) {
-            children.iter_mut().for_each(close_objects);
+            children.iter_mut().for_each(|c| close_objects(c, limits));
         }
     }
 }
@@ -932,6 +1027,15 @@ impl TokenizerEnv for VocabEnv {
 mod tests {
     use super::*;
 
+    /// The limits the small-model policy sets.
+    fn bounded() -> Decoding {
+        Decoding {
+            max_string_chars: Some(100),
+            max_array_items: Some(16),
+            ..Decoding::default()
+        }
+    }
+
     #[test]
     fn tighten_closes_objects_that_list_properties() {
         let schema = json!({"properties": {
@@ -941,28 +1045,44 @@ mod tests {
             "none": {"type": "object", "properties": {}},
             "open": {"type": "object", "properties": {"a": {}}, "additionalProperties": true},
         }});
-        let t = tighten(&schema);
+        let t = tighten(&schema, &bounded());
         assert_eq!(t["type"], "object");
         assert_eq!(t["additionalProperties"], false);
         assert_eq!(t["properties"]["opts"]["additionalProperties"], false);
         assert_eq!(t["properties"]["open"]["additionalProperties"], true);
-        assert_eq!(tighten(&json!({})), json!({"type": "object"}));
-        assert_eq!(t["properties"]["q"]["maxLength"], MAX_STRING_CHARS);
+        assert_eq!(tighten(&json!({}), &bounded()), json!({"type": "object"}));
+        assert_eq!(t["properties"]["q"]["maxLength"], 100);
         assert_eq!(
             t["properties"]["free"]["additionalProperties"],
-            plain_value()
+            plain_value(Some(100))
         );
-        let bounded = tighten(&json!({"type": "object", "properties": {
+        let schema = json!({"type": "object", "properties": {
             "n": {"type": "integer", "minimum": 1},
-            "xs": {"type": "array", "items": {"type": "string"}}
-        }}));
-        assert_eq!(bounded["properties"]["n"]["minimum"], 1);
-        assert_eq!(bounded["properties"]["n"]["maximum"], MAX_INTEGER);
-        assert_eq!(bounded["properties"]["xs"]["maxItems"], MAX_ARRAY_ITEMS);
-        assert_eq!(
-            bounded["properties"]["xs"]["items"]["maxLength"],
-            MAX_STRING_CHARS
+            "big": {"type": "integer", "minimum": 1e16},
+            "xs": {"type": "array", "items": {"type": "string"}},
+            "free": {"type": "object"}
+        }});
+        let limited = tighten(&schema, &bounded());
+        assert_eq!(limited["properties"]["n"]["minimum"], 1);
+        assert_eq!(limited["properties"]["n"]["maximum"], MAX_INTEGER);
+        assert!(
+            limited["properties"]["big"].get("maximum").is_none(),
+            "the safety bound never empties a range"
         );
+        assert_eq!(limited["properties"]["xs"]["maxItems"], 16);
+        assert_eq!(limited["properties"]["xs"]["items"]["maxLength"], 100);
+        // Without limits, strings, arrays and free objects stay as the
+        // schema says; only the integer safety bound remains.
+        let free = tighten(&schema, &Decoding::default());
+        assert_eq!(free["properties"]["n"]["maximum"], MAX_INTEGER);
+        assert!(free["properties"]["xs"].get("maxItems").is_none());
+        assert!(free["properties"]["xs"]["items"].get("maxLength").is_none());
+        assert!(
+            free["properties"]["free"]
+                .get("additionalProperties")
+                .is_none()
+        );
+        assert_eq!(free["additionalProperties"], false);
     }
 
     #[test]

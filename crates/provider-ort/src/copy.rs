@@ -27,12 +27,12 @@
 //! wants a string, the grammar masks the digits, so the bonus cannot turn a
 //! string into a number.
 
-use llguidance::toktrie::{TokEnv, TokTrie};
+//!
+//! The bonus is the request's `Decoding::copy_bias`. The small-model policy
+//! sets 3.0: enough to lift a phrase the model gives a few percent over
+//! noise it gives ten, not enough to override a clear choice.
 
-/// The logit bonus, by default: enough to lift a phrase the model gives a
-/// few percent over noise it gives ten, not enough to override a clear
-/// choice.
-pub const DEFAULT_COPY_BIAS: f32 = 3.0;
+use llguidance::toktrie::{TokEnv, TokTrie};
 
 /// Phrases to copy, and the bonus for copying them.
 #[derive(Debug, Clone)]

@@ -59,11 +59,13 @@
 //! word for word ends there; a reply cut by the token limit is cut back to
 //! its last complete call. The mask costs well under 1% of a token's time
 //! on the default model (`cargo run --release -p wma-provider-ort --example
-//! constraint_bench`). [`OrtProviderOptions::constraints`] turns it off, and
-//! [`OrtProviderOptions::call_threshold`] decides prose or call where both
-//! are allowed. Inside a call's string arguments, phrases of the person's
-//! own messages get a logit bonus ([`copy`], [`OrtProviderOptions::copy_bias`]),
-//! so a search is for their words rather than the tool's name.
+//! constraint_bench`). [`OrtProviderOptions::constraints`] turns it off.
+//! Everything else about a constrained reply comes with the request
+//! ([`wma_agent::Decoding`], which the loop's policy fills): the grammar's
+//! limits (string length, array items, calls per reply, one tool or many,
+//! tools called once), the call threshold that decides prose or call where
+//! both are allowed, the logit bonus for copying the person's own phrases
+//! into arguments ([`copy`]), and whether a begun call is decoded greedily.
 //!
 //! # Cancellation
 //! Inference runs on a blocking thread. The cancellation token is checked
@@ -124,18 +126,14 @@ mod template;
 
 pub use config::{GRAPH_CANDIDATES, ModelConfig, ModelFiles, TokenizerConfig};
 pub use constraint::{
-    ConstraintEngine, ConstraintMatcher, MAX_ARRAY_ITEMS, MAX_CALLS, MAX_INTEGER,
-    MAX_JSON_WHITESPACE, MAX_STRING_CHARS, loose_schema, tighten,
+    ConstraintEngine, ConstraintMatcher, MAX_INTEGER, MAX_JSON_WHITESPACE, loose_schema, tighten,
 };
 pub use error::OrtError;
 pub use hub::{DEFAULT_ENDPOINT, download};
 pub use model::{
     GenerateParams, GenerationStats, IdGeneration, OrtModel, StopReason, Terminator, common_prefix,
 };
-pub use options::{
-    DEFAULT_CALL_THRESHOLD, DEFAULT_COPY_BIAS, DEFAULT_MAX_NEW_TOKENS, ExecutionProvider,
-    OrtProviderOptions,
-};
+pub use options::{DEFAULT_MAX_NEW_TOKENS, ExecutionProvider, OrtProviderOptions};
 pub use paths::{
     DEFAULT_MODEL_NAME, ModelSource, cache_dir, default_model_dir, dylib_path, hub_dir,
 };

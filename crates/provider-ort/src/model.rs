@@ -49,6 +49,13 @@ pub struct GenerateParams {
     pub sampling: SamplingOptions,
     /// Tokens that end the generation (usually the model's eos ids).
     pub stop_ids: Vec<u32>,
+    /// Under a constraint, choose a tool call's tokens greedily once the
+    /// call has begun, even when sampling: whether to call stays sampled,
+    /// the name and arguments do not (the request's
+    /// `Decoding::greedy_calls`). Sampled at 0.7, the default model searched
+    /// for `"<query>"` or `"C5.1.1.0.100"` where greedy decoding writes the
+    /// person's words.
+    pub greedy_calls: bool,
 }
 
 impl GenerateParams {
@@ -58,6 +65,7 @@ impl GenerateParams {
             max_new_tokens,
             sampling: SamplingOptions::greedy(),
             stop_ids: stop_ids.into(),
+            greedy_calls: false,
         }
     }
 }
@@ -582,8 +590,7 @@ impl OrtModel {
                 stats.constrained_tokens += 1;
             }
             let greedy = params.sampling.is_greedy()
-                || (params.sampling.greedy_calls
-                    && constraint.as_deref().is_some_and(|c| c.writing_call()));
+                || (params.greedy_calls && constraint.as_deref().is_some_and(|c| c.writing_call()));
             let id = sampler.sample_as(&mut logits, greedy);
             if ids.is_empty() {
                 stats.time_to_first_token = start.elapsed();

@@ -2,22 +2,10 @@
 
 use std::path::PathBuf;
 
-pub use crate::copy::DEFAULT_COPY_BIAS;
 use crate::sampling::SamplingOptions;
 
 /// Default upper bound on new tokens per generation.
 pub const DEFAULT_MAX_NEW_TOKENS: u32 = 256;
-
-/// The default [`OrtProviderOptions::call_threshold`]: 0.5%.
-///
-/// SmolLM2-135M puts almost all of its weight on prose at the first token,
-/// even when a shown tool does exactly what was asked: on BFCL's
-/// simple_python it gave a call a median 0.2%, on irrelevance (no tool fits)
-/// 0.03%. Forced to call, it wrote the exact expected call for about half of
-/// simple_python. 0.5% is the lowest threshold at which it made no call on
-/// the first 40 irrelevance records; lower thresholds call more often where
-/// a tool fits and also where none does.
-pub const DEFAULT_CALL_THRESHOLD: f32 = 0.005;
 
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -103,19 +91,10 @@ pub struct OrtProviderOptions {
     pub context_length: Option<u32>,
     /// Honour decoding constraints (grammars) from the loop. Default: true.
     /// When the tokenizer's vocabulary cannot be read for them, the provider
-    /// says it does not support constraints and ignores them.
+    /// says it does not support constraints and ignores them. How a
+    /// constrained reply is shaped comes with each request
+    /// ([`wma_agent::Decoding`]), not from these options.
     pub constraints: bool,
-    /// Under a "text or calls" constraint, call a tool when the model gives
-    /// a call at least this probability at the first token (the branch
-    /// between prose and a call); `None` leaves the choice to the model.
-    /// Default: [`DEFAULT_CALL_THRESHOLD`]; `$WMA_CALL_THRESHOLD` (a number,
-    /// or `off`) overrides it.
-    pub call_threshold: Option<f32>,
-    /// Inside a string argument of a constrained call, the logit bonus for
-    /// tokens that copy a phrase of the person's messages (see the request's
-    /// `copy_phrases`); 0 turns it off. Default: [`DEFAULT_COPY_BIAS`];
-    /// `$WMA_COPY_BIAS` overrides it.
-    pub copy_bias: f32,
 }
 
 impl Default for OrtProviderOptions {
@@ -137,8 +116,6 @@ impl Default for OrtProviderOptions {
             context_reserve: None,
             context_length: None,
             constraints: true,
-            call_threshold: Some(DEFAULT_CALL_THRESHOLD),
-            copy_bias: DEFAULT_COPY_BIAS,
         }
     }
 }

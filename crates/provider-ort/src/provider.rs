@@ -85,10 +85,6 @@ struct Loaded {
     constraints: Option<ConstraintEngine>,
     /// What constrained generations cost so far.
     constraint_totals: Mutex<ConstraintTotals>,
-    /// See [`OrtProviderOptions::call_threshold`].
-    call_threshold: Option<f32>,
-    /// See [`OrtProviderOptions::copy_bias`].
-    copy_bias: f32,
 }
 
 /// What constrained decoding has cost since the model was loaded: the mask
@@ -150,11 +146,6 @@ impl OrtProvider {
     /// model in the cache. Reads no model file yet (except the chat template
     /// of a local folder, to answer [`Provider::call_format`] early).
     pub fn new(options: OrtProviderOptions) -> Result<Self, OrtError> {
-        let options = OrtProviderOptions {
-            call_threshold: call_threshold_from_env(options.call_threshold),
-            copy_bias: copy_bias_from_env(options.copy_bias),
-            ..options
-        };
         let cache = match &options.cache_dir {
             Some(dir) => dir.clone(),
             None => paths::cache_dir()?,
@@ -305,6 +296,7 @@ impl OrtProvider {
                 .unwrap_or(self.options.max_new_tokens) as usize,
             sampling,
             stop_ids: stop_ids.to_vec(),
+            greedy_calls: request.decoding.greedy_calls,
         }
     }
 
@@ -350,15 +342,11 @@ impl Loaded {
     fn constraint_matcher(&self, request: &GenerateRequest) -> Option<ConstraintMatcher> {
         let constraint = request.constraint.as_ref()?;
         let engine = self.constraints.as_ref()?;
-        match engine.matcher_with(
-            constraint,
-            self.template.call_format(),
-            &request.single_call,
-        ) {
-            Ok(m) => Some(
-                m.with_call_threshold(self.call_threshold)
-                    .with_copy_bias(CopyBias::new(&request.copy_phrases, self.copy_bias)),
-            ),
+        let decoding = &request.decoding;
+        match engine.matcher(constraint, self.template.call_format(), decoding) {
+            Ok(m) => {
+                Some(m.with_copy_bias(CopyBias::new(&request.copy_phrases, decoding.copy_bias)))
+            }
             Err(e) => {
                 tracing::warn!(error = %e, "the constraint could not be compiled; generating without it");
                 None
@@ -467,36 +455,6 @@ impl Loaded {
     }
 }
 
-/// `$WMA_CALL_THRESHOLD` over the options' threshold: a probability, or
-/// `off` to leave the choice between prose and a call to the model.
-fn call_threshold_from_env(threshold: Option<f32>) -> Option<f32> {
-    match std::env::var("WMA_CALL_THRESHOLD") {
-        Ok(v) if v.trim().eq_ignore_ascii_case("off") => None,
-        Ok(v) => match v.trim().parse::<f32>() {
-            Ok(t) if (0.0..=1.0).contains(&t) => Some(t),
-            _ => {
-                tracing::warn!(value = %v, "WMA_CALL_THRESHOLD is not a probability; ignored");
-                threshold
-            }
-        },
-        Err(_) => threshold,
-    }
-}
-
-/// `$WMA_COPY_BIAS` over the options' copy bias (a logit bonus; 0 is off).
-fn copy_bias_from_env(bias: f32) -> f32 {
-    match std::env::var("WMA_COPY_BIAS") {
-        Ok(v) => match v.trim().parse::<f32>() {
-            Ok(b) if b.is_finite() && b >= 0.0 => b,
-            _ => {
-                tracing::warn!(value = %v, "WMA_COPY_BIAS is not a non-negative number; ignored");
-                bias
-            }
-        },
-        Err(_) => bias,
-    }
-}
-
 /// Reads a local folder's chat template, if it has one.
 fn read_template(dir: &Path) -> Result<Option<ChatTemplate>, OrtError> {
     if !dir.is_dir() {
@@ -596,8 +554,6 @@ fn load(
         context_length,
         constraints,
         constraint_totals: Mutex::new(ConstraintTotals::default()),
-        call_threshold: options.call_threshold,
-        copy_bias: options.copy_bias,
     })
 }
 

@@ -25,12 +25,6 @@ pub struct SamplingOptions {
     /// `repetition_penalty`; `1.0` (the default) is off. Applies to greedy
     /// decoding too.
     pub repetition_penalty: f32,
-    /// Under a constraint, write a tool call greedily once its first token
-    /// is chosen, even when sampling (the default, `true`). Whether to call
-    /// stays sampled; the call's name and arguments do not: sampled at 0.7,
-    /// the default model searched for `"<query>"` or `"C5.1.1.0.100"` where
-    /// greedy decoding writes the person's words.
-    pub greedy_calls: bool,
 }
 
 impl Default for SamplingOptions {
@@ -41,7 +35,6 @@ impl Default for SamplingOptions {
             top_p: 1.0,
             seed: None,
             repetition_penalty: 1.0,
-            greedy_calls: true,
         }
     }
 }

@@ -8,7 +8,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use common::{default_model, options};
+use common::{default_model, options, small_model_decoding};
 use futures::StreamExt;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -92,6 +92,7 @@ async fn the_calls_only_retry_turns_a_prose_reply_into_the_right_call() {
             PromptMessage::new(PromptRole::User, "Add two of product p-17 to my cart."),
         ],
         max_new_tokens: Some(80),
+        decoding: small_model_decoding(),
         ..GenerateRequest::default()
     };
     let free = provider
@@ -236,6 +237,7 @@ async fn copy_phrases_put_the_persons_words_into_a_free_text_argument() {
             tools: search.clone(),
         }),
         copy_phrases: wma_agent::copy_phrases([ask], &search),
+        decoding: small_model_decoding(),
         ..GenerateRequest::default()
     };
     let reply = provider

@@ -6,10 +6,8 @@ use std::path::PathBuf;
 
 use serde_json::json;
 use tokenizers::Tokenizer;
-use wma_agent::{CallFormat, Constraint, ToolDefinition};
-use wma_provider_ort::{
-    ConstraintEngine, MAX_CALLS, MAX_JSON_WHITESPACE, cache_dir, default_model_dir,
-};
+use wma_agent::{CallFormat, Constraint, Decoding, ToolDefinition};
+use wma_provider_ort::{ConstraintEngine, MAX_JSON_WHITESPACE, cache_dir, default_model_dir};
 
 /// SmolLM2's `<|im_end|>`, the token its chat turns end with.
 const IM_END: u32 = 2;
@@ -25,6 +23,21 @@ fn tokenizer_file() -> PathBuf {
         file.display()
     );
     file
+}
+
+/// The most calls per reply in [`small_model`].
+const MAX_CALLS: usize = 5;
+
+/// What the small-model policy asks of the grammar: bounded values, a few
+/// calls per reply, all to one tool.
+fn small_model() -> Decoding {
+    Decoding {
+        max_string_chars: Some(100),
+        max_array_items: Some(16),
+        max_calls: Some(MAX_CALLS as u32),
+        one_tool_per_reply: true,
+        ..Decoding::default()
+    }
 }
 
 struct Fixture {
@@ -62,26 +75,43 @@ impl Fixture {
     /// Whether the whole text is admitted and may end there (the stop token
     /// is allowed after it).
     fn admits(&self, constraint: &Constraint, format: CallFormat, text: &str) -> bool {
-        let ids = self
-            .tokenizer
-            .encode(text, false)
-            .unwrap()
-            .get_ids()
-            .to_vec();
-        let mut m = self.engine.matcher(constraint, format).unwrap();
+        self.admits_with(constraint, format, &small_model(), text)
+    }
+
+    /// [`admits`](Self::admits) under `decoding`.
+    fn admits_with(
+        &self,
+        constraint: &Constraint,
+        format: CallFormat,
+        decoding: &Decoding,
+        text: &str,
+    ) -> bool {
+        let ids = self.ids(text);
+        let mut m = self.engine.matcher(constraint, format, decoding).unwrap();
         m.feed(&ids).unwrap() == ids.len() && m.allows(IM_END).unwrap()
     }
 
     /// Whether the text is admitted as a prefix (possibly unfinished).
     fn admits_prefix(&self, constraint: &Constraint, text: &str) -> bool {
-        let ids = self
-            .tokenizer
+        self.admits_prefix_with(constraint, &small_model(), text)
+    }
+
+    /// [`admits_prefix`](Self::admits_prefix) under `decoding`.
+    fn admits_prefix_with(&self, constraint: &Constraint, decoding: &Decoding, text: &str) -> bool {
+        let ids = self.ids(text);
+        let mut m = self
+            .engine
+            .matcher(constraint, CallFormat::Json, decoding)
+            .unwrap();
+        m.feed(&ids).unwrap() == ids.len()
+    }
+
+    fn ids(&self, text: &str) -> Vec<u32> {
+        self.tokenizer
             .encode(text, false)
             .unwrap()
             .get_ids()
-            .to_vec();
-        let mut m = self.engine.matcher(constraint, CallFormat::Json).unwrap();
-        m.feed(&ids).unwrap() == ids.len()
+            .to_vec()
     }
 }
 
@@ -157,6 +187,107 @@ fn one_reply_calls_one_tool_at_most_max_calls_times() {
 }
 
 #[test]
+fn calls_to_different_tools_and_their_number_follow_the_request() {
+    let f = fixture();
+    let c = Constraint::CallsOnly { tools: tools() };
+    let search = r#"{"name": "search", "arguments": {"query": "a"}}"#;
+    let add = r#"{"name": "add_to_cart", "arguments": {"product_id": "p-17"}}"#;
+    let mixed = Decoding {
+        max_calls: Some(3),
+        ..Decoding::default()
+    };
+    let json = CallFormat::Json;
+    assert!(f.admits_with(&c, json, &mixed, &format!("{search}\n{add}\n{search}")));
+    assert!(!f.admits_prefix_with(&c, &mixed, &[search, add, search, add].join("\n")));
+    // No bound at all: as many calls as the tokens allow.
+    let free = Decoding::default();
+    assert!(f.admits_with(&c, json, &free, &[search, add].repeat(6).join("\n")));
+    assert!(f.admits_with(&c, json, &free, &[search; 12].join("\n")));
+    // One tool per reply, without a bound on how many calls.
+    let one = Decoding {
+        one_tool_per_reply: true,
+        ..Decoding::default()
+    };
+    assert!(f.admits_with(&c, json, &one, &[add; 9].join("\n")));
+    assert!(!f.admits_prefix_with(&c, &one, &format!("{add}\n{search}")));
+}
+
+#[test]
+fn a_single_call_tool_among_mixed_calls_comes_once() {
+    let f = fixture();
+    let c = Constraint::CallsOnly { tools: tools() };
+    let search = r#"{"name": "search", "arguments": {"query": "a"}}"#;
+    let add = r#"{"name": "add_to_cart", "arguments": {"product_id": "p-17"}}"#;
+    let json = CallFormat::Json;
+    for max_calls in [None, Some(3)] {
+        let d = Decoding {
+            max_calls,
+            single_call: vec!["add_to_cart".into()],
+            ..Decoding::default()
+        };
+        for text in [
+            add.to_string(),
+            format!("{search}\n{add}"),
+            format!("{add}\n{search}"),
+            format!("{search}\n{add}\n{search}"),
+            format!("{search}\n{search}\n{search}"),
+        ] {
+            assert!(f.admits_with(&c, json, &d, &text), "{max_calls:?}: {text}");
+        }
+        assert!(
+            !f.admits_prefix_with(&c, &d, &format!("{add}\n{search}\n{add}")),
+            "{max_calls:?}"
+        );
+    }
+    let d = Decoding {
+        max_calls: Some(3),
+        single_call: vec!["add_to_cart".into()],
+        ..Decoding::default()
+    };
+    assert!(!f.admits_prefix_with(&c, &d, &format!("{search}\n{search}\n{add}\n{search}")));
+    // Every tool called once at most: one call in all.
+    let d = Decoding {
+        single_call: vec!["add_to_cart".into(), "search".into()],
+        ..Decoding::default()
+    };
+    assert!(f.admits_with(&c, json, &d, search));
+    assert!(!f.admits_prefix_with(&c, &d, &format!("{search}\n{search}")));
+}
+
+#[test]
+fn string_and_array_limits_come_from_the_request() {
+    let f = fixture();
+    let tool = ToolDefinition::new(
+        "note",
+        "Write a note.",
+        json!({"type": "object", "properties": {
+            "text": {"type": "string"},
+            "tags": {"type": "array", "items": {"type": "string"}}
+        }, "required": ["text"]}),
+    );
+    let c = Constraint::CallsOnly { tools: vec![tool] };
+    let call = |chars: usize, items: usize| {
+        let tags = vec!["\"t\""; items].join(", ");
+        format!(
+            r#"{{"name": "note", "arguments": {{"text": "{}", "tags": [{tags}]}}}}"#,
+            "a".repeat(chars)
+        )
+    };
+    let limited = Decoding {
+        max_string_chars: Some(10),
+        max_array_items: Some(3),
+        ..Decoding::default()
+    };
+    let json = CallFormat::Json;
+    assert!(f.admits_with(&c, json, &limited, &call(10, 3)));
+    assert!(!f.admits_prefix_with(&c, &limited, &call(11, 3)));
+    assert!(!f.admits_prefix_with(&c, &limited, &call(10, 4)));
+    // Unbounded: the schema says nothing, so neither does the grammar.
+    let free = Decoding::default();
+    assert!(f.admits_with(&c, json, &free, &call(400, 40)));
+}
+
+#[test]
 fn calls_only_rejects_prose() {
     let f = fixture();
     let c = Constraint::CallsOnly { tools: tools() };
@@ -175,7 +306,10 @@ fn the_end_is_the_models_own_stop_token() {
     let c = Constraint::CallsOnly { tools: tools() };
     let text = r#"{"name": "search", "arguments": {"query": "x"}}"#;
     let ids = f.tokenizer.encode(text, false).unwrap().get_ids().to_vec();
-    let mut m = f.engine.matcher(&c, CallFormat::Json).unwrap();
+    let mut m = f
+        .engine
+        .matcher(&c, CallFormat::Json, &small_model())
+        .unwrap();
     // Not before the call is complete…
     assert!(!m.allows(IM_END).unwrap());
     assert_eq!(m.feed(&ids).unwrap(), ids.len());
@@ -285,11 +419,11 @@ fn a_call_threshold_settles_prose_or_call_at_the_first_token() {
         l
     };
     for (threshold, forced) in [(None, false), (Some(0.6), false), (Some(0.4), true)] {
-        let mut m = f
-            .engine
-            .matcher(&c, CallFormat::Json)
-            .unwrap()
-            .with_call_threshold(threshold);
+        let decoding = Decoding {
+            call_threshold: threshold,
+            ..small_model()
+        };
+        let mut m = f.engine.matcher(&c, CallFormat::Json, &decoding).unwrap();
         let mut l = logits();
         m.mask_logits(&mut l).unwrap();
         let p = m.call_probability().unwrap();
@@ -300,7 +434,11 @@ fn a_call_threshold_settles_prose_or_call_at_the_first_token() {
     // Calls-only has no branch to settle.
     let mut m = f
         .engine
-        .matcher(&Constraint::CallsOnly { tools: tools() }, CallFormat::Json)
+        .matcher(
+            &Constraint::CallsOnly { tools: tools() },
+            CallFormat::Json,
+            &small_model(),
+        )
         .unwrap()
         .with_call_threshold(Some(0.1));
     let mut l = logits();
@@ -321,7 +459,10 @@ fn a_repeated_call_is_noticed_and_cut_off() {
     // tokens in all, and the text it keeps.
     let until_repeat = |text: &str| {
         let ids = f.tokenizer.encode(text, false).unwrap().get_ids().to_vec();
-        let mut m = f.engine.matcher(&c, CallFormat::Json).unwrap();
+        let mut m = f
+            .engine
+            .matcher(&c, CallFormat::Json, &small_model())
+            .unwrap();
         let mut fed = 0;
         for &t in &ids {
             m.consume(t).unwrap();
@@ -351,13 +492,13 @@ fn a_single_call_tool_is_called_once_per_reply() {
     let c = Constraint::CallsOnly { tools: tools() };
     let add = r#"{"name": "add_to_cart", "arguments": {"product_id": "p-17"}}"#;
     let search = r#"{"name": "search", "arguments": {"query": "a"}}"#;
-    let single = ["add_to_cart".to_string()];
+    let single = Decoding {
+        single_call: vec!["add_to_cart".to_string()],
+        ..small_model()
+    };
     let admits = |text: &str, whole: bool| {
         let ids = f.tokenizer.encode(text, false).unwrap().get_ids().to_vec();
-        let mut m = f
-            .engine
-            .matcher_with(&c, CallFormat::Json, &single)
-            .unwrap();
+        let mut m = f.engine.matcher(&c, CallFormat::Json, &single).unwrap();
         m.feed(&ids).unwrap() == ids.len() && (!whole || m.allows(IM_END).unwrap())
     };
     assert!(admits(add, true));
@@ -381,7 +522,7 @@ fn biased_logits(f: &Fixture, c: &Constraint, phrases: &[String], prefix: &str) 
         .to_vec();
     let mut m = f
         .engine
-        .matcher(c, CallFormat::Json)
+        .matcher(c, CallFormat::Json, &small_model())
         .unwrap()
         .with_copy_bias(wma_provider_ort::copy::CopyBias::new(phrases, 3.0));
     assert_eq!(m.feed(&ids).unwrap(), ids.len(), "{prefix}");

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
 
+use wma_agent::Decoding;
 use wma_provider_ort::{OrtProviderOptions, cache_dir, default_model_dir, dylib_path};
 
 /// Folder of the tiny random-weight model inside the cache.
@@ -90,6 +91,22 @@ pub fn options(dir: &Path) -> OrtProviderOptions {
     OrtProviderOptions::default()
         .with_model(dir.to_string_lossy())
         .with_threads(2)
+}
+
+/// The decoding the loop's small-model policy asks for (docs/providers.md
+/// lists these values): bounded values, up to five calls per reply to one
+/// tool, a call threshold of 0.5%, a copy bias of 3 and greedy calls.
+pub fn small_model_decoding() -> Decoding {
+    Decoding {
+        max_string_chars: Some(100),
+        max_array_items: Some(16),
+        max_calls: Some(5),
+        one_tool_per_reply: true,
+        single_call: Vec::new(),
+        call_threshold: Some(0.005),
+        copy_bias: 3.0,
+        greedy_calls: true,
+    }
 }
 
 /// The largest absolute difference of two logit vectors.
