@@ -20,7 +20,8 @@ use crate::panic_message;
 use crate::slot::Slot;
 use crate::supervisor::Timeouts;
 
-/// Time limit of one tool call (and of one source's listing) unless
+/// Time limit of one tool call of a source that has no limit of its own
+/// ([`ToolSource::with_call_timeout`]), and of one source's listing, unless
 /// [`RuntimeBuilder::tool_timeout`](crate::RuntimeBuilder::tool_timeout) says otherwise.
 pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -28,10 +29,16 @@ type BuildHost = dyn Fn() -> Arc<dyn ToolHost> + Send + Sync;
 
 /// A named source of tools and how to make it. When a source crashes, the
 /// supervisor restarts the bridge, which makes every source afresh.
+///
+/// Each call of the source is limited by its own
+/// [`call_timeout`](ToolSource::with_call_timeout), or else by the runtime's
+/// [`tool_timeout`](crate::RuntimeBuilder::tool_timeout); nothing else cuts
+/// it shorter.
 #[derive(Clone)]
 pub struct ToolSource {
     name: String,
     build: Arc<BuildHost>,
+    call_timeout: Option<Duration>,
 }
 
 impl ToolSource {
@@ -44,6 +51,7 @@ impl ToolSource {
         Self {
             name: name.into(),
             build: Arc::new(move || Arc::new(build()) as Arc<dyn ToolHost>),
+            call_timeout: None,
         }
     }
 
@@ -52,12 +60,25 @@ impl ToolSource {
         Self {
             name: name.into(),
             build: Arc::new(move || host.clone() as Arc<dyn ToolHost>),
+            call_timeout: None,
         }
+    }
+
+    /// Limits each call of this source to `timeout`, longer or shorter than
+    /// the runtime's default: a config's `call_timeout_secs`.
+    pub fn with_call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = Some(timeout);
+        self
     }
 
     /// The source's name, used in logs and in crash messages.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The source's own per-call limit, when it has one.
+    pub fn call_timeout(&self) -> Option<Duration> {
+        self.call_timeout
     }
 }
 
@@ -65,6 +86,7 @@ impl std::fmt::Debug for ToolSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ToolSource")
             .field("name", &self.name)
+            .field("call_timeout", &self.call_timeout)
             .finish_non_exhaustive()
     }
 }
@@ -72,12 +94,27 @@ impl std::fmt::Debug for ToolSource {
 /// What outlives one instance of the bridge.
 pub(crate) struct BridgeShared {
     pub(crate) sources: Vec<ToolSource>,
+    /// The runtime's default per-call limit, and the listing limit.
     pub(crate) call_timeout: Duration,
     /// Times the supervisor restarted the bridge.
     pub(crate) restarts: AtomicU32,
 }
 
 impl BridgeShared {
+    /// The per-call limit of the source at `index`.
+    fn call_timeout_of(&self, index: usize) -> Duration {
+        self.sources[index]
+            .call_timeout
+            .unwrap_or(self.call_timeout)
+    }
+
+    /// The longest wait any call may need.
+    fn longest_call(&self) -> Duration {
+        (0..self.sources.len())
+            .map(|i| self.call_timeout_of(i))
+            .fold(self.call_timeout, Duration::max)
+    }
+
     pub(crate) fn new(sources: Vec<ToolSource>, call_timeout: Duration) -> Arc<Self> {
         Arc::new(Self {
             sources,
@@ -326,14 +363,15 @@ async fn call(
     }
     let source = &shared.sources[route.source].name;
     let host = &hosts[route.source];
+    let limit = shared.call_timeout_of(route.source);
     let run = AssertUnwindSafe(host.call_tool(name, arguments, cancel.clone())).catch_unwind();
     tokio::select! {
         biased;
         _ = cancel.cancelled() => Err(ToolError::new(ToolErrorCode::Cancelled, "the call was cancelled")),
-        outcome = tokio::time::timeout(shared.call_timeout, run) => match outcome {
+        outcome = tokio::time::timeout(limit, run) => match outcome {
             Err(_) => Err(ToolError::new(
                 ToolErrorCode::Timeout,
-                format!("{name} did not answer within {} s", shared.call_timeout.as_secs_f32()),
+                format!("{name} did not answer within {} s", limit.as_secs_f32()),
             )),
             Ok(Err(panic)) => {
                 let reason = panic_message(panic.as_ref());
@@ -367,10 +405,11 @@ impl ToolBridgeHandle {
         self.shared.restarts.load(Ordering::SeqCst)
     }
 
-    /// The bridge enforces the call timeout itself; the handle waits a
-    /// little longer so that the bridge's precise error wins the race.
+    /// The bridge enforces each source's call limit itself; the handle
+    /// waits a little longer than the longest of them, so that the
+    /// bridge's precise error wins the race and no source is cut short.
     fn call_wait(&self) -> Duration {
-        self.shared.call_timeout + self.timeouts.control
+        self.shared.longest_call() + self.timeouts.control
     }
 }
 

@@ -133,3 +133,54 @@ async fn sources_are_merged_and_the_first_registered_wins_a_name_clash() {
     );
     runtime.shutdown().await;
 }
+
+fn slow_tool(name: &str) -> ToolDefinition {
+    ToolDefinition::new(name, "A slow tool.", json!({"type": "object"}))
+}
+
+/// A source's own `call_timeout` is the limit of its calls, longer than the
+/// runtime's default too: a 60 s call of a source allowed 90 s answers, a
+/// 120 s one ends with a timeout that says 90 s, and a source without a
+/// limit of its own keeps the runtime's. Time is paused, so the test waits
+/// for none of it.
+#[tokio::test(start_paused = true)]
+async fn a_sources_own_call_timeout_is_its_limit_with_no_cap_above_it() {
+    let patient = InMemoryToolHost::new();
+    patient.add_slow(slow_tool("report"), Duration::from_secs(60), |_| {
+        Ok("the report".into())
+    });
+    patient.add_slow(slow_tool("archive"), Duration::from_secs(120), |_| {
+        Ok("late".into())
+    });
+    let plain = InMemoryToolHost::new();
+    plain.add_slow(slow_tool("export"), Duration::from_secs(60), |_| {
+        Ok("late".into())
+    });
+    let runtime = runtime_with(
+        vec![
+            ToolSource::shared("reports", Arc::new(patient))
+                .with_call_timeout(Duration::from_secs(90)),
+            ToolSource::shared("plain", Arc::new(plain)),
+        ],
+        Duration::from_secs(30),
+    )
+    .await;
+    let tools = runtime.tools();
+    assert_eq!(tools.list_tools().await.len(), 3);
+    let call = |name: &'static str| {
+        let tools = tools.clone();
+        async move {
+            tools
+                .call_tool(name, json!({}), CancellationToken::new())
+                .await
+        }
+    };
+    assert_eq!(call("report").await.unwrap(), "the report");
+    let error = call("archive").await.unwrap_err();
+    assert_eq!(error.code, ToolErrorCode::Timeout, "{error:?}");
+    assert!(error.message.contains("within 90 s"), "{}", error.message);
+    let error = call("export").await.unwrap_err();
+    assert_eq!(error.code, ToolErrorCode::Timeout, "{error:?}");
+    assert!(error.message.contains("within 30 s"), "{}", error.message);
+    runtime.shutdown().await;
+}

@@ -31,6 +31,11 @@ pub const DEFAULT_MAX_RESULT_CHARS: usize = 32_000;
 /// the other sources' tools with it.
 pub const LIST_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// How long a call that ran out of time (or was cancelled) is given to
+/// hear its cancellation, so a page can cancel the invocation and a server
+/// be told, before the caller gets its answer.
+const CANCEL_GRACE: Duration = Duration::from_secs(2);
+
 /// Longest tool name, in characters. MCP allows 128; 64 is what the chat
 /// APIs most models were tuned on accept, and a longer name is not a name.
 pub const MAX_TOOL_NAME_CHARS: usize = 64;
@@ -765,32 +770,49 @@ impl ToolHost for ToolSet {
         // cancelled in the source too (a page cancels the invocation)
         // instead of running on unseen.
         let source_cancel = cancel.child_token();
-        let _cancel_on_exit = source_cancel.clone().drop_guard();
-        let run =
-            AssertUnwindSafe(host.call_tool(&route.tool, arguments, source_cancel)).catch_unwind();
-        let result = tokio::select! {
+        let run = AssertUnwindSafe(host.call_tool(&route.tool, arguments, source_cancel.clone()))
+            .catch_unwind();
+        tokio::pin!(run);
+        let outcome = tokio::select! {
             biased;
-            _ = cancel.cancelled() => Err(ToolError::new(ToolErrorCode::Cancelled, "the call was cancelled")),
-            outcome = tokio::time::timeout(timeout, run) => match outcome {
-                Err(_) => Err(ToolError::new(
-                    ToolErrorCode::Timeout,
-                    format!("{name} did not answer within {} s", timeout.as_secs_f32()),
-                )),
-                Ok(Err(panic)) => {
-                    let reason = panic_message(panic.as_ref());
-                    source.panicked(&format!("running {name}"), &reason);
-                    let next = if source.build.is_some() {
-                        "; it is being made afresh, so the call may be tried again"
-                    } else {
-                        ""
-                    };
-                    Err(ToolError::new(
-                        ToolErrorCode::Unavailable,
-                        format!("the tool source {} crashed while running {name} ({reason}){next}", source.name),
-                    ))
-                }
-                Ok(Ok(result)) => result,
-            },
+            _ = cancel.cancelled() => None,
+            outcome = tokio::time::timeout(timeout, &mut run) => outcome.ok(),
+        };
+        let outcome = match outcome {
+            Some(outcome) => outcome,
+            None => {
+                // Let the source hear the cancellation and clean up (bounded:
+                // a source that ignores its token is not waited for).
+                source_cancel.cancel();
+                let _ = tokio::time::timeout(CANCEL_GRACE, &mut run).await;
+                return Err(if cancel.is_cancelled() {
+                    ToolError::new(ToolErrorCode::Cancelled, "the call was cancelled")
+                } else {
+                    ToolError::new(
+                        ToolErrorCode::Timeout,
+                        format!("{name} did not answer within {} s", timeout.as_secs_f32()),
+                    )
+                });
+            }
+        };
+        let result = match outcome {
+            Err(panic) => {
+                let reason = panic_message(panic.as_ref());
+                source.panicked(&format!("running {name}"), &reason);
+                let next = if source.build.is_some() {
+                    "; it is being made afresh, so the call may be tried again"
+                } else {
+                    ""
+                };
+                Err(ToolError::new(
+                    ToolErrorCode::Unavailable,
+                    format!(
+                        "the tool source {} crashed while running {name} ({reason}){next}",
+                        source.name
+                    ),
+                ))
+            }
+            Ok(result) => result,
         };
         let text = result?;
         let chars = text.chars().count();
