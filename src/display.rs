@@ -18,6 +18,7 @@ pub fn render_part(part: &AgentStreamPart) -> String {
             wma_agent::truncate_chars(output, RESULT_CHARS)
         ),
         AgentStreamPart::ToolError { name, error, .. } => format!("✗ {name}: {error}"),
+        AgentStreamPart::Rule { rule, detail } => format!("· {rule}: {detail}"),
         AgentStreamPart::Finish { reason } => format!("[finished: {}]", reason.as_str()),
         AgentStreamPart::Error { message } => format!("[error] {message}"),
     }

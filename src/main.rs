@@ -14,8 +14,8 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use webmcp_agents::agent::{
-    AgentRunRequest, AgentStreamPart, ChatMessage, ConstraintMode, LocalLoopOptions, Provider,
-    run_local_agent,
+    AgentRunRequest, AgentStreamPart, ChatMessage, ConstraintMode, LocalLoopOptions, Policy,
+    PolicyName, Provider, run_local_agent,
 };
 use webmcp_agents::config::Config;
 use webmcp_agents::demo_shop::{self, Shop};
@@ -86,6 +86,49 @@ struct ModelArgs {
     step_timeout: u64,
 }
 
+/// The loop's policy, and rules set on it.
+#[derive(Args, Clone, Default)]
+struct PolicyArgs {
+    /// The loop's policy: `reference` (the reference loop exactly) or
+    /// `small-model` (its rules for tiny models). Default: picked by the
+    /// model's size.
+    #[arg(long)]
+    policy: Option<String>,
+    /// Set one rule of the policy, as NAME=VALUE with a JSON value
+    /// (`--rule copy_bias=0 --rule named_tool_retry=null`); repeatable. The
+    /// rules are those of `[agents.NAME.rules]` (docs/loop.md).
+    #[arg(long = "rule", value_name = "NAME=VALUE")]
+    rules: Vec<String>,
+}
+
+impl PolicyArgs {
+    /// The policy these flags ask for; `None` when they ask for none.
+    fn policy(&self) -> Result<Option<Policy>> {
+        if self.policy.is_none() && self.rules.is_empty() {
+            return Ok(None);
+        }
+        let name = match &self.policy {
+            None => PolicyName::SmallModel,
+            Some(n) => PolicyName::parse(n).with_context(|| {
+                format!("unknown policy `{n}`, expected `reference` or `small-model`")
+            })?,
+        };
+        let mut rules = serde_json::Map::new();
+        for rule in &self.rules {
+            let (key, value) = rule
+                .split_once('=')
+                .with_context(|| format!("--rule {rule}: expected NAME=VALUE"))?;
+            let value: serde_json::Value = serde_json::from_str(value)
+                .with_context(|| format!("--rule {rule}: the value is not JSON"))?;
+            rules.insert(key.trim().to_string(), value);
+        }
+        Policy::named(name)
+            .with_rules(&serde_json::Value::Object(rules))
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("--rule: {e}"))
+    }
+}
+
 #[derive(Clone, Copy, ValueEnum)]
 enum Constraints {
     /// Never constrain decoding.
@@ -119,6 +162,8 @@ struct RunArgs {
     /// Constrained decoding, when the model supports it.
     #[arg(long, value_enum, default_value_t = Constraints::Auto)]
     constraints: Constraints,
+    #[command(flatten)]
+    policy: PolicyArgs,
     /// Print the parts as JSON lines instead of text.
     #[arg(long)]
     json: bool,
@@ -152,6 +197,8 @@ struct BfclArgs {
     /// Most tools shown per step.
     #[arg(long, default_value_t = 8)]
     max_tools: usize,
+    #[command(flatten)]
+    policy: PolicyArgs,
 }
 
 #[derive(Args)]
@@ -167,6 +214,8 @@ struct ShopArgs {
     /// Constrained decoding, when the model supports it.
     #[arg(long, value_enum, default_value_t = Constraints::Auto)]
     constraints: Constraints,
+    #[command(flatten)]
+    policy: PolicyArgs,
 }
 
 /// The config a command hosts, read (and validated) before anything starts.
@@ -275,6 +324,7 @@ async fn run(args: RunArgs) -> Result<()> {
         tools_inline: provider.tools_inline(),
         instructions: Some(demo_shop::INSTRUCTIONS.to_string()),
         constraints: args.constraints.into(),
+        policy: args.policy.policy()?,
         ..LocalLoopOptions::default()
     };
     if !args.json {
@@ -358,6 +408,7 @@ async fn eval_bfcl(args: BfclArgs) -> Result<()> {
         max_tools: args.max_tools,
         step_timeout: Duration::from_secs(args.model.step_timeout),
         tools_inline: provider.tools_inline(),
+        policy: args.policy.policy()?,
     };
     let mut rows = Vec::new();
     for (name, file) in sources {
@@ -395,6 +446,7 @@ async fn eval_shop(args: ShopArgs) -> Result<()> {
         args.runs,
         args.constraints.into(),
         args.max_steps,
+        args.policy.policy()?,
         |i, run| {
             eprintln!(
                 "run {i}: {} in {} steps, {:.1} s, ended {}, cart: {}",

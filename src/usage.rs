@@ -134,4 +134,7 @@ impl<P: Provider + ?Sized> Provider for UsageMeter<P> {
     fn supports_constraints(&self) -> bool {
         self.inner.supports_constraints()
     }
+    fn parameters(&self) -> Option<u64> {
+        self.inner.parameters()
+    }
 }

@@ -1,6 +1,7 @@
 //! Config files: strict parsing, whole-file validation, and errors that name
 //! the file, the line and the key of the mistake.
 
+use webmcp_agents::agent::{Policy, PolicyName};
 use webmcp_agents::config::{Config, ConfigError, ProviderSpec, ToolSourceSpec};
 
 const FILE: &str = "configs/team.toml";
@@ -73,16 +74,51 @@ fn a_good_config_validates_with_its_defaults() {
 }
 
 #[test]
-fn grounding_is_on_unless_an_agent_turns_it_off() {
+fn an_agents_policy_and_rules_come_from_its_table() {
     let config = Config::parse(GOOD, FILE).unwrap();
-    assert!(config.agent("child").unwrap().ground_identifiers);
+    assert_eq!(
+        config.agent("child").unwrap().policy,
+        None,
+        "no policy named: the loop picks one by the model's size"
+    );
     let text = GOOD.replace(
         "[agents.child]\n",
-        "[agents.child]\nground_identifiers = false\n",
+        "[agents.child]\npolicy = \"reference\"\n",
     );
     let config = Config::parse(&text, FILE).unwrap();
-    assert!(!config.agent("child").unwrap().ground_identifiers);
-    assert!(config.agent("parent").unwrap().ground_identifiers);
+    assert_eq!(
+        config.agent("child").unwrap().policy,
+        Some(Policy::reference())
+    );
+    let text = GOOD.replace(
+        "[agents.child]\n",
+        "[agents.child]\nrules = { ground_identifiers = false, copy_bias = 1.5 }\n",
+    );
+    let config = Config::parse(&text, FILE).unwrap();
+    let policy = config.agent("child").unwrap().policy.clone().unwrap();
+    assert_eq!(policy.base, PolicyName::SmallModel);
+    assert!(!policy.ground_identifiers);
+    assert_eq!(policy.copy_bias, 1.5);
+    assert!(policy.move_on, "rules not named keep their defaults");
+    assert_eq!(config.agent("parent").unwrap().policy, None);
+}
+
+#[test]
+fn a_misspelt_rule_or_policy_is_an_error_that_names_it() {
+    let text = GOOD.replace(
+        "[agents.child]\n",
+        "[agents.child]\nrules = { ground_identifers = false }\n",
+    );
+    let e = Config::parse(&text, FILE).unwrap_err().to_string();
+    assert!(e.contains("agents.child.rules"), "{e}");
+    assert!(e.contains("unknown rule `ground_identifers`"), "{e}");
+    let text = GOOD.replace(
+        "[agents.child]\n",
+        "[agents.child]\npolicy = \"smal-model\"\n",
+    );
+    let e = Config::parse(&text, FILE).unwrap_err().to_string();
+    assert!(e.contains("agents.child.policy"), "{e}");
+    assert!(e.contains("unknown policy `smal-model`"), "{e}");
 }
 
 #[test]

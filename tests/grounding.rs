@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use webmcp_agents::agent::{
-    CALL_NOW_CALL_PROBABILITY, Constraint, ConstraintMode, FinishReason, GenerateRequest,
-    LocalLoopOptions, RETRY_CALL_PROBABILITY, ToolAnnotations, ToolDefinition, messages,
+    Constraint, ConstraintMode, Decoding, FinishReason, GenerateRequest, LocalLoopOptions, Policy,
+    ToolAnnotations, ToolDefinition, messages,
 };
 use wma_testkit::{InMemoryToolHost, ScriptedProvider};
 
@@ -158,7 +158,7 @@ async fn an_action_is_not_offered_the_next_step_nor_on_the_same_id_again() {
     let requests = provider.requests();
     assert!(allowed(&requests[0]).contains(&"add_to_cart".to_string()));
     assert_eq!(
-        requests[0].single_call,
+        requests[0].decoding.single_call,
         ["add_to_cart"],
         "a tool that changes things gets one call per reply; lookups may fan out"
     );
@@ -244,10 +244,10 @@ async fn a_tool_the_last_call_made_appear_is_offered_alone_and_first() {
 }
 
 #[tokio::test]
-async fn grounding_can_be_turned_off() {
+async fn the_reference_policy_narrows_nothing_under_constraints() {
     let provider = ScriptedProvider::new(["Sure."]).with_constraints(true);
     let options = LocalLoopOptions {
-        ground_identifiers: false,
+        policy: Some(Policy::reference()),
         ..inline()
     };
     run_all(
@@ -261,7 +261,8 @@ async fn grounding_can_be_turned_off() {
         allowed(first),
         ["add_to_cart", "search_products", "view_cart"]
     );
-    assert!(first.single_call.is_empty());
+    assert_eq!(first.decoding, Decoding::default());
+    assert!(first.copy_phrases.is_empty());
 }
 
 #[tokio::test]
@@ -294,7 +295,7 @@ async fn a_prose_reply_to_a_request_naming_a_tool_gets_the_calls_only_retry() {
         "Your cart is empty.".to_string(),
     ])
     .with_constraints(true)
-    .with_call_probability(RETRY_CALL_PROBABILITY);
+    .with_call_probability(retry_probability());
     let parts = run_all(
         provider.clone(),
         ask("View my cart, please.", annotated_shop()),
@@ -321,7 +322,7 @@ async fn the_retry_needs_two_named_words_and_the_models_own_weight_on_a_call() {
     // model all but sure it should not call; no tool named at all.
     for (request, p) in [
         ("What is in my cart?", 0.5),
-        ("View my cart, please.", RETRY_CALL_PROBABILITY / 10.0),
+        ("View my cart, please.", retry_probability() / 10.0),
         ("What is the capital of France?", 0.5),
     ] {
         let provider = ScriptedProvider::new(["Some prose."])
@@ -342,7 +343,7 @@ async fn an_id_the_person_wrote_is_the_second_sign_for_a_tool_that_takes_one() {
         "Added three.".to_string(),
     ])
     .with_constraints(true)
-    .with_call_probability(RETRY_CALL_PROBABILITY);
+    .with_call_probability(retry_probability());
     let parts = run_all(provider.clone(), ask(request, annotated_shop()), inline()).await;
     let requests = provider.requests();
     assert!(
@@ -434,7 +435,7 @@ async fn going_in_circles_still_says_what_was_found() {
 #[tokio::test]
 async fn under_constraints_call_now_needs_some_weight_on_a_call() {
     let reply = "You can use the formula for the area of a circle.";
-    for (p, retried) in [(CALL_NOW_CALL_PROBABILITY / 10.0, false), (0.01, true)] {
+    for (p, retried) in [(call_now_probability() / 10.0, false), (0.01, true)] {
         let provider = ScriptedProvider::new([
             reply.to_string(),
             call("search_products", json!({"query": "circle"})),
@@ -451,4 +452,14 @@ async fn under_constraints_call_now_needs_some_weight_on_a_call() {
         let requests = provider.requests();
         assert_eq!(requests.len() > 1, retried, "probability {p}");
     }
+}
+
+/// The small-model policy's least call probability for the named-tool retry.
+fn retry_probability() -> f32 {
+    Policy::small_model().named_tool_retry.unwrap()
+}
+
+/// The small-model policy's least call probability for "call now".
+fn call_now_probability() -> f32 {
+    Policy::small_model().call_now_min_probability.unwrap()
 }

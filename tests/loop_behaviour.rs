@@ -581,6 +581,7 @@ async fn calls_run_in_order_as_tool_call_then_result_or_error() {
             AgentStreamPart::Text { .. } => "text",
             AgentStreamPart::Finish { .. } => "finish",
             AgentStreamPart::Error { .. } => "run-error",
+            AgentStreamPart::Rule { .. } => "rule",
         })
         .collect();
     assert_eq!(

@@ -262,6 +262,8 @@ pub(crate) fn turn_messages(parts: &[AgentStreamPart]) -> Vec<ChatMessage> {
         };
     for part in parts {
         match part {
+            // A fired rule is about the run, not the conversation.
+            AgentStreamPart::Rule { .. } => {}
             AgentStreamPart::MessageStart { .. }
             | AgentStreamPart::Finish { .. }
             | AgentStreamPart::Error { .. } => flush(&mut text, &mut calls, &mut results),

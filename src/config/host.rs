@@ -202,7 +202,7 @@ impl Config {
                 max_tools: agent.max_tools,
                 instructions: agent.instructions.clone(),
                 constraints: agent.constraints,
-                ground_identifiers: agent.ground_identifiers,
+                policy: agent.policy.clone(),
                 ..LocalLoopOptions::default()
             };
             builder = builder.agent(

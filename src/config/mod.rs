@@ -41,7 +41,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use wma_agent::ConstraintMode;
+use wma_agent::{ConstraintMode, Policy};
 use wma_provider_ort::OrtProviderOptions;
 use wma_telemetry::TelemetryConfig;
 
@@ -177,9 +177,10 @@ pub struct AgentSpec {
     pub max_tools: usize,
     /// `constraints`: `off`, `auto` or `calls-only`. Default `auto`.
     pub constraints: ConstraintMode,
-    /// `ground_identifiers`: narrow identifier arguments to ids the
-    /// conversation has shown (see `docs/loop.md`). Default true.
-    pub ground_identifiers: bool,
+    /// `policy` (`reference` or `small-model`) and its `[agents.NAME.rules]`
+    /// (see `docs/loop.md`). Default `None`: the loop picks by the model's
+    /// size.
+    pub policy: Option<Policy>,
     /// `max_concurrent_runs`. Default
     /// [`DEFAULT_MAX_CONCURRENT_RUNS`](wma_runtime::DEFAULT_MAX_CONCURRENT_RUNS).
     pub max_concurrent_runs: usize,

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use toml::Spanned;
-use wma_agent::{ConstraintMode, LocalLoopOptions};
+use wma_agent::{ConstraintMode, LocalLoopOptions, Policy, PolicyName};
 use wma_provider_ort::{OrtProviderOptions, SamplingOptions};
 use wma_runtime::{
     DEFAULT_CLUSTER_LISTEN, DEFAULT_MAX_CONCURRENT_RUNS, DEFAULT_MAX_DELEGATION_DEPTH,
@@ -196,7 +196,6 @@ fn provider_spec(source: &Source<'_>, name: &str, raw: &RawProvider) -> Result<P
                     seed: value(&raw.seed),
                     repetition_penalty: value(&raw.repetition_penalty)
                         .unwrap_or(sampling.repetition_penalty),
-                    greedy_calls: value(&raw.greedy_calls).unwrap_or(sampling.greedy_calls),
                 },
                 max_new_tokens: value(&raw.max_new_tokens).unwrap_or(defaults.max_new_tokens),
                 stop: value(&raw.stop).unwrap_or_default(),
@@ -223,7 +222,6 @@ fn provider_spec(source: &Source<'_>, name: &str, raw: &RawProvider) -> Result<P
                     ("top_p", span_of(&raw.top_p)),
                     ("seed", span_of(&raw.seed)),
                     ("repetition_penalty", span_of(&raw.repetition_penalty)),
-                    ("greedy_calls", span_of(&raw.greedy_calls)),
                     ("max_new_tokens", span_of(&raw.max_new_tokens)),
                     ("stop", span_of(&raw.stop)),
                     ("context_length", span_of(&raw.context_length)),
@@ -382,7 +380,8 @@ fn remote_only(source: &Source<'_>, key: &str, agent: &RawAgent) -> Result<()> {
             ("step_timeout_secs", span_of(&agent.step_timeout_secs)),
             ("max_tools", span_of(&agent.max_tools)),
             ("constraints", span_of(&agent.constraints)),
-            ("ground_identifiers", span_of(&agent.ground_identifiers)),
+            ("policy", span_of(&agent.policy)),
+            ("rules", span_of(&agent.rules)),
             ("max_concurrent_runs", span_of(&agent.max_concurrent_runs)),
             ("tools", span_of(&agent.tools)),
             ("sub_agents", span_of(&agent.sub_agents)),
@@ -518,14 +517,49 @@ fn agent_spec(
             Some(RawConstraints::Off) => ConstraintMode::Off,
             Some(RawConstraints::CallsOnly) => ConstraintMode::CallsOnly,
         },
-        ground_identifiers: agent
-            .ground_identifiers
-            .as_ref()
-            .is_none_or(|g| *g.get_ref()),
+        policy: policy(source, &key, agent)?,
         max_concurrent_runs: runs.map_or(DEFAULT_MAX_CONCURRENT_RUNS, |n| n as usize),
         tools,
         sub_agents,
     })
+}
+
+/// The agent's `policy` and `rules`: `None` when neither is set (the loop
+/// picks a policy from the model's size); else the named policy (by
+/// default `small-model`) with the rules the table sets.
+fn policy(source: &Source<'_>, key: &str, agent: &RawAgent) -> Result<Option<Policy>> {
+    if agent.policy.is_none() && agent.rules.is_none() {
+        return Ok(None);
+    }
+    let base = match &agent.policy {
+        None => PolicyName::SmallModel,
+        Some(name) => PolicyName::parse(name.get_ref()).ok_or_else(|| {
+            source.invalid(
+                name.span(),
+                format!("{key}.policy"),
+                format!(
+                    "unknown policy `{}`, expected `reference` or `small-model`",
+                    name.get_ref()
+                ),
+            )
+        })?,
+    };
+    let mut policy = Policy::named(base);
+    if let Some(rules) = &agent.rules {
+        if rules.get_ref().contains_key("base") {
+            return Err(source.invalid(
+                rules.span(),
+                format!("{key}.rules.base"),
+                "the base policy is `policy`, not a rule",
+            ));
+        }
+        // A TOML table is plain data; as JSON it cannot fail.
+        let table = serde_json::to_value(rules.get_ref()).unwrap_or_default();
+        policy = policy
+            .with_rules(&table)
+            .map_err(|e| source.invalid(rules.span(), format!("{key}.rules"), e.to_string()))?;
+    }
+    Ok(Some(policy))
 }
 
 /// ", the providers are `a`, `b`" (or nothing when there are none).

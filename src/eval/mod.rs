@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use wma_agent::{
-    AgentRunRequest, AgentStreamPart, ChatMessage, ConstraintMode, LocalLoopOptions, Provider,
-    ToolDefinition, parse_tool_calls, validate_args,
+    AgentRunRequest, AgentStreamPart, ChatMessage, ConstraintMode, LocalLoopOptions, Policy,
+    Provider, ToolDefinition, parse_tool_calls, validate_args,
 };
 use wma_provider_ort::OrtProvider;
 use wma_tools::NativeTools;
@@ -80,6 +80,8 @@ pub struct EvalOptions {
     pub step_timeout: Duration,
     /// Whether the provider wants tools inline.
     pub tools_inline: bool,
+    /// The loop's policy (`None`: picked by the model's size).
+    pub policy: Option<Policy>,
 }
 
 /// Runs each record through one loop step and scores it.
@@ -108,6 +110,7 @@ pub async fn run_bfcl<P: Provider + 'static>(
             step_timeout: options.step_timeout,
             tools_inline: options.tools_inline,
             constraints: mode,
+            policy: options.policy.clone(),
             ..LocalLoopOptions::default()
         };
         let parts: Vec<AgentStreamPart> =
@@ -254,6 +257,7 @@ pub async fn run_shop_task<P: Provider + SeedPerRun + 'static>(
     runs: usize,
     mode: ConstraintMode,
     max_steps: u32,
+    policy: Option<Policy>,
     mut on_run: impl FnMut(usize, &ShopRun),
 ) -> Vec<ShopRun> {
     let mut results = Vec::new();
@@ -269,6 +273,7 @@ pub async fn run_shop_task<P: Provider + SeedPerRun + 'static>(
             tools_inline: provider.tools_inline(),
             instructions: Some(demo_shop::INSTRUCTIONS.to_string()),
             constraints: mode,
+            policy: policy.clone(),
             ..LocalLoopOptions::default()
         };
         let started = Instant::now();

@@ -223,6 +223,36 @@ impl Policy {
         }
     }
 
+    /// This policy with some rules set from a map of rule name to value
+    /// (as a config's `[agents.NAME.rules]` table or `wma eval --rule`
+    /// gives them): `{"copy_bias": 0, "named_tool_retry": null}`. An unknown
+    /// rule or a value of the wrong type is an error that names it.
+    pub fn with_rules(&self, rules: &Value) -> Result<Policy, serde_json::Error> {
+        let Value::Object(rules) = rules else {
+            return Err(serde::de::Error::custom(
+                "rules are a table of rule = value",
+            ));
+        };
+        // Serializing a struct of plain fields cannot fail.
+        let mut merged = serde_json::to_value(self).unwrap_or_default();
+        if let Value::Object(map) = &mut merged {
+            for (k, v) in rules {
+                if !map.contains_key(k) || k == "base" {
+                    return Err(serde::de::Error::custom(format!(
+                        "unknown rule `{k}`, expected one of {}",
+                        map.keys()
+                            .filter(|n| *n != "base")
+                            .map(|n| format!("`{n}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )));
+                }
+                map.insert(k.clone(), v.clone());
+            }
+        }
+        serde_json::from_value(merged)
+    }
+
     /// Whether any rule narrows what a constrained attempt may call.
     pub(crate) fn narrows(&self) -> bool {
         self.ground_identifiers
@@ -845,6 +875,27 @@ mod tests {
         ] {
             assert!(asks_for_change(c), "{c}");
         }
+    }
+
+    #[test]
+    fn rules_are_set_by_name_and_typos_are_refused() {
+        let p = Policy::small_model()
+            .with_rules(&json!({"copy_bias": 0.0, "named_tool_retry": null}))
+            .unwrap();
+        assert_eq!(p.copy_bias, 0.0);
+        assert_eq!(p.named_tool_retry, None);
+        assert!(p.ground_identifiers, "the other rules keep their values");
+        let e = Policy::small_model()
+            .with_rules(&json!({"ground_identifers": false}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown rule `ground_identifers`"), "{e}");
+        assert!(e.contains("`ground_identifiers`"), "{e}");
+        let e = Policy::small_model()
+            .with_rules(&json!({"move_on": "yes"}))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("expected a boolean"), "{e}");
     }
 
     #[test]

@@ -90,6 +90,7 @@ struct Facts {
     call_format: CallFormat,
     tools_inline: bool,
     supports_constraints: bool,
+    parameters: Option<u64>,
 }
 
 impl Facts {
@@ -99,6 +100,7 @@ impl Facts {
             call_format: provider.call_format(),
             tools_inline: provider.tools_inline(),
             supports_constraints: provider.supports_constraints(),
+            parameters: provider.parameters(),
         }
     }
 }
@@ -654,6 +656,9 @@ impl Provider for ProviderHandle {
 
     fn supports_constraints(&self) -> bool {
         self.shared.facts.borrow().supports_constraints
+    }
+    fn parameters(&self) -> Option<u64> {
+        self.shared.facts.borrow().parameters
     }
 }
 
