@@ -1,15 +1,28 @@
 //! The HTTP API of `wma serve`, end to end with a real HTTP client: start a
 //! run and read its parts as server-sent events, stop a run, swap a model,
-//! list agents, health, and the errors.
+//! list agents, health, and the errors; and the guards that let only the
+//! operator in: the token, the Host and Origin checks, JSON bodies, the
+//! header timeout, the caps, unguessable run ids, and accept errors.
 
-use reqwest::header::CONTENT_TYPE;
+use std::time::Duration;
+
+use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
 use reqwest::{Client, Response, StatusCode};
 use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio_util::sync::CancellationToken;
 use webmcp_agents::agent::{AgentStreamPart, FinishReason};
 use webmcp_agents::config::{Config, StartOptions};
 use webmcp_agents::runtime::TaggedPart;
-use webmcp_agents::serve::{self, RUN_ID_HEADER};
+use webmcp_agents::serve::{self, RUN_ID_HEADER, ServerOptions, TokenOrigin, TokenSource};
+
+/// The token the in-process servers are given.
+const TOKEN: &str = "test-token-0123456789abcdef0123456789abcdef";
+
+/// How long a test waits for something that must happen before it calls
+/// it a hang. Not a measure of speed: the checks pass as soon as it happens.
+const HANG: Duration = Duration::from_secs(30);
 
 const CONFIG: &str = r#"
 [providers.main]
@@ -25,7 +38,7 @@ replies = ["Hello there."]
 [providers.slow]
 kind = "scripted"
 model = "slow-model"
-replies = ["Too late."]
+replies = ["Too late.", "Too late.", "Too late."]
 delay_ms = 600000
 
 [providers.fresh]
@@ -103,30 +116,75 @@ impl Events {
 }
 
 struct Server {
+    addr: std::net::SocketAddr,
     base: String,
+    /// Sends the token with every request.
     client: Client,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
     hosted: webmcp_agents::config::Hosted,
 }
 
+/// The options the tests' servers start from: the test token.
+fn options() -> ServerOptions {
+    ServerOptions {
+        token: TokenSource::Given(TOKEN.to_string()),
+        ..ServerOptions::default()
+    }
+}
+
+/// A client that sends `token` with every request.
+fn client_with(token: &str) -> Client {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        AUTHORIZATION,
+        HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+    );
+    Client::builder().default_headers(headers).build().unwrap()
+}
+
 impl Server {
     async fn start() -> Self {
+        Self::start_with(options()).await
+    }
+
+    async fn start_with(options: ServerOptions) -> Self {
         let config = Config::parse(CONFIG, "http-test.toml").unwrap();
         let hosted = config.start(StartOptions::default()).await.unwrap();
         let api = serve::Api::new(config, &hosted.runtime).unwrap();
         let stop = CancellationToken::new();
-        let (addr, task) = serve::start("127.0.0.1:0".parse().unwrap(), api, stop.clone())
+        let started = serve::start_with("127.0.0.1:0".parse().unwrap(), api, options, stop.clone())
             .await
             .unwrap();
+        let addr = started.addr;
         assert!(addr.ip().is_loopback());
         Self {
+            addr,
             base: format!("http://{addr}/v1"),
-            client: Client::new(),
+            client: client_with(started.token.as_str()),
             stop,
-            task,
+            task: started.task,
             hosted,
         }
+    }
+
+    /// The status line of a request written by hand (for headers that an
+    /// HTTP client sets itself, like `Host`).
+    async fn raw_status(&self, request: &str) -> String {
+        let mut stream = TcpStream::connect(self.addr).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        let mut buffer = [0u8; 1024];
+        while !answer.windows(2).any(|w| w == b"\r\n") {
+            let n = tokio::time::timeout(HANG, stream.read(&mut buffer))
+                .await
+                .expect("the server answers")
+                .unwrap();
+            assert!(n > 0, "the server closed without answering");
+            answer.extend_from_slice(&buffer[..n]);
+        }
+        let text = String::from_utf8_lossy(&answer);
+        text.lines().next().unwrap().to_string()
     }
 
     async fn get(&self, path: &str) -> (StatusCode, Value) {
@@ -150,7 +208,7 @@ impl Server {
     }
 
     /// Starts a run; returns its id and its event stream, past the `run` event.
-    async fn start_run(&self, agent: &str, input: &str) -> (u64, Events) {
+    async fn start_run(&self, agent: &str, input: &str) -> (String, Events) {
         let response = self
             .send(
                 reqwest::Method::POST,
@@ -163,11 +221,10 @@ impl Server {
             response.headers()[CONTENT_TYPE].to_str().unwrap(),
             "text/event-stream"
         );
-        let id: u64 = response.headers()[RUN_ID_HEADER]
+        let id = response.headers()[RUN_ID_HEADER]
             .to_str()
             .unwrap()
-            .parse()
-            .unwrap();
+            .to_string();
         let mut events = Events::new(response);
         let (name, data) = events.next().await.unwrap();
         assert_eq!(name, "run");
@@ -203,6 +260,24 @@ async fn runs_stream_as_events_can_be_stopped_and_their_model_swapped() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(health["status"], "ok");
     assert_eq!(health["agents"], 3);
+    let actors = &health["actors"];
+    assert_eq!(actors["agents"].as_array().unwrap().len(), 3);
+    assert!(
+        actors["agents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .chain(actors["providers"].as_array().unwrap())
+            .all(|a| a["state"] == "serving"),
+        "{health}"
+    );
+    assert!(
+        actors["providers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "slow")
+    );
 
     let (status, listing) = server.get("/agents").await;
     assert_eq!(status, StatusCode::OK);
@@ -350,4 +425,448 @@ async fn mistakes_get_the_status_that_says_what_went_wrong() {
     assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
 
     server.stop().await;
+}
+
+/// A request with a JSON body, sent without the test client's token.
+async fn post_json(client: &Client, url: &str, body: &Value) -> Response {
+    client
+        .post(url)
+        .header(CONTENT_TYPE, "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_requests_with_the_token_get_in() {
+    let server = Server::start().await;
+    let runs = format!("{}/agents/main/runs", server.base);
+    let body = json!({"input": "Get a greeting"});
+
+    let response = post_json(&Client::new(), &runs, &body).await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(response.headers()["www-authenticate"], "Bearer");
+    let response = post_json(&client_with(&TOKEN.replace('0', "1")), &runs, &body).await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let response = Client::new()
+        .get(format!("{}/agents", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        server.hosted.runtime.agent("main").unwrap().active_runs(),
+        0
+    );
+
+    // A bare health check learns whether the host serves, and nothing more.
+    let response = Client::new()
+        .get(format!("{}/health", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        json_of(response).await,
+        (StatusCode::OK, json!({"status": "ok"}))
+    );
+    // A wrong token is refused there too rather than read as none.
+    let response = client_with(&TOKEN.replace('0', "1"))
+        .get(format!("{}/health", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pages_of_other_origins_are_refused_and_allowed_ones_get_cors() {
+    let allowed = "http://app.localhost:3000";
+    let server = Server::start_with(ServerOptions {
+        allowed_origins: vec![allowed.to_string()],
+        ..options()
+    })
+    .await;
+    let runs = format!("{}/agents/main/runs", server.base);
+
+    // What a form or `fetch(..., {mode: "no-cors"})` on any site can send:
+    // a text/plain POST. Refused for its origin, even with the token, and
+    // no run starts.
+    let response = server
+        .client
+        .post(&runs)
+        .header("origin", "https://evil.example")
+        .header(CONTENT_TYPE, "text/plain")
+        .body(r#"{"input": "Get a greeting"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    assert!(
+        !response
+            .headers()
+            .contains_key("access-control-allow-origin")
+    );
+    assert_eq!(
+        server.hosted.runtime.agent("main").unwrap().active_runs(),
+        0
+    );
+    let response = server
+        .client
+        .get(format!("{}/agents", server.base))
+        .header("origin", "null")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+
+    // An allowed origin's preflight and request get CORS headers.
+    let response = server
+        .client
+        .request(reqwest::Method::OPTIONS, &runs)
+        .header("origin", allowed)
+        .header("access-control-request-method", "POST")
+        .header(
+            "access-control-request-headers",
+            "authorization, content-type",
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    assert_eq!(response.headers()["access-control-allow-origin"], allowed);
+    let response = server
+        .client
+        .get(format!("{}/agents", server.base))
+        .header("origin", allowed)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.headers()["access-control-allow-origin"], allowed);
+    // Without an Origin (curl, scripts) no CORS headers are sent.
+    let response = server
+        .client
+        .get(format!("{}/agents", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        !response
+            .headers()
+            .contains_key("access-control-allow-origin")
+    );
+
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebound_host_name_is_refused() {
+    let server = Server::start().await;
+    let port = server.addr.port();
+    let request = |host: &str| {
+        format!(
+            "GET /v1/agents HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+        )
+    };
+    // evil.example now resolves to 127.0.0.1: its page reaches the port,
+    // and its requests say so in Host.
+    let status = server
+        .raw_status(&request(&format!("evil.example:{port}")))
+        .await;
+    assert!(status.starts_with("HTTP/1.1 403"), "{status}");
+    for host in [format!("localhost:{port}"), format!("127.0.0.1:{port}")] {
+        let status = server.raw_status(&request(&host)).await;
+        assert!(status.starts_with("HTTP/1.1 200"), "{host}: {status}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_must_be_json_and_within_the_cap() {
+    let server = Server::start_with(ServerOptions {
+        max_body_bytes: 256,
+        ..options()
+    })
+    .await;
+    let runs = format!("{}/agents/main/runs", server.base);
+    let response = server
+        .client
+        .post(&runs)
+        .header(CONTENT_TYPE, "text/plain")
+        .body(r#"{"input": "Get a greeting"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    let response = server
+        .client
+        .post(&runs)
+        .body(r#"{"input": "Get a greeting"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(
+        server.hosted.runtime.agent("main").unwrap().active_runs(),
+        0
+    );
+
+    let response = post_json(&server.client, &runs, &json!({"input": "x".repeat(300)})).await;
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_never_finishes_its_headers_is_cut_off() {
+    let server = Server::start_with(ServerOptions {
+        header_timeout: Duration::from_millis(300),
+        idle_timeout: Duration::from_secs(3600),
+        ..options()
+    })
+    .await;
+    let stream = TcpStream::connect(server.addr).await.unwrap();
+    let (mut reader, mut writer) = stream.into_split();
+    // A byte at a time, never the blank line that ends the head: each byte
+    // is progress, but the head as a whole has its time limit.
+    let dribble = tokio::spawn(async move {
+        for byte in b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\nX-Slow: "
+            .iter()
+            .cycle()
+        {
+            if writer.write_all(&[*byte]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    let mut buffer = [0u8; 256];
+    let read = tokio::time::timeout(HANG, reader.read(&mut buffer))
+        .await
+        .expect("the server closes a connection whose head does not end");
+    // Closed (EOF or reset), without an answer.
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    dribble.abort();
+
+    // The server itself serves on.
+    assert_eq!(server.get("/health").await.0, StatusCode::OK);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_ids_cannot_be_guessed_and_a_client_has_a_run_cap() {
+    let server = Server::start_with(ServerOptions {
+        max_runs_per_client: 2,
+        ..options()
+    })
+    .await;
+    let (first, mut first_events) = server.start_run("sleeper", "Take your time").await;
+    let (second, _second_events) = server.start_run("sleeper", "Take yours too").await;
+    for id in [&first, &second] {
+        assert_eq!(id.len(), 32, "{id}");
+        assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+    }
+    let (a, b) = (
+        u128::from_str_radix(&first, 16).unwrap(),
+        u128::from_str_radix(&second, 16).unwrap(),
+    );
+    assert!(a.abs_diff(b) > 1_000_000, "{first} and {second} are close");
+
+    // The ids a counter would give out stop nothing.
+    for guess in 0..=3u128 {
+        let response = server
+            .send(
+                reqwest::Method::POST,
+                &format!("/agents/sleeper/runs/{guess:032x}/stop"),
+                json!({}),
+            )
+            .await;
+        assert_eq!(
+            json_of(response).await,
+            (StatusCode::OK, json!({"stopped": false}))
+        );
+    }
+    assert_eq!(
+        server
+            .hosted
+            .runtime
+            .agent("sleeper")
+            .unwrap()
+            .active_runs(),
+        2
+    );
+
+    // A third run of this client waits for one of its two to end.
+    let response = server
+        .send(
+            reqwest::Method::POST,
+            "/agents/sleeper/runs",
+            json!({"input": "And one more"}),
+        )
+        .await;
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+
+    let response = server
+        .send(
+            reqwest::Method::POST,
+            &format!("/agents/sleeper/runs/{first}/stop"),
+            json!({}),
+        )
+        .await;
+    assert_eq!(
+        json_of(response).await,
+        (StatusCode::OK, json!({"stopped": true}))
+    );
+    assert_eq!(
+        first_events.rest().await.last().unwrap().part,
+        finish(FinishReason::Aborted)
+    );
+    server.stop().await;
+}
+
+/// A folder of its own under the system's temporary folder.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "wma-http-{name}-{}-{:?}",
+        std::process::id(),
+        std::time::SystemTime::now()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_is_generated_once_into_an_owner_only_file() {
+    let dir = scratch("token");
+    let file = dir.join(serve::TOKEN_FILE_NAME);
+    let options = || ServerOptions {
+        token: TokenSource::File(file.clone()),
+        ..ServerOptions::default()
+    };
+    let config = Config::parse(CONFIG, "http-test.toml").unwrap();
+    let hosted = config.start(StartOptions::default()).await.unwrap();
+    let api = serve::Api::new(config, &hosted.runtime).unwrap();
+    let stop = CancellationToken::new();
+    let addr: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
+
+    let first = serve::start_with(addr, api.clone(), options(), stop.clone())
+        .await
+        .unwrap();
+    assert_eq!(first.token_origin, TokenOrigin::Generated(file.clone()));
+    assert!(first.token_notice().contains(first.token.as_str()));
+    assert!(first.token.as_str().len() >= 32);
+    assert_eq!(
+        std::fs::read_to_string(&file).unwrap().trim(),
+        first.token.as_str()
+    );
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    // The next start reads it, and does not print it again.
+    let second = serve::start_with(addr, api.clone(), options(), stop.clone())
+        .await
+        .unwrap();
+    assert_eq!(second.token_origin, TokenOrigin::File(file.clone()));
+    assert_eq!(second.token.as_str(), first.token.as_str());
+    assert!(!second.token_notice().contains(first.token.as_str()));
+    let (status, _) = json_of(
+        client_with(first.token.as_str())
+            .get(format!("http://{}/v1/agents", second.addr))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+
+    // A file others can read is refused rather than trusted.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let refused = serve::start_with(addr, api, options(), stop.clone()).await;
+        assert!(refused.unwrap_err().to_string().contains("chmod 600"));
+    }
+
+    stop.cancel();
+    first.task.await.unwrap().unwrap();
+    second.task.await.unwrap().unwrap();
+    hosted.shutdown().await;
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `wma serve` with few file descriptors: opening more connections than
+/// it can accept makes `accept` fail (EMFILE); once they close, it serves
+/// again. The server runs as its own process because the descriptor limit
+/// is the whole process's.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_survives_running_out_of_file_descriptors() {
+    use tokio::io::AsyncBufReadExt;
+
+    let dir = scratch("emfile");
+    let config = dir.join("serve.toml");
+    std::fs::write(&config, CONFIG).unwrap();
+    let mut child = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg(r#"ulimit -n 64 && exec "$0" serve --config "$1" --listen 127.0.0.1:0"#)
+        .arg(env!("CARGO_BIN_EXE_wma"))
+        .arg(&config)
+        .env("WMA_CACHE_DIR", &dir)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = tokio::time::timeout(HANG, async {
+        while let Some(line) = stdout.next_line().await.unwrap() {
+            if let Some(addr) = line.strip_prefix("http listening on http://") {
+                return addr.to_string();
+            }
+        }
+        panic!("`wma serve` ended before it listened");
+    })
+    .await
+    .expect("`wma serve` starts");
+    let token = std::fs::read_to_string(dir.join(serve::TOKEN_FILE_NAME)).unwrap();
+    let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+
+    // More connections than 64 descriptors hold; the kernel queues the
+    // ones the server cannot accept.
+    let mut held = Vec::new();
+    for _ in 0..128 {
+        held.push(TcpStream::connect(&addr).await.unwrap());
+    }
+    tokio::time::timeout(HANG, async {
+        while let Some(line) = stderr.next_line().await.unwrap() {
+            if line.contains("accepting a connection failed") {
+                return;
+            }
+        }
+        panic!("`wma serve` ended");
+    })
+    .await
+    .expect("accepting fails once the descriptors are spent");
+    drop(held);
+
+    let response = client_with(token.trim())
+        .get(format!("http://{addr}/v1/agents"))
+        .timeout(HANG)
+        .send()
+        .await
+        .expect("the server accepts again");
+    assert_eq!(response.status(), StatusCode::OK);
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "`wma serve` is running"
+    );
+    child.kill().await.unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
 }

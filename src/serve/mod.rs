@@ -3,43 +3,64 @@
 //!
 //! | method and path | what it does |
 //! |---|---|
-//! | `GET /v1/health` | `{"status": "ok", ...}` while the runtime serves |
+//! | `GET /v1/health` | whether the host serves; each actor's state with the token |
 //! | `GET /v1/agents` | the agents, their providers, models and sub-agents |
 //! | `POST /v1/agents/{agent}/runs` | starts a run; the answer is an SSE stream of its parts |
 //! | `POST /v1/agents/{agent}/runs/{run}/stop` | stops a run (and its sub-agents' runs) |
 //! | `PUT /v1/agents/{agent}/provider` | swaps the model of the agent's provider |
 //!
-//! `docs/http-api.md` describes the bodies, events and errors. The server
-//! is plain hyper (already in the build for the tests' OTLP receiver), so
-//! `wma` brings no web framework along.
+//! Only the operator gets in: every request but a bare health check needs
+//! the bearer token, pages of other origins and requests for other host
+//! names are refused, and bodies must be JSON. Each connection is bounded
+//! in time and their number is capped; see [`ServerOptions`] and
+//! `docs/security.md`. `docs/http-api.md` describes the bodies, events and
+//! errors. The server is plain hyper (already in the build for the tests'
+//! OTLP receiver), so `wma` brings no web framework along.
 
+mod conn;
+mod guard;
+mod health;
+mod options;
+mod token;
+
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
 use futures::StreamExt;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
-use hyper::body::{Bytes, Frame, Incoming};
-use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
+use hyper::body::{Body as _, Bytes, Frame, Incoming};
+use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{ChatMessage, Provider};
-use wma_runtime::{AgentHandle, ProviderHandle, Runtime, RuntimeError, TaggedPart};
+use wma_runtime::{
+    AgentHandle, ProviderHandle, RunId, Runtime, RuntimeError, TaggedPart, ToolBridgeHandle,
+};
 
 use crate::config::{Config, provider_source};
 
-/// Largest request body the API reads.
-pub const MAX_BODY_BYTES: usize = 1 << 20;
+pub use conn::{ACCEPT_BACKOFF_MAX, ACCEPT_BACKOFF_MIN};
+pub use health::HEALTH_PROBE_TIMEOUT;
+pub use options::{
+    DEFAULT_BODY_TIMEOUT, DEFAULT_CONNECTION_WAIT, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_RUNS_PER_CLIENT, MIN_TOKEN_CHARS,
+    ServerOptions, TOKEN_FILE_NAME, TokenSource,
+};
+pub use token::{Token, TokenOrigin};
 
 /// The header that carries a new run's id (it is also the first event).
 pub const RUN_ID_HEADER: &str = "x-run-id";
+
+/// Random bytes in a run id (128 bits): a page or a client that knows one
+/// run's id learns nothing about any other's, so it cannot stop them.
+const RUN_ID_BYTES: usize = 16;
 
 type Body = UnsyncBoxBody<Bytes, Infallible>;
 
@@ -49,12 +70,16 @@ struct Agent {
     handle: AgentHandle,
     /// Its provider's name in the config, and the provider actor.
     provider: (String, ProviderHandle),
+    /// The tool bridge its runs use (for the health check).
+    tools: Option<ToolBridgeHandle>,
 }
 
 /// What the handlers share.
 pub struct Api {
     config: Config,
     agents: Vec<Agent>,
+    /// Every provider actor of the runtime, by name (for the health check).
+    providers: Vec<(String, ProviderHandle)>,
     started: Instant,
 }
 
@@ -66,12 +91,18 @@ impl Api {
         for handle in runtime.agents() {
             agents.push(Agent {
                 provider: runtime.provider_of(handle.name())?,
+                tools: runtime.tools_of(handle.name()).ok(),
                 handle: handle.clone(),
             });
+        }
+        let mut providers = Vec::new();
+        for name in runtime.provider_names() {
+            providers.push((name.clone(), runtime.provider_named(&name)?));
         }
         Ok(Arc::new(Self {
             config,
             agents,
+            providers,
             started: Instant::now(),
         }))
     }
@@ -89,73 +120,276 @@ impl std::fmt::Debug for Api {
     }
 }
 
-/// Serves the API on `listener` until `shutdown` is cancelled. Runs whose
-/// streams are open when it ends are stopped as their connections close.
-pub async fn serve(
-    listener: TcpListener,
-    api: Arc<Api>,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    loop {
-        let (stream, peer) = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            accepted = listener.accept() => accepted?,
-        };
-        let api = api.clone();
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request| {
-                let api = api.clone();
-                async move { Ok::<_, Infallible>(route(&api, request).await) }
-            });
-            let connection = auto::Builder::new(TokioExecutor::new());
-            let connection = connection.serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                result = connection => {
-                    if let Err(error) = result {
-                        tracing::debug!(%peer, %error, "an HTTP connection ended with an error");
-                    }
-                }
-                // Dropping the connection drops its open event streams,
-                // which stops their runs.
-                _ = shutdown.cancelled() => {}
-            }
-        });
+/// A server that was started: where it listens, the task serving it, and
+/// the token requests must carry.
+#[derive(Debug)]
+pub struct Started {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// The serving task; it ends (with `Ok`) when `shutdown` is cancelled.
+    pub task: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// The token every request but a bare health check must carry.
+    pub token: Token,
+    /// Where the token came from.
+    pub token_origin: TokenOrigin,
+}
+
+impl Started {
+    /// The line to tell the operator about the token (see
+    /// [`TokenOrigin::notice`]).
+    pub fn token_notice(&self) -> String {
+        self.token_origin.notice(&self.token)
     }
 }
 
-/// Binds `addr` and serves the API there; returns the bound address and
-/// the serving task.
+/// Binds `addr` and serves the API there with `options`, until `shutdown`
+/// is cancelled. The token is loaded (or generated) before anything
+/// listens, so a token problem is an error here, not a refused request
+/// later. Runs whose streams are open when it ends are stopped as their
+/// connections close.
+pub async fn start_with(
+    addr: SocketAddr,
+    api: Arc<Api>,
+    options: ServerOptions,
+    shutdown: CancellationToken,
+) -> std::io::Result<Started> {
+    let (token, token_origin) = options.token.load()?;
+    let listener = TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let server = Arc::new(Server::new(api, token.clone(), bound, options));
+    Ok(Started {
+        addr: bound,
+        task: tokio::spawn(conn::accept_loop(listener, server, shutdown)),
+        token,
+        token_origin,
+    })
+}
+
+/// [`start_with`] the default [`ServerOptions`] (the token in the cache
+/// folder), telling the operator about the token on stderr. Returns the
+/// bound address and the serving task.
 pub async fn start(
     addr: SocketAddr,
     api: Arc<Api>,
     shutdown: CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
-    let listener = TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    Ok((bound, tokio::spawn(serve(listener, api, shutdown))))
+    let started = start_with(addr, api, ServerOptions::default(), shutdown).await?;
+    eprintln!("{}", started.token_notice());
+    Ok((started.addr, started.task))
 }
 
-async fn route(api: &Api, request: Request<Incoming>) -> Response<Body> {
+/// Serves the API on a bound `listener` with `options` until `shutdown` is
+/// cancelled. Accept errors (out of file descriptors, say) are logged and
+/// retried; they never end it.
+pub async fn serve_with(
+    listener: TcpListener,
+    api: Arc<Api>,
+    options: ServerOptions,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let (token, _) = options.token.load()?;
+    let server = Arc::new(Server::new(api, token, listener.local_addr()?, options));
+    conn::accept_loop(listener, server, shutdown).await
+}
+
+/// One server: the API, its options and request checks, and its runs.
+pub(crate) struct Server {
+    api: Arc<Api>,
+    options: ServerOptions,
+    guard: guard::Guard,
+    runs: Arc<RunBook>,
+}
+
+impl Server {
+    fn new(api: Arc<Api>, token: Token, listen: SocketAddr, options: ServerOptions) -> Self {
+        Self {
+            guard: guard::Guard::new(token, listen, &options),
+            runs: Arc::new(RunBook::default()),
+            api,
+            options,
+        }
+    }
+}
+
+/// The runs this server started: their public ids, and how many each
+/// client has streaming.
+#[derive(Default)]
+struct RunBook {
+    /// Public id → the agent and the runtime's id of the run.
+    ids: Mutex<HashMap<String, (String, RunId)>>,
+    /// Runs streaming per client address.
+    per_client: Mutex<HashMap<IpAddr, usize>>,
+}
+
+impl RunBook {
+    fn ids(&self) -> MutexGuard<'_, HashMap<String, (String, RunId)>> {
+        // The maps hold plain values; a panic elsewhere leaves them usable.
+        self.ids.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn per_client(&self) -> MutexGuard<'_, HashMap<IpAddr, usize>> {
+        self.per_client.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A slot for one more run of `client`, unless it has `limit` already.
+    fn admit(self: &Arc<Self>, client: IpAddr, limit: usize) -> Option<RunTicket> {
+        let mut counts = self.per_client();
+        let count = counts.entry(client).or_insert(0);
+        if *count >= limit {
+            return None;
+        }
+        *count += 1;
+        Some(RunTicket {
+            book: self.clone(),
+            client,
+            id: None,
+        })
+    }
+}
+
+/// A client's slot for one run, and the run's public id once it started.
+/// The event stream owns it: when the stream ends or the client goes away,
+/// the slot frees and the id is forgotten.
+struct RunTicket {
+    book: Arc<RunBook>,
+    client: IpAddr,
+    id: Option<String>,
+}
+
+impl RunTicket {
+    /// Gives the started run a public id.
+    fn register(&mut self, agent: &str, run: RunId) -> std::io::Result<String> {
+        let id = token::random_hex(RUN_ID_BYTES)?;
+        self.book.ids().insert(id.clone(), (agent.to_string(), run));
+        self.id = Some(id.clone());
+        Ok(id)
+    }
+}
+
+impl Drop for RunTicket {
+    fn drop(&mut self) {
+        if let Some(id) = &self.id {
+            self.book.ids().remove(id);
+        }
+        let mut counts = self.book.per_client();
+        if let Some(count) = counts.get_mut(&self.client) {
+            *count -= 1;
+            if *count == 0 {
+                counts.remove(&self.client);
+            }
+        }
+    }
+}
+
+/// Every request comes here: the checks, then the endpoint.
+async fn handle(server: &Server, peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
+    let (parts, body) = request.into_parts();
+    if let Err(refusal) = server.guard.check_host(&parts) {
+        return refused(refusal);
+    }
+    let cors = match server.guard.check_origin(&parts) {
+        Ok(cors) => cors,
+        Err(refusal) => return refused(refusal),
+    };
+    let preflight = cors.is_some() && guard::is_preflight(&parts);
+    let mut response = if preflight {
+        let mut response = Response::new(empty());
+        *response.status_mut() = StatusCode::NO_CONTENT;
+        response
+    } else {
+        checked(server, peer, Request::from_parts(parts, body)).await
+    };
+    if let Some(origin) = cors {
+        guard::add_cors(response.headers_mut(), origin, preflight);
+    }
+    response
+}
+
+/// A request from an accepted host and origin: the token, the media type,
+/// then the endpoint.
+async fn checked(server: &Server, peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
+    let is_health =
+        request.method() == Method::GET && request.uri().path().trim_matches('/') == "v1/health";
+    match server.guard.authorize(request.headers()) {
+        guard::Auth::Valid => {}
+        // A bare health check (a load balancer, a supervisor) learns only
+        // whether the host serves.
+        guard::Auth::Missing if is_health => {
+            let (status, body) = health::report(&server.api, false).await;
+            return json_response(status, &body);
+        }
+        guard::Auth::Missing => {
+            return unauthorized("this API needs `Authorization: Bearer <token>`");
+        }
+        guard::Auth::Wrong => return unauthorized("the token is not this server's"),
+    }
+    if !request.body().is_end_stream() && !guard::is_json(request.headers()) {
+        return error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "a request body must be JSON, with `Content-Type: application/json`",
+        );
+    }
+    route(server, peer, request).await
+}
+
+fn refused(refusal: guard::Refusal) -> Response<Body> {
+    match refusal {
+        guard::Refusal::NoHost => error(StatusCode::BAD_REQUEST, "the request has no Host header"),
+        guard::Refusal::Host(host) => {
+            tracing::warn!(%host, "refused a request for another host name (DNS rebinding?)");
+            error(
+                StatusCode::FORBIDDEN,
+                format!("this server is not reached as `{host}`"),
+            )
+        }
+        guard::Refusal::Origin(origin) => {
+            tracing::warn!(%origin, "refused a request from a page of another origin");
+            error(
+                StatusCode::FORBIDDEN,
+                format!("pages of `{origin}` may not call this API"),
+            )
+        }
+    }
+}
+
+fn unauthorized(message: &str) -> Response<Body> {
+    let mut response = error(StatusCode::UNAUTHORIZED, message);
+    response
+        .headers_mut()
+        .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+fn empty() -> Body {
+    Full::new(Bytes::new())
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
+
+async fn route(server: &Server, peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
+    let api = &server.api;
     let method = request.method().clone();
     let path = request.uri().path().to_string();
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     match (&method, segments.as_slice()) {
-        (&Method::GET, ["v1", "health"]) => health(api),
+        (&Method::GET, ["v1", "health"]) => {
+            let (status, body) = health::report(api, true).await;
+            json_response(status, &body)
+        }
         (&Method::GET, ["v1", "agents"]) => list_agents(api),
         (&Method::POST, ["v1", "agents", agent, "runs"]) => {
             let agent = agent.to_string();
-            match read_json::<RunBody>(request).await {
-                Ok(body) => start_run(api, &agent, body).await,
+            match read_json::<RunBody>(&server.options, request).await {
+                Ok(body) => start_run(server, peer.ip(), &agent, body).await,
                 Err(response) => response,
             }
         }
         (&Method::POST, ["v1", "agents", agent, "runs", run, "stop"]) => {
-            stop_run(api, agent, run).await
+            stop_run(server, agent, run).await
         }
         (&Method::PUT, ["v1", "agents", agent, "provider"]) => {
             let agent = agent.to_string();
-            match read_json::<SwapBody>(request).await {
+            match read_json::<SwapBody>(&server.options, request).await {
                 Ok(body) => swap(api, &agent, body).await,
                 Err(response) => response,
             }
@@ -200,37 +434,55 @@ fn runtime_error(failure: &RuntimeError) -> Response<Body> {
     error(status, failure.to_string())
 }
 
+/// Reads a JSON body within the size cap and the body timeout.
 async fn read_json<T: for<'de> Deserialize<'de>>(
+    options: &ServerOptions,
     request: Request<Incoming>,
 ) -> Result<T, Response<Body>> {
-    let limited = http_body_util::Limited::new(request.into_body(), MAX_BODY_BYTES);
-    let bytes = limited
-        .collect()
+    let limit = options.max_body_bytes;
+    let too_large = || {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body is larger than the {limit} bytes this server reads"),
+        )
+    };
+    // A declared length over the cap is refused before a byte is read.
+    if request
+        .body()
+        .size_hint()
+        .exact()
+        .is_some_and(|n| n > limit as u64)
+    {
+        return Err(too_large());
+    }
+    let limited = http_body_util::Limited::new(request.into_body(), limit);
+    let collected = tokio::time::timeout(options.body_timeout, limited.collect())
         .await
-        .map_err(|e| {
+        .map_err(|_| {
             error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("could not read the body: {e}"),
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "the body did not arrive within {:.1} s",
+                    options.body_timeout.as_secs_f64()
+                ),
             )
-        })?
-        .to_bytes();
+        })?;
+    let bytes = match collected {
+        Ok(collected) => collected.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
+        Err(e) => {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                format!("could not read the body: {e}"),
+            ));
+        }
+    };
     serde_json::from_slice(&bytes).map_err(|e| {
         error(
             StatusCode::BAD_REQUEST,
             format!("the body is not what this endpoint takes: {e}"),
         )
     })
-}
-
-fn health(api: &Api) -> Response<Body> {
-    json_response(
-        StatusCode::OK,
-        &json!({
-            "status": "ok",
-            "agents": api.agents.len(),
-            "uptime_secs": api.started.elapsed().as_secs(),
-        }),
-    )
 }
 
 fn list_agents(api: &Api) -> Response<Body> {
@@ -271,8 +523,8 @@ struct RunBody {
     messages: Option<Vec<ChatMessage>>,
 }
 
-async fn start_run(api: &Api, name: &str, body: RunBody) -> Response<Body> {
-    let Some(agent) = api.agent(name) else {
+async fn start_run(server: &Server, client: IpAddr, name: &str, body: RunBody) -> Response<Body> {
+    let Some(agent) = server.api.agent(name) else {
         return error(
             StatusCode::NOT_FOUND,
             format!("there is no agent named `{name}`"),
@@ -288,15 +540,30 @@ async fn start_run(api: &Api, name: &str, body: RunBody) -> Response<Body> {
             );
         }
     };
+    let limit = server.options.max_runs_per_client;
+    let Some(mut ticket) = server.runs.admit(client, limit) else {
+        return error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "this client already has {limit} runs streaming (the server's limit); try again when one finishes"
+            ),
+        );
+    };
     let run = match agent.handle.run(messages).await {
         Ok(run) => run,
         Err(e) => return runtime_error(&e),
     };
-    let id = run.id();
+    let id = match ticket.register(name, run.id()) {
+        Ok(id) => id,
+        // Dropping the run stops it.
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
     let first = sse_event("run", &json!({"agent": name, "run_id": id}));
     // The stream ends after the run's terminal part; dropping it (the
-    // client went away) stops the run.
-    let parts = run.tagged().map(|part: TaggedPart| {
+    // client went away) stops the run, frees the client's slot and
+    // forgets the id.
+    let parts = run.tagged().map(move |part: TaggedPart| {
+        let _ticket = &ticket;
         let event = sse_event("part", &serde_json::to_value(&part).unwrap_or(Value::Null));
         Ok::<_, Infallible>(Frame::data(event))
     });
@@ -305,7 +572,7 @@ async fn start_run(api: &Api, name: &str, body: RunBody) -> Response<Body> {
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
     headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    if let Ok(value) = HeaderValue::from_str(&id.to_string()) {
+    if let Ok(value) = HeaderValue::from_str(&id) {
         headers.insert(RUN_ID_HEADER, value);
     }
     response
@@ -316,15 +583,21 @@ fn sse_event(event: &str, data: &Value) -> Bytes {
     Bytes::from(format!("event: {event}\ndata: {data}\n\n"))
 }
 
-async fn stop_run(api: &Api, name: &str, run: &str) -> Response<Body> {
-    let Some(agent) = api.agent(name) else {
+async fn stop_run(server: &Server, name: &str, run: &str) -> Response<Body> {
+    let Some(agent) = server.api.agent(name) else {
         return error(
             StatusCode::NOT_FOUND,
             format!("there is no agent named `{name}`"),
         );
     };
-    let Ok(run) = run.parse() else {
+    if run.len() != 2 * RUN_ID_BYTES || !run.bytes().all(|b| b.is_ascii_hexdigit()) {
         return error(StatusCode::BAD_REQUEST, format!("`{run}` is not a run id"));
+    }
+    let found = server.runs.ids().get(&run.to_ascii_lowercase()).cloned();
+    // An id this server never gave out, one of another agent's runs, or
+    // one of a run that ended: nothing of this agent's is running under it.
+    let Some((_, run)) = found.filter(|(owner, _)| owner == name) else {
+        return json_response(StatusCode::OK, &json!({"stopped": false}));
     };
     match agent.handle.stop(run).await {
         Ok(stopped) => json_response(StatusCode::OK, &json!({"stopped": stopped})),

@@ -1,0 +1,258 @@
+//! The checks every request passes before it reaches an endpoint: the
+//! `Host` (DNS rebinding), the `Origin` (other sites' pages), the token and
+//! the body's media type.
+
+use std::net::SocketAddr;
+
+use hyper::header::{
+    ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS, ACCESS_CONTROL_ALLOW_ORIGIN,
+    ACCESS_CONTROL_EXPOSE_HEADERS, ACCESS_CONTROL_MAX_AGE, AUTHORIZATION, CONTENT_TYPE, HOST,
+    HeaderMap, HeaderValue, ORIGIN, VARY,
+};
+use hyper::http::request::Parts;
+
+use super::RUN_ID_HEADER;
+use super::options::ServerOptions;
+use super::token::Token;
+
+/// What the token check found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Auth {
+    /// The request carries the token.
+    Valid,
+    /// The request carries no `Authorization` header.
+    Missing,
+    /// It carries one, with another token or scheme.
+    Wrong,
+}
+
+/// Why a request is refused before any endpoint sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// No `Host` header (HTTP/1.1 requires one): 400.
+    NoHost,
+    /// A `Host` the server is not reached by: 403.
+    Host(String),
+    /// An `Origin` not in the allow-list: 403.
+    Origin(String),
+}
+
+/// The request checks, built once per server.
+#[derive(Debug)]
+pub(crate) struct Guard {
+    token: Token,
+    /// Accepted `Host` values, lowercase.
+    hosts: Vec<String>,
+    /// Allowed origins, lowercase and without a trailing slash.
+    origins: Vec<String>,
+}
+
+impl Guard {
+    pub(crate) fn new(token: Token, listen: SocketAddr, options: &ServerOptions) -> Self {
+        let port = listen.port();
+        let mut names = vec![
+            "localhost".to_string(),
+            "127.0.0.1".to_string(),
+            "[::1]".to_string(),
+        ];
+        let listen_ip = match listen {
+            SocketAddr::V4(a) => a.ip().to_string(),
+            SocketAddr::V6(a) => format!("[{}]", a.ip()),
+        };
+        // An unspecified address (0.0.0.0) is nothing a client can send;
+        // the operator names the real ones in `allowed_hosts`.
+        if !listen.ip().is_unspecified() {
+            names.push(listen_ip);
+        }
+        let mut hosts: Vec<String> = names.iter().map(|n| format!("{n}:{port}")).collect();
+        // Clients leave the port out when it is the scheme's default.
+        if port == 80 {
+            hosts.extend(names);
+        }
+        hosts.extend(options.allowed_hosts.iter().map(|h| h.to_ascii_lowercase()));
+        let origins = options
+            .allowed_origins
+            .iter()
+            .map(|o| o.trim_end_matches('/').to_ascii_lowercase())
+            .collect();
+        Self {
+            token,
+            hosts,
+            origins,
+        }
+    }
+
+    /// The `Host` must be one the server is reached by. A page on a name
+    /// that an attacker re-pointed at this machine (DNS rebinding) sends
+    /// that name, and is refused here even though it reached the port.
+    pub(crate) fn check_host(&self, request: &Parts) -> Result<(), Refusal> {
+        let Some(host) = request.headers.get(HOST) else {
+            return Err(Refusal::NoHost);
+        };
+        let host = String::from_utf8_lossy(host.as_bytes()).to_ascii_lowercase();
+        if !self.hosts.contains(&host) {
+            return Err(Refusal::Host(host));
+        }
+        // An absolute request target names the host too, and wins over the
+        // header where a proxy reads it; it must pass the same check.
+        if let Some(authority) = request.uri.authority() {
+            let authority = authority.as_str().to_ascii_lowercase();
+            if !self.hosts.contains(&authority) {
+                return Err(Refusal::Host(authority));
+            }
+        }
+        Ok(())
+    }
+
+    /// A request from a page carries its `Origin`; only allowed ones pass.
+    /// Requests without one (curl, scripts, same-origin navigation) pass
+    /// to the token check. Returns the allowed origin, for CORS headers.
+    pub(crate) fn check_origin(&self, request: &Parts) -> Result<Option<HeaderValue>, Refusal> {
+        let Some(origin) = request.headers.get(ORIGIN) else {
+            return Ok(None);
+        };
+        let text = String::from_utf8_lossy(origin.as_bytes()).to_ascii_lowercase();
+        if self.origins.contains(&text) {
+            Ok(Some(origin.clone()))
+        } else {
+            Err(Refusal::Origin(text))
+        }
+    }
+
+    /// Whether the request carries `Authorization: Bearer <token>`.
+    pub(crate) fn authorize(&self, headers: &HeaderMap) -> Auth {
+        let Some(value) = headers.get(AUTHORIZATION) else {
+            return Auth::Missing;
+        };
+        let value = value.as_bytes();
+        let scheme = b"bearer ";
+        if value.len() <= scheme.len() || !value[..scheme.len()].eq_ignore_ascii_case(scheme) {
+            return Auth::Wrong;
+        }
+        if self.token.matches(value[scheme.len()..].trim_ascii()) {
+            Auth::Valid
+        } else {
+            Auth::Wrong
+        }
+    }
+}
+
+/// Whether a `Content-Type` says JSON (`application/json`, any parameters).
+pub(crate) fn is_json(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|media| media.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// Whether a request is a CORS preflight (an allowed page asking before it
+/// sends a request with a token or a JSON body).
+pub(crate) fn is_preflight(request: &Parts) -> bool {
+    request.method == hyper::Method::OPTIONS
+        && request
+            .headers
+            .contains_key(hyper::header::ACCESS_CONTROL_REQUEST_METHOD)
+}
+
+/// The CORS headers for an allowed origin: it may read the answer (and
+/// the run id header), and send the token and a JSON body.
+pub(crate) fn add_cors(headers: &mut HeaderMap, origin: HeaderValue, preflight: bool) {
+    headers.insert(ACCESS_CONTROL_ALLOW_ORIGIN, origin);
+    headers.insert(VARY, HeaderValue::from_static("origin"));
+    headers.insert(
+        ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static(RUN_ID_HEADER),
+    );
+    if preflight {
+        headers.insert(
+            ACCESS_CONTROL_ALLOW_METHODS,
+            HeaderValue::from_static("GET, POST, PUT"),
+        );
+        headers.insert(
+            ACCESS_CONTROL_ALLOW_HEADERS,
+            HeaderValue::from_static("authorization, content-type"),
+        );
+        headers.insert(ACCESS_CONTROL_MAX_AGE, HeaderValue::from_static("600"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(headers: &[(&str, &str)]) -> Parts {
+        let mut request = hyper::Request::builder().uri("/v1/agents");
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.body(()).unwrap().into_parts().0
+    }
+
+    fn guard(options: &ServerOptions) -> Guard {
+        let token = Token::parse(&"t".repeat(40)).unwrap();
+        Guard::new(token, "127.0.0.1:8080".parse().unwrap(), options)
+    }
+
+    #[test]
+    fn loopback_names_and_configured_hosts_pass_and_others_do_not() {
+        let options = ServerOptions {
+            allowed_hosts: vec!["Agents.Example.com".to_string()],
+            ..ServerOptions::default()
+        };
+        let guard = guard(&options);
+        for host in [
+            "127.0.0.1:8080",
+            "LOCALHOST:8080",
+            "[::1]:8080",
+            "agents.example.com",
+        ] {
+            assert_eq!(
+                guard.check_host(&parts(&[("host", host)])),
+                Ok(()),
+                "{host}"
+            );
+        }
+        for host in ["evil.example:8080", "localhost", "127.0.0.1:8081"] {
+            assert!(
+                guard.check_host(&parts(&[("host", host)])).is_err(),
+                "{host}"
+            );
+        }
+        assert_eq!(guard.check_host(&parts(&[])), Err(Refusal::NoHost));
+    }
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive_and_the_token_is_not() {
+        let guard = guard(&ServerOptions::default());
+        let headers = |v: &str| parts(&[("authorization", v)]).headers;
+        let token = "t".repeat(40);
+        assert_eq!(
+            guard.authorize(&headers(&format!("Bearer {token}"))),
+            Auth::Valid
+        );
+        assert_eq!(
+            guard.authorize(&headers(&format!("bearer {token}"))),
+            Auth::Valid
+        );
+        assert_eq!(
+            guard.authorize(&headers(&format!("Bearer {}", token.to_uppercase()))),
+            Auth::Wrong
+        );
+        assert_eq!(
+            guard.authorize(&headers(&format!("Basic {token}"))),
+            Auth::Wrong
+        );
+        assert_eq!(guard.authorize(&parts(&[]).headers), Auth::Missing);
+    }
+
+    #[test]
+    fn json_with_parameters_is_json() {
+        let headers = |v: &str| parts(&[("content-type", v)]).headers;
+        assert!(is_json(&headers("application/json")));
+        assert!(is_json(&headers("Application/JSON; charset=utf-8")));
+        assert!(!is_json(&headers("text/plain")));
+        assert!(!is_json(&headers("application/jsonx")));
+        assert!(!is_json(&parts(&[]).headers));
+    }
+}
