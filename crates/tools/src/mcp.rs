@@ -592,7 +592,7 @@ fn tool_definition(tool: &Value) -> ToolDefinition {
 
 /// The text of a `tools/call` result: text blocks as they are, other
 /// blocks named, structured content when there is no text.
-fn result_text(result: &Value) -> String {
+pub(crate) fn result_text(result: &Value) -> String {
     let mut parts = Vec::new();
     for block in result["content"].as_array().into_iter().flatten() {
         let kind = block["type"].as_str().unwrap_or_default();

@@ -368,3 +368,73 @@ async fn a_second_client_connects_to_the_running_browser_and_follows_its_tab() {
     drop(other);
     shop.close().await;
 }
+
+/// A page written for the older API (`navigator.modelContext`, with
+/// `provideContext` and `registerTool`) gets its tools offered, and its
+/// MCP-style results reach the model as their text, `isError` as a tool
+/// error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_written_for_the_older_api_gets_its_tools_and_its_results_read() {
+    let pages = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/pages/legacy");
+    let site = LoopbackSite::serve(pages).await.unwrap();
+    let browser = crate::support::browser().await;
+    let page = browser.open(&site.url()).await.unwrap();
+    let mut listed: Vec<String> = page
+        .list_tools()
+        .await
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    listed.sort();
+    assert_eq!(
+        listed,
+        ["greet_guest", "opening_hours", "reserve_table"],
+        "provideContext replaced its first set, and the unregistered tool is gone"
+    );
+    assert_eq!(
+        page.call_tool("opening_hours", json!({}), CancellationToken::new())
+            .await
+            .unwrap(),
+        "Open 12:00 to 23:00."
+    );
+
+    let mut tools = ToolSet::new();
+    tools.add_with("bistro", page.clone(), SourceOptions::default());
+    let provider = ScriptedProvider::new([
+        call("greet_guest", json!({"name": "Ada"})),
+        call("reserve_table", json!({"party": 9})),
+        "Hello Ada; there is no table for nine tonight.".to_string(),
+    ]);
+    let request = AgentRunRequest::new(
+        vec![ChatMessage::user("Greet me (Ada) and book a table for 9.")],
+        Arc::new(tools),
+    );
+    let parts = run_all(provider.clone(), request, inline()).await;
+    assert!(
+        parts.iter().any(
+            |p| matches!(p, AgentStreamPart::ToolResult { name, output, .. }
+            if name == "greet_guest" && output == "Hello, Ada.\nYour usual table is free.")
+        ),
+        "{parts:#?}"
+    );
+    assert!(
+        parts.iter().any(|p| matches!(p, AgentStreamPart::ToolError { error, .. }
+            if error.code == ToolErrorCode::ToolFailed && error.message == "No table for 9 tonight.")),
+        "{parts:#?}"
+    );
+    let last = provider.requests().last().cloned().unwrap();
+    let seen: String = last.messages.iter().map(|m| m.content.as_str()).collect();
+    assert!(
+        seen.contains("Hello, Ada.\nYour usual table is free."),
+        "{seen}"
+    );
+    assert!(
+        seen.contains("Error [tool_failed]: No table for 9 tonight."),
+        "{seen}"
+    );
+    assert!(
+        !seen.contains("\"content\""),
+        "the model reads text, not the result object: {seen}"
+    );
+    browser.close().await;
+}

@@ -24,6 +24,9 @@ pub const DEFAULT_SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a cancelled call waits for the page to confirm.
 const CANCEL_CONFIRM_WAIT: Duration = Duration::from_secs(2);
 
+/// The older `navigator.modelContext` API, mapped onto `document.modelContext`.
+const LEGACY_API: &str = include_str!("legacy.js");
+
 /// Answers that came before their call was registered, kept this many at
 /// most (Chromium may also send a second answer for one invocation).
 const EARLY_ANSWERS: usize = 32;
@@ -37,6 +40,11 @@ pub struct PageOptions {
     /// How long to wait for a navigation in progress before listing or
     /// calling anyway. Default: [`DEFAULT_SETTLE_TIMEOUT`].
     pub settle_timeout: Duration,
+    /// Offer the older API, `navigator.modelContext` (`provideContext`,
+    /// `registerTool`, `unregisterTool`, `clearContext`), to every document
+    /// the tab loads, mapped onto Chromium's `document.modelContext`, so
+    /// pages written for it get their tools too. Default: true.
+    pub legacy_api: bool,
 }
 
 impl Default for PageOptions {
@@ -44,6 +52,7 @@ impl Default for PageOptions {
         Self {
             call_timeout: DEFAULT_PAGE_CALL_TIMEOUT,
             settle_timeout: DEFAULT_SETTLE_TIMEOUT,
+            legacy_api: true,
         }
     }
 }
@@ -298,9 +307,51 @@ fn output_text(output: Option<&Value>) -> String {
     }
 }
 
+/// A result in MCP's shape (`{content: [{type: "text", text}], isError?}`),
+/// which tools written for MCP and for the older WebMCP API return. Only an
+/// object made of MCP's result fields and a `content` list of typed blocks
+/// counts, so a tool's own JSON that merely has a `content` key is kept.
+fn mcp_result(output: &Value) -> Option<Value> {
+    let parsed;
+    let output = match output {
+        Value::String(text) if text.trim_start().starts_with('{') => {
+            parsed = serde_json::from_str::<Value>(text).ok()?;
+            &parsed
+        }
+        other => other,
+    };
+    let fields = output.as_object()?;
+    let blocks = fields.get("content")?.as_array()?;
+    let known = fields.keys().all(|k| {
+        matches!(
+            k.as_str(),
+            "content" | "isError" | "structuredContent" | "_meta"
+        )
+    });
+    let typed = blocks.iter().all(|b| b["type"].is_string());
+    (known && typed).then(|| output.clone())
+}
+
 fn responded_result(name: &str, responded: Responded) -> Result<String, ToolError> {
     match responded.status.as_str() {
-        "Completed" => Ok(output_text(responded.output.as_ref())),
+        "Completed" => match responded.output.as_ref().and_then(mcp_result) {
+            Some(result) => {
+                let text = crate::mcp::result_text(&result);
+                if result["isError"].as_bool() == Some(true) {
+                    Err(ToolError::new(
+                        ToolErrorCode::ToolFailed,
+                        if text.trim().is_empty() {
+                            format!("{name} failed without a message")
+                        } else {
+                            text
+                        },
+                    ))
+                } else {
+                    Ok(text)
+                }
+            }
+            None => Ok(output_text(responded.output.as_ref())),
+        },
         "Canceled" => Err(ToolError::new(
             ToolErrorCode::Cancelled,
             format!("the page cancelled the call to {name}"),
@@ -373,6 +424,14 @@ impl WebMcpPage {
         };
         for method in ["Page.enable", "Inspector.enable", "WebMCP.enable"] {
             page.command(method, json!({})).await?;
+        }
+        if page.inner.options.legacy_api {
+            // Before the page's own scripts, in every document the tab loads.
+            page.command(
+                "Page.addScriptToEvaluateOnNewDocument",
+                json!({"source": LEGACY_API}),
+            )
+            .await?;
         }
         // A tab that was attached to keeps its document: start from its
         // address (later navigations update it from events).
@@ -879,6 +938,61 @@ mod tests {
         assert_eq!(
             responded_result("t", cancelled).unwrap_err().code,
             ToolErrorCode::Cancelled
+        );
+    }
+
+    fn completed(output: Value) -> Responded {
+        Responded {
+            status: "Completed".into(),
+            output: Some(output),
+            error_text: None,
+            exception: None,
+        }
+    }
+
+    #[test]
+    fn mcp_style_results_reach_the_model_as_their_text() {
+        let result = json!({"content": [
+            {"type": "text", "text": "Hello, Ada."},
+            {"type": "text", "text": "Welcome back."}]});
+        assert_eq!(
+            responded_result("greet", completed(result.clone())).unwrap(),
+            "Hello, Ada.\nWelcome back."
+        );
+        // Chromium may hand the result over as the JSON text of the object.
+        assert_eq!(
+            responded_result("greet", completed(json!(result.to_string()))).unwrap(),
+            "Hello, Ada.\nWelcome back."
+        );
+        let failed =
+            json!({"content": [{"type": "text", "text": "No table tonight."}], "isError": true});
+        let error = responded_result("reserve", completed(failed)).unwrap_err();
+        assert_eq!(error.code, ToolErrorCode::ToolFailed);
+        assert_eq!(error.message, "No table tonight.");
+        let silent = json!({"content": [], "isError": true});
+        assert_eq!(
+            responded_result("reserve", completed(silent))
+                .unwrap_err()
+                .message,
+            "reserve failed without a message"
+        );
+    }
+
+    #[test]
+    fn a_tools_own_json_with_a_content_key_is_kept_as_it_is() {
+        for own in [
+            json!({"content": "a blog post", "author": "Ada"}),
+            json!({"content": [{"type": "text", "text": "x"}], "author": "Ada"}),
+            json!({"content": [1, 2, 3]}),
+        ] {
+            assert_eq!(
+                responded_result("read", completed(own.clone())).unwrap(),
+                own.to_string()
+            );
+        }
+        assert_eq!(
+            responded_result("read", completed(json!("plain text"))).unwrap(),
+            "plain text"
         );
     }
 }
