@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use webmcp_agents::agent::{
-    Constraint, ConstraintMode, Decoding, FinishReason, GenerateRequest, LocalLoopOptions, Policy,
-    ToolAnnotations, ToolDefinition, messages,
+    AgentStreamPart, Constraint, ConstraintMode, Decoding, FinishReason, GenerateRequest,
+    LocalLoopOptions, Policy, ToolAnnotations, ToolDefinition, messages,
 };
 use wma_testkit::{InMemoryToolHost, ScriptedProvider};
 
@@ -462,4 +462,139 @@ fn retry_probability() -> f32 {
 /// The small-model policy's least call probability for "call now".
 fn call_now_probability() -> f32 {
     Policy::small_model().call_now_min_probability.unwrap()
+}
+
+/// The names of the rules that fired in a run, in order.
+fn fired(parts: &[AgentStreamPart]) -> Vec<String> {
+    parts
+        .iter()
+        .filter_map(|p| match p {
+            AgentStreamPart::Rule { rule, .. } => Some(rule.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_reference_policy_with_constraints_makes_none_of_the_small_model_moves() {
+    let reference = LocalLoopOptions {
+        policy: Some(Policy::reference()),
+        ..inline()
+    };
+    // A multi-step run: a lookup that finds ids, then an action, then the
+    // lookup again (which the small-model policy would end as done).
+    let provider = ScriptedProvider::new([
+        call("search_products", json!({"query": "tent"})),
+        call("add_to_cart", json!({"product_id": "p-4"})),
+        call("search_products", json!({"query": "tent"})),
+        "Done.".to_string(),
+    ])
+    .with_constraints(true)
+    .with_call_probability(0.5);
+    let parts = run_all(
+        provider.clone(),
+        ask("Find a tent and add it to my cart", annotated_shop()),
+        reference.clone(),
+    )
+    .await;
+    assert_finish(&parts, FinishReason::Stop);
+    assert_eq!(fired(&parts), Vec::<String>::new());
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 4, "the repeated lookup did not end the run");
+    for request in &requests {
+        assert_eq!(
+            allowed(request),
+            ["add_to_cart", "search_products", "view_cart"],
+            "every shown tool is offered, as its own schema says"
+        );
+        assert_eq!(
+            argument_schema(request, "add_to_cart", "product_id"),
+            Some(json!({"type": "string"}))
+        );
+        assert_eq!(request.decoding, Decoding::default());
+        assert!(request.copy_phrases.is_empty());
+    }
+    // No named-tool retry: prose to a request that names a tool stands.
+    let provider = ScriptedProvider::new(["I'm sorry, I cannot help with that."])
+        .with_constraints(true)
+        .with_call_probability(0.5);
+    let parts = run_all(
+        provider.clone(),
+        ask("View my cart, please.", annotated_shop()),
+        reference.clone(),
+    )
+    .await;
+    assert_eq!(provider.requests().len(), 1);
+    assert_eq!(fired(&parts), Vec::<String>::new());
+    // "Call now" is not gated on the model's weight on a call.
+    let provider = ScriptedProvider::new([
+        "You can use the search to find it.".to_string(),
+        call("search_products", json!({"query": "circle"})),
+        "Found it.".to_string(),
+    ])
+    .with_constraints(true)
+    .with_call_probability(0.000_001);
+    let parts = run_all(
+        provider.clone(),
+        ask("Find the area of a circle", annotated_shop()),
+        reference,
+    )
+    .await;
+    assert_eq!(provider.requests().len(), 3, "the reference's call-now ran");
+    assert_eq!(fired(&parts), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn each_rule_that_fires_is_a_part_of_the_run() {
+    let provider = ScriptedProvider::new([
+        call("search_products", json!({"query": "tent"})),
+        call("add_to_cart", json!({"product_id": "p-4"})),
+        "Done.".to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(
+        provider.clone(),
+        ask("Find a tent and add it to my cart", annotated_shop()),
+        inline(),
+    )
+    .await;
+    assert_finish(&parts, FinishReason::Stop);
+    let fired = fired(&parts);
+    // Step 1: add_to_cart has no id to take yet; step 2: the search that
+    // found ids is set aside for the tools that take one.
+    for rule in ["ground-identifiers", "move-on", "offer-id-takers"] {
+        assert!(fired.contains(&rule.to_string()), "{rule}: {fired:?}");
+    }
+    let first_step_rules = parts
+        .iter()
+        .skip_while(|p| !matches!(p, AgentStreamPart::MessageStart { step: 1 }))
+        .take_while(|p| !matches!(p, AgentStreamPart::ToolCall { .. }))
+        .filter_map(|p| match p {
+            AgentStreamPart::Rule { rule, detail } => Some((rule.as_str(), detail.as_str())),
+            _ => None,
+        })
+        .collect::<Vec<_>>();
+    assert!(
+        first_step_rules.contains(&("ground-identifiers", "withheld add_to_cart")),
+        "{first_step_rules:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_question_is_not_answered_with_a_tool_that_changes_things() {
+    let provider = ScriptedProvider::new(["Your cart is empty."]).with_constraints(true);
+    let parts = run_all(
+        provider.clone(),
+        ask("What is in my cart right now?", annotated_shop()),
+        inline(),
+    )
+    .await;
+    assert_finish(&parts, FinishReason::Stop);
+    let first = &provider.requests()[0];
+    assert!(
+        !allowed(first).contains(&"add_to_cart".to_string()),
+        "{:?}",
+        allowed(first)
+    );
+    assert!(fired(&parts).contains(&"read-only-questions".to_string()));
 }

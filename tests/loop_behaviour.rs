@@ -1,4 +1,6 @@
-//! Every numbered step and note of the loop's reference, each with a named test.
+//! Every numbered step and note of the loop's reference, each with a named
+//! test, run under the reference policy: the loop alone, none of the
+//! small-model rules.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -6,12 +8,21 @@ use std::time::Duration;
 use serde_json::json;
 use webmcp_agents::agent::{
     AgentProfile, AgentRunRequest, AgentStreamPart, CallFormat, ChatMessage, Constraint,
-    FinishReason, LocalLoopOptions, PageContext, PromptRole, SubAgentInfo, ToolCall,
-    ToolDefinition, ToolErrorCode, messages,
+    FinishReason, LocalLoopOptions, MAX_REQUEST_BYTES, PageContext, Policy, PromptRole,
+    SubAgentInfo, ToolCall, ToolDefinition, ToolErrorCode, messages,
 };
 use wma_testkit::{InMemoryToolHost, ScriptedProvider, ScriptedReply};
 
 use crate::support::*;
+
+/// The loop's options under the reference policy, tools inline as the
+/// scripted provider wants.
+fn reference() -> LocalLoopOptions {
+    LocalLoopOptions {
+        policy: Some(Policy::reference()),
+        ..inline()
+    }
+}
 
 // 1. History -----------------------------------------------------------------
 
@@ -26,7 +37,7 @@ async fn history_keeps_the_last_12_turns_starting_on_a_user_turn() {
     conversation.push(ChatMessage::user("the newest question"));
     let provider = ScriptedProvider::new(["Fine."]);
     let request = AgentRunRequest::new(conversation, shop());
-    let parts = run_all(provider.clone(), request, inline()).await;
+    let parts = run_all(provider.clone(), request, reference()).await;
     assert_finish(&parts, FinishReason::Stop);
     let prompt = &provider.requests()[0];
     let turns = &prompt.messages[1..];
@@ -56,7 +67,7 @@ async fn history_writes_earlier_calls_in_the_providers_call_format() {
     let parts = run_all(
         provider.clone(),
         AgentRunRequest::new(conversation, shop()),
-        inline(),
+        reference(),
     )
     .await;
     assert_finish(&parts, FinishReason::Stop);
@@ -80,7 +91,7 @@ async fn history_cuts_tool_results_to_1500_characters() {
     run_all(
         provider.clone(),
         AgentRunRequest::new(conversation, shop()),
-        inline(),
+        reference(),
     )
     .await;
     let tool = turns_with(&provider.requests()[0], PromptRole::Tool);
@@ -119,7 +130,7 @@ async fn resume_after_a_tool_result_adds_the_next_step_turn() {
     let parts = run_all(
         provider.clone(),
         AgentRunRequest::new(conversation, shop()),
-        inline(),
+        reference(),
     )
     .await;
     assert_finish(&parts, FinishReason::Stop);
@@ -141,7 +152,7 @@ async fn resume_counts_the_finished_call_toward_loop_detection() {
     let parts = run_all(
         provider.clone(),
         AgentRunRequest::new(conversation, shop()),
-        inline(),
+        reference(),
     )
     .await;
     assert_finish(&parts, FinishReason::Stop);
@@ -163,7 +174,7 @@ async fn resume_counts_the_finished_calls_failure_as_the_last_failure() {
     let parts = run_all(
         provider.clone(),
         AgentRunRequest::new(conversation, shop()),
-        inline(),
+        reference(),
     )
     .await;
     assert_finish(&parts, FinishReason::Stop);
@@ -232,7 +243,7 @@ async fn ranking_reads_the_tools_fresh_every_step() {
     run_all(
         provider.clone(),
         ask("show my cart", host.clone()),
-        inline(),
+        reference(),
     )
     .await;
     assert_eq!(host.list_count(), 2);
@@ -282,7 +293,7 @@ async fn fitting_drops_to_4_2_then_1_tools() {
     let one_tool = ScriptedProvider::prompt_chars(&probe.requests()[0]);
 
     let provider = ScriptedProvider::new(["Sunny."]).with_max_prompt_chars(one_tool + 10);
-    let parts = run_all(provider.clone(), ask("weather in Paris", host), inline()).await;
+    let parts = run_all(provider.clone(), ask("weather in Paris", host), reference()).await;
     assert_finish(&parts, FinishReason::Stop);
     let prompt = prompt_text(&provider.requests()[0]);
     assert!(prompt.contains("get_weather"), "the best tool stays");
@@ -305,7 +316,7 @@ async fn fitting_drops_the_oldest_turns_but_keeps_the_newest_user_turn() {
     run_all(
         probe.clone(),
         AgentRunRequest::new(vec![ChatMessage::user("new question")], host.clone()),
-        inline(),
+        reference(),
     )
     .await;
     let minimal = ScriptedProvider::prompt_chars(&probe.requests()[0]);
@@ -314,7 +325,7 @@ async fn fitting_drops_the_oldest_turns_but_keeps_the_newest_user_turn() {
     let parts = run_all(
         provider.clone(),
         AgentRunRequest::new(conversation, host),
-        inline(),
+        reference(),
     )
     .await;
     assert_finish(&parts, FinishReason::Stop);
@@ -326,9 +337,22 @@ async fn fitting_drops_the_oldest_turns_but_keeps_the_newest_user_turn() {
 #[tokio::test]
 async fn fitting_fails_with_the_too_long_error() {
     let provider = ScriptedProvider::new(["never used"]).with_max_prompt_chars(10);
-    let parts = run_all(provider.clone(), ask("hello", shop()), inline()).await;
+    let parts = run_all(provider.clone(), ask("hello", shop()), reference()).await;
     assert_error(&parts, "This request is too long for the on-device model.");
     assert_eq!(provider.remaining(), 1, "nothing was generated");
+}
+
+#[tokio::test]
+async fn a_request_beyond_the_size_cap_gets_the_too_long_error_without_model_work() {
+    let provider = ScriptedProvider::new(["never"]);
+    let host = shop();
+    let huge = "find a tent ".repeat((1 << 20) / 12 + 1);
+    assert!(huge.len() > MAX_REQUEST_BYTES);
+    assert!(huge.len() > 1 << 20, "a 1 MiB request");
+    let parts = run_all(provider.clone(), ask(&huge, host.clone()), reference()).await;
+    assert_error(&parts, messages::TOO_LONG);
+    assert!(provider.requests().is_empty(), "no generation");
+    assert!(host.calls().is_empty());
 }
 
 // 5. Generate ----------------------------------------------------------------
@@ -339,7 +363,7 @@ async fn generation_past_the_step_timeout_ends_with_the_timeout_error() {
         ScriptedProvider::new([ScriptedReply::text("late").delayed(Duration::from_secs(120))]);
     let options = LocalLoopOptions {
         step_timeout: Duration::from_secs(5),
-        ..inline()
+        ..reference()
     };
     let parts = run_all(provider, ask("hi", shop()), options).await;
     assert_error(&parts, "The on-device model took too long.");
@@ -348,7 +372,7 @@ async fn generation_past_the_step_timeout_ends_with_the_timeout_error() {
 #[tokio::test]
 async fn a_provider_failure_ends_with_the_failed_error() {
     let provider = ScriptedProvider::new([ScriptedReply::failure("out of memory")]);
-    let parts = run_all(provider, ask("hi", shop()), inline()).await;
+    let parts = run_all(provider, ask("hi", shop()), reference()).await;
     assert_error(&parts, "The on-device model failed: out of memory");
 }
 
@@ -362,7 +386,7 @@ async fn stop_during_generation_finishes_aborted() {
         tokio::time::sleep(Duration::from_secs(1)).await;
         cancel.cancel();
     });
-    let parts = run_all(provider, request, inline()).await;
+    let parts = run_all(provider, request, reference()).await;
     assert_finish(&parts, FinishReason::Aborted);
     assert!(texts(&parts).is_empty());
 }
@@ -378,7 +402,7 @@ async fn prose_is_shown_only_after_the_reply_is_parsed_and_validated() {
     );
     let good = call("add_to_cart", json!({"product_id": "p-17"}));
     let provider = ScriptedProvider::new([bad, good, "It is in your cart.".to_string()]);
-    let parts = run_all(provider, ask("add p-17 to my cart", shop()), inline()).await;
+    let parts = run_all(provider, ask("add p-17 to my cart", shop()), reference()).await;
     assert_finish(&parts, FinishReason::Stop);
     assert!(
         !texts(&parts).iter().any(|t| t.contains("Sure")),
@@ -400,7 +424,7 @@ async fn correction_a_reply_ignoring_the_failed_call_is_sent_back() {
     let parts = run_all(
         provider.clone(),
         ask("add p-404 to my cart", shop()),
-        inline(),
+        reference(),
     )
     .await;
     assert_finish(&parts, FinishReason::Stop);
@@ -421,7 +445,7 @@ async fn correction_b_telling_the_user_to_click_gets_call_now() {
     let parts = run_all(
         provider.clone(),
         ask("add p-17 to my cart", shop()),
-        inline(),
+        reference(),
     )
     .await;
     assert_finish(&parts, FinishReason::Stop);
@@ -448,7 +472,7 @@ async fn correction_c_a_reply_that_echoes_a_result_is_replaced_by_its_gist() {
         call("add_to_cart", json!({"product_id": "p-17"})),
         r#"{"ok": true, "message": "Added p-17 to the cart"}"#.to_string(),
     ]);
-    let parts = run_all(provider, ask("add p-17 to my cart", shop()), inline()).await;
+    let parts = run_all(provider, ask("add p-17 to my cart", shop()), reference()).await;
     assert_finish(&parts, FinishReason::Stop);
     assert_eq!(texts(&parts), vec!["Added p-17 to the cart"]);
 }
@@ -463,7 +487,7 @@ async fn corrections_happen_once_per_step() {
     let parts = run_all(
         provider.clone(),
         ask("add p-404 to my cart", shop()),
-        inline(),
+        reference(),
     )
     .await;
     assert_finish(&parts, FinishReason::Stop);
@@ -484,7 +508,7 @@ async fn repair_sends_an_unknown_tool_back_as_a_tool_error() {
         call("add_to_cart", json!({"product_id": "p-17"})),
         "Added.".to_string(),
     ]);
-    let parts = run_all(provider.clone(), ask("add p-17", shop()), inline()).await;
+    let parts = run_all(provider.clone(), ask("add p-17", shop()), reference()).await;
     assert_finish(&parts, FinishReason::Stop);
     let tool_turns = turns_with(&provider.requests()[1], PromptRole::Tool);
     let repair = tool_turns.last().unwrap();
@@ -505,7 +529,12 @@ async fn repair_names_the_invalid_argument() {
         call("add_to_cart", json!({"product_id": "p-17", "quantity": 2})),
         "Added two.".to_string(),
     ]);
-    let parts = run_all(provider.clone(), ask("add two of p-17", shop()), inline()).await;
+    let parts = run_all(
+        provider.clone(),
+        ask("add two of p-17", shop()),
+        reference(),
+    )
+    .await;
     assert_finish(&parts, FinishReason::Stop);
     let repair = turns_with(&provider.requests()[1], PromptRole::Tool)
         .pop()
@@ -523,7 +552,7 @@ async fn repair_of_an_unreadable_call() {
         call("view_cart", json!({})),
         "One backpack.".to_string(),
     ]);
-    let parts = run_all(provider.clone(), ask("show my cart", shop()), inline()).await;
+    let parts = run_all(provider.clone(), ask("show my cart", shop()), reference()).await;
     assert_finish(&parts, FinishReason::Stop);
     let repair = turns_with(&provider.requests()[1], PromptRole::Tool)
         .pop()
@@ -538,7 +567,7 @@ async fn a_second_bad_reply_ends_the_run_with_an_apology() {
         call("add_item", json!({})),
         "never used".to_string(),
     ]);
-    let parts = run_all(provider.clone(), ask("add p-17", shop()), inline()).await;
+    let parts = run_all(provider.clone(), ask("add p-17", shop()), reference()).await;
     assert_finish(&parts, FinishReason::Stop);
     assert_eq!(texts(&parts), vec![messages::APOLOGY]);
     assert!(
@@ -565,7 +594,7 @@ async fn calls_run_in_order_as_tool_call_then_result_or_error() {
     let parts = run_all(
         provider,
         ask("add p-404 and show my cart", host.clone()),
-        inline(),
+        reference(),
     )
     .await;
     assert_finish(&parts, FinishReason::Stop);
@@ -602,7 +631,7 @@ async fn calls_run_in_order_as_tool_call_then_result_or_error() {
 async fn the_request_is_restated_after_each_step() {
     let provider =
         ScriptedProvider::new([call("view_cart", json!({})), "One backpack.".to_string()]);
-    run_all(provider.clone(), ask("show my cart", shop()), inline()).await;
+    run_all(provider.clone(), ask("show my cart", shop()), reference()).await;
     let second = &provider.requests()[1];
     let last = second.messages.last().unwrap();
     assert_eq!(last.role, PromptRole::User);
@@ -615,7 +644,7 @@ async fn the_request_is_restated_after_each_step() {
 async fn a_repeated_call_is_flagged_once_then_the_run_stops() {
     let same = call("view_cart", json!({}));
     let provider = ScriptedProvider::new([same.clone(), same.clone(), same, "never".to_string()]);
-    let parts = run_all(provider.clone(), ask("show my cart", shop()), inline()).await;
+    let parts = run_all(provider.clone(), ask("show my cart", shop()), reference()).await;
     assert_finish(&parts, FinishReason::Stop);
     let flagged = turns_with(&provider.requests()[2], PromptRole::Tool)
         .pop()
@@ -657,7 +686,7 @@ async fn the_same_call_with_a_different_answer_is_not_a_loop() {
         same,
         "Counted to 2.".to_string(),
     ]);
-    let parts = run_all(provider, ask("count", host), inline()).await;
+    let parts = run_all(provider, ask("count", host), reference()).await;
     assert_finish(&parts, FinishReason::Stop);
     assert_eq!(texts(&parts), vec!["Counted to 2."]);
 }
@@ -673,7 +702,7 @@ async fn max_steps_ends_with_the_last_gist_and_the_stop_message() {
     ]);
     let options = LocalLoopOptions {
         max_steps: 2,
-        ..inline()
+        ..reference()
     };
     let parts = run_all(provider, ask("find a tent", shop()), options).await;
     assert_finish(&parts, FinishReason::MaxSteps);
@@ -698,7 +727,7 @@ async fn the_agent_profile_wins_for_max_steps_and_instructions() {
     });
     let options = LocalLoopOptions {
         instructions: Some("The host's words.".to_string()),
-        ..inline()
+        ..reference()
     };
     let parts = run_all(provider.clone(), request, options).await;
     assert_finish(&parts, FinishReason::MaxSteps);
@@ -729,7 +758,7 @@ async fn stop_during_a_tool_call_finishes_aborted() {
         tokio::time::sleep(Duration::from_secs(1)).await;
         cancel.cancel();
     });
-    let parts = run_all(provider, request, inline()).await;
+    let parts = run_all(provider, request, reference()).await;
     assert_finish(&parts, FinishReason::Aborted);
 }
 
@@ -740,7 +769,12 @@ async fn every_step_opens_a_new_message() {
         call("add_to_cart", json!({"product_id": "p-17"})),
         "Added the backpack.".to_string(),
     ]);
-    let parts = run_all(provider, ask("add a backpack to my cart", shop()), inline()).await;
+    let parts = run_all(
+        provider,
+        ask("add a backpack to my cart", shop()),
+        reference(),
+    )
+    .await;
     let steps: Vec<u32> = parts
         .iter()
         .filter_map(|p| match p {
@@ -770,7 +804,7 @@ async fn the_system_prompt_carries_page_example_codes_and_delegation() {
     });
     let options = LocalLoopOptions {
         instructions: Some("To buy: search_products, open_product, then add_to_cart.".into()),
-        ..inline()
+        ..reference()
     };
     run_all(provider.clone(), request, options).await;
     let system = &provider.requests()[0].messages[0];
@@ -793,7 +827,7 @@ async fn the_system_prompt_carries_page_example_codes_and_delegation() {
 #[tokio::test]
 async fn a_conversation_without_a_user_message_is_an_error() {
     let provider = ScriptedProvider::new(["x"]);
-    let parts = run_all(provider, AgentRunRequest::new(vec![], shop()), inline()).await;
+    let parts = run_all(provider, AgentRunRequest::new(vec![], shop()), reference()).await;
     assert_error(&parts, "There is nothing to answer");
 }
 
@@ -881,8 +915,11 @@ async fn dropping_the_stream_cancels_the_generation_in_flight() {
     }
 
     let seen = Arc::new(AtomicBool::new(false));
-    let mut parts =
-        webmcp_agents::agent::run_local_agent(Waiting(seen.clone()), ask("hi", shop()), inline());
+    let mut parts = webmcp_agents::agent::run_local_agent(
+        Waiting(seen.clone()),
+        ask("hi", shop()),
+        reference(),
+    );
     assert!(matches!(
         parts.next().await,
         Some(AgentStreamPart::MessageStart { step: 1 })

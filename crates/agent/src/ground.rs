@@ -19,6 +19,8 @@
 //! to search for, a city, a name), and a provider that decodes under a
 //! constraint may favour copying them.
 
+use std::collections::HashSet;
+
 use serde_json::{Map, Value};
 
 use crate::rank::{STOP_WORDS, for_each_term};
@@ -68,6 +70,13 @@ pub(crate) const ACTION_VERBS: &[&str] = &[
 /// The most words in one phrase of [`copy_phrases`].
 pub const MAX_PHRASE_WORDS: usize = 6;
 
+/// The most phrases [`copy_phrases`] gives: what a person writes to an agent
+/// has far fewer, and a provider's copy bias does work per phrase and token.
+pub const MAX_COPY_PHRASES: usize = 2048;
+
+/// The most numbers kept of what the person wrote, for number arguments.
+const MAX_NUMBERS: usize = 64;
+
 /// The phrases of `texts` (what the person wrote) that a string argument
 /// could quote: runs of up to [`MAX_PHRASE_WORDS`] words, as written, that
 /// start and end on a word that says something about the argument — not a
@@ -102,6 +111,10 @@ pub fn copy_phrases<'a>(
         !tool_word
     };
     let mut out: Vec<String> = Vec::new();
+    // A set beside the list keeps the pass linear in the text: a long
+    // message has many phrases, and a search of the list for each would make
+    // it quadratic.
+    let mut seen: HashSet<String> = HashSet::new();
     for text in texts {
         let words = word_spans(text);
         let ok: Vec<bool> = words
@@ -109,7 +122,7 @@ pub fn copy_phrases<'a>(
             .map(|&(s, e)| bounds(&text[s..e], &mut buffer))
             .collect();
         let mut push = |phrase: &str| {
-            if !out.iter().any(|p| p == phrase) {
+            if out.len() < MAX_COPY_PHRASES && seen.insert(phrase.to_string()) {
                 out.push(phrase.to_string());
             }
         };
@@ -346,6 +359,7 @@ impl Identifiers {
             // Sentence punctuation around a word is not part of it.
             let word = raw.trim_matches(|c: char| ".:!?".contains(c));
             if from_person
+                && self.numbers.len() < MAX_NUMBERS
                 && let Some(number) = number_in(word)
                 && !self.numbers.contains(&number)
             {

@@ -30,7 +30,9 @@ mod validate;
 
 pub use adapter::{AgentAdapter, LocalAdapter, LocalAdapterOptions, create_local_adapter};
 pub use error::{AgentError, ProviderError, ToolError, ToolErrorCode};
-pub use ground::{Identifiers, MAX_PHRASE_WORDS, copy_phrases, ground_tool, is_identifier_key};
+pub use ground::{
+    Identifiers, MAX_COPY_PHRASES, MAX_PHRASE_WORDS, copy_phrases, ground_tool, is_identifier_key,
+};
 pub use host::{AgentRunRequest, ToolHost};
 pub use message::{ChatMessage, ToolCall};
 pub use parse::{ParsedCall, ParsedReply, parse_tool_calls};
@@ -48,6 +50,6 @@ pub use rank::{
     DESCRIPTION_WEIGHT, NAME_WEIGHT, RECENT_BONUS, RECENT_WINDOW, ToolScore, rank_tools,
     score_tools,
 };
-pub use run::{AgentStream, ConstraintMode, LocalLoopOptions, run_local_agent};
+pub use run::{AgentStream, ConstraintMode, LocalLoopOptions, MAX_REQUEST_BYTES, run_local_agent};
 pub use tool::{AgentProfile, PageContext, SubAgentInfo, ToolAnnotations, ToolDefinition};
 pub use validate::{ArgsError, CompiledSchema, MAX_ERRORS, ValidatorCache, validate_args};

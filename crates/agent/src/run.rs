@@ -30,6 +30,11 @@ use crate::rank::rank_tools;
 use crate::tool::{PageContext, SubAgentInfo, ToolDefinition};
 use crate::validate::{ArgsError, ValidatorCache};
 
+/// The longest request (the newest user message) the loop takes, in bytes:
+/// 64 KiB is some 16k tokens, more than the context of the models this loop
+/// is for. A longer one ends the run at once with the "too long" error.
+pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
+
 /// The stream of parts a run returns.
 pub type AgentStream = Pin<Box<dyn Stream<Item = AgentStreamPart> + Send>>;
 
@@ -279,6 +284,11 @@ impl<P: Provider + 'static> Run<P> {
             );
         };
         if let ChatMessage::User { content } = &self.messages[request_index] {
+            // Longer than any on-device context can hold: say so before any
+            // work on it (scans, ranking, rendering, tokenizing).
+            if content.len() > MAX_REQUEST_BYTES {
+                return End::Error(messages::TOO_LONG.to_string());
+            }
             self.request_text = content.clone();
         }
         self.turns = history_turns(&self.messages, self.provider.call_format());
@@ -824,14 +834,11 @@ impl<P: Provider + 'static> Run<P> {
                     self.emit(AgentStreamPart::Text {
                         // What was done (or found) is worth more to the
                         // person than how the run ended.
-                        // (The reference says only that; the small-model
-                        // policy leads with the gist of what was done.)
                         text: match self
                             .rules
                             .last_action
                             .as_ref()
                             .or(self.last_result.as_ref())
-                            .filter(|_| self.policy.done_on_repeated_lookup)
                         {
                             Some(done) => format!("{}\n\n{}", gist(done), messages::CIRCLES),
                             None => messages::CIRCLES.to_string(),
