@@ -5,7 +5,8 @@
 //! by a [`ToolSet`]:
 //!
 //! - [`WebMcpPage`]: a page in Chromium whose tools it registered with
-//!   `document.modelContext.registerTool`, listed and invoked through the
+//!   `document.modelContext.registerTool` (or the older
+//!   `navigator.modelContext`, mapped onto it), listed and invoked through the
 //!   CDP `WebMCP` domain and followed as the page navigates; it also
 //!   reports the page context (path, title, main heading). [`Browser`]
 //!   starts Chromium with WebMCP on, or connects to one that runs;
@@ -20,10 +21,13 @@
 //! - [`NativeTools`]: Rust functions, each with a JSON Schema, written by
 //!   hand or derived from the argument type ([`NativeTools::add_typed`]).
 //!
-//! [`ToolSet`] adds the host's policies across sources: deterministic name
-//! clashes, allow and deny lists, argument validation before dispatch,
-//! per-call timeouts, result size limits, and the untrusted-content mark
-//! that makes the prompt tell the model a tool's output is data.
+//! [`ToolSet`] adds the host's policies across sources: tool names that must
+//! be identifiers ([`is_tool_name`]) and caps on descriptions, schemas and
+//! tool counts, deterministic name clashes, allow and deny lists, argument
+//! validation before dispatch, per-call timeouts, result size limits, the
+//! untrusted-content mark that makes the prompt tell the model a tool's
+//! output is data, and each source's health ([`ToolSet::health`]: state,
+//! restarts and panics, for a health endpoint).
 //!
 //! Every source answers a failed call with a coded
 //! [`ToolError`](wma_agent::ToolError) that keeps the tool's own message.
