@@ -278,6 +278,124 @@ async fn a_run_exports_the_genai_span_tree_with_parent_links_across_the_actors()
     drop(guard);
 }
 
+/// A shop with a lookup marked read-only, as real hosts mark them, so the
+/// small-model policy's rules about lookups apply.
+struct AnnotatedShop;
+
+#[async_trait]
+impl ToolHost for AnnotatedShop {
+    async fn list_tools(&self) -> Vec<ToolDefinition> {
+        vec![
+            add_to_cart(),
+            ToolDefinition::new("view_cart", "Show the cart.", json!({"type": "object"}))
+                .with_annotations(wma_agent::ToolAnnotations {
+                    read_only: true,
+                    ..Default::default()
+                }),
+        ]
+    }
+
+    async fn call_tool(
+        &self,
+        name: &str,
+        _arguments: Value,
+        _cancel: CancellationToken,
+    ) -> Result<String, ToolError> {
+        Ok(match name {
+            "add_to_cart" => "added the tent".to_string(),
+            _ => "cart: tent".to_string(),
+        })
+    }
+
+    async fn page_context(&self) -> Option<PageContext> {
+        None
+    }
+}
+
+#[tokio::test]
+async fn a_rule_that_fires_is_a_named_event_on_its_step() {
+    let _one_at_a_time = ONE_AT_A_TIME.lock().await;
+    let receiver = OtlpReceiver::start().unwrap();
+    let (guard, _scope) = export_over_http(&receiver);
+    // An action, then the same lookup twice: the small-model policy (the
+    // default for a model of unknown size) ends the run as done on step 3.
+    let model = TokenModel::new(
+        "rule-model",
+        [
+            call("add_to_cart", json!({"id": "tent"})),
+            call("view_cart", json!({})),
+            call("view_cart", json!({})),
+            "never reached".to_string(),
+        ],
+    );
+    let runtime = Runtime::builder(ProviderSource::new(move || model.clone()))
+        .tool_source(ToolSource::new("shop", || AnnotatedShop))
+        .agent(AgentConfig::new("ruled"))
+        .start()
+        .await
+        .unwrap();
+    let parts = runtime
+        .agent("ruled")
+        .unwrap()
+        .run(vec![ChatMessage::user("Add the tent to my cart")])
+        .await
+        .unwrap()
+        .collect_parts()
+        .await;
+    assert!(
+        parts.iter().any(
+            |p| matches!(p, AgentStreamPart::Rule { rule, .. } if rule == "done-on-repeated-lookup")
+        ),
+        "{parts:#?}"
+    );
+    guard.flush().unwrap();
+    wait_until("the run is exported", || {
+        receiver
+            .spans()
+            .iter()
+            .any(|s| s.name == "invoke_agent ruled")
+    })
+    .await;
+    let spans = receiver.spans();
+    let run = one(&spans, "invoke_agent ruled");
+    let step3 = spans
+        .iter()
+        .find(|s| s.name == "step 3" && s.is_child_of(run))
+        .expect("step 3 is exported");
+    let event = step3
+        .events
+        .iter()
+        .find(|e| e.name == "done-on-repeated-lookup")
+        .unwrap_or_else(|| panic!("the rule's event on step 3: {:#?}", step3.events));
+    assert_eq!(
+        event.attributes.get("wma.rule").and_then(|v| v.as_str()),
+        Some("done-on-repeated-lookup")
+    );
+    assert!(
+        event
+            .attributes
+            .get("wma.detail")
+            .and_then(|v| v.as_str())
+            .is_some_and(|d| d.contains("view_cart")),
+        "{event:#?}"
+    );
+    for earlier in ["step 1", "step 2"] {
+        let step = spans
+            .iter()
+            .find(|s| s.name == earlier && s.is_child_of(run))
+            .unwrap();
+        assert!(
+            step.events
+                .iter()
+                .all(|e| e.name != "done-on-repeated-lookup"),
+            "the event is on the step where the rule fired"
+        );
+    }
+    runtime.shutdown().await;
+    drop(_scope);
+    drop(guard);
+}
+
 #[tokio::test]
 async fn the_same_tree_arrives_over_grpc() {
     let _one_at_a_time = ONE_AT_A_TIME.lock().await;
