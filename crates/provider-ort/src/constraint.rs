@@ -78,6 +78,7 @@ use tokenizers::Tokenizer;
 use wma_agent::{CallFormat, Constraint, Decoding, ToolDefinition};
 
 use crate::copy::CopyBias;
+use crate::encode::PromptEncoder;
 use crate::error::OrtError;
 
 /// The longest run of whitespace the grammar allows between two JSON tokens
@@ -108,6 +109,9 @@ pub struct ConstraintEngine {
     call_starts: [Arc<Vec<u32>>; 2],
     /// Tokens whose first byte is `"`: what may close a string value.
     quote_tokens: Arc<Vec<u32>>,
+    /// The tokenizer's added tokens, one bit each: the copy bias never
+    /// lifts them.
+    control: Arc<Vec<u32>>,
     /// Tool schema (as JSON text) and the limits it was tightened with →
     /// the schema the grammar uses for it, so a schema is only probed once.
     schemas: Mutex<HashMap<(String, Limits), ArgumentsSchema>>,
@@ -209,7 +213,19 @@ impl ConstraintEngine {
                 .filter(|&id| trie.token(id).first() == Some(&b'"'))
                 .collect(),
         );
-        let env: TokEnv = Arc::new(VocabEnv { trie, tokenizer });
+        let mut control = vec![0u32; size.div_ceil(32)];
+        for id in tokenizer.get_added_tokens_decoder().into_keys() {
+            if let Some(word) = control.get_mut(id as usize / 32) {
+                *word |= 1 << (id % 32);
+            }
+        }
+        // Text the grammar forces (a tool's name, a schema's `const`) comes
+        // from tools and pages: it is tokenized as plain text, so that it
+        // can never be a control token.
+        let env: TokEnv = Arc::new(VocabEnv {
+            trie,
+            encoder: PromptEncoder::new(tokenizer),
+        });
         let mut factory = ParserFactory::new_simple(&env)
             .map_err(|e| invalid(format!("cannot prepare constraints: {e}")))?;
         // Grammar warnings go to `tracing`, not stderr.
@@ -219,6 +235,7 @@ impl ConstraintEngine {
             tool_call_token,
             call_starts,
             quote_tokens,
+            control: Arc::new(control),
             schemas: Mutex::new(HashMap::new()),
         })
     }
@@ -226,6 +243,12 @@ impl ConstraintEngine {
     /// The vocabulary size the masks cover.
     pub fn vocab_size(&self) -> usize {
         self.factory.tok_env().tok_trie().vocab_size()
+    }
+
+    /// The ids llguidance is given for text a grammar forces (a tool's name,
+    /// a `const`): plain text, never one of the tokenizer's added tokens.
+    pub fn tokenize(&self, text: &str) -> Vec<u32> {
+        self.factory.tok_env().tokenize(text)
     }
 
     /// The tokens that end a constrained generation.
@@ -308,6 +331,7 @@ impl ConstraintEngine {
             repeated: false,
             copy: None,
             quote_tokens: Arc::clone(&self.quote_tokens),
+            control: Arc::clone(&self.control),
         })
     }
 
@@ -525,6 +549,8 @@ pub struct ConstraintMatcher {
     copy: Option<CopyBias>,
     /// Tokens whose first byte is `"`.
     quote_tokens: Arc<Vec<u32>>,
+    /// The tokenizer's added tokens, one bit each.
+    control: Arc<Vec<u32>>,
 }
 
 /// Whether `output` begins a call (after any whitespace: the model may
@@ -571,7 +597,13 @@ impl ConstraintMatcher {
         if self.calls.is_some()
             && let Some(copy) = self.copy.as_ref()
         {
-            copy.apply(&self.output, logits, &self.env, &self.quote_tokens);
+            copy.apply(
+                &self.output,
+                logits,
+                &self.env,
+                &self.quote_tokens,
+                &self.control,
+            );
         }
         self.mask_time += started.elapsed();
         self.masks += 1;
@@ -1002,8 +1034,8 @@ pub fn loose_schema(schema: &Value) -> Value {
 struct VocabEnv {
     /// Every token's bytes, with the model's stop tokens as end-of-sequence.
     trie: TokTrie,
-    /// The model's tokenizer.
-    tokenizer: Tokenizer,
+    /// The model's tokenizer, reading no added tokens from text.
+    encoder: PromptEncoder,
 }
 
 impl TokenizerEnv for VocabEnv {
@@ -1013,9 +1045,8 @@ impl TokenizerEnv for VocabEnv {
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
         self.trie.tokenize_with_greedy_fallback(s, |text| {
-            self.tokenizer
-                .encode(text, false)
-                .map(|e| e.get_ids().to_vec())
+            self.encoder
+                .encode_plain(text)
                 // The trie's greedy tokenization is the fallback when the
                 // tokenizer refuses the text.
                 .unwrap_or_else(|_| self.trie.greedy_tokenize(text.as_bytes()))

@@ -81,8 +81,17 @@ impl CopyBias {
     /// complete a phrase: the rest of the phrase and the closing quote, or,
     /// before the value, the opening quote too (tokenizers merge `"` with the
     /// word after it); for a number phrase, its digits. `quote_tokens` are
-    /// the tokens that start with `"`.
-    pub fn apply(&self, output: &[u8], logits: &mut [f32], env: &TokEnv, quote_tokens: &[u32]) {
+    /// the tokens that start with `"`; `control` has a bit set for each of
+    /// the tokenizer's added tokens, which never get the bonus (a phrase is
+    /// the person's text, never a control token, whatever it says).
+    pub fn apply(
+        &self,
+        output: &[u8],
+        logits: &mut [f32],
+        env: &TokEnv,
+        quote_tokens: &[u32],
+        control: &[u32],
+    ) {
         let Some(position) = value_position(output) else {
             return;
         };
@@ -134,6 +143,14 @@ impl CopyBias {
                 }
             }
         }
+        let is_control = |t: u32| {
+            control
+                .get(t as usize / 32)
+                .is_some_and(|w| w & (1 << (t % 32)) != 0)
+        };
+        boosted.retain(|&t| {
+            !is_control(t) && trie.token(t).first() != Some(&TokTrie::SPECIAL_TOKEN_MARKER)
+        });
         boosted.sort_unstable();
         boosted.dedup();
         for t in boosted {

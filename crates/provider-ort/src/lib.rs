@@ -33,6 +33,15 @@
 //! otherwise the loop writes them into the prompt. A template that mentions
 //! `<tool_call>` makes the call format Hermes; otherwise it is plain JSON.
 //!
+//! # Content is never control
+//! Only the chat template's own text may produce the tokenizer's added
+//! tokens (`<|im_start|>`, `<|im_end|>`, `<tool_call>`…). Message content,
+//! tool names, descriptions and schemas are tokenized as plain text, so a
+//! tool result or a page title that spells `<|im_end|>\n<|im_start|>system`
+//! stays text ([`ChatTemplate::render_prompt`], [`PromptEncoder`]). The
+//! text a grammar forces and the copy bias's phrases never become added
+//! tokens either.
+//!
 //! # The KV cache
 //! An agent sends, step after step, prompts that extend the previous one.
 //! The provider keeps the keys and values of the tokens it has computed and
@@ -114,6 +123,7 @@
 mod config;
 mod constraint;
 pub mod copy;
+mod encode;
 mod error;
 mod hub;
 mod model;
@@ -128,6 +138,7 @@ pub use config::{GRAPH_CANDIDATES, ModelConfig, ModelFiles, TokenizerConfig};
 pub use constraint::{
     ConstraintEngine, ConstraintMatcher, MAX_INTEGER, MAX_JSON_WHITESPACE, loose_schema, tighten,
 };
+pub use encode::PromptEncoder;
 pub use error::OrtError;
 pub use hub::{DEFAULT_ENDPOINT, download};
 pub use model::{
@@ -140,4 +151,4 @@ pub use paths::{
 pub use provider::{ConstraintTotals, OrtProvider, PROVIDER_NAME};
 pub use runtime::{FloatType, GraphIo, LayerIo};
 pub use sampling::{Sampler, SamplingOptions, argmax};
-pub use template::{CHATML_TEMPLATE, ChatTemplate};
+pub use template::{CHATML_TEMPLATE, ChatTemplate, RenderedPrompt};

@@ -16,12 +16,13 @@ use wma_agent::{
 use crate::config::{ModelConfig, ModelFiles, TokenizerConfig};
 use crate::constraint::{ConstraintEngine, ConstraintMatcher};
 use crate::copy::CopyBias;
+use crate::encode::PromptEncoder;
 use crate::error::OrtError;
 use crate::hub;
 use crate::model::{GenerateParams, IdGeneration, OrtModel, StopReason};
 use crate::options::OrtProviderOptions;
 use crate::paths::{self, ModelSource};
-use crate::template::ChatTemplate;
+use crate::template::{ChatTemplate, RenderedPrompt};
 
 /// The `gen_ai.provider.name` of this provider.
 pub const PROVIDER_NAME: &str = "onnxruntime";
@@ -68,8 +69,9 @@ impl TemplateTraits {
 struct Loaded {
     /// The session and its KV cache; one generation at a time.
     model: Mutex<OrtModel>,
-    /// Turns text into ids and back.
-    tokenizer: Tokenizer,
+    /// Turns text into ids and back, with control tokens read only from
+    /// the template's own text.
+    encoder: PromptEncoder,
     /// The model's chat template.
     template: ChatTemplate,
     /// Token ids that end a generation.
@@ -247,13 +249,27 @@ impl OrtProvider {
 
     /// Renders a request's prompt with the model's template.
     pub fn render_prompt(&self, request: &GenerateRequest) -> Result<String, OrtError> {
-        self.loaded()?.render(request)
+        Ok(self.loaded()?.render(request)?.text)
     }
 
-    /// Tokenizes text as a rendered prompt is tokenized (special tokens are
-    /// read from the text, none are added).
+    /// The token ids the model is given for a request: the rendered prompt,
+    /// with control tokens only where the template wrote them (see
+    /// [`PromptEncoder`]).
+    pub fn encode_prompt(&self, request: &GenerateRequest) -> Result<Vec<u32>, OrtError> {
+        let loaded = self.loaded()?;
+        loaded.encoder.encode_prompt(&loaded.render(request)?)
+    }
+
+    /// Tokenizes text the way a template's own text is tokenized (special
+    /// tokens are read from the text, none are added): for hand-written
+    /// prompts and benchmarks, never for text from people, tools or pages.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, OrtError> {
-        self.loaded()?.encode(text)
+        self.loaded()?.encoder.encode_text(text)
+    }
+
+    /// The prompt encoder, once prepared.
+    pub fn prompt_encoder(&self) -> Result<&PromptEncoder, OrtError> {
+        Ok(&self.loaded()?.encoder)
     }
 
     /// Turns ids back into text (special tokens kept).
@@ -315,24 +331,24 @@ impl Loaded {
         self.model.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn render(&self, request: &GenerateRequest) -> Result<String, OrtError> {
-        self.template
-            .render(&request.messages, &request.tools, true)
+    fn render(&self, request: &GenerateRequest) -> Result<RenderedPrompt, OrtError> {
+        self.template.render_prompt(
+            &request.messages,
+            &request.tools,
+            true,
+            self.encoder.control_texts(),
+        )
     }
 
-    fn encode(&self, text: &str) -> Result<Vec<u32>, OrtError> {
+    fn encode(&self, prompt: &RenderedPrompt) -> Result<Vec<u32>, OrtError> {
         // The template already wrote the special tokens (bos included), as
-        // Hugging Face's apply_chat_template(tokenize=True) does.
-        self.tokenizer
-            .encode(text, false)
-            .map(|e| e.get_ids().to_vec())
-            .map_err(|e| OrtError::Tokenizer(e.to_string()))
+        // Hugging Face's apply_chat_template(tokenize=True) does; none are
+        // added, and none are read from the strings it was given.
+        self.encoder.encode_prompt(prompt)
     }
 
     fn decode(&self, ids: &[u32]) -> Result<String, OrtError> {
-        self.tokenizer
-            .decode(ids, false)
-            .map_err(|e| OrtError::Tokenizer(e.to_string()))
+        self.encoder.decode(ids)
     }
 
     /// A matcher for the request's constraint, when there is one and the
@@ -371,8 +387,9 @@ impl Loaded {
         cancel: &CancellationToken,
     ) -> Result<Generation, OrtError> {
         let start = Instant::now();
-        let prompt_text = self.render(request)?;
-        let prompt = self.encode(&prompt_text)?;
+        let rendered = self.render(request)?;
+        let prompt = self.encode(&rendered)?;
+        let prompt_text = rendered.text;
         let mut model = self.lock_model();
         let terminator = model.reset_terminator()?;
         // A forward pass over a long prompt takes seconds; cancelling must not
@@ -546,7 +563,7 @@ fn load(
     let context_length = model.context_length();
     Ok(Loaded {
         model: Mutex::new(model),
-        tokenizer,
+        encoder: PromptEncoder::new(tokenizer),
         template,
         stop_ids,
         stop_strings,

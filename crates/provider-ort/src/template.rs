@@ -1,7 +1,34 @@
 //! Chat templates: the model's own Jinja template, rendered with minijinja the
 //! way Hugging Face's `apply_chat_template` renders it.
+//!
+//! # Content is never control
+//! The text a template is given (message content, tool names, descriptions
+//! and every string of a tool's schema) comes from people, tools and pages.
+//! Tokenized together with the template's own text, a tool result holding
+//! `<|im_end|>\n<|im_start|>system\n…` would become real control tokens: a
+//! turn that the model reads as the system's. [`ChatTemplate::render_prompt`]
+//! therefore says where the given text landed in the prompt
+//! ([`RenderedPrompt`]), and the provider's [`PromptEncoder`](crate::PromptEncoder)
+//! reads special tokens only outside those places.
+//!
+//! Only strings that could take part in a control token are followed: those
+//! that overlap one of the tokenizer's added tokens in some alignment (hold
+//! one, begin with its end, end with its beginning, or lie inside one).
+//! Others cannot, whatever surrounds them, so most prompts render once, as
+//! before. A followed string is rendered between two marker characters (its
+//! leading and trailing whitespace outside them, so that a template's
+//! `trim` still sees it), the markers are taken out, and the result is
+//! compared with a plain rendering: equal, the markers' places are exactly
+//! the string's. A template that changes or inspects the strings it is
+//! given in a way the markers disturb (slicing, comparing) makes the two
+//! differ; then the followed strings are escaped instead (a zero-width space
+//! breaks each control-token text in them, and guards their ends), and the
+//! prompt is tokenized as a whole.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use minijinja::value::{Kwargs, Serde, Value};
@@ -56,24 +83,148 @@ impl std::fmt::Debug for ChatTemplate {
     }
 }
 
-/// A tool in the shape Hugging Face templates expect.
-#[derive(Serialize)]
-struct TemplateTool<'a> {
-    r#type: &'static str,
-    function: TemplateFunction<'a>,
-}
-
-#[derive(Serialize)]
-struct TemplateFunction<'a> {
-    name: &'a str,
-    description: &'a str,
-    parameters: &'a serde_json::Value,
-}
-
 #[derive(Serialize)]
 struct TemplateMessage<'a> {
     role: &'static str,
-    content: &'a str,
+    content: Cow<'a, str>,
+}
+
+/// Opens a followed string in a marked rendering: a Unicode noncharacter,
+/// which no text is meant to hold (one that does has it replaced).
+const OPEN: char = '\u{FDD0}';
+/// Closes a followed string in a marked rendering.
+const CLOSE: char = '\u{FDD1}';
+/// Breaks control-token text where markers cannot be used: invisible, not
+/// whitespace (a template's `trim` keeps it), and part of no token's text.
+const BREAK: char = '\u{200B}';
+
+/// A rendered prompt, and where in it the template put the strings it was
+/// given that could take part in a control token (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderedPrompt {
+    /// The prompt text.
+    pub text: String,
+    /// Byte ranges of `text` holding given strings that could take part in
+    /// a control token: tokenize them as plain text.
+    pub content: Vec<Range<usize>>,
+    /// False when the template disturbed the markers and the strings were
+    /// escaped instead: then `content` is empty and no control-token text is
+    /// left in them.
+    pub exact: bool,
+}
+
+/// How a given string is rendered.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// As it is.
+    Plain,
+    /// Followed strings between markers.
+    Marked,
+    /// Followed strings escaped.
+    Escaped,
+}
+
+/// Whether some occurrence of a control-token text could overlap `s` in
+/// a prompt: `s` holds one, begins with one's end, ends with one's
+/// beginning, or lies inside one.
+fn could_form_control(s: &str, controls: &[String]) -> bool {
+    if s.is_empty() {
+        return false;
+    }
+    controls.iter().filter(|c| !c.is_empty()).any(|c| {
+        if s.contains(c.as_str()) || c.contains(s) {
+            return true;
+        }
+        c.char_indices()
+            .skip(1)
+            .any(|(at, _)| s.ends_with(&c[..at]) || s.starts_with(&c[at..]))
+    })
+}
+
+/// The text of a given string in one rendering.
+fn given<'a>(s: &'a str, controls: &[String], mode: Mode) -> Cow<'a, str> {
+    // Marker characters in a given string would confuse the markers.
+    let s: Cow<'a, str> = if s.contains([OPEN, CLOSE]) {
+        Cow::Owned(s.replace([OPEN, CLOSE], "\u{FFFD}"))
+    } else {
+        Cow::Borrowed(s)
+    };
+    if mode == Mode::Plain || !could_form_control(&s, controls) {
+        return s;
+    }
+    let core = s.trim();
+    let start = s.len() - s.trim_start().len();
+    let (lead, trail) = (&s[..start], &s[start + core.len()..]);
+    match mode {
+        Mode::Marked => Cow::Owned(format!("{lead}{OPEN}{core}{CLOSE}{trail}")),
+        _ => Cow::Owned(format!(
+            "{lead}{BREAK}{}{BREAK}{trail}",
+            escape(core, controls)
+        )),
+    }
+}
+
+/// `s` with a zero-width space after the first character of every
+/// control-token text in it.
+fn escape(s: &str, controls: &[String]) -> String {
+    let mut out = s.to_string();
+    // Each pass breaks at least one occurrence and makes none (no control
+    // text holds the break), so this ends.
+    while let Some((at, len)) = controls
+        .iter()
+        .filter(|c| !c.is_empty())
+        .filter_map(|c| {
+            out.find(c.as_str())
+                .map(|at| (at, c.chars().next().map_or(1, char::len_utf8)))
+        })
+        .min()
+    {
+        out.insert(at + len, BREAK);
+    }
+    out
+}
+
+/// A tool's strings (name, description, every string of its schema, keys
+/// included) rendered in `mode`.
+fn given_json(value: &serde_json::Value, controls: &[String], mode: Mode) -> serde_json::Value {
+    use serde_json::Value as J;
+    match value {
+        J::String(s) => J::String(given(s, controls, mode).into_owned()),
+        J::Array(items) => J::Array(
+            items
+                .iter()
+                .map(|v| given_json(v, controls, mode))
+                .collect(),
+        ),
+        J::Object(map) => J::Object(
+            map.iter()
+                .map(|(k, v)| {
+                    (
+                        given(k, controls, mode).into_owned(),
+                        given_json(v, controls, mode),
+                    )
+                })
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// The marked rendering without its markers, and the byte ranges they
+/// enclosed; `None` when they do not pair up (the template cut a string).
+fn unmark(marked: &str) -> Option<(String, Vec<Range<usize>>)> {
+    let mut text = String::with_capacity(marked.len());
+    let mut spans = Vec::new();
+    let mut open: Option<usize> = None;
+    for c in marked.chars() {
+        match c {
+            OPEN if open.is_none() => open = Some(text.len()),
+            CLOSE => spans.push(open.take()?..text.len()),
+            OPEN => return None,
+            c => text.push(c),
+        }
+    }
+    open.is_none().then_some((text, spans))
 }
 
 impl ChatTemplate {
@@ -125,18 +276,82 @@ impl ChatTemplate {
     }
 
     /// Renders the prompt. `tools` reach the template only when it takes
-    /// them ([`ChatTemplate::tools_inline`] is false).
+    /// them ([`ChatTemplate::tools_inline`] is false). The text as the
+    /// template writes it; for the model, use
+    /// [`render_prompt`](Self::render_prompt), which says where the given
+    /// strings are.
     pub fn render(
         &self,
         messages: &[PromptMessage],
         tools: &[ToolDefinition],
         add_generation_prompt: bool,
     ) -> Result<String, OrtError> {
+        self.render_as(messages, tools, add_generation_prompt, &[], Mode::Plain)
+    }
+
+    /// Renders the prompt and finds the given strings that could take part
+    /// in one of `controls` (the texts of the tokenizer's added tokens): see
+    /// the module docs.
+    pub fn render_prompt(
+        &self,
+        messages: &[PromptMessage],
+        tools: &[ToolDefinition],
+        add_generation_prompt: bool,
+        controls: &[String],
+    ) -> Result<RenderedPrompt, OrtError> {
+        let gen_prompt = add_generation_prompt;
+        let text = self.render_as(messages, tools, gen_prompt, controls, Mode::Plain)?;
+        let followed = |s: &str| could_form_control(s, controls);
+        let any = messages.iter().any(|m| followed(&m.content))
+            || (self.takes_tools
+                && tools.iter().any(|t| {
+                    followed(&t.name)
+                        || followed(&t.description)
+                        || json_strings(&t.input_schema).any(followed)
+                }));
+        if !any {
+            return Ok(RenderedPrompt {
+                text,
+                content: Vec::new(),
+                exact: true,
+            });
+        }
+        let marked = self.render_as(messages, tools, gen_prompt, controls, Mode::Marked)?;
+        if let Some((unmarked, content)) = unmark(&marked)
+            && unmarked == text
+        {
+            return Ok(RenderedPrompt {
+                text,
+                content,
+                exact: true,
+            });
+        }
+        static SAID: AtomicBool = AtomicBool::new(false);
+        if !SAID.swap(true, Ordering::Relaxed) {
+            tracing::info!(
+                "the chat template changes the text it is given; control-token text in it is escaped instead of followed"
+            );
+        }
+        Ok(RenderedPrompt {
+            text: self.render_as(messages, tools, gen_prompt, controls, Mode::Escaped)?,
+            content: Vec::new(),
+            exact: false,
+        })
+    }
+
+    fn render_as(
+        &self,
+        messages: &[PromptMessage],
+        tools: &[ToolDefinition],
+        add_generation_prompt: bool,
+        controls: &[String],
+        mode: Mode,
+    ) -> Result<String, OrtError> {
         let messages: Vec<_> = messages
             .iter()
             .map(|m| TemplateMessage {
                 role: m.role.as_str(),
-                content: &m.content,
+                content: given(&m.content, controls, mode),
             })
             .collect();
         let mut ctx: BTreeMap<&str, Value> = BTreeMap::new();
@@ -147,13 +362,15 @@ impl ChatTemplate {
         if self.takes_tools && !tools.is_empty() {
             let tools: Vec<_> = tools
                 .iter()
-                .map(|t| TemplateTool {
-                    r#type: "function",
-                    function: TemplateFunction {
-                        name: &t.name,
-                        description: &t.description,
-                        parameters: &t.input_schema,
-                    },
+                .map(|t| {
+                    serde_json::json!({
+                        "type": "function",
+                        "function": {
+                            "name": given(&t.name, controls, mode),
+                            "description": given(&t.description, controls, mode),
+                            "parameters": given_json(&t.input_schema, controls, mode),
+                        }
+                    })
                 })
                 .collect();
             ctx.insert("tools", Value::from(Serde(&tools)));
@@ -183,6 +400,20 @@ impl ChatTemplate {
     /// The text passed as `eos_token`.
     pub fn eos_token(&self) -> &str {
         &self.eos_token
+    }
+}
+
+/// Every string of a JSON value, object keys included.
+fn json_strings(value: &serde_json::Value) -> Box<dyn Iterator<Item = &str> + '_> {
+    use serde_json::Value as J;
+    match value {
+        J::String(s) => Box::new(std::iter::once(s.as_str())),
+        J::Array(items) => Box::new(items.iter().flat_map(json_strings)),
+        J::Object(map) => Box::new(
+            map.iter()
+                .flat_map(|(k, v)| std::iter::once(k.as_str()).chain(json_strings(v))),
+        ),
+        _ => Box::new(std::iter::empty()),
     }
 }
 
