@@ -110,6 +110,11 @@ pub struct Policy {
     /// is offered only the tools annotated read-only, when the tool set
     /// annotates any: a question is never answered with a write. Default: on.
     pub read_only_questions: bool,
+    /// Once the conversation has shown identifiers, a delegation to a
+    /// sub-agent must name one of them in its task: the sub-agent sees only
+    /// its task, and a parent that found a product and then asks the cart
+    /// agent to "add it to the cart" hands it nothing to act on. Default: on.
+    pub ground_delegation: bool,
     /// The calls-only retry of a prose reply on the first step, when the
     /// request names a shown tool (two of its name's words, or one and an id
     /// for a tool that takes one) and the model gave a call at least this
@@ -167,6 +172,7 @@ impl Policy {
             order_for_calls: false,
             one_id_per_reply: false,
             read_only_questions: false,
+            ground_delegation: false,
             named_tool_retry: None,
             call_now_min_probability: None,
             done_on_repeated_lookup: false,
@@ -193,6 +199,7 @@ impl Policy {
             order_for_calls: true,
             one_id_per_reply: true,
             read_only_questions: true,
+            ground_delegation: true,
             named_tool_retry: Some(0.001),
             call_now_min_probability: Some(0.0005),
             done_on_repeated_lookup: true,
@@ -262,6 +269,7 @@ impl Policy {
             || self.offer_id_takers
             || self.skip_used_ids
             || self.read_only_questions
+            || self.ground_delegation
     }
 
     /// The shape of a constrained reply for the tools shown.
@@ -306,6 +314,8 @@ pub enum Rule {
     OrderForCalls,
     /// See [`Policy::read_only_questions`].
     ReadOnlyQuestions,
+    /// See [`Policy::ground_delegation`].
+    GroundDelegation,
     /// See [`Policy::named_tool_retry`].
     NamedToolRetry,
     /// See [`Policy::call_now_min_probability`]: the reference's correction
@@ -327,6 +337,7 @@ impl Rule {
             Self::SkipUsedIds => "skip-used-ids",
             Self::OrderForCalls => "order-for-calls",
             Self::ReadOnlyQuestions => "read-only-questions",
+            Self::GroundDelegation => "ground-delegation",
             Self::NamedToolRetry => "named-tool-retry",
             Self::CallNowGate => "call-now-gate",
             Self::DoneOnRepeatedLookup => "done-on-repeated-lookup",
@@ -407,6 +418,21 @@ const CHANGE_VERBS: &[&str] = &[
     "mkdir",
 ];
 
+/// The most identifiers a delegation's task may choose from (the newest).
+const MAX_DELEGATION_IDS: usize = 8;
+
+/// `text` as a regular expression that matches it literally.
+fn regex_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() * 2);
+    for c in text.chars() {
+        if !c.is_alphanumeric() && c != '_' && c != ' ' {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Whether the request asks for a change (one of [`CHANGE_VERBS`] as a word).
 pub(crate) fn asks_for_change(request: &str) -> bool {
     request
@@ -468,6 +494,8 @@ pub(crate) struct StepFacts<'a> {
     pub(crate) first_step: bool,
     /// Whether the request has phrases a call could copy.
     pub(crate) has_phrases: bool,
+    /// The names of the tools that delegate to a sub-agent.
+    pub(crate) sub_agents: &'a [String],
 }
 
 /// The tools a step offers, as the policy decided them.
@@ -545,7 +573,10 @@ impl PolicyState {
                 None => self.identifiers.clone(),
             };
             match ground_tool(tool, &ids, policy.ground_identifiers, policy.ground_numbers) {
-                Some(grounded) => {
+                Some(mut grounded) => {
+                    if policy.ground_delegation && facts.sub_agents.contains(&tool.name) {
+                        self.ground_delegation(&mut grounded, &mut fired);
+                    }
                     if grounded.input_schema != tool.input_schema {
                         let rule = if policy.ground_identifiers && takes_identifier(tool) {
                             Rule::GroundIdentifiers
@@ -630,6 +661,58 @@ impl PolicyState {
             callable,
             fired,
         }
+    }
+
+    /// Narrows a delegation's task to text that names one of the
+    /// identifiers the conversation has shown (a regular-expression
+    /// `pattern` on the task, which a constraint holds to), preferring ids
+    /// that look like ids (`p-17`, `ORD_7`) over any word with a digit.
+    fn ground_delegation(&self, tool: &mut ToolDefinition, fired: &mut Vec<Fired>) {
+        let strings: Vec<&str> = self
+            .identifiers
+            .values()
+            .iter()
+            .rev()
+            .filter_map(Value::as_str)
+            .collect();
+        let joined: Vec<&str> = strings
+            .iter()
+            .copied()
+            .filter(|s| s.trim_matches(['-', '_']).contains(['-', '_']))
+            .collect();
+        let mut ids = if joined.is_empty() { strings } else { joined };
+        ids.truncate(MAX_DELEGATION_IDS);
+        if ids.is_empty() {
+            return;
+        }
+        let Some(task) = tool
+            .input_schema
+            .get("required")
+            .and_then(Value::as_array)
+            .and_then(|r| r.first())
+            .and_then(Value::as_str)
+            .map(str::to_string)
+        else {
+            return;
+        };
+        let Some(prop) = tool
+            .input_schema
+            .get_mut("properties")
+            .and_then(|p| p.get_mut(&task))
+            .and_then(Value::as_object_mut)
+            .filter(|p| p.get("type").and_then(Value::as_str) == Some("string"))
+        else {
+            return;
+        };
+        let alternatives: Vec<String> = ids.iter().map(|id| regex_escape(id)).collect();
+        prop.insert(
+            "pattern".to_string(),
+            Value::String(format!("({})", alternatives.join("|"))),
+        );
+        fired.push(Fired {
+            rule: Rule::GroundDelegation,
+            detail: format!("the task for {} names one of {}", tool.name, ids.join(", ")),
+        });
     }
 
     /// The ranked tools, reordered: the tools that can be called now first;
@@ -744,6 +827,7 @@ mod tests {
             constrained,
             first_step,
             has_phrases,
+            sub_agents: &[],
         }
     }
 
@@ -861,6 +945,43 @@ mod tests {
         );
         assert!(fired.iter().any(|f| f.rule == Rule::MoveOn));
         assert!(fired.iter().any(|f| f.rule == Rule::GroundIdentifiers));
+    }
+
+    #[test]
+    fn a_delegation_after_ids_were_found_must_name_one() {
+        let delegate = tool(
+            "cart_agent",
+            json!({"type": "object", "properties": {"task": {"type": "string"}}, "required": ["task"]}),
+            false,
+        );
+        let subs = vec!["cart_agent".to_string()];
+        let mut state = PolicyState::default();
+        state.observe_tools(std::slice::from_ref(&delegate));
+        let facts = |first_step| StepFacts {
+            request: "Find a backpack and add it to my cart",
+            constrained: true,
+            first_step,
+            has_phrases: false,
+            sub_agents: &subs,
+        };
+        let o = state.offer(&Policy::small_model(), vec![delegate.clone()], facts(true));
+        assert_eq!(
+            o.callable,
+            vec![delegate.clone()],
+            "no id yet: the task is free"
+        );
+        state
+            .identifiers
+            .add_result("The Summit 30L Backpack (p-17) costs $89.");
+        let o = state.offer(&Policy::small_model(), vec![delegate.clone()], facts(false));
+        assert_eq!(
+            o.callable[0].input_schema["properties"]["task"]["pattern"],
+            json!("(p\\-17)"),
+            "an id-like id is preferred over words with digits"
+        );
+        assert!(o.fired.iter().any(|f| f.rule == Rule::GroundDelegation));
+        let o = state.offer(&Policy::reference(), vec![delegate.clone()], facts(false));
+        assert_eq!(o.callable, vec![delegate]);
     }
 
     #[test]

@@ -401,6 +401,7 @@ impl<P: Provider + 'static> Run<P> {
             && constrained
             && first_step
             && !copy_phrases(std::iter::once(self.request_text.as_str()), &ranked).is_empty();
+        let sub_agents: Vec<String> = self.sub_agents.iter().map(|s| s.name.clone()).collect();
         let mut offer = self.rules.offer(
             &self.policy,
             ranked,
@@ -409,6 +410,7 @@ impl<P: Provider + 'static> Run<P> {
                 constrained,
                 first_step,
                 has_phrases,
+                sub_agents: &sub_agents,
             },
         );
         self.report(std::mem::take(&mut offer.fired));
