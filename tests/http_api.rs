@@ -726,6 +726,67 @@ async fn run_ids_cannot_be_guessed_and_a_client_has_a_run_cap() {
     server.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_kept_alive_connection_is_closed() {
+    let server = Server::start_with(ServerOptions {
+        idle_timeout: Duration::from_millis(300),
+        ..options()
+    })
+    .await;
+    let mut stream = TcpStream::connect(server.addr).await.unwrap();
+    let request = format!(
+        "GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n\r\n",
+        server.addr.port()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    // The answer comes, the connection stays open for a next request
+    // (HTTP/1.1 keeps it alive), and then closes for want of one.
+    let mut answer = Vec::new();
+    tokio::time::timeout(HANG, stream.read_to_end(&mut answer))
+        .await
+        .expect("the server closes an idle connection")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_says_unavailable_once_the_actors_are_gone() {
+    let server = Server::start().await;
+    assert_eq!(server.get("/health").await.0, StatusCode::OK);
+    let Server {
+        base,
+        client,
+        stop,
+        task,
+        hosted,
+        ..
+    } = server;
+    hosted.shutdown().await;
+    let response = client.get(format!("{base}/health")).send().await.unwrap();
+    let (status, health) = json_of(response).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{health}");
+    assert_eq!(health["status"], "unavailable");
+    let agents = health["actors"]["agents"].as_array().unwrap();
+    assert!(agents.iter().all(|a| a["state"] == "given_up"), "{health}");
+    // The bare check says the same.
+    let response = Client::new()
+        .get(format!("{base}/health"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        json_of(response).await,
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"status": "unavailable"})
+        )
+    );
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}
+
 /// A folder of its own under the system's temporary folder.
 fn scratch(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!(

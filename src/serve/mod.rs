@@ -178,20 +178,6 @@ pub async fn start(
     Ok((started.addr, started.task))
 }
 
-/// Serves the API on a bound `listener` with `options` until `shutdown` is
-/// cancelled. Accept errors (out of file descriptors, say) are logged and
-/// retried; they never end it.
-pub async fn serve_with(
-    listener: TcpListener,
-    api: Arc<Api>,
-    options: ServerOptions,
-    shutdown: CancellationToken,
-) -> std::io::Result<()> {
-    let (token, _) = options.token.load()?;
-    let server = Arc::new(Server::new(api, token, listener.local_addr()?, options));
-    conn::accept_loop(listener, server, shutdown).await
-}
-
 /// One server: the API, its options and request checks, and its runs.
 pub(crate) struct Server {
     api: Arc<Api>,
