@@ -27,6 +27,10 @@ pub const DEFAULT_TOOL_TIMEOUT: Duration = Duration::from_secs(30);
 
 type BuildHost = dyn Fn() -> Arc<dyn ToolHost> + Send + Sync;
 
+/// How long a call that ran out of time (or was cancelled) is given to hear
+/// its cancellation and clean up before the caller gets its answer.
+const CANCEL_GRACE: Duration = Duration::from_secs(2);
+
 /// A named source of tools and how to make it. When a source crashes, the
 /// supervisor restarts the bridge, which makes every source afresh.
 ///
@@ -364,29 +368,47 @@ async fn call(
     let source = &shared.sources[route.source].name;
     let host = &hosts[route.source];
     let limit = shared.call_timeout_of(route.source);
-    let run = AssertUnwindSafe(host.call_tool(name, arguments, cancel.clone())).catch_unwind();
-    tokio::select! {
+    // The source gets a child token, so that a call over its limit is
+    // cancelled in the source too (a page cancels the invocation, a tool
+    // set inside passes it on) instead of running on unseen.
+    let source_cancel = cancel.child_token();
+    let run =
+        AssertUnwindSafe(host.call_tool(name, arguments, source_cancel.clone())).catch_unwind();
+    tokio::pin!(run);
+    let outcome = tokio::select! {
         biased;
-        _ = cancel.cancelled() => Err(ToolError::new(ToolErrorCode::Cancelled, "the call was cancelled")),
-        outcome = tokio::time::timeout(limit, run) => match outcome {
-            Err(_) => Err(ToolError::new(
+        _ = cancel.cancelled() => None,
+        outcome = tokio::time::timeout(limit, &mut run) => outcome.ok(),
+    };
+    let Some(outcome) = outcome else {
+        // Bounded: a source that ignores its token is not waited for.
+        source_cancel.cancel();
+        let _ = tokio::time::timeout(CANCEL_GRACE, &mut run).await;
+        return Err(if cancel.is_cancelled() {
+            ToolError::new(ToolErrorCode::Cancelled, "the call was cancelled")
+        } else {
+            ToolError::new(
                 ToolErrorCode::Timeout,
                 format!("{name} did not answer within {} s", limit.as_secs_f32()),
-            )),
-            Ok(Err(panic)) => {
-                let reason = panic_message(panic.as_ref());
-                tracing::error!(source = %source, tool = name, %reason, "a tool source panicked");
-                let _ = myself.send_message(BridgeMsg::Crashed {
-                    source: source.clone(),
-                    reason: reason.clone(),
-                });
-                Err(ToolError::new(
-                    ToolErrorCode::Unavailable,
-                    format!("the tool source `{source}` crashed while running {name} ({reason}); it is being restarted"),
-                ))
-            }
-            Ok(Ok(result)) => result,
-        },
+            )
+        });
+    };
+    match outcome {
+        Err(panic) => {
+            let reason = panic_message(panic.as_ref());
+            tracing::error!(source = %source, tool = name, %reason, "a tool source panicked");
+            let _ = myself.send_message(BridgeMsg::Crashed {
+                source: source.clone(),
+                reason: reason.clone(),
+            });
+            Err(ToolError::new(
+                ToolErrorCode::Unavailable,
+                format!(
+                    "the tool source `{source}` crashed while running {name} ({reason}); it is being restarted"
+                ),
+            ))
+        }
+        Ok(result) => result,
     }
 }
 
@@ -406,10 +428,11 @@ impl ToolBridgeHandle {
     }
 
     /// The bridge enforces each source's call limit itself; the handle
-    /// waits a little longer than the longest of them, so that the
-    /// bridge's precise error wins the race and no source is cut short.
+    /// waits a little longer than the longest of them (and the clean-up
+    /// after it), so that the bridge's precise error wins the race and no
+    /// source is cut short.
     fn call_wait(&self) -> Duration {
-        self.shared.longest_call() + self.timeouts.control
+        self.shared.longest_call() + CANCEL_GRACE + self.timeouts.control
     }
 }
 

@@ -342,3 +342,65 @@ async fn a_hosted_stdio_mcp_server_that_was_killed_is_restarted_on_the_next_call
     runtime.shutdown().await;
     server.close().await;
 }
+
+/// A source that waits for its call to be cancelled, and notes when it was.
+struct Patient {
+    cancelled_after: std::sync::Mutex<Option<Duration>>,
+}
+
+#[async_trait::async_trait]
+impl ToolHost for Patient {
+    async fn list_tools(&self) -> Vec<ToolDefinition> {
+        vec![slow_tool("wait_for_ever")]
+    }
+
+    async fn call_tool(
+        &self,
+        _name: &str,
+        _arguments: serde_json::Value,
+        cancel: CancellationToken,
+    ) -> Result<String, wma_agent::ToolError> {
+        let started = tokio::time::Instant::now();
+        cancel.cancelled().await;
+        *self.cancelled_after.lock().unwrap() = Some(started.elapsed());
+        Err(wma_agent::ToolError::new(
+            ToolErrorCode::Cancelled,
+            "stopped waiting",
+        ))
+    }
+}
+
+/// At the end of its limit a call is cancelled in the source, not left
+/// running: the source hears it after its own 90 s, not the runtime's 30.
+#[tokio::test(start_paused = true)]
+async fn a_call_over_its_limit_is_cancelled_in_the_source() {
+    let patient = Arc::new(Patient {
+        cancelled_after: std::sync::Mutex::new(None),
+    });
+    let runtime = runtime_with(
+        vec![
+            ToolSource::shared("patient", patient.clone())
+                .with_call_timeout(Duration::from_secs(90)),
+        ],
+        Duration::from_secs(30),
+    )
+    .await;
+    let error = runtime
+        .tools()
+        .call_tool("wait_for_ever", json!({}), CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, ToolErrorCode::Timeout, "{error:?}");
+    // Paused time moves straight to the limit (timers tick in whole
+    // milliseconds, hence the range).
+    let heard = patient
+        .cancelled_after
+        .lock()
+        .unwrap()
+        .expect("the source heard the cancellation");
+    assert!(
+        heard >= Duration::from_secs(90) && heard < Duration::from_secs(91),
+        "{heard:?}"
+    );
+    runtime.shutdown().await;
+}
