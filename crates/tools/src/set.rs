@@ -1127,4 +1127,46 @@ mod admission_tests {
         let health = &set.health()[0];
         assert_eq!((health.restarts, health.panics), (0, 1));
     }
+
+    /// Waits for its call to be cancelled and notes that it was.
+    struct Patient(Arc<std::sync::atomic::AtomicBool>);
+
+    #[async_trait]
+    impl ToolHost for Patient {
+        async fn list_tools(&self) -> Vec<ToolDefinition> {
+            vec![tool("wait")]
+        }
+
+        async fn call_tool(
+            &self,
+            _name: &str,
+            _arguments: Value,
+            cancel: CancellationToken,
+        ) -> Result<String, ToolError> {
+            cancel.cancelled().await;
+            self.0.store(true, Ordering::SeqCst);
+            Err(ToolError::new(ToolErrorCode::Cancelled, "stopped"))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_over_its_limit_is_cancelled_in_the_source() {
+        let heard = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut set = ToolSet::new();
+        set.add_with(
+            "slow",
+            Patient(heard.clone()),
+            SourceOptions::default().call_timeout(Duration::from_secs(90)),
+        );
+        let error = set
+            .call_tool("wait", json!({}), CancellationToken::new())
+            .await
+            .unwrap_err();
+        assert_eq!(error.code, ToolErrorCode::Timeout);
+        assert!(error.message.contains("within 90 s"), "{}", error.message);
+        assert!(
+            heard.load(Ordering::SeqCst),
+            "the source heard the cancellation"
+        );
+    }
 }
