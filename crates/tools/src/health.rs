@@ -155,4 +155,29 @@ mod tests {
             "the first restart left the window"
         );
     }
+
+    #[test]
+    fn health_serializes_flat_for_a_health_endpoint() {
+        let down = SourceHealth {
+            source: "shop".into(),
+            state: SourceState::Down {
+                reason: "the page is gone".into(),
+            },
+            restarts: 1,
+            panics: 0,
+        };
+        assert_eq!(
+            serde_json::to_value(&down).unwrap(),
+            serde_json::json!({"source": "shop", "state": "down",
+                "reason": "the page is gone", "restarts": 1, "panics": 0})
+        );
+        let ready = SourceStatus {
+            state: SourceState::Ready,
+            restarts: 0,
+        };
+        assert_eq!(
+            serde_json::to_value(&ready).unwrap(),
+            serde_json::json!({"state": "ready", "restarts": 0})
+        );
+    }
 }
