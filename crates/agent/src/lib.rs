@@ -39,7 +39,8 @@ pub use parse::{ParsedCall, ParsedReply, parse_tool_calls};
 pub use part::{AgentStreamPart, FinishReason};
 pub use policy::{Policy, PolicyName, REFERENCE_FROM_PARAMETERS, Rule};
 pub use prompt::{
-    HISTORY_TURNS, RESULT_CHARS, SystemPromptInput, compact_schema, example_arguments, gist,
+    HISTORY_TURNS, PAGE_PATH_CHARS, PAGE_TEXT_CHARS, RESULT_CHARS, SUB_AGENT_DESCRIPTION_CHARS,
+    SystemPromptInput, compact_schema, delimit_untrusted, example_arguments, gist, plain_line,
     system_prompt, tool_line, truncate_chars,
 };
 pub use provider::{

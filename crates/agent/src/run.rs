@@ -181,6 +181,9 @@ struct Run<P> {
     /// The rules beyond the reference, and what they remember.
     policy: Policy,
     rules: PolicyState,
+    /// The tools whose results are untrusted content (as this step lists
+    /// them): their results are delimited in the prompt.
+    untrusted: Vec<String>,
     instructions: Option<String>,
     sub_agents: Vec<SubAgentInfo>,
     agent_name: String,
@@ -227,6 +230,7 @@ impl<P: Provider + 'static> Run<P> {
                 .policy
                 .unwrap_or_else(|| Policy::for_model(provider.parameters())),
             rules: PolicyState::default(),
+            untrusted: Vec::new(),
             provider,
             tools: request.tools,
             cancel: request.cancel,
@@ -391,6 +395,11 @@ impl<P: Provider + 'static> Run<P> {
             page = self.tools.page_context() => page,
         };
         self.rules.observe_tools(&all_tools);
+        self.untrusted = all_tools
+            .iter()
+            .filter(|t| t.annotations.untrusted_content)
+            .map(|t| t.name.clone())
+            .collect();
         let ranked = rank_tools(&all_tools, &self.request_text, &self.recent, self.max_tools);
         // The policy decides once per step which tools a constraint may call
         // and the order they are listed in; every attempt of the step uses
@@ -621,7 +630,7 @@ impl<P: Provider + 'static> Run<P> {
                 .collect()
         };
         GenerateRequest {
-            messages: prompt_messages(&system, turns),
+            messages: prompt_messages(&system, turns, &self.untrusted),
             tools,
             constraint: None,
             max_new_tokens: None,
@@ -852,7 +861,7 @@ impl<P: Provider + 'static> Run<P> {
                 for_model.push('\n');
                 for_model.push_str(&messages::repeated_call(&call.name));
             }
-            self.push_turn(PromptRole::Tool, for_model);
+            self.turns.push(Turn::result(&call.name, for_model));
         }
         self.rules.step_done();
         self.push_turn(PromptRole::User, messages::restate(&self.request_text));
@@ -916,9 +925,11 @@ impl<P: Provider + 'static> Run<P> {
     /// retry does not reshuffle tools or history.
     fn append_to(&self, request: &mut GenerateRequest) {
         let last_two = &self.turns[self.turns.len().saturating_sub(2)..];
-        request
-            .messages
-            .extend(prompt_messages("", last_two).into_iter().skip(1));
+        request.messages.extend(
+            prompt_messages("", last_two, &self.untrusted)
+                .into_iter()
+                .skip(1),
+        );
     }
 }
 
