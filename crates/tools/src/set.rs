@@ -293,9 +293,16 @@ impl Source {
             if self.budget.spent() {
                 return Err(reason);
             }
+            // The window has passed: a fresh host, counted like any restart.
             *gave_up = None;
             drop(gave_up);
-            self.rebuild();
+            if self
+                .budget
+                .take(&format!("the tool source {}", self.name))
+                .is_ok()
+            {
+                self.rebuild();
+            }
         }
         Ok(self.current().host)
     }

@@ -42,6 +42,8 @@ pub struct WebMcpSource {
     last_error: Mutex<Option<String>>,
     /// A first page was opened once; opening another is a restart.
     opened: AtomicBool,
+    /// A browser is being started and the page opened.
+    opening: AtomicBool,
 }
 
 impl std::fmt::Debug for WebMcpSource {
@@ -73,6 +75,7 @@ impl WebMcpSource {
             budget: RestartBudget::new(DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW),
             last_error: Mutex::new(None),
             opened: AtomicBool::new(false),
+            opening: AtomicBool::new(false),
         }
     }
 
@@ -112,6 +115,7 @@ impl WebMcpSource {
             }
             tracing::warn!(url = %self.url, "the page is gone; opening it again");
         }
+        self.opening.store(true, Ordering::SeqCst);
         let opened = async {
             let browser = Browser::launch(self.browser_options.clone()).await?;
             let page = browser
@@ -120,6 +124,7 @@ impl WebMcpSource {
             Ok::<_, ToolsError>((browser, page))
         }
         .await;
+        self.opening.store(false, Ordering::SeqCst);
         let (browser, page) = opened.inspect_err(|error| self.note_error(&error.to_string()))?;
         if reopening {
             self.reopened.fetch_add(1, Ordering::SeqCst);
@@ -144,8 +149,10 @@ impl Monitored for WebMcpSource {
                 .clone()
         };
         let state = match self.current.try_lock() {
-            // Held while a page opens, and for a moment by every use.
-            Err(_) => SourceState::Starting,
+            // Held while a page opens, and for a moment by every use (of a
+            // page that was there a moment ago).
+            Err(_) if self.opening.load(Ordering::SeqCst) => SourceState::Starting,
+            Err(_) => SourceState::Ready,
             Ok(current) => match current.as_ref() {
                 Some((_, page)) if !page.is_gone() => SourceState::Ready,
                 Some(_) => SourceState::Down {
