@@ -11,27 +11,59 @@
 //! [`RuntimeBuilder::remote_agent`](crate::RuntimeBuilder::remote_agent))
 //! finds the endpoint in that group and delegates to it.
 //!
-//! The protocol is JSON in ractor calls: `start` a run (task and depth),
-//! `next` (a long poll that returns the parts ready, at most
-//! [`NEXT_BATCH`] at a time, waiting up to [`NEXT_WAIT`] for the first),
-//! `stop`. Polling keeps the reader in charge of the pace, as the local
-//! part channel's backpressure does.
+//! The protocol is JSON in ractor calls: `start` a run (task, depth and the
+//! W3C trace context), `next` (a long poll that returns the parts ready, at
+//! most [`NEXT_BATCH`] at a time, waiting up to [`NEXT_WAIT`] for the
+//! first), `stop`. Polling keeps the reader in charge of the pace, as the
+//! local part channel's backpressure does.
+//!
+//! # Guards
+//!
+//! A peer is not trusted before it proved the cookie, and not much after:
+//!
+//! - ractor_cluster has no handshake timeout and one frame limit for the
+//!   whole session, so this node accepts and dials the TCP connections
+//!   itself and hands them to the node server as external streams that
+//!   watch the handshake: a connection that has not authenticated within
+//!   [`ClusterGuards::handshake_timeout`] is closed, and so is one that
+//!   announces a frame over [`ClusterGuards::pre_auth_max_frame`] before
+//!   it authenticated. At most [`ClusterGuards::max_pending`] connections
+//!   may be in their handshake at once. After the handshake, frames are
+//!   limited to [`ClusterGuards::max_frame`] (ractor_cluster's own limit).
+//! - A cookie must be strong: [`cookie_problems`] lists what is wrong with
+//!   one, and [`ClusterNode::start`] refuses a cookie with problems.
+//! - Two nodes with the same name cannot be told apart by ractor_cluster,
+//!   which drops their connection as a connection to itself;
+//!   [`ClusterNode::connect`] says so instead.
+//! - A peer's parts are re-tagged: its run's own parts carry the sub-agent's
+//!   name, and depths are capped, so a peer cannot pass parts off as the
+//!   parent's own.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
 use ractor::message::{BoxedDowncastErr, SerializedMessage};
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use ractor_cluster::node::NodeServerSessionInformation;
-use ractor_cluster::{NodeEventSubscription, NodeServer, NodeServerMessage};
+use ractor_cluster::{
+    BoxRead, BoxWrite, ClusterBidiStream, NodeEventSubscription, NodeServer, NodeServerMessage,
+};
 use serde::{Deserialize, Serialize};
-use tokio::sync::watch;
+use tokio::io::{AsyncRead, ReadBuf};
+use tokio::net::tcp::OwnedReadHalf;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{broadcast, watch};
+use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
 use wma_agent::{ChatMessage, ToolError, ToolErrorCode};
 
 use crate::agent::{AgentHandle, RunStream};
@@ -46,6 +78,10 @@ pub const CLUSTER_SCOPE: &str = "wma";
 /// Where a node listens unless told otherwise: loopback, on a free port.
 pub const DEFAULT_CLUSTER_LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
 
+/// The node name a node has unless told otherwise. Two nodes that both keep
+/// it on one host cannot connect (see [`ClusterNode::connect`]).
+pub const DEFAULT_NODE_NAME: &str = "wma";
+
 /// How long a `next` poll waits for the first part before answering with none.
 pub const NEXT_WAIT: Duration = Duration::from_millis(500);
 
@@ -56,22 +92,157 @@ pub const NEXT_BATCH: usize = 64;
 /// node went away without saying so.
 pub const REMOTE_RUN_IDLE: Duration = Duration::from_secs(120);
 
+/// How long a connection may take to prove the cookie. A handshake is three
+/// round trips of a few hundred bytes: well under a second even between
+/// continents; the rest is room for a loaded host.
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The largest frame a peer may announce before it authenticated. The
+/// handshake's frames carry a node name, a challenge and a digest: a few
+/// hundred bytes. The limit leaves room for long node names and for the
+/// first process-group frames that may arrive just as the handshake ends,
+/// and it keeps an unauthenticated peer from making this node allocate
+/// ractor_cluster's 16 MiB.
+pub const DEFAULT_PRE_AUTH_MAX_FRAME: u64 = 64 * 1024;
+
+/// The largest frame an authenticated peer may send: ractor_cluster's
+/// default. A `next` answer carries up to [`NEXT_BATCH`] parts, tool results
+/// among them, so the limit is generous.
+pub const DEFAULT_MAX_FRAME: u64 = ractor_cluster::DEFAULT_MAX_INBOUND_FRAME_SIZE;
+
+/// How many connections may be in their handshake at once; more are closed
+/// as they arrive. Each holds a socket and a session actor until it
+/// authenticates or times out.
+pub const DEFAULT_MAX_PENDING_HANDSHAKES: usize = 64;
+
+/// The first pause before a lost or unreachable peer is dialled again; it
+/// doubles up to [`RECONNECT_MAX`].
+pub const RECONNECT_FIRST: Duration = Duration::from_millis(250);
+
+/// The longest pause between two attempts to reach a peer.
+pub const RECONNECT_MAX: Duration = Duration::from_secs(10);
+
+/// The fewest characters a cookie may have: 32 hex digits are 128 bits.
+pub const MIN_COOKIE_CHARS: usize = 32;
+
+/// The fewest bits of entropy a cookie's characters may carry, estimated
+/// from its length and the classes of characters it uses.
+pub const MIN_COOKIE_BITS: f64 = 128.0;
+
+/// Fewer distinct characters than this is a pattern, not a random string
+/// (a random 32-digit hex string has about 14).
+const MIN_DISTINCT_CHARS: usize = 8;
+
+/// Cookies that appear in examples and documentation, and words people try
+/// first: each is refused whatever its length.
+const KNOWN_COOKIES: &[&str] = &[
+    "change-me",
+    "changeme",
+    "change_me",
+    "secret",
+    "cookie",
+    "password",
+    "wma",
+    "webmcp-agents",
+    "default",
+    "example",
+    "test",
+    "loopback-test-cookie",
+];
+
 /// The process group of an exported agent.
 fn group_of(agent: &str) -> String {
     format!("agent:{agent}")
 }
 
+/// What is wrong with `cookie` as a cluster's shared secret; empty when
+/// nothing is. The rules: at least [`MIN_COOKIE_CHARS`] characters, an
+/// estimated [`MIN_COOKIE_BITS`] bits of entropy (length times the bits of
+/// the character classes it uses: lower case, upper case, digits, others),
+/// at least 8 distinct characters, and none of the placeholders
+/// that examples use (`change-me`, `secret`, ...). A good cookie:
+/// `openssl rand -hex 32`.
+///
+/// ```
+/// use wma_runtime::cookie_problems;
+/// assert!(!cookie_problems("change-me").is_empty());
+/// assert!(cookie_problems("3f9c1e0b7a6d4c2f8e5b9a1d0c7e6f3a2b4d8c9e1f0a7b6c").is_empty());
+/// ```
+pub fn cookie_problems(cookie: &str) -> Vec<String> {
+    let mut problems = Vec::new();
+    if cookie.is_empty() {
+        problems.push("the cookie is empty".to_string());
+        return problems;
+    }
+    let chars: Vec<char> = cookie.chars().collect();
+    let squeeze = |s: &str| s.to_lowercase().replace(['-', '_', ' '], "");
+    let normalized = squeeze(cookie.trim());
+    if normalized.contains("changeme") || KNOWN_COOKIES.iter().any(|k| squeeze(k) == normalized) {
+        problems.push(format!(
+            "`{}` is a placeholder from examples, which anyone can guess",
+            cookie.trim()
+        ));
+    }
+    if chars.len() < MIN_COOKIE_CHARS {
+        problems.push(format!(
+            "it has {} characters; it needs at least {MIN_COOKIE_CHARS}",
+            chars.len()
+        ));
+    }
+    let mut distinct = chars.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    if distinct.len() < MIN_DISTINCT_CHARS {
+        problems.push(format!(
+            "it uses {} distinct characters; a random one uses many more",
+            distinct.len()
+        ));
+    }
+    let alphabet: u32 = [
+        (chars.iter().any(char::is_ascii_lowercase), 26),
+        (chars.iter().any(char::is_ascii_uppercase), 26),
+        (chars.iter().any(char::is_ascii_digit), 10),
+        (chars.iter().any(|c| !c.is_ascii_alphanumeric()), 33),
+    ]
+    .iter()
+    .filter(|(used, _)| *used)
+    .map(|(_, size)| size)
+    .sum();
+    let bits = chars.len() as f64 * f64::from(alphabet).log2();
+    if chars.len() >= MIN_COOKIE_CHARS && bits < MIN_COOKIE_BITS {
+        problems.push(format!(
+            "its characters carry at most {bits:.0} bits; it needs {MIN_COOKIE_BITS:.0} \
+             (use more characters, or more kinds of them)"
+        ));
+    }
+    problems
+}
+
+/// A warning when a node listening at `addr` can be reached from beyond
+/// this machine: the transport is not encrypted, and anyone who can reach
+/// the port can try cookies. `None` on loopback.
+pub fn listen_warning(addr: SocketAddr) -> Option<String> {
+    (!addr.ip().is_loopback()).then(|| {
+        format!(
+            "the cluster node listens on {addr}, beyond loopback: its traffic is not encrypted \
+             and anyone who reaches the port can try cookies; keep it on a private network or a tunnel"
+        )
+    })
+}
+
 /// How this node joins the cluster.
 #[derive(Debug, Clone)]
 pub struct ClusterOptions {
-    /// This node's name, as peers see it. Default `wma`.
+    /// This node's name, as peers see it. Default [`DEFAULT_NODE_NAME`].
+    /// Every node of a cluster needs its own.
     pub node_name: String,
     /// The shared secret every node of the cluster is started with. A peer
-    /// with another cookie fails the handshake and is disconnected. Required.
+    /// with another cookie fails the handshake and is disconnected. Required,
+    /// and it must be strong (see [`cookie_problems`]).
     pub cookie: String,
     /// Where to listen. Default [`DEFAULT_CLUSTER_LISTEN`] (loopback, a free
     /// port); the transport is not encrypted, so keep it on loopback or a
-    /// private network.
+    /// private network (a node warns when it listens beyond loopback).
     pub listen: SocketAddr,
     /// The local agents other nodes may delegate to. Default none.
     pub export: Vec<String>,
@@ -81,10 +252,39 @@ impl ClusterOptions {
     /// Options with this cookie and the defaults.
     pub fn new(cookie: impl Into<String>) -> Self {
         Self {
-            node_name: "wma".to_string(),
+            node_name: DEFAULT_NODE_NAME.to_string(),
             cookie: cookie.into(),
             listen: DEFAULT_CLUSTER_LISTEN,
             export: Vec::new(),
+        }
+    }
+}
+
+/// The limits a node puts on its peers' connections (see the module's
+/// docs); [`ClusterGuards::default`] is what [`ClusterNode::start`] uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClusterGuards {
+    /// A connection that has not authenticated within this time is closed.
+    /// Default [`DEFAULT_HANDSHAKE_TIMEOUT`].
+    pub handshake_timeout: Duration,
+    /// The largest frame a connection may announce before it authenticated.
+    /// Default [`DEFAULT_PRE_AUTH_MAX_FRAME`].
+    pub pre_auth_max_frame: u64,
+    /// The largest frame an authenticated peer may send. Default
+    /// [`DEFAULT_MAX_FRAME`].
+    pub max_frame: u64,
+    /// How many connections may be in their handshake at once. Default
+    /// [`DEFAULT_MAX_PENDING_HANDSHAKES`].
+    pub max_pending: usize,
+}
+
+impl Default for ClusterGuards {
+    fn default() -> Self {
+        Self {
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            pre_auth_max_frame: DEFAULT_PRE_AUTH_MAX_FRAME,
+            max_frame: DEFAULT_MAX_FRAME,
+            max_pending: DEFAULT_MAX_PENDING_HANDSHAKES,
         }
     }
 }
@@ -100,17 +300,240 @@ pub struct SessionCounts {
     pub disconnected: u64,
 }
 
-struct Sessions(watch::Sender<SessionCounts>);
+/// What happened to one connection, by its label.
+#[derive(Debug, Clone)]
+enum SessionEvent {
+    Authenticated { label: String, peer: String },
+    Disconnected { label: String, peer: Option<String> },
+}
+
+/// What the node server's event callbacks and this node's tasks share.
+struct Shared {
+    /// This node's name as ractor_cluster announces it (`name@host`).
+    name: String,
+    counts: watch::Sender<SessionCounts>,
+    events: broadcast::Sender<SessionEvent>,
+    /// The connections still in their handshake: set to true when one
+    /// authenticates, which lifts its guard.
+    pending: Mutex<HashMap<String, Arc<AtomicBool>>>,
+    /// The authenticated sessions: label to the peer's name.
+    peers: watch::Sender<HashMap<String, String>>,
+    /// Numbers connection labels, so that each is unique.
+    next_label: AtomicU64,
+    guards: ClusterGuards,
+}
+
+impl Shared {
+    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<AtomicBool>>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Wraps a fresh connection in its handshake guard, or refuses it when
+    /// too many are in their handshake already.
+    fn guard(self: &Arc<Self>, stream: TcpStream, remote: SocketAddr) -> Option<Guarded> {
+        let n = self.next_label.fetch_add(1, Ordering::Relaxed);
+        let label = format!("{remote}#{n}");
+        let authenticated = Arc::new(AtomicBool::new(false));
+        {
+            let mut pending = self.pending();
+            if pending.len() >= self.guards.max_pending {
+                tracing::warn!(
+                    peer = %remote,
+                    "closing a cluster connection: {} others are still in their handshake",
+                    pending.len()
+                );
+                return None;
+            }
+            pending.insert(label.clone(), authenticated.clone());
+        }
+        let _ = stream.set_nodelay(true);
+        let (read, write) = stream.into_split();
+        Some(Guarded {
+            read: GuardedRead {
+                inner: read,
+                authenticated,
+                deadline: Some(Box::pin(tokio::time::sleep(self.guards.handshake_timeout))),
+                max_frame: self.guards.pre_auth_max_frame,
+                header: [0; 8],
+                header_len: 0,
+                payload_left: 0,
+                label: label.clone(),
+                shared: Arc::downgrade(self),
+            },
+            write: Box::new(write),
+            label,
+        })
+    }
+}
+
+struct Sessions(Arc<Shared>);
 
 impl NodeEventSubscription for Sessions {
     fn node_session_opened(&self, _ses: NodeServerSessionInformation) {
-        self.0.send_modify(|c| c.opened += 1);
+        self.0.counts.send_modify(|c| c.opened += 1);
     }
-    fn node_session_disconnected(&self, _ses: NodeServerSessionInformation) {
-        self.0.send_modify(|c| c.disconnected += 1);
+
+    fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
+        let shared = &self.0;
+        shared.counts.send_modify(|c| c.disconnected += 1);
+        shared.pending().remove(&ses.peer_addr);
+        shared
+            .peers
+            .send_if_modified(|peers| peers.remove(&ses.peer_addr).is_some());
+        let peer = ses.peer_name.map(|n| n.name);
+        if peer.as_deref() == Some(shared.name.as_str()) {
+            // ractor_cluster takes a peer with this node's name for this
+            // node itself and drops it with a warning nobody connects to
+            // two nodes that were left on the same name.
+            tracing::error!(
+                node = %shared.name,
+                connection = %ses.peer_addr,
+                "a cluster peer has this node's name, so neither can connect to the other; \
+                 give every node of the cluster its own `node_name`"
+            );
+        }
+        let _ = shared.events.send(SessionEvent::Disconnected {
+            label: ses.peer_addr,
+            peer,
+        });
     }
-    fn node_session_authenticated(&self, _ses: NodeServerSessionInformation) {
-        self.0.send_modify(|c| c.authenticated += 1);
+
+    fn node_session_authenticated(&self, ses: NodeServerSessionInformation) {
+        let shared = &self.0;
+        shared.counts.send_modify(|c| c.authenticated += 1);
+        if let Some(flag) = shared.pending().remove(&ses.peer_addr) {
+            flag.store(true, Ordering::Release);
+        }
+        let peer = ses.peer_name.map(|n| n.name).unwrap_or_default();
+        shared.peers.send_modify(|peers| {
+            peers.insert(ses.peer_addr.clone(), peer.clone());
+        });
+        let _ = shared.events.send(SessionEvent::Authenticated {
+            label: ses.peer_addr,
+            peer,
+        });
+    }
+}
+
+/// A TCP connection as the node server gets it: the read half guarded until
+/// the session authenticates.
+struct Guarded {
+    read: GuardedRead,
+    write: BoxWrite,
+    label: String,
+}
+
+impl ClusterBidiStream for Guarded {
+    fn split(self: Box<Self>) -> (BoxRead, BoxWrite) {
+        (Box::new(self.read), self.write)
+    }
+
+    fn peer_label(&self) -> Option<String> {
+        // ractor_cluster reports it as the session's peer address: that is
+        // how the session's events find this connection's guard.
+        Some(self.label.clone())
+    }
+}
+
+/// The read half of a connection in its handshake. It follows
+/// ractor_cluster's framing (a big-endian u64 length, then the payload)
+/// and fails the read, which ends the session, when a frame is announced
+/// over the limit or the deadline passes; once the session authenticated
+/// it only passes bytes on.
+struct GuardedRead {
+    inner: OwnedReadHalf,
+    authenticated: Arc<AtomicBool>,
+    /// While the handshake goes on; `None` once it is over.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    max_frame: u64,
+    header: [u8; 8],
+    header_len: usize,
+    payload_left: u64,
+    label: String,
+    shared: std::sync::Weak<Shared>,
+}
+
+impl GuardedRead {
+    /// Follows the frames in `bytes`, failing at a length over the limit.
+    fn scan(&mut self, mut bytes: &[u8]) -> std::io::Result<()> {
+        while !bytes.is_empty() {
+            if self.payload_left > 0 {
+                let take = usize::try_from(self.payload_left)
+                    .unwrap_or(usize::MAX)
+                    .min(bytes.len());
+                self.payload_left -= take as u64;
+                bytes = &bytes[take..];
+                continue;
+            }
+            let take = (8 - self.header_len).min(bytes.len());
+            self.header[self.header_len..self.header_len + take].copy_from_slice(&bytes[..take]);
+            self.header_len += take;
+            bytes = &bytes[take..];
+            if self.header_len == 8 {
+                self.header_len = 0;
+                let length = u64::from_be_bytes(self.header);
+                if length > self.max_frame {
+                    tracing::warn!(
+                        connection = %self.label,
+                        "closing a cluster connection that announced a {length}-byte frame \
+                         before it authenticated (the limit is {})",
+                        self.max_frame
+                    );
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "a frame of {length} bytes before authentication (the limit is {})",
+                            self.max_frame
+                        ),
+                    ));
+                }
+                self.payload_left = length;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl AsyncRead for GuardedRead {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        if this.deadline.is_some() && this.authenticated.load(Ordering::Acquire) {
+            this.deadline = None;
+        }
+        if let Some(deadline) = this.deadline.as_mut()
+            && deadline.as_mut().poll(cx).is_ready()
+        {
+            tracing::warn!(
+                connection = %this.label,
+                "closing a cluster connection that did not authenticate in time"
+            );
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "the peer did not authenticate in time",
+            )));
+        }
+        let before = buf.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {}
+            other => return other,
+        }
+        if this.deadline.is_some() {
+            let fresh = buf.filled()[before..].to_vec();
+            this.scan(&fresh)?;
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Drop for GuardedRead {
+    fn drop(&mut self) {
+        if let Some(shared) = self.shared.upgrade() {
+            shared.pending().remove(&self.label);
+        }
     }
 }
 
@@ -121,51 +544,118 @@ pub struct ClusterNode {
     server: ActorRef<NodeServerMessage>,
     endpoint: Option<ActorRef<EndpointMsg>>,
     addr: SocketAddr,
-    sessions: watch::Receiver<SessionCounts>,
+    shared: Arc<Shared>,
+    /// The listener's task and the tasks that keep peers connected; aborted
+    /// at shutdown.
+    tasks: Arc<Mutex<Vec<AbortHandle>>>,
 }
 
 impl ClusterNode {
-    /// Starts the node server and exports `options.export` of `runtime`'s agents.
+    /// Starts the node with [`ClusterGuards::default`] and exports
+    /// `options.export` of `runtime`'s agents.
+    ///
+    /// Refuses a cookie that [`cookie_problems`] finds fault with, and warns
+    /// (see [`listen_warning`]) when the node listens beyond loopback.
     pub async fn start(options: ClusterOptions, runtime: &Runtime) -> Result<Self, RuntimeError> {
+        Self::start_with(options, ClusterGuards::default(), runtime).await
+    }
+
+    /// Like [`ClusterNode::start`], with these guards on peers' connections.
+    pub async fn start_with(
+        options: ClusterOptions,
+        guards: ClusterGuards,
+        runtime: &Runtime,
+    ) -> Result<Self, RuntimeError> {
         let spawn_error = |actor: &str, e: &dyn std::fmt::Display| RuntimeError::Spawn {
             actor: actor.to_string(),
             reason: e.to_string(),
         };
-        if options.cookie.is_empty() {
+        let problems = cookie_problems(&options.cookie);
+        if !problems.is_empty() {
+            return Err(RuntimeError::Config(format!(
+                "the cluster's cookie is too weak: {}; make one with `openssl rand -hex 32`",
+                problems.join("; ")
+            )));
+        }
+        if options.node_name.trim().is_empty() {
             return Err(RuntimeError::Config(
-                "a cluster node needs a cookie (the shared secret of its cluster)".to_string(),
+                "a cluster node needs a name".to_string(),
             ));
         }
         let mut exported = HashMap::new();
         for name in &options.export {
             exported.insert(name.clone(), runtime.agent(name)?);
         }
-        let mut addr = options.listen;
-        if addr.port() == 0 {
-            // The node server does not tell which port the system picked, so
-            // pick one here; peers need to know it.
-            let probe = std::net::TcpListener::bind(addr)
-                .map_err(|e| spawn_error("cluster listener", &e))?;
-            addr = probe
-                .local_addr()
-                .map_err(|e| spawn_error("cluster listener", &e))?;
+        let listener = TcpListener::bind(options.listen)
+            .await
+            .map_err(|e| spawn_error(&format!("cluster listener on {}", options.listen), &e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| spawn_error("cluster listener", &e))?;
+        if let Some(warning) = listen_warning(addr) {
+            tracing::warn!("{warning}");
         }
+        let hostname = addr.ip().to_string();
+        // ractor_cluster always opens a listener of its own. It gets a free
+        // port on loopback and is not announced: peers reach this node
+        // through the guarded listener above.
         let server = NodeServer::new(
-            addr.port(),
+            0,
             options.cookie.clone(),
             options.node_name.clone(),
-            addr.ip().to_string(),
+            hostname.clone(),
             None,
             None,
         )
-        .with_listen_addr(addr.ip());
+        .with_listen_addr(IpAddr::V4(Ipv4Addr::LOCALHOST))
+        .with_max_inbound_frame_size(guards.max_frame);
         let (server, _) = Actor::spawn(None, server, ())
             .await
             .map_err(|e| spawn_error("cluster node server", &e))?;
-        let (counts, sessions) = watch::channel(SessionCounts::default());
-        let _ = server.cast(NodeServerMessage::SubscribeToEvents {
-            id: "wma-sessions".to_string(),
-            subscription: Box::new(Sessions(counts)),
+        let (counts, _) = watch::channel(SessionCounts::default());
+        let (peers, _) = watch::channel(HashMap::new());
+        let shared = Arc::new(Shared {
+            name: format!("{}@{hostname}", options.node_name),
+            counts,
+            events: broadcast::channel(256).0,
+            pending: Mutex::default(),
+            peers,
+            next_label: AtomicU64::new(1),
+            guards,
+        });
+        server
+            .cast(NodeServerMessage::SubscribeToEvents {
+                id: "wma-sessions".to_string(),
+                subscription: Box::new(Sessions(shared.clone())),
+            })
+            .map_err(|e| spawn_error("cluster node server", &e))?;
+        let accept = tokio::spawn({
+            let shared = shared.clone();
+            let server = server.clone();
+            async move {
+                loop {
+                    match listener.accept().await {
+                        Ok((stream, remote)) => {
+                            let Some(stream) = shared.guard(stream, remote) else {
+                                continue;
+                            };
+                            let opened = server.cast(NodeServerMessage::ConnectionOpenedExternal {
+                                stream: Box::new(stream),
+                                is_server: true,
+                            });
+                            if opened.is_err() {
+                                break;
+                            }
+                        }
+                        Err(error) => {
+                            // Out of file descriptors, most likely: pause
+                            // rather than spin until some are closed.
+                            tracing::warn!(%error, "the cluster listener could not accept");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    }
+                }
+            }
         });
         let endpoint = if exported.is_empty() {
             None
@@ -187,7 +677,8 @@ impl ClusterNode {
             server,
             endpoint,
             addr,
-            sessions,
+            shared,
+            tasks: Arc::new(Mutex::new(vec![accept.abort_handle()])),
         })
     }
 
@@ -196,20 +687,139 @@ impl ClusterNode {
         self.addr
     }
 
-    /// Connects to another node (`host:port`). The handshake goes on in
-    /// the background; [`ClusterNode::wait_for_agent`] waits for its result.
+    /// This node's name as its peers see it (`node_name@host`).
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Connects to another node (`host:port`) and waits for the handshake's
+    /// outcome: `Ok` once the peer proved the cookie (or this node was
+    /// connected to it already). Fails when the peer cannot be reached, has
+    /// another cookie, has this node's name (ractor_cluster cannot tell two
+    /// nodes of one name apart, so each node needs its own), or does not
+    /// finish the handshake within the guards' handshake timeout.
     pub async fn connect(&self, peer: &str) -> Result<(), RuntimeError> {
-        ractor_cluster::client_connect(&self.server, peer)
-            .await
-            .map_err(|e| RuntimeError::Unavailable {
-                actor: format!("cluster node at {peer}"),
-                reason: e.to_string(),
+        self.dial(peer).await.map(|_| ())
+    }
+
+    /// Connects to `peer` and keeps it connected: a peer that cannot be
+    /// reached or goes away is dialled again, after a pause that starts at
+    /// [`RECONNECT_FIRST`] and doubles up to [`RECONNECT_MAX`] (back to the
+    /// first after each success). Returns at once; the node's
+    /// [`ClusterNode::shutdown`] ends the attempts.
+    pub fn keep_connected(&self, peer: impl Into<String>) {
+        let node = self.clone();
+        let peer = peer.into();
+        let task = tokio::spawn(async move {
+            let mut pause = RECONNECT_FIRST;
+            loop {
+                match node.dial(&peer).await {
+                    Ok(name) => {
+                        tracing::info!(%peer, node = %name, "connected to a cluster peer");
+                        pause = RECONNECT_FIRST;
+                        let mut peers = node.shared.peers.subscribe();
+                        let _ = peers.wait_for(|p| !p.values().any(|n| *n == name)).await;
+                        tracing::warn!(%peer, node = %name, "lost a cluster peer; dialling it again");
+                    }
+                    Err(error @ RuntimeError::Config(_)) => {
+                        tracing::error!(%peer, %error, "cannot join a cluster peer");
+                    }
+                    Err(error) => {
+                        tracing::info!(%peer, %error, "cluster peer not reachable yet");
+                    }
+                }
+                // The pause between attempts, not a wait for a condition.
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(RECONNECT_MAX);
+            }
+        });
+        self.tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(task.abort_handle());
+    }
+
+    /// Dials `peer`; on success, the name of the node there.
+    async fn dial(&self, peer: &str) -> Result<String, RuntimeError> {
+        let unreachable = |reason: String| RuntimeError::Unavailable {
+            actor: format!("cluster node at {peer}"),
+            reason,
+        };
+        let timeout = self.shared.guards.handshake_timeout;
+        // Subscribed before the connection opens, so its events are seen.
+        let mut events = self.shared.events.subscribe();
+        let stream = match tokio::time::timeout(timeout, TcpStream::connect(peer)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(error)) => return Err(unreachable(error.to_string())),
+            Err(_) => {
+                return Err(unreachable(
+                    "the connection was not accepted in time".into(),
+                ));
+            }
+        };
+        let remote = stream.peer_addr().map_err(|e| unreachable(e.to_string()))?;
+        let Some(stream) = self.shared.guard(stream, remote) else {
+            return Err(unreachable(
+                "too many connections of this node are in their handshake".to_string(),
+            ));
+        };
+        let label = stream.label.clone();
+        self.server
+            .cast(NodeServerMessage::ConnectionOpenedExternal {
+                stream: Box::new(stream),
+                is_server: false,
             })
+            .map_err(|e| unreachable(format!("this node's server is gone: {e}")))?;
+        // The guard closes a stalled handshake at its deadline; this is
+        // only a backstop.
+        let outcome = tokio::time::timeout(timeout + Duration::from_secs(1), async {
+            loop {
+                match events.recv().await {
+                    Ok(SessionEvent::Authenticated { label: l, peer }) if l == label => {
+                        return Ok(peer);
+                    }
+                    Ok(SessionEvent::Disconnected { label: l, peer }) if l == label => {
+                        return Err(peer);
+                    }
+                    Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
+                    Err(broadcast::error::RecvError::Closed) => return Err(None),
+                }
+            }
+        })
+        .await;
+        match outcome {
+            Ok(Ok(name)) => Ok(name),
+            Ok(Err(Some(name))) if name == self.shared.name => {
+                Err(RuntimeError::Config(if remote == self.addr {
+                    format!("{peer} is this node's own address")
+                } else {
+                    format!(
+                        "the node at {peer} has this node's name (`{name}`): ractor_cluster takes \
+                         it for this node itself and drops the connection; give every node of the \
+                         cluster its own `node_name`"
+                    )
+                }))
+            }
+            Ok(Err(Some(name))) if self.shared.peers.borrow().values().any(|n| *n == name) => {
+                // Both nodes dialled each other at once; ractor_cluster kept
+                // the other connection.
+                Ok(name)
+            }
+            Ok(Err(_)) => Err(unreachable(
+                "the handshake failed: the node has another cookie, or it closed the connection \
+                 (see its log)"
+                    .to_string(),
+            )),
+            Err(_) => Err(RuntimeError::Timeout {
+                actor: format!("cluster node at {peer} (its handshake)"),
+                after: timeout,
+            }),
+        }
     }
 
     /// Sessions opened, authenticated and closed so far.
     pub fn sessions(&self) -> SessionCounts {
-        *self.sessions.borrow()
+        *self.shared.counts.borrow()
     }
 
     /// Whether a node of the cluster (this one included) offers `agent` now.
@@ -232,8 +842,17 @@ impl ClusterNode {
         Ok(())
     }
 
-    /// Stops the endpoint and the node server (connections close).
+    /// Stops dialling peers, the listener, the endpoint and the node server
+    /// (connections close).
     pub async fn shutdown(&self) {
+        for task in self
+            .tasks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .drain(..)
+        {
+            task.abort();
+        }
         if let Some(endpoint) = &self.endpoint {
             let _ = endpoint
                 .stop_and_wait(None, Some(Duration::from_secs(5)))
@@ -249,6 +868,7 @@ impl ClusterNode {
 impl std::fmt::Debug for ClusterNode {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClusterNode")
+            .field("name", &self.shared.name)
             .field("addr", &self.addr)
             .finish_non_exhaustive()
     }
@@ -271,6 +891,10 @@ enum Request {
         agent: String,
         task: String,
         depth: u32,
+        /// The W3C `traceparent` of the parent's `execute_tool` span, so
+        /// the remote run joins the parent's trace.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        traceparent: Option<String>,
     },
     /// The parts of `run` that are ready (waiting up to `wait_ms` for one).
     Next { run: u64, wait_ms: u64 },
@@ -431,7 +1055,12 @@ impl Actor for Endpoint {
         // Each request is served on a task: starting a run waits on the
         // agent actor, and `next` waits for parts.
         match request {
-            Request::Start { agent, task, depth } => {
+            Request::Start {
+                agent,
+                task,
+                depth,
+                traceparent,
+            } => {
                 let Some(handle) = state.agents.get(&agent).cloned() else {
                     answer(
                         reply,
@@ -446,6 +1075,10 @@ impl Actor for Endpoint {
                 let id = state.next_id.fetch_add(1, Ordering::Relaxed);
                 let span =
                     tracing::info_span!("remote_delegation", wma.agent = %agent, wma.depth = depth);
+                if let Some(parent) = traceparent.as_deref().and_then(parse_traceparent) {
+                    // Before the span is entered, while a parent can still be set.
+                    let _ = span.set_parent(parent);
+                }
                 tokio::spawn(
                     async move {
                         let started = handle
@@ -549,10 +1182,20 @@ async fn call(
 
 /// Runs a sub-agent on another node: start, poll its parts into the
 /// parent's stream, stop it when the parent's call is cancelled.
+///
+/// The peer's parts are not taken at their word: the remote run's own parts
+/// (its depth 0) are tagged with the sub-agent's name whatever they say,
+/// deeper ones keep their tag only when it is a valid agent name, and
+/// depths are capped at what `max_depth` allows below this job, then moved
+/// one level down. So every part is at least one level below the parent's
+/// run: a peer cannot pass a part off as the parent's own, end the
+/// parent's run, or overflow a depth. Parts after the remote run's end are
+/// dropped.
 pub(crate) async fn run_remote(
     endpoint: ActorRef<EndpointMsg>,
     job: Job,
     timeouts: Timeouts,
+    max_depth: u32,
 ) -> Result<String, ToolError> {
     let lost = |why: String| {
         ToolError::new(
@@ -564,6 +1207,7 @@ pub(crate) async fn run_remote(
         agent: job.to.clone(),
         task: job.task.clone(),
         depth: job.depth,
+        traceparent: traceparent(&tracing::Span::current()),
     };
     let run = match call(&endpoint, &start, timeouts.control)
         .await
@@ -585,6 +1229,8 @@ pub(crate) async fn run_remote(
         }
     });
     let mut answer = FinalAnswer::new(&job.to);
+    // How many levels the remote run may nest below itself.
+    let below = max_depth.saturating_sub(job.depth);
     let poll = Request::Next {
         run,
         wait_ms: NEXT_WAIT.as_millis() as u64,
@@ -592,15 +1238,21 @@ pub(crate) async fn run_remote(
     let result = loop {
         match call(&endpoint, &poll, NEXT_WAIT + timeouts.control).await {
             Ok(Reply::Parts { parts, done }) => {
+                let mut ended = false;
                 for part in parts {
+                    let part = checked(part, &job.to, below);
                     answer.observe(&part);
-                    if job.sink.send(Relay::Part(part.nested())).await.is_err() {
+                    ended = part.ends_the_run();
+                    if job.sink.send(Relay::Part(nested(part))).await.is_err() {
                         // The parent's host went away: stop the remote run,
                         // and read on to its end.
                         job.cancel.cancel();
                     }
+                    if ended {
+                        break;
+                    }
                 }
-                if done {
+                if done || ended {
                     break answer.finish();
                 }
             }
@@ -611,4 +1263,134 @@ pub(crate) async fn run_remote(
     };
     stopper.abort();
     result
+}
+
+/// A peer's part as this node trusts it: the remote run's own parts (depth
+/// 0) tagged with the sub-agent's name, deeper ones with their own name
+/// when it is a valid agent name (else the sub-agent's), and the depth
+/// capped at `below`, the levels the remote run may nest.
+fn checked(mut part: TaggedPart, agent: &str, below: u32) -> TaggedPart {
+    part.depth = part.depth.min(below);
+    if part.depth == 0 || !is_agent_name(&part.agent) {
+        part.agent = agent.to_string();
+    }
+    part
+}
+
+/// One level further down, as a parent's stream carries a sub-agent's part;
+/// saturating, so that no depth a peer sends wraps to the parent's own.
+fn nested(mut part: TaggedPart) -> TaggedPart {
+    part.depth = part.depth.saturating_add(1);
+    part
+}
+
+/// What a configuration accepts as an agent's name: ASCII letters, digits,
+/// `_` and `-`, at most 64 of them.
+fn is_agent_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// The W3C `traceparent` of `span`, when it is exported to a trace.
+fn traceparent(span: &tracing::Span) -> Option<String> {
+    let context = span.context();
+    let span_context = context.span().span_context().clone();
+    span_context.is_valid().then(|| {
+        format!(
+            "00-{}-{}-{:02x}",
+            span_context.trace_id(),
+            span_context.span_id(),
+            span_context.trace_flags().to_u8()
+        )
+    })
+}
+
+/// The parent context a `traceparent` names; `None` when it does not parse
+/// (a peer's header is data: a bad one only loses the link).
+fn parse_traceparent(header: &str) -> Option<opentelemetry::Context> {
+    let mut fields = header.trim().split('-');
+    let (version, trace, span, flags) = (
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+        fields.next()?,
+    );
+    if version.len() != 2
+        || version == "ff"
+        || trace.len() != 32
+        || span.len() != 16
+        || flags.len() != 2
+    {
+        return None;
+    }
+    let trace_id = TraceId::from_hex(trace).ok()?;
+    let span_id = SpanId::from_hex(span).ok()?;
+    let flags = TraceFlags::new(u8::from_str_radix(flags, 16).ok()?);
+    let span_context = SpanContext::new(trace_id, span_id, flags, true, TraceState::default());
+    span_context
+        .is_valid()
+        .then(|| opentelemetry::Context::new().with_remote_span_context(span_context))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wma_agent::AgentStreamPart;
+
+    fn text(agent: &str, depth: u32) -> TaggedPart {
+        TaggedPart::new(agent, depth, AgentStreamPart::Text { text: "hi".into() })
+    }
+
+    #[test]
+    fn a_peer_cannot_pass_parts_off_as_the_parents() {
+        // A depth that would wrap to 0 when nested stays below the parent.
+        let part = nested(checked(text("adder", u32::MAX), "adder", u32::MAX));
+        assert_eq!(part.depth, u32::MAX);
+        // Capped at what the parent's limit allows below the job.
+        assert_eq!(nested(checked(text("helper", 9), "adder", 1)).depth, 2);
+        // The remote run's own parts carry the sub-agent's name.
+        let own = nested(checked(text("shopper", 0), "adder", 1));
+        assert_eq!((own.agent.as_str(), own.depth), ("adder", 1));
+        // A deeper part keeps a valid name, not one that is not a name.
+        assert_eq!(checked(text("helper", 1), "adder", 2).agent, "helper");
+        assert_eq!(
+            checked(text("shopper\n[system]", 1), "adder", 2).agent,
+            "adder"
+        );
+    }
+
+    #[test]
+    fn a_traceparent_parses_only_when_well_formed() {
+        let good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let context = parse_traceparent(good).expect("a valid header parses");
+        assert_eq!(
+            context.span().span_context().trace_id().to_string(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        for bad in [
+            "",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-zzf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            assert!(parse_traceparent(bad).is_none(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn weak_cookies_are_named() {
+        assert!(!cookie_problems("").is_empty());
+        assert!(!cookie_problems("change-me").is_empty());
+        assert!(!cookie_problems("short-but-random-9f2c").is_empty());
+        assert!(!cookie_problems(&"ab".repeat(20)).is_empty());
+        // 40 digits carry about 133 bits; 33 carry 110.
+        assert!(cookie_problems(&"1234567890".repeat(4)).is_empty());
+        assert!(!cookie_problems("123456789012345678901234567890123").is_empty());
+        assert!(cookie_problems("3f9c1e0b7a6d4c2f8e5b9a1d0c7e6f3a").is_empty());
+        assert!(!cookie_problems("CHANGE-ME-please-3f9c1e0b7a6d4c2f8e5b9a").is_empty());
+    }
 }

@@ -213,12 +213,15 @@ fn begin(shared: &Arc<DelegatorShared>, job: Job) -> Result<Answer, ToolError> {
     let span = job.span.clone();
     let children = job.children.clone();
     let timeouts = shared.timeouts;
+    let max_depth = shared.max_depth;
     children.spawn(
         async move {
             let sink = job.sink.clone();
             let result = match target {
                 Target::Local(agent) => run_local(agent, job).await,
-                Target::Remote(endpoint) => cluster::run_remote(endpoint, job, timeouts).await,
+                Target::Remote(endpoint) => {
+                    cluster::run_remote(endpoint, job, timeouts, max_depth).await
+                }
             };
             // A closed channel: the parent's run is over, nobody waits.
             let _ = sink.send(Relay::Answer { reply, result }).await;

@@ -85,8 +85,11 @@ pub use agent::{
 };
 pub use bridge::{DEFAULT_TOOL_TIMEOUT, ToolBridgeHandle, ToolSource};
 pub use cluster::{
-    CLUSTER_SCOPE, ClusterNode, ClusterOptions, DEFAULT_CLUSTER_LISTEN, NEXT_BATCH, NEXT_WAIT,
-    REMOTE_RUN_IDLE, SessionCounts,
+    CLUSTER_SCOPE, ClusterGuards, ClusterNode, ClusterOptions, DEFAULT_CLUSTER_LISTEN,
+    DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_FRAME, DEFAULT_MAX_PENDING_HANDSHAKES,
+    DEFAULT_NODE_NAME, DEFAULT_PRE_AUTH_MAX_FRAME, MIN_COOKIE_BITS, MIN_COOKIE_CHARS, NEXT_BATCH,
+    NEXT_WAIT, RECONNECT_FIRST, RECONNECT_MAX, REMOTE_RUN_IDLE, SessionCounts, cookie_problems,
+    listen_warning,
 };
 pub use delegator::{DEFAULT_MAX_DELEGATION_DEPTH, delegation_tool};
 pub use error::RuntimeError;
