@@ -817,6 +817,15 @@ impl ClusterNode {
         }
     }
 
+    /// The names of the nodes this node is connected to now (each
+    /// `node_name@host`), sorted.
+    pub fn peers(&self) -> Vec<String> {
+        let mut peers: Vec<String> = self.shared.peers.borrow().values().cloned().collect();
+        peers.sort();
+        peers.dedup();
+        peers
+    }
+
     /// Sessions opened, authenticated and closed so far.
     pub fn sessions(&self) -> SessionCounts {
         *self.shared.counts.borrow()
@@ -876,9 +885,15 @@ impl std::fmt::Debug for ClusterNode {
 
 /// The endpoint of a node that offers `agent`, if one is connected.
 pub(crate) fn find_agent(agent: &str) -> Option<ActorRef<EndpointMsg>> {
-    ractor::pg::get_scoped_members(&CLUSTER_SCOPE.to_string(), &group_of(agent))
-        .into_iter()
-        .next()
+    let members = ractor::pg::get_scoped_members(&CLUSTER_SCOPE.to_string(), &group_of(agent));
+    // A member on another node is the one a parent means. One on this node
+    // shows up beside it only when one process runs two nodes (and then the
+    // call should still cross the wire, as it would between processes).
+    members
+        .iter()
+        .find(|member| !member.get_id().is_local())
+        .or(members.first())
+        .cloned()
         .map(ActorRef::from)
 }
 
