@@ -11,12 +11,9 @@ use wma_runtime::{
     RuntimeError, ToolSource,
 };
 use wma_testkit::{ScriptedProvider, ScriptedReply};
-use wma_tools::{
-    Browser, BrowserOptions, McpServer, McpServerOptions, SourceOptions, ToolSet, WebMcpPage,
-};
+use wma_tools::{BrowserOptions, McpServer, McpServerOptions, PageOptions, ToolSet, WebMcpSource};
 
 use super::builtin::builtin_tools;
-use super::lazy::Lazy;
 use super::{Config, ProviderSpec, ToolSourceConfig, ToolSourceSpec};
 use crate::demo_shop::Shop;
 
@@ -43,6 +40,9 @@ pub struct Hosted {
     pub cluster: Option<ClusterNode>,
     /// Each `demo-shop` source's shop, by source name, to read its cart.
     pub shops: Vec<(String, Shop)>,
+    /// Each tool source's set, by source name, for its health
+    /// ([`ToolSet::health`]: state and restarts).
+    pub tool_sets: Vec<(String, Arc<ToolSet>)>,
 }
 
 impl Hosted {
@@ -90,33 +90,28 @@ pub fn provider_source(spec: &ProviderSpec) -> ProviderSource {
     }
 }
 
-/// The source's host with its policy (allow, deny, untrusted, call limit).
-fn with_policy<H: wma_agent::ToolHost + 'static>(
-    name: &str,
-    host: H,
-    policy: &SourceOptions,
-) -> ToolSet {
-    let mut set = ToolSet::new();
-    set.add_with(name, host, policy.clone());
-    set
-}
-
-fn tool_source(config: &ToolSourceConfig, shops: &mut Vec<(String, Shop)>) -> ToolSource {
+/// A config source as the runtime hosts it: one [`ToolSet`] holding the
+/// source under its policy (allow, deny, untrusted, call limit), shared by
+/// the bridge across its restarts. The set rebuilds the source after a
+/// panic, and MCP servers and WebMCP pages reopen their process or browser
+/// after it died, each within a restart budget that [`ToolSet::health`]
+/// reports; the bridge gives a call the source's own `call_timeout_secs`.
+fn tool_source(
+    config: &ToolSourceConfig,
+    shops: &mut Vec<(String, Shop)>,
+) -> (ToolSource, Arc<ToolSet>) {
     let name = config.name.clone();
     let policy = config.policy.clone();
+    let mut set = ToolSet::new();
     match &config.spec {
         ToolSourceSpec::DemoShop => {
             let shop = Shop::new();
             shops.push((name.clone(), shop.clone()));
-            ToolSource::new(name.clone(), move || {
-                with_policy(&name, shop.tools(), &policy)
-            })
+            set.add_built(&name, move || shop.tools(), policy.clone());
         }
         ToolSourceSpec::Native { builtins } => {
             let builtins = builtins.clone();
-            ToolSource::new(name.clone(), move || {
-                with_policy(&name, builtin_tools(&builtins), &policy)
-            })
+            set.add_built(&name, move || builtin_tools(&builtins), policy.clone());
         }
         ToolSourceSpec::McpStdio {
             command,
@@ -131,53 +126,51 @@ fn tool_source(config: &ToolSourceConfig, shops: &mut Vec<(String, Shop)>) -> To
             if let Some(cwd) = cwd {
                 options = options.current_dir(cwd.clone());
             }
-            mcp(name, options, policy)
+            set.add_built(
+                &name,
+                move || McpServer::lazy(options.clone()),
+                policy.clone(),
+            );
         }
-        ToolSourceSpec::McpHttp { url } => mcp(
-            name.clone(),
-            McpServerOptions::http(name, url.clone()),
-            policy,
-        ),
+        ToolSourceSpec::McpHttp { url } => {
+            let options = McpServerOptions::http(name.clone(), url.clone());
+            set.add_built(
+                &name,
+                move || McpServer::lazy(options.clone()),
+                policy.clone(),
+            );
+        }
         ToolSourceSpec::WebMcp {
             url,
             headless,
             browser,
         } => {
-            let options = BrowserOptions {
+            let browser_options = BrowserOptions {
                 executable: browser.clone(),
                 headless: *headless,
                 ..BrowserOptions::default()
             };
+            let page_options = PageOptions {
+                call_timeout: policy.call_timeout,
+                ..PageOptions::default()
+            };
             let url = url.clone();
-            ToolSource::new(name.clone(), move || {
-                let options = options.clone();
-                let url = url.clone();
-                let page = Lazy::new(name.clone(), move || {
-                    let options = options.clone();
-                    let url = url.clone();
-                    async move {
-                        let browser = Browser::launch(options).await.map_err(|e| e.to_string())?;
-                        // The page keeps its browser running.
-                        let page: WebMcpPage =
-                            browser.open(&url).await.map_err(|e| e.to_string())?;
-                        Ok(page)
-                    }
-                });
-                with_policy(&name, page, &policy)
-            })
+            set.add_built(
+                &name,
+                move || {
+                    WebMcpSource::with_page_options(
+                        url.clone(),
+                        browser_options.clone(),
+                        page_options.clone(),
+                    )
+                },
+                policy.clone(),
+            );
         }
     }
-}
-
-fn mcp(name: String, options: McpServerOptions, policy: SourceOptions) -> ToolSource {
-    ToolSource::new(name.clone(), move || {
-        let options = options.clone();
-        let server = Lazy::new(name.clone(), move || {
-            let options = options.clone();
-            async move { McpServer::connect(options).await.map_err(|e| e.to_string()) }
-        });
-        with_policy(&name, server, &policy)
-    })
+    let set = Arc::new(set);
+    let source = ToolSource::shared(name, set.clone()).with_call_timeout(policy.call_timeout);
+    (source, set)
 }
 
 impl Config {
@@ -185,6 +178,19 @@ impl Config {
     /// `demo-shop` sources. Only providers some agent uses are registered,
     /// so a config may list models to swap to without loading them.
     pub fn runtime_builder(&self) -> (RuntimeBuilder, Vec<(String, Shop)>) {
+        let (builder, shops, _) = self.runtime_parts();
+        (builder, shops)
+    }
+
+    /// The runtime builder, the shops, and each tool source's set (for its
+    /// health).
+    fn runtime_parts(
+        &self,
+    ) -> (
+        RuntimeBuilder,
+        Vec<(String, Shop)>,
+        Vec<(String, Arc<ToolSet>)>,
+    ) {
         let mut builder = RuntimeBuilder::new().max_delegation_depth(self.max_delegation_depth);
         for provider in &self.providers {
             if self.agents.iter().any(|a| a.provider == provider.name) {
@@ -192,8 +198,11 @@ impl Config {
             }
         }
         let mut shops = Vec::new();
+        let mut sets = Vec::new();
         for source in &self.tools {
-            builder = builder.tool_source(tool_source(source, &mut shops));
+            let (tool_source, set) = tool_source(source, &mut shops);
+            builder = builder.tool_source(tool_source);
+            sets.push((source.name.clone(), set));
         }
         for agent in &self.agents {
             let options = LocalLoopOptions {
@@ -218,12 +227,12 @@ impl Config {
         for remote in &self.remote_agents {
             builder = builder.remote_agent(remote.name.clone(), remote.description.clone());
         }
-        (builder, shops)
+        (builder, shops, sets)
     }
 
     /// Loads the models and starts the runtime (and the cluster node, when asked).
     pub async fn start(&self, options: StartOptions) -> Result<Hosted, RuntimeError> {
-        let (mut builder, shops) = self.runtime_builder();
+        let (mut builder, shops, tool_sets) = self.runtime_parts();
         if let Some(progress) = options.progress.clone() {
             builder = builder.on_provider_progress(move |name, p| progress(name, p));
         }
@@ -258,6 +267,7 @@ impl Config {
             runtime,
             cluster,
             shops,
+            tool_sets,
         })
     }
 }

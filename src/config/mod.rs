@@ -33,7 +33,6 @@
 mod builtin;
 mod error;
 mod host;
-mod lazy;
 mod raw;
 mod validate;
 
