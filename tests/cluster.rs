@@ -3,6 +3,7 @@
 
 use std::process::Stdio;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use serde_json::json;
@@ -17,7 +18,8 @@ use wma_testkit::ScriptedProvider;
 use crate::delegation::wait_until;
 use crate::support::call;
 
-const COOKIE: &str = "loopback-test-cookie";
+/// 64 hex digits, as `openssl rand -hex 32` makes them.
+const COOKIE: &str = "5e0a9c3f7b1d4e8a2c6f0b9d3e7a1c5f8b2d6e0a4c9f3b7d1e5a8c2f6b0d4e9a";
 
 /// The worker node: two exported agents on scripted models.
 const WORKER: &str = r#"
@@ -50,13 +52,22 @@ cookie_env = "WMA_CLUSTER_COOKIE"
 export = ["adder", "sleeper"]
 "#;
 
-/// Starts `wma serve --no-http` on the worker config and returns the
-/// process and the address its node listens on.
-async fn worker() -> (Child, String) {
+/// Starts `wma serve --no-http` on the worker config (listening at
+/// `listen`, or on a free loopback port) and returns the process and the
+/// address its node listens on.
+async fn worker(listen: Option<&str>) -> (Child, String) {
+    static CONFIGS: AtomicU32 = AtomicU32::new(0);
     let dir = std::env::temp_dir().join(format!("wma-cluster-test-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("worker.toml");
-    std::fs::write(&config, WORKER).unwrap();
+    let config = dir.join(format!(
+        "worker-{}.toml",
+        CONFIGS.fetch_add(1, Ordering::Relaxed)
+    ));
+    let text = match listen {
+        Some(listen) => format!("{WORKER}listen = \"{listen}\"\n"),
+        None => WORKER.to_string(),
+    };
+    std::fs::write(&config, text).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_wma"))
         .args(["serve", "--no-http", "--config"])
         .arg(&config)
@@ -82,13 +93,18 @@ async fn worker() -> (Child, String) {
     (child, addr)
 }
 
+/// ractor's process groups are process-wide: two of these tests at once
+/// would each see the other's worker offer `adder`. So they take turns.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn task(agent: &str) -> String {
     call(agent, json!({"task": "Please do it"}))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_parent_delegates_to_a_sub_agent_in_another_process() {
-    let (mut child, addr) = worker().await;
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let (mut child, addr) = worker(None).await;
 
     let parent_model = ScriptedProvider::new([task("adder"), "The adder says 5.".to_string()])
         .with_model("parent-model");
@@ -196,19 +212,125 @@ async fn a_parent_delegates_to_a_sub_agent_in_another_process() {
     assert_eq!(parts.last().unwrap().agent, "impatient");
     assert!(remote_end < parts.len() - 1);
 
-    // A node with another cookie fails the handshake and never sees the
-    // worker's agents.
-    let stranger = ClusterNode::start(ClusterOptions::new("another-cookie"), &runtime)
+    // A node with another cookie fails the handshake, says so, and never
+    // sees the worker's agents.
+    let stranger = ClusterNode::start(
+        ClusterOptions {
+            node_name: "stranger".to_string(),
+            ..ClusterOptions::new(COOKIE.chars().rev().collect::<String>())
+        },
+        &runtime,
+    )
+    .await
+    .unwrap();
+    let error = stranger
+        .connect(&addr)
         .await
-        .unwrap();
-    stranger.connect(&addr).await.unwrap();
-    wait_until("the stranger's connection is closed", || {
-        stranger.sessions().disconnected >= 1
-    })
-    .await;
+        .expect_err("another cookie fails the handshake");
+    assert!(
+        error.to_string().contains("the handshake failed"),
+        "{error}"
+    );
+    assert_eq!(stranger.sessions().disconnected, 1);
     assert_eq!(stranger.sessions().authenticated, 0);
+    assert!(stranger.peers().is_empty());
 
     stranger.shutdown().await;
+    node.shutdown().await;
+    runtime.shutdown().await;
+    child.kill().await.unwrap();
+}
+
+/// The parent's side of the reconnect test: a parent agent that delegates
+/// to the worker's `adder` twice, one run each.
+async fn adder_parent() -> (webmcp_agents::runtime::Runtime, ScriptedProvider) {
+    let model = ScriptedProvider::new([
+        task("adder"),
+        "First: 5.".to_string(),
+        task("adder"),
+        "Second: 5.".to_string(),
+    ]);
+    let runtime = RuntimeBuilder::new()
+        .provider("parent", ProviderSource::shared(Arc::new(model.clone())))
+        .remote_agent("adder", "Adds numbers.")
+        .agent(
+            AgentConfig::new("parent")
+                .with_provider("parent")
+                .with_sub_agents(["adder"]),
+        )
+        .start()
+        .await
+        .unwrap();
+    (runtime, model)
+}
+
+/// The adder's answer, as the parent's tool result, in a run's parts.
+fn adder_answered(parts: &[TaggedPart]) -> bool {
+    parts.iter().any(|p| {
+        p.agent == "parent"
+            && matches!(
+                &p.part,
+                AgentStreamPart::ToolResult { name, output, .. }
+                    if name == "adder" && output == "Two and three make 5."
+            )
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_that_restarts_is_dialled_again_and_serves_again() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    // A port for the worker to come back on.
+    let listen = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|probe| probe.local_addr())
+        .unwrap()
+        .to_string();
+    let (mut child, addr) = worker(Some(&listen)).await;
+    assert_eq!(addr, listen);
+
+    let (runtime, _) = adder_parent().await;
+    let node = ClusterNode::start(
+        ClusterOptions {
+            node_name: "parent".to_string(),
+            ..ClusterOptions::new(COOKIE)
+        },
+        &runtime,
+    )
+    .await
+    .unwrap();
+    node.keep_connected(addr.clone());
+    wait_until("the parent reaches the worker's adder", || {
+        node.offers("adder")
+    })
+    .await;
+    let parent = runtime.agent("parent").unwrap();
+    let run = || async {
+        parent
+            .run(vec![ChatMessage::user("What is 2 + 3?")])
+            .await
+            .unwrap()
+            .collect_tagged()
+            .await
+    };
+    let parts = run().await;
+    assert!(adder_answered(&parts), "{parts:#?}");
+
+    // The worker stops; another one starts on the same port.
+    child.kill().await.unwrap();
+    wait_until("the parent saw the worker go", || {
+        node.peers().is_empty() && !node.offers("adder")
+    })
+    .await;
+    let (mut child, _) = worker(Some(&listen)).await;
+    wait_until("the parent is connected to the worker again", || {
+        node.peers() == vec!["worker@127.0.0.1".to_string()] && node.offers("adder")
+    })
+    .await;
+    let parts = run().await;
+    assert!(
+        adder_answered(&parts),
+        "the remote run succeeds again: {parts:#?}"
+    );
+
     node.shutdown().await;
     runtime.shutdown().await;
     child.kill().await.unwrap();
