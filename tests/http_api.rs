@@ -787,6 +787,49 @@ async fn health_says_unavailable_once_the_actors_are_gone() {
     task.await.unwrap().unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_beyond_the_cap_are_closed() {
+    let server = Server::start_with(ServerOptions {
+        max_connections: 1,
+        connection_wait: Duration::from_millis(100),
+        ..options()
+    })
+    .await;
+    let url = format!("{}/agents", server.base);
+    // One connection holds the only slot: it proves it was accepted by
+    // getting an answer, and stays open (kept alive).
+    let mut held = TcpStream::connect(server.addr).await.unwrap();
+    let request = format!(
+        "GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n\r\n",
+        server.addr.port()
+    );
+    held.write_all(request.as_bytes()).await.unwrap();
+    let mut buffer = [0u8; 1024];
+    let n = tokio::time::timeout(HANG, held.read(&mut buffer))
+        .await
+        .expect("the first connection is served")
+        .unwrap();
+    assert!(buffer[..n].starts_with(b"HTTP/1.1 200"));
+
+    let refused = server.client.get(&url).timeout(HANG).send().await;
+    assert!(refused.is_err(), "{refused:?}");
+
+    // Once it closes, its slot serves the next client.
+    drop(held);
+    let served = tokio::time::timeout(HANG, async {
+        loop {
+            if let Ok(response) = server.client.get(&url).send().await {
+                return response.status();
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("a freed slot is used again");
+    assert_eq!(served, StatusCode::OK);
+    server.stop().await;
+}
+
 /// A folder of its own under the system's temporary folder.
 fn scratch(name: &str) -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!(
