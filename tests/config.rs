@@ -342,3 +342,104 @@ fn every_config_in_configs_validates() {
     }
     assert!(checked >= 2, "the example configs are there");
 }
+
+/// The pids of this process's descendants whose program name contains
+/// `what` (a browser runs under a watchdog shell, so not as a child).
+fn descendants_named(what: &str) -> Vec<u32> {
+    let out = std::process::Command::new("ps")
+        .args(["-eo", "pid=,ppid=,comm="])
+        .output()
+        .expect("ps runs");
+    let table: Vec<(u32, u32, String)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let mut f = l.split_whitespace();
+            Some((
+                f.next()?.parse().ok()?,
+                f.next()?.parse().ok()?,
+                f.collect::<Vec<_>>().join(" "),
+            ))
+        })
+        .collect();
+    let mut family = vec![std::process::id()];
+    let mut i = 0;
+    while i < family.len() {
+        let parent = family[i];
+        family.extend(
+            table
+                .iter()
+                .filter(|(_, pp, _)| *pp == parent)
+                .map(|(p, _, _)| *p),
+        );
+        i += 1;
+    }
+    table
+        .iter()
+        .filter(|(p, _, comm)| family.contains(p) && comm.contains(what))
+        .map(|(p, _, _)| *p)
+        .collect()
+}
+
+/// A config-hosted WebMCP page whose Chromium was killed serves again on
+/// the next step, and the set's health counts the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_hosted_webmcp_source_whose_browser_was_killed_serves_again() {
+    use webmcp_agents::agent::ToolHost;
+    use webmcp_agents::config::StartOptions;
+    use wma_tools::{LoopbackSite, SourceState};
+
+    let site = LoopbackSite::serve(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/web_shop"))
+        .await
+        .unwrap();
+    let text = format!(
+        "[providers.script]\nkind = \"scripted\"\nreplies = [\"Done.\"]\n\n\
+         [tools.page]\nkind = \"webmcp\"\nurl = \"{}\"\ncall_timeout_secs = 90\n\n\
+         [agents.shopper]\ntools = [\"page\"]\n",
+        site.url()
+    );
+    let config = Config::parse(&text, FILE).unwrap();
+    let hosted = config.start(StartOptions::default()).await.unwrap();
+    let tools = hosted.runtime.tools();
+    let names = |tools: &[webmcp_agents::agent::ToolDefinition]| -> Vec<String> {
+        tools.iter().map(|t| t.name.clone()).collect()
+    };
+    assert!(names(&tools.list_tools().await).contains(&"view_cart".to_string()));
+    let browsers = descendants_named("chromium");
+    assert!(
+        !browsers.is_empty(),
+        "the page's Chromium runs as our child"
+    );
+    for pid in browsers {
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &pid.to_string()])
+            .status();
+    }
+    // The next step's listing reopens the page (bounded wait: the page
+    // notices the dead browser on its next use).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let listed = names(&tools.list_tools().await);
+        if listed.contains(&"view_cart".to_string()) {
+            let health = &hosted.tool_sets[0].1.health()[0];
+            if health.restarts >= 1 {
+                assert_eq!(health.state, SourceState::Ready, "{health:?}");
+                break;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the page never came back: {:?}",
+            hosted.tool_sets[0].1.health()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let result = tools
+        .call_tool(
+            "view_cart",
+            serde_json::json!({}),
+            tokio_util::sync::CancellationToken::new(),
+        )
+        .await;
+    assert!(result.is_ok(), "{result:?}");
+    hosted.shutdown().await;
+}
