@@ -58,6 +58,9 @@ enum EvalCommand {
     Bfcl(BfclArgs),
     /// The demo request end to end against the demo shop, N times.
     Shop(ShopArgs),
+    /// The task suite: scenario files end to end through real tool
+    /// sources, N times, under each policy side by side.
+    Tasks(TasksArgs),
 }
 
 /// Which model, and how to run it.
@@ -218,6 +221,32 @@ struct ShopArgs {
     policy: PolicyArgs,
 }
 
+#[derive(Args)]
+struct TasksArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// A scenario file, or a folder of them.
+    #[arg(long, default_value = eval::tasks::DEFAULT_TASKS)]
+    tasks: PathBuf,
+    /// Runs per task and policy (sampled runs are seeded run by run).
+    #[arg(long, default_value_t = 1)]
+    runs: usize,
+    /// A policy to run the tasks under (`reference`, `small-model`);
+    /// repeatable. Default: both, side by side.
+    #[arg(long = "policy", value_name = "NAME")]
+    policies: Vec<String>,
+    /// Set one rule on every policy run, as NAME=VALUE with a JSON value;
+    /// repeatable.
+    #[arg(long = "rule", value_name = "NAME=VALUE")]
+    rules: Vec<String>,
+    /// Only the tasks of this domain; repeatable.
+    #[arg(long = "domain")]
+    domains: Vec<String>,
+    /// Only this task; repeatable.
+    #[arg(long = "task")]
+    names: Vec<String>,
+}
+
 /// The config a command hosts, read (and validated) before anything starts.
 fn command_config(command: &Command) -> Result<Option<Config>> {
     let path = match command {
@@ -264,6 +293,7 @@ async fn main() -> Result<()> {
             (Command::Serve(args), Some(config)) => cli::serve(args, &config).await,
             (Command::Eval(EvalCommand::Bfcl(args)), _) => eval_bfcl(args).await,
             (Command::Eval(EvalCommand::Shop(args)), _) => eval_shop(args).await,
+            (Command::Eval(EvalCommand::Tasks(args)), _) => eval_tasks(args).await,
             (Command::Check(_), Some(config)) => {
                 cli::check(&config);
                 Ok(())
@@ -433,9 +463,12 @@ async fn eval_bfcl(args: BfclArgs) -> Result<()> {
             );
             scores.push(score);
         }
-        rows.push((name, scores[0], scores[1]));
+        let on = scores.pop().unwrap_or_default();
+        let off = scores.pop().unwrap_or_default();
+        rows.push((name, off, on));
     }
     println!("{}", eval::bfcl_table(&rows));
+    println!("what fired (constraints on):\n{}", eval::bfcl_ledger(&rows));
     Ok(())
 }
 
@@ -472,5 +505,86 @@ async fn eval_shop(args: ShopArgs) -> Result<()> {
         f64::from(steps) / runs.len().max(1) as f64,
         time / runs.len().max(1) as f64
     );
+    Ok(())
+}
+
+async fn eval_tasks(mut args: TasksArgs) -> Result<()> {
+    let mut tasks = eval::tasks::load_tasks(&args.tasks).map_err(anyhow::Error::msg)?;
+    tasks.retain(|t| {
+        (args.domains.is_empty() || args.domains.contains(&t.domain))
+            && (args.names.is_empty() || args.names.contains(&t.name))
+    });
+    if tasks.is_empty() {
+        bail!(
+            "no task of {} fits --domain and --task",
+            args.tasks.display()
+        );
+    }
+    for name in &args.names {
+        if !tasks.iter().any(|t| &t.name == name) {
+            bail!(
+                "there is no task named `{name}` in {}",
+                args.tasks.display()
+            );
+        }
+    }
+    let names = if args.policies.is_empty() {
+        vec!["reference".to_string(), "small-model".to_string()]
+    } else {
+        args.policies.clone()
+    };
+    let mut policies = Vec::new();
+    for name in &names {
+        let policy = PolicyArgs {
+            policy: Some(name.clone()),
+            rules: args.rules.clone(),
+        }
+        .policy()?
+        .context("a policy")?;
+        policies.push(policy);
+    }
+    // Sampled runs are seeded run by run from a fixed base, so a suite can
+    // be repeated; greedy runs need no seed.
+    if args.model.temperature > 0.0 && args.model.seed.is_none() {
+        args.model.seed = Some(1);
+    }
+    let provider = Arc::new(load_model(&args.model).await?);
+    let total = tasks.len() * policies.len() * args.runs;
+    let mut done = 0;
+    eprintln!(
+        "{} tasks x {} policies x {} runs, {}",
+        tasks.len(),
+        policies.len(),
+        args.runs,
+        if args.model.temperature > 0.0 {
+            format!("sampled at temperature {}", args.model.temperature)
+        } else {
+            "greedy".to_string()
+        }
+    );
+    let results = eval::tasks::run_suite(
+        &tasks,
+        &policies,
+        args.runs,
+        provider,
+        |task, policy, i, run| {
+            done += 1;
+            let verdict = match (&run.error, run.solved) {
+                (Some(e), _) => format!("error: {e}"),
+                (None, true) => "solved".to_string(),
+                (None, false) => format!("not solved: {}", run.failures.join("; ")),
+            };
+            eprintln!(
+                "[{done}/{total}] {}/{} ({policy}, run {i}): {verdict} [{} steps, {:.1} s, ended {}]",
+                task.domain,
+                task.name,
+                run.steps,
+                run.time.as_secs_f64(),
+                run.end
+            );
+        },
+    )
+    .await;
+    println!("{}", eval::tasks::report(&results));
     Ok(())
 }

@@ -5,6 +5,7 @@ mod support;
 mod cluster;
 mod config;
 mod delegation;
+mod eval_tasks;
 mod grounding;
 mod http_api;
 mod loop_behaviour;

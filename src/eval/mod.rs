@@ -6,9 +6,15 @@
 //!   constrained decoding off and on side by side.
 //! - [`run_shop_task`]: the demo request run end to end against the demo
 //!   shop; success is the right product in the cart.
+//! - [`tasks`]: the task suite, scenario files run end to end through real
+//!   tool sources (MCP servers, WebMCP pages, Rust tools, teams) and their
+//!   end state checked; [`native`] has its Rust tool sets.
 
 pub mod bfcl;
+pub mod native;
+pub mod tasks;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,7 +31,7 @@ use crate::usage::{Usage, UsageMeter};
 use bfcl::{MadeCall, Record};
 
 /// What one category scored in one mode.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct CategoryScore {
     /// Records run.
     pub records: usize,
@@ -44,6 +50,8 @@ pub struct CategoryScore {
     pub irrelevance: bool,
     /// Model usage.
     pub usage: Usage,
+    /// How often each rule of the policy fired, by rule name.
+    pub rules: BTreeMap<String, usize>,
 }
 
 impl CategoryScore {
@@ -117,6 +125,11 @@ pub async fn run_bfcl<P: Provider + 'static>(
             wma_agent::run_local_agent(provider.clone(), request, loop_options)
                 .collect()
                 .await;
+        for part in &parts {
+            if let AgentStreamPart::Rule { rule, .. } = part {
+                *score.rules.entry(rule.clone()).or_default() += 1;
+            }
+        }
         let made: Vec<MadeCall> = parts
             .iter()
             .filter_map(|p| match p {
@@ -201,6 +214,31 @@ pub fn bfcl_table(rows: &[(String, CategoryScore, CategoryScore)]) -> String {
             off.usage.tokens_per_second(),
             on.usage.tokens_per_second(),
         ));
+    }
+    out
+}
+
+/// The rules that fired with constraints on (`on` of each row), rule →
+/// count per category; "no rule fired" when none did.
+pub fn bfcl_ledger(rows: &[(String, CategoryScore, CategoryScore)]) -> String {
+    let mut rules: Vec<&String> = rows.iter().flat_map(|(_, _, on)| on.rules.keys()).collect();
+    rules.sort();
+    rules.dedup();
+    if rules.is_empty() {
+        return "no rule fired\n".to_string();
+    }
+    let names: Vec<&str> = rows.iter().map(|(n, _, _)| n.as_str()).collect();
+    let mut out = format!("| rule | {} | all |\n", names.join(" | "));
+    out.push_str(&format!("|---|{}---|\n", "---|".repeat(names.len())));
+    for rule in rules {
+        out.push_str(&format!("| {rule} |"));
+        let mut all = 0;
+        for (_, _, on) in rows {
+            let n = on.rules.get(rule).copied().unwrap_or(0);
+            all += n;
+            out.push_str(&format!(" {n} |"));
+        }
+        out.push_str(&format!(" {all} |\n"));
     }
     out
 }
@@ -306,4 +344,9 @@ pub async fn run_shop_task<P: Provider + SeedPerRun + 'static>(
         results.push(run);
     }
     results
+}
+
+impl SeedPerRun for wma_testkit::ScriptedProvider {
+    /// A script answers the same on every run: nothing to seed.
+    fn seed_run(&self, _run: usize) {}
 }

