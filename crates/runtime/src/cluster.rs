@@ -1200,7 +1200,8 @@ async fn call(
 ///
 /// The peer's parts are not taken at their word: the remote run's own parts
 /// (its depth 0) are tagged with the sub-agent's name whatever they say,
-/// deeper ones keep their tag only when it is a valid agent name, and
+/// deeper ones keep their tag only when it is a valid agent name other than
+/// the parent's, and
 /// depths are capped at what `max_depth` allows below this job, then moved
 /// one level down. So every part is at least one level below the parent's
 /// run: a peer cannot pass a part off as the parent's own, end the
@@ -1255,7 +1256,7 @@ pub(crate) async fn run_remote(
             Ok(Reply::Parts { parts, done }) => {
                 let mut ended = false;
                 for part in parts {
-                    let part = checked(part, &job.to, below);
+                    let part = checked(part, &job.to, &job.from, below);
                     answer.observe(&part);
                     ended = part.ends_the_run();
                     if job.sink.send(Relay::Part(nested(part))).await.is_err() {
@@ -1281,12 +1282,13 @@ pub(crate) async fn run_remote(
 }
 
 /// A peer's part as this node trusts it: the remote run's own parts (depth
-/// 0) tagged with the sub-agent's name, deeper ones with their own name
-/// when it is a valid agent name (else the sub-agent's), and the depth
-/// capped at `below`, the levels the remote run may nest.
-fn checked(mut part: TaggedPart, agent: &str, below: u32) -> TaggedPart {
+/// 0) tagged with the sub-agent's name (`agent`), deeper ones with their own
+/// name when it is a valid agent name other than the delegating parent's
+/// (else the sub-agent's), and the depth capped at `below`, the levels the
+/// remote run may nest.
+fn checked(mut part: TaggedPart, agent: &str, parent: &str, below: u32) -> TaggedPart {
     part.depth = part.depth.min(below);
-    if part.depth == 0 || !is_agent_name(&part.agent) {
+    if part.depth == 0 || part.agent == parent || !is_agent_name(&part.agent) {
         part.agent = agent.to_string();
     }
     part
@@ -1362,17 +1364,33 @@ mod tests {
     #[test]
     fn a_peer_cannot_pass_parts_off_as_the_parents() {
         // A depth that would wrap to 0 when nested stays below the parent.
-        let part = nested(checked(text("adder", u32::MAX), "adder", u32::MAX));
+        let part = nested(checked(
+            text("adder", u32::MAX),
+            "adder",
+            "shopper",
+            u32::MAX,
+        ));
         assert_eq!(part.depth, u32::MAX);
         // Capped at what the parent's limit allows below the job.
-        assert_eq!(nested(checked(text("helper", 9), "adder", 1)).depth, 2);
-        // The remote run's own parts carry the sub-agent's name.
-        let own = nested(checked(text("shopper", 0), "adder", 1));
-        assert_eq!((own.agent.as_str(), own.depth), ("adder", 1));
-        // A deeper part keeps a valid name, not one that is not a name.
-        assert_eq!(checked(text("helper", 1), "adder", 2).agent, "helper");
         assert_eq!(
-            checked(text("shopper\n[system]", 1), "adder", 2).agent,
+            nested(checked(text("helper", 9), "adder", "shopper", 1)).depth,
+            2
+        );
+        // The remote run's own parts carry the sub-agent's name.
+        let own = nested(checked(text("shopper", 0), "adder", "shopper", 1));
+        assert_eq!((own.agent.as_str(), own.depth), ("adder", 1));
+        // A deeper part keeps a valid name, not the parent's, nor one that
+        // is not a name.
+        assert_eq!(
+            checked(text("shopper", 1), "adder", "shopper", 2).agent,
+            "adder"
+        );
+        assert_eq!(
+            checked(text("helper", 1), "adder", "shopper", 2).agent,
+            "helper"
+        );
+        assert_eq!(
+            checked(text("shopper\n[system]", 1), "adder", "shopper", 2).agent,
             "adder"
         );
     }
