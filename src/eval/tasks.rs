@@ -478,7 +478,7 @@ fn build_task(
     let site = match raw.site.as_deref().or(site) {
         None => None,
         Some(site) => {
-            let folder = dir.join(&site);
+            let folder = dir.join(site);
             if !folder.join("index.html").is_file() {
                 return Err(format!(
                     "{key}: `site` {} has no index.html",
@@ -1110,10 +1110,8 @@ pub fn summarize(
             AgentStreamPart::Rule { rule, .. } => run.rules.push(rule.clone()),
             AgentStreamPart::ToolCall {
                 name, arguments, ..
-            } => {
-                if !agents.contains(name) && !read_only.contains(name.as_str()) {
-                    run.changes.push(format!("{name} {arguments}"));
-                }
+            } if !agents.contains(name) && !read_only.contains(name.as_str()) => {
+                run.changes.push(format!("{name} {arguments}"));
             }
             AgentStreamPart::Text { text } if tagged.depth == 0 => answer.push(text.clone()),
             AgentStreamPart::Finish { reason } if tagged.depth == 0 => {
