@@ -358,16 +358,19 @@ pub(crate) async fn serve(args: ServeArgs, config: &Config) -> Result<()> {
     } else {
         let api = serve::Api::new(config.clone(), &hosted.runtime)?;
         let listen = args.listen.unwrap_or(config.server_listen);
-        let (addr, task) = serve::start(listen, api, shutdown.clone())
-            .await
-            .with_context(|| format!("could not listen on {listen}"))?;
-        println!("http listening on http://{addr}");
-        if !addr.ip().is_loopback() {
+        let started =
+            serve::start_with(listen, api, config.server_options.clone(), shutdown.clone())
+                .await
+                .with_context(|| format!("could not start the HTTP API on {listen}"))?;
+        eprintln!("{}", started.token_notice());
+        println!("http listening on http://{}", started.addr);
+        if !started.addr.ip().is_loopback() {
             eprintln!(
-                "warning: the API has no authentication and listens beyond this machine ({addr})"
+                "warning: the API listens beyond this machine ({}); see docs/security.md",
+                started.addr
             );
         }
-        Some(task)
+        Some(started.task)
     };
     std::io::stdout().flush()?;
     wait_for_stop().await;

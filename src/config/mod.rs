@@ -72,6 +72,10 @@ pub struct Config {
     pub telemetry: TelemetryConfig,
     /// `[server] listen`. Default [`DEFAULT_SERVER_LISTEN`].
     pub server_listen: SocketAddr,
+    /// `[server]`'s token and limits (`token_env`, `token_file`,
+    /// `allowed_origins`, `allowed_hosts`, the timeouts and caps; see
+    /// `docs/configuration.md`).
+    pub server_options: crate::serve::ServerOptions,
     /// `[cluster]`, when this process is a node of a cluster.
     pub cluster: Option<ClusterSpec>,
 }

@@ -147,6 +147,19 @@ pub(crate) struct RawDelegation {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawServer {
     pub(crate) listen: Option<Spanned<String>>,
+    pub(crate) token_env: Option<Spanned<String>>,
+    pub(crate) token_file: Option<Spanned<String>>,
+    #[serde(default)]
+    pub(crate) allowed_origins: Vec<String>,
+    #[serde(default)]
+    pub(crate) allowed_hosts: Vec<String>,
+    pub(crate) header_timeout_secs: Option<Spanned<u64>>,
+    pub(crate) body_timeout_secs: Option<Spanned<u64>>,
+    pub(crate) idle_timeout_secs: Option<Spanned<u64>>,
+    pub(crate) max_body_bytes: Option<Spanned<u64>>,
+    pub(crate) max_connections: Option<Spanned<u64>>,
+    pub(crate) connection_wait_ms: Option<Spanned<u64>>,
+    pub(crate) max_runs_per_client: Option<Spanned<u64>>,
 }
 
 /// `[cluster]`.

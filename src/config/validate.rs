@@ -14,10 +14,12 @@ use wma_runtime::{
 };
 use wma_tools::SourceOptions;
 
+use crate::serve::{ServerOptions, TokenSource};
+
 use super::builtin::BUILTINS;
 use super::error::{ConfigError, Source};
 use super::raw::{
-    Name, ProviderKind, RawAgent, RawCluster, RawConfig, RawConstraints, RawProvider,
+    Name, ProviderKind, RawAgent, RawCluster, RawConfig, RawConstraints, RawProvider, RawServer,
     RawToolSource, ToolKind,
 };
 use super::{
@@ -104,6 +106,7 @@ pub(crate) fn validate(
             .parse()
             .expect("the default listen address parses"),
     };
+    let server_options = server_options(source, &raw.server)?;
     Ok(Config {
         file: source.file.clone(),
         providers,
@@ -116,7 +119,87 @@ pub(crate) fn validate(
             .unwrap_or(DEFAULT_MAX_DELEGATION_DEPTH),
         telemetry: raw.telemetry,
         server_listen,
+        server_options,
         cluster,
+    })
+}
+
+/// `[server]`'s token and limits, as [`ServerOptions`].
+fn server_options(source: &Source<'_>, raw: &RawServer) -> Result<ServerOptions> {
+    let defaults = ServerOptions::default();
+    let token = match (&raw.token_env, &raw.token_file) {
+        (Some(_), Some(file)) => {
+            return Err(source.invalid(
+                file.span(),
+                "server.token_file",
+                "give the token either by `token_env` or by `token_file`, not both",
+            ));
+        }
+        (Some(name), None) => {
+            if name.get_ref().trim().is_empty() {
+                return Err(source.invalid(
+                    name.span(),
+                    "server.token_env",
+                    "the name of an environment variable is empty",
+                ));
+            }
+            TokenSource::Env(name.get_ref().clone())
+        }
+        (None, Some(file)) => {
+            // Relative to the config's folder, as a person reading the
+            // config would read it.
+            let base = source.file.parent().unwrap_or(std::path::Path::new(""));
+            TokenSource::File(base.join(file.get_ref()))
+        }
+        (None, None) => TokenSource::CacheFile,
+    };
+    let secs = |v: &Option<Spanned<u64>>, key: &str, default: Duration| -> Result<Duration> {
+        match at_least_one(source, "server", key, v)? {
+            Some(n) => Ok(Duration::from_secs(n)),
+            None => Ok(default),
+        }
+    };
+    let count = |v: &Option<Spanned<u64>>, key: &str, default: usize| -> Result<usize> {
+        Ok(at_least_one(source, "server", key, v)?.map_or(default, |n| n as usize))
+    };
+    Ok(ServerOptions {
+        token,
+        allowed_origins: raw.allowed_origins.clone(),
+        allowed_hosts: raw.allowed_hosts.clone(),
+        header_timeout: secs(
+            &raw.header_timeout_secs,
+            "header_timeout_secs",
+            defaults.header_timeout,
+        )?,
+        body_timeout: secs(
+            &raw.body_timeout_secs,
+            "body_timeout_secs",
+            defaults.body_timeout,
+        )?,
+        idle_timeout: secs(
+            &raw.idle_timeout_secs,
+            "idle_timeout_secs",
+            defaults.idle_timeout,
+        )?,
+        max_body_bytes: count(
+            &raw.max_body_bytes,
+            "max_body_bytes",
+            defaults.max_body_bytes,
+        )?,
+        max_connections: count(
+            &raw.max_connections,
+            "max_connections",
+            defaults.max_connections,
+        )?,
+        connection_wait: match &raw.connection_wait_ms {
+            Some(ms) => Duration::from_millis(*ms.get_ref()),
+            None => defaults.connection_wait,
+        },
+        max_runs_per_client: count(
+            &raw.max_runs_per_client,
+            "max_runs_per_client",
+            defaults.max_runs_per_client,
+        )?,
     })
 }
 
