@@ -46,6 +46,9 @@ kind = "scripted"
 model = "fresh-model"
 replies = ["Hello from the new model."]
 
+[tools.shop]
+kind = "demo-shop"
+
 [agents.main]
 description = "Talks to the person."
 provider = "main"
@@ -151,7 +154,7 @@ impl Server {
     async fn start_with(options: ServerOptions) -> Self {
         let config = Config::parse(CONFIG, "http-test.toml").unwrap();
         let hosted = config.start(StartOptions::default()).await.unwrap();
-        let api = serve::Api::new(config, &hosted.runtime).unwrap();
+        let api = serve::Api::hosted(config, &hosted).unwrap();
         let stop = CancellationToken::new();
         let started = serve::start_with("127.0.0.1:0".parse().unwrap(), api, options, stop.clone())
             .await
@@ -278,6 +281,10 @@ async fn runs_stream_as_events_can_be_stopped_and_their_model_swapped() {
             .iter()
             .any(|p| p["name"] == "slow")
     );
+    let sources = health["tool_sources"].as_array().unwrap();
+    assert_eq!(sources.len(), 1, "{health}");
+    assert_eq!(sources[0]["source"], "shop");
+    assert_eq!(sources[0]["restarts"], 0);
 
     let (status, listing) = server.get("/agents").await;
     assert_eq!(status, StatusCode::OK);

@@ -356,7 +356,7 @@ pub(crate) async fn serve(args: ServeArgs, config: &Config) -> Result<()> {
     let server = if args.no_http {
         None
     } else {
-        let api = serve::Api::new(config.clone(), &hosted.runtime)?;
+        let api = serve::Api::hosted(config.clone(), &hosted)?;
         let listen = args.listen.unwrap_or(config.server_listen);
         let started =
             serve::start_with(listen, api, config.server_options.clone(), shutdown.clone())

@@ -64,9 +64,19 @@ pub(crate) async fn report(api: &Api, detailed: bool) -> (StatusCode, Value) {
     );
     let (agent_states, provider_states) = tokio::join!(agent_states, provider_states);
     let all = agent_states.iter().chain(&provider_states);
+    let sources: Vec<wma_tools::SourceHealth> = api
+        .tool_sets
+        .iter()
+        .flat_map(|(_, set)| set.health())
+        .collect();
+    // A tool source given up on (past its restart budget) leaves the agents
+    // serving, without that source's tools: degraded, not down.
+    let source_down = sources
+        .iter()
+        .any(|s| matches!(s.state, wma_tools::SourceState::GaveUp { .. }));
     let (status, code) = if all.clone().any(|s| matches!(s, State::GivenUp(_))) {
         ("unavailable", StatusCode::SERVICE_UNAVAILABLE)
-    } else if all.clone().any(|s| matches!(s, State::NotAnswering(_))) {
+    } else if source_down || all.clone().any(|s| matches!(s, State::NotAnswering(_))) {
         ("degraded", StatusCode::OK)
     } else {
         ("ok", StatusCode::OK)
@@ -111,6 +121,7 @@ pub(crate) async fn report(api: &Api, detailed: bool) -> (StatusCode, Value) {
             "agents": api.agents.len(),
             "uptime_secs": api.started.elapsed().as_secs(),
             "actors": {"agents": agents, "providers": providers},
+            "tool_sources": sources,
         }),
     )
 }

@@ -44,7 +44,7 @@ use wma_runtime::{
     AgentHandle, ProviderHandle, RunId, Runtime, RuntimeError, TaggedPart, ToolBridgeHandle,
 };
 
-use crate::config::{Config, provider_source};
+use crate::config::{Config, Hosted, provider_source};
 
 pub use conn::{ACCEPT_BACKOFF_MAX, ACCEPT_BACKOFF_MIN};
 pub use health::HEALTH_PROBE_TIMEOUT;
@@ -80,6 +80,9 @@ pub struct Api {
     agents: Vec<Agent>,
     /// Every provider actor of the runtime, by name (for the health check).
     providers: Vec<(String, ProviderHandle)>,
+    /// Each config tool source's set, by name, for its state and restarts
+    /// in the health check.
+    tool_sets: Vec<(String, Arc<wma_tools::ToolSet>)>,
     started: Instant,
 }
 
@@ -103,8 +106,18 @@ impl Api {
             config,
             agents,
             providers,
+            tool_sets: Vec::new(),
             started: Instant::now(),
         }))
+    }
+
+    /// The API over a started config, its tool sources' health included.
+    pub fn hosted(config: Config, hosted: &Hosted) -> Result<Arc<Self>, RuntimeError> {
+        let mut api = Self::new(config, &hosted.runtime)?;
+        if let Some(api) = Arc::get_mut(&mut api) {
+            api.tool_sets = hosted.tool_sets.clone();
+        }
+        Ok(api)
     }
 
     fn agent(&self, name: &str) -> Option<&Agent> {
