@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use webmcp_agents::agent::{AgentStreamPart, ChatMessage, FinishReason};
+use webmcp_agents::agent::{AgentStreamPart, ChatMessage, FinishReason, delimit_untrusted};
 use webmcp_agents::runtime::{
     AgentConfig, ClusterNode, ClusterOptions, ProviderSource, RuntimeBuilder, TaggedPart,
 };
@@ -179,6 +179,13 @@ async fn a_parent_delegates_to_a_sub_agent_in_another_process() {
                 reason: FinishReason::Stop
             }
         ))
+    );
+    // Another node's answer is data: the parent's next prompt delimits it.
+    let delimited = delimit_untrusted("adder", "Two and three make 5.");
+    let next = &parent_model.requests()[1];
+    assert!(
+        next.messages.iter().any(|m| m.content.contains(&delimited)),
+        "{next:#?}"
     );
 
     // Stop reaches the other process: the remote run ends aborted, and its

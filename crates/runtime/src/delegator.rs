@@ -6,9 +6,9 @@
 //! the sub-agent's parts reach the parent's host tagged with the
 //! sub-agent's name, and its final answer comes back as the tool result.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use async_trait::async_trait;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -39,6 +39,12 @@ use crate::supervisor::Timeouts;
 pub const DEFAULT_MAX_DELEGATION_DEPTH: u32 = 2;
 
 /// The tool a parent calls to delegate to `agent`.
+///
+/// A run lists it with `untrusted_content` set when the sub-agent's answer
+/// may carry untrusted content, by a static rule: the sub-agent runs on
+/// another node (whose tools this node cannot see, and whose answer comes
+/// from another process), or a tool it can see brings untrusted content,
+/// or one of its own sub-agents is such an agent.
 pub fn delegation_tool(agent: &SubAgentInfo) -> ToolDefinition {
     let description = if agent.description.trim().is_empty() {
         format!(
@@ -126,6 +132,9 @@ pub(crate) struct DelegatorShared {
     timeouts: Timeouts,
     /// Times the supervisor restarted the delegator.
     pub(crate) restarts: AtomicU32,
+    /// Each local agent's tools, to tell whether its answer may carry
+    /// untrusted content; given once, when the runtime starts.
+    tools: OnceLock<HashMap<String, ToolBridgeHandle>>,
 }
 
 impl DelegatorShared {
@@ -144,7 +153,57 @@ impl DelegatorShared {
             max_depth,
             timeouts,
             restarts: AtomicU32::new(0),
+            tools: OnceLock::new(),
         })
+    }
+
+    /// Gives the delegator each local agent's tools (by agent name), so
+    /// that a delegation tool is marked when its sub-agent sees a tool that
+    /// brings untrusted content. Only the first call counts.
+    // The supervisor is to call it when it builds the delegator; until it
+    // does, only the tests do, and local sub-agents count by their own
+    // sub-agents alone.
+    #[cfg_attr(not(test), allow(dead_code))]
+    pub(crate) fn know_tools(&self, tools: HashMap<String, ToolBridgeHandle>) {
+        let _ = self.tools.set(tools);
+    }
+
+    /// Whether `agent`'s answer may carry untrusted content (the rule of
+    /// [`delegation_tool`]). A local agent whose tools were not given
+    /// counts by its sub-agents alone.
+    pub(crate) async fn brings_untrusted(&self, agent: &str) -> bool {
+        let mut pending = vec![agent.to_string()];
+        let mut seen = HashSet::new();
+        while let Some(name) = pending.pop() {
+            if !seen.insert(name.clone()) {
+                continue;
+            }
+            let Some(local) = self.local.get(&name) else {
+                if self.remote.contains(&name) {
+                    return true;
+                }
+                continue;
+            };
+            if let Some(bridge) = self.tools.get().and_then(|tools| tools.get(&name))
+                && bridge
+                    .list_tools()
+                    .await
+                    .iter()
+                    .any(|tool| tool.annotations.untrusted_content)
+            {
+                return true;
+            }
+            pending.extend(
+                local
+                    .shared
+                    .config
+                    .profile
+                    .sub_agents
+                    .iter()
+                    .map(|sub| sub.name.clone()),
+            );
+        }
+        false
     }
 }
 
@@ -400,11 +459,17 @@ impl RunTools {
 #[async_trait]
 impl ToolHost for RunTools {
     async fn list_tools(&self) -> Vec<ToolDefinition> {
-        let mut tools: Vec<ToolDefinition> = self
-            .delegation
-            .iter()
-            .flat_map(|d| d.sub_agents.iter().map(delegation_tool))
-            .collect();
+        let mut tools = Vec::new();
+        if let Some(scope) = &self.delegation {
+            for sub in &scope.sub_agents {
+                let mut tool = delegation_tool(sub);
+                // Marked, the sub-agent's answer is delimited in the
+                // parent's prompt as data, like any untrusted result.
+                tool.annotations.untrusted_content =
+                    scope.delegator.shared.brings_untrusted(&sub.name).await;
+                tools.push(tool);
+            }
+        }
         let own = self.bridge.list_tools().await;
         tools.extend(
             own.into_iter()
@@ -480,5 +545,79 @@ impl ToolHost for RunTools {
 
     async fn page_context(&self) -> Option<PageContext> {
         self.bridge.page_context().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{AgentConfig, ProviderSource, RuntimeBuilder, ToolSource};
+    use wma_agent::ToolAnnotations;
+    use wma_testkit::{InMemoryToolHost, ScriptedProvider};
+
+    /// A source with one tool, marked as bringing untrusted content or not.
+    fn source(name: &'static str, untrusted: bool) -> ToolSource {
+        ToolSource::new(name, move || {
+            let host = InMemoryToolHost::new();
+            host.add(
+                ToolDefinition::new(format!("{name}_tool"), "A tool.", json!({"type": "object"}))
+                    .with_annotations(ToolAnnotations {
+                        untrusted_content: untrusted,
+                        ..ToolAnnotations::default()
+                    }),
+                |_| Ok("done".to_string()),
+            );
+            host
+        })
+    }
+
+    #[tokio::test]
+    async fn a_sub_agent_that_sees_untrusted_content_brings_it() {
+        let runtime = RuntimeBuilder::new()
+            .provider(
+                "small",
+                ProviderSource::shared(Arc::new(ScriptedProvider::new(["Hi."]))),
+            )
+            .tool_source(source("web", true))
+            .tool_source(source("math", false))
+            .remote_agent("far", "Lives elsewhere.")
+            .agent(AgentConfig::new("reader").with_tool_sources(["web"]))
+            .agent(AgentConfig::new("calc").with_tool_sources(["math"]))
+            .agent(
+                AgentConfig::new("boss")
+                    .with_tool_sources(["math"])
+                    .with_sub_agents(["reader"]),
+            )
+            .agent(
+                AgentConfig::new("envoy")
+                    .with_tool_sources(["math"])
+                    .with_sub_agents(["far"]),
+            )
+            .start()
+            .await
+            .unwrap();
+        let shared = DelegatorShared::new(
+            runtime.agents(),
+            vec!["far".to_string()],
+            DEFAULT_MAX_DELEGATION_DEPTH,
+            Timeouts::default(),
+        );
+        // Without the local agents' tools, only remote agents count.
+        assert!(!shared.brings_untrusted("reader").await);
+        assert!(shared.brings_untrusted("far").await);
+        assert!(shared.brings_untrusted("envoy").await);
+
+        shared.know_tools(
+            runtime
+                .agents()
+                .iter()
+                .map(|a| (a.name().to_string(), runtime.tools_of(a.name()).unwrap()))
+                .collect(),
+        );
+        assert!(shared.brings_untrusted("reader").await);
+        assert!(!shared.brings_untrusted("calc").await);
+        // Through its own sub-agent.
+        assert!(shared.brings_untrusted("boss").await);
+        runtime.shutdown().await;
     }
 }
