@@ -55,9 +55,15 @@
 //!
 //! # Schemas llguidance cannot compile
 //! A tool schema is tried as it is, then with llguidance's lenient mode
-//! (unknown keywords ignored), then as an object with the schema's property
-//! names and no value constraints, then as any object. Each step down is
-//! logged; the loop still validates every call against the real schema.
+//! (keywords it does not implement ignored: `uniqueItems`, `not`,
+//! `if`/`then`/`else`, unknown formats…), then as an object with the
+//! schema's property names and no value constraints (a schema that is
+//! unsatisfiable, such as an `enum` of strings on an integer, ends here),
+//! then as any object. Each step down is a warning naming what the grammar
+//! leaves unchecked, once per schema, and [`ConstraintEngine::enforcement`]
+//! reports it; the loop still validates every call against the real schema
+//! and repairs it. Whatever compiles fully, the grammar and the schema agree:
+//! every call the grammar admits validates (`tests/schema_validity.rs`).
 //!
 //! # The vocabulary
 //! The token trie is built from the model's own `tokenizer.json` (the bytes
@@ -140,6 +146,27 @@ struct ArgumentsSchema {
     schema: Value,
     /// Whether llguidance must ignore keywords it does not implement.
     lenient: bool,
+    /// How much of the tool's schema the grammar checks.
+    enforcement: Enforcement,
+}
+
+/// How much of a tool's schema the grammar checks. Where it checks less
+/// than all, the loop's validation (and its repair) is what catches a call
+/// that breaks the rest; the provider says so in a warning when it first
+/// compiles the schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Enforcement {
+    /// All of it: every call the grammar lets through validates.
+    Full,
+    /// All but these keywords, which llguidance does not implement
+    /// (`uniqueItems`, `not`, `if`/`then`/`else`, `contains`…) or formats
+    /// it does not know.
+    IgnoresKeywords(Vec<String>),
+    /// The schema cannot be compiled (it is unsatisfiable or malformed):
+    /// only the property names and `required` are checked.
+    NamesOnly,
+    /// Nothing can be compiled: any object.
+    AnyObject,
 }
 
 impl std::fmt::Debug for ConstraintEngine {
@@ -425,34 +452,40 @@ impl ConstraintEngine {
             ArgumentsSchema {
                 schema: strict,
                 lenient: false,
+                enforcement: Enforcement::Full,
             }
         } else if self.compiles(&strict, true) {
+            let mut ignored = Vec::new();
+            unimplemented_keywords(&tool.input_schema, &mut ignored);
             tracing::warn!(
                 tool = %tool.name,
-                "constraint: the schema has keywords llguidance does not implement; the grammar ignores them"
+                ignored = %ignored.join(", "),
+                "constraint: the grammar cannot express part of the schema and ignores it; calls are still validated against all of it (and repaired) by the loop"
             );
             ArgumentsSchema {
                 schema: strict,
                 lenient: true,
+                enforcement: Enforcement::IgnoresKeywords(ignored),
             }
         } else {
             let loose = loose_schema(&tool.input_schema);
-            let schema = if self.compiles(&loose, false) {
+            let (schema, enforcement) = if self.compiles(&loose, false) {
                 tracing::warn!(
                     tool = %tool.name,
-                    "constraint: the schema cannot be compiled; the grammar only checks its property names"
+                    "constraint: the schema cannot be compiled (unsatisfiable or malformed); the grammar only checks its property names, the loop validates the rest"
                 );
-                loose
+                (loose, Enforcement::NamesOnly)
             } else {
                 tracing::warn!(
                     tool = %tool.name,
-                    "constraint: the schema cannot be compiled; the grammar allows any object"
+                    "constraint: the schema cannot be compiled; the grammar allows any object, the loop validates it"
                 );
-                json!({"type": "object"})
+                (json!({"type": "object"}), Enforcement::AnyObject)
             };
             ArgumentsSchema {
                 schema,
                 lenient: false,
+                enforcement,
             }
         };
         let mut cache = self.schema_cache();
@@ -461,6 +494,13 @@ impl ConstraintEngine {
         }
         cache.insert(key, usable.clone());
         usable
+    }
+
+    /// How much of a tool's schema the grammar checks under `decoding` (see
+    /// [`Enforcement`]); compiles it when it was not yet.
+    pub fn enforcement(&self, tool: &ToolDefinition, decoding: &Decoding) -> Enforcement {
+        self.arguments_schema(tool, Limits::of(decoding))
+            .enforcement
     }
 
     /// A whole-output schema (JSON-schema constraints): the schema when it
@@ -576,6 +616,31 @@ impl std::fmt::Debug for ConstraintMatcher {
 }
 
 impl ConstraintMatcher {
+    /// A copy in the same state, going on independently: one compiled
+    /// grammar for many continuations (tests, search over replies).
+    pub fn fork(&self) -> Self {
+        Self {
+            matcher: self.matcher.deep_clone(),
+            compile_time: self.compile_time,
+            mask_time: self.mask_time,
+            masks: self.masks,
+            call_start: self.call_start.clone(),
+            call_threshold: self.call_threshold,
+            call_probability: self.call_probability,
+            env: self.env.clone(),
+            calls: self.calls,
+            output: self.output.clone(),
+            tokens: self.tokens,
+            unread: self.unread,
+            written: self.written.clone(),
+            distinct_tokens: self.distinct_tokens,
+            repeated: self.repeated,
+            copy: self.copy.clone(),
+            quote_tokens: Arc::clone(&self.quote_tokens),
+            control: Arc::clone(&self.control),
+        }
+    }
+
     /// Sets the logits of every token the grammar does not allow next to
     /// negative infinity. Logits past the vocabulary are disallowed too.
     pub fn mask_logits(&mut self, logits: &mut [f32]) -> Result<(), OrtError> {
@@ -882,9 +947,10 @@ fn plain_value(max_string_chars: Option<u32>) -> Value {
     if let Some(n) = max_string_chars {
         string["maxLength"] = n.into();
     }
+    let bound = MAX_INTEGER as f64;
     json!({"anyOf": [
         string,
-        {"type": "number"},
+        {"type": "number", "maximum": bound, "minimum": -bound},
         {"type": "boolean"},
         {"type": "null"}
     ]})
@@ -943,9 +1009,11 @@ fn close_objects(schema: &mut Value, limits: Limits) {
             && !has("maxItems")
             && number("minItems").is_none_or(|min| min <= f64::from(max))
     });
-    // The integer safety bound, only where it leaves the schema's own range
-    // non-empty.
-    let integer = ty == Some("integer");
+    // The safety bound on integers and numbers, only where it leaves the
+    // schema's own range non-empty. For numbers it also keeps exponents
+    // out: unbounded, a grammar lets `7e123456` through, which no JSON
+    // parser reads as a number.
+    let integer = matches!(ty, Some("integer" | "number"));
     let bound = MAX_INTEGER as f64;
     let add_maximum = integer
         && !has("maximum")
@@ -963,11 +1031,16 @@ fn close_objects(schema: &mut Value, limits: Limits) {
     if let Some(max) = add_max_items {
         map.insert("maxItems".into(), max.into());
     }
+    let (high, low): (Value, Value) = if ty == Some("number") {
+        ((MAX_INTEGER as f64).into(), (-(MAX_INTEGER as f64)).into())
+    } else {
+        (MAX_INTEGER.into(), (-MAX_INTEGER).into())
+    };
     if add_maximum {
-        map.insert("maximum".into(), MAX_INTEGER.into());
+        map.insert("maximum".into(), high);
     }
     if add_minimum {
-        map.insert("minimum".into(), (-MAX_INTEGER).into());
+        map.insert("minimum".into(), low);
     }
     // `"properties": {}` says "no arguments"; only an object that does not
     // list properties at all is free-form.
@@ -995,6 +1068,108 @@ fn close_objects(schema: &mut Value, limits: Limits) {
     for key in ["anyOf", "oneOf", "allOf", "prefixItems"] {
         if let Some(Value::Array(children)) = map.get_mut(key) {
             children.iter_mut().for_each(|c| close_objects(c, limits));
+        }
+    }
+}
+
+/// Keywords llguidance implements or may ignore as annotations (its own
+/// lists); anything else in a schema is ignored in lenient mode.
+const KNOWN_KEYWORDS: [&str; 42] = [
+    "anyOf",
+    "oneOf",
+    "allOf",
+    "$ref",
+    "const",
+    "enum",
+    "type",
+    "items",
+    "additionalItems",
+    "prefixItems",
+    "minItems",
+    "maxItems",
+    "properties",
+    "additionalProperties",
+    "patternProperties",
+    "required",
+    "minProperties",
+    "maxProperties",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "format",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "$anchor",
+    "$defs",
+    "definitions",
+    "$schema",
+    "$id",
+    "id",
+    "$comment",
+    "title",
+    "description",
+    "default",
+    "readOnly",
+    "writeOnly",
+    "examples",
+    "contentMediaType",
+    "contentEncoding",
+];
+
+/// Formats llguidance checks; others are ignored in lenient mode.
+const KNOWN_FORMATS: [&str; 10] = [
+    "date-time",
+    "time",
+    "date",
+    "duration",
+    "email",
+    "hostname",
+    "ipv4",
+    "ipv6",
+    "uuid",
+    "uri",
+];
+
+/// Adds to `out` the keywords (and `format: x` for unknown formats) of
+/// `schema` that llguidance does not implement, for the warning.
+fn unimplemented_keywords(schema: &Value, out: &mut Vec<String>) {
+    let Value::Object(map) = schema else {
+        return;
+    };
+    let mut note = |s: String| {
+        if !out.contains(&s) {
+            out.push(s);
+        }
+    };
+    for (key, value) in map {
+        if !KNOWN_KEYWORDS.contains(&key.as_str()) && !key.starts_with("x-") {
+            note(key.clone());
+        }
+        if key == "format"
+            && let Some(f) = value.as_str()
+            && !KNOWN_FORMATS.contains(&f)
+        {
+            note(format!("format: {f}"));
+        }
+    }
+    for key in ["properties", "$defs", "definitions", "patternProperties"] {
+        if let Some(Value::Object(children)) = map.get(key) {
+            children
+                .values()
+                .for_each(|c| unimplemented_keywords(c, out));
+        }
+    }
+    for key in ["items", "additionalProperties", "not", "additionalItems"] {
+        if let Some(child) = map.get(key) {
+            unimplemented_keywords(child, out);
+        }
+    }
+    for key in ["anyOf", "oneOf", "allOf", "prefixItems"] {
+        if let Some(Value::Array(children)) = map.get(key) {
+            children.iter().for_each(|c| unimplemented_keywords(c, out));
         }
     }
 }
@@ -1104,6 +1279,17 @@ mod tests {
         assert_eq!(limited["properties"]["xs"]["items"]["maxLength"], 100);
         // Without limits, strings, arrays and free objects stay as the
         // schema says; only the integer safety bound remains.
+        let number = tighten(
+            &json!({"type": "object", "properties": {
+                "x": {"type": "number"},
+                "pos": {"type": "number", "exclusiveMinimum": 0}
+            }}),
+            &Decoding::default(),
+        );
+        assert_eq!(number["properties"]["x"]["maximum"], MAX_INTEGER as f64);
+        assert_eq!(number["properties"]["x"]["minimum"], -(MAX_INTEGER as f64));
+        assert_eq!(number["properties"]["pos"]["maximum"], MAX_INTEGER as f64);
+        assert!(number["properties"]["pos"].get("minimum").is_none());
         let free = tighten(&schema, &Decoding::default());
         assert_eq!(free["properties"]["n"]["maximum"], MAX_INTEGER);
         assert!(free["properties"]["xs"].get("maxItems").is_none());

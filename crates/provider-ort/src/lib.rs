@@ -136,7 +136,8 @@ mod template;
 
 pub use config::{GRAPH_CANDIDATES, ModelConfig, ModelFiles, TokenizerConfig};
 pub use constraint::{
-    ConstraintEngine, ConstraintMatcher, MAX_INTEGER, MAX_JSON_WHITESPACE, loose_schema, tighten,
+    ConstraintEngine, ConstraintMatcher, Enforcement, MAX_INTEGER, MAX_JSON_WHITESPACE,
+    loose_schema, tighten,
 };
 pub use encode::PromptEncoder;
 pub use error::OrtError;
