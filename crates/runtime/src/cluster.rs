@@ -983,8 +983,34 @@ struct Endpoint;
 struct EndpointState {
     agents: HashMap<String, AgentHandle>,
     runs: Runs,
-    next_id: Arc<AtomicU64>,
+    ids: RunIds,
     reaper: tokio::task::JoinHandle<()>,
+}
+
+/// Numbers remote runs so that one peer cannot guess another's: every peer
+/// with the cookie may call the endpoint, and `next` and `stop` name a run
+/// by its id alone. A counter keeps ids distinct; a per-endpoint random
+/// key scrambles them.
+struct RunIds {
+    count: AtomicU64,
+    key: std::collections::hash_map::RandomState,
+}
+
+impl RunIds {
+    fn new() -> Self {
+        Self {
+            count: AtomicU64::new(1),
+            key: std::collections::hash_map::RandomState::new(),
+        }
+    }
+
+    fn next(&self) -> u64 {
+        use std::hash::BuildHasher;
+        let n = self.count.fetch_add(1, Ordering::Relaxed);
+        // SipHash under a random key: distinct inputs collide only by
+        // chance (one in 2^64), and consecutive ids say nothing of each other.
+        self.key.hash_one(n)
+    }
 }
 
 fn lock(runs: &Runs) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<RemoteRun>>> {
@@ -1030,7 +1056,7 @@ impl Actor for Endpoint {
         Ok(EndpointState {
             agents,
             runs,
-            next_id: Arc::new(AtomicU64::new(1)),
+            ids: RunIds::new(),
             reaper,
         })
     }
@@ -1087,7 +1113,7 @@ impl Actor for Endpoint {
                     return Ok(());
                 };
                 let runs = state.runs.clone();
-                let id = state.next_id.fetch_add(1, Ordering::Relaxed);
+                let id = state.ids.next();
                 let span =
                     tracing::info_span!("remote_delegation", wma.agent = %agent, wma.depth = depth);
                 if let Some(parent) = traceparent.as_deref().and_then(parse_traceparent) {
@@ -1412,6 +1438,19 @@ mod tests {
         ] {
             assert!(parse_traceparent(bad).is_none(), "{bad}");
         }
+    }
+
+    #[test]
+    fn run_ids_cannot_be_guessed_from_one_another() {
+        let ids = RunIds::new();
+        let first: Vec<u64> = (0..64).map(|_| ids.next()).collect();
+        let mut distinct = first.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), first.len());
+        assert!(first.windows(2).all(|w| w[1] != w[0].wrapping_add(1)));
+        // Another endpoint numbers its runs differently.
+        assert_ne!(RunIds::new().next(), first[0]);
     }
 
     #[test]
