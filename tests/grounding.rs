@@ -598,3 +598,42 @@ async fn a_question_is_not_answered_with_a_tool_that_changes_things() {
     );
     assert!(fired(&parts).contains(&"read-only-questions".to_string()));
 }
+
+#[tokio::test]
+async fn a_delegated_run_starts_with_a_call() {
+    let provider = ScriptedProvider::new([
+        call("search_products", json!({"query": "tent"})),
+        "p-4 Trail Tent".to_string(),
+    ])
+    .with_constraints(true);
+    let mut request = ask("Find a tent", annotated_shop());
+    request.agent = Some(webmcp_agents::agent::AgentProfile {
+        delegated: true,
+        ..Default::default()
+    });
+    let parts = run_all(provider.clone(), request, inline()).await;
+    assert_finish(&parts, FinishReason::Stop);
+    let requests = provider.requests();
+    assert!(
+        matches!(requests[0].constraint, Some(Constraint::CallsOnly { .. })),
+        "{:?}",
+        requests[0].constraint
+    );
+    assert!(
+        matches!(requests[1].constraint, Some(Constraint::TextOrCalls { .. })),
+        "later steps may answer"
+    );
+    assert!(fired(&parts).contains(&"delegated-calls-first".to_string()));
+    // A person's request is not delegated: its first attempt may answer.
+    let provider = ScriptedProvider::new(["Hello."]).with_constraints(true);
+    run_all(
+        provider.clone(),
+        ask("Find a tent", annotated_shop()),
+        inline(),
+    )
+    .await;
+    assert!(matches!(
+        provider.requests()[0].constraint,
+        Some(Constraint::TextOrCalls { .. })
+    ));
+}

@@ -115,6 +115,12 @@ pub struct Policy {
     /// its task, and a parent that found a product and then asks the cart
     /// agent to "add it to the cart" hands it nothing to act on. Default: on.
     pub ground_delegation: bool,
+    /// A delegated run (its task handed over by a parent agent) starts with a
+    /// call: its first attempt allows calls only, when a tool can be
+    /// called. The parent delegated because this agent's tools do the task;
+    /// a tiny sub-agent otherwise chats about the task ("A waterproof
+    /// backpack is a great idea.") and hands back nothing. Default: on.
+    pub delegated_calls_first: bool,
     /// The calls-only retry of a prose reply on the first step, when the
     /// request names a shown tool (two of its name's words, or one and an id
     /// for a tool that takes one) and the model gave a call at least this
@@ -173,6 +179,7 @@ impl Policy {
             one_id_per_reply: false,
             read_only_questions: false,
             ground_delegation: false,
+            delegated_calls_first: false,
             named_tool_retry: None,
             call_now_min_probability: None,
             done_on_repeated_lookup: false,
@@ -200,6 +207,7 @@ impl Policy {
             one_id_per_reply: true,
             read_only_questions: true,
             ground_delegation: true,
+            delegated_calls_first: true,
             named_tool_retry: Some(0.001),
             call_now_min_probability: Some(0.0005),
             done_on_repeated_lookup: true,
@@ -316,6 +324,8 @@ pub enum Rule {
     ReadOnlyQuestions,
     /// See [`Policy::ground_delegation`].
     GroundDelegation,
+    /// See [`Policy::delegated_calls_first`].
+    DelegatedCallsFirst,
     /// See [`Policy::named_tool_retry`].
     NamedToolRetry,
     /// See [`Policy::call_now_min_probability`]: the reference's correction
@@ -338,6 +348,7 @@ impl Rule {
             Self::OrderForCalls => "order-for-calls",
             Self::ReadOnlyQuestions => "read-only-questions",
             Self::GroundDelegation => "ground-delegation",
+            Self::DelegatedCallsFirst => "delegated-calls-first",
             Self::NamedToolRetry => "named-tool-retry",
             Self::CallNowGate => "call-now-gate",
             Self::DoneOnRepeatedLookup => "done-on-repeated-lookup",

@@ -150,6 +150,7 @@ enum End {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Attempt {
     First,
+    DelegatedFirst,
     FailureCorrection,
     CallNow,
     NamedTool,
@@ -160,6 +161,7 @@ impl Attempt {
     fn as_str(self) -> &'static str {
         match self {
             Self::First => "first",
+            Self::DelegatedFirst => "first:calls-only",
             Self::FailureCorrection => "correction:failed-call",
             Self::CallNow => "correction:call-now",
             Self::NamedTool => "correction:named-tool",
@@ -186,6 +188,8 @@ struct Run<P> {
     untrusted: Vec<String>,
     instructions: Option<String>,
     sub_agents: Vec<SubAgentInfo>,
+    /// The run's task came from a parent agent.
+    delegated: bool,
     agent_name: String,
     tx: mpsc::UnboundedSender<AgentStreamPart>,
     /// The conversation as prompt turns; append-only so a provider's prefix
@@ -221,6 +225,7 @@ impl<P: Provider + 'static> Run<P> {
             max_steps: profile.max_steps.unwrap_or(options.max_steps).max(1),
             instructions: profile.instructions.or(options.instructions),
             sub_agents: profile.sub_agents,
+            delegated: profile.delegated,
             agent_name: profile.name.unwrap_or_else(|| "agent".to_string()),
             step_timeout: options.step_timeout,
             max_tools: options.max_tools.max(1),
@@ -435,6 +440,19 @@ impl<P: Provider + 'static> Run<P> {
             .filter_map(|t| offer.callable.iter().find(|c| c.name == t.name).cloned())
             .collect();
         let mut attempt = Attempt::First;
+        if self.policy.delegated_calls_first
+            && self.delegated
+            && first_step
+            && self.constraints == ConstraintMode::Auto
+            && self.constrains(&shown)
+            && !offered.is_empty()
+        {
+            attempt = Attempt::DelegatedFirst;
+            self.report(vec![Fired {
+                rule: Rule::DelegatedCallsFirst,
+                detail: "a delegated run's first attempt allows calls only".to_string(),
+            }]);
+        }
         let mut corrected = false;
         let mut repaired = false;
         loop {
@@ -674,9 +692,10 @@ impl<P: Provider + 'static> Run<P> {
         match (self.constraints, attempt) {
             (ConstraintMode::Off, _) => None,
             (ConstraintMode::CallsOnly, _)
-            | (ConstraintMode::Auto, Attempt::CallNow | Attempt::NamedTool | Attempt::Repair) => {
-                Some(Constraint::CallsOnly { tools })
-            }
+            | (
+                ConstraintMode::Auto,
+                Attempt::DelegatedFirst | Attempt::CallNow | Attempt::NamedTool | Attempt::Repair,
+            ) => Some(Constraint::CallsOnly { tools }),
             (ConstraintMode::Auto, Attempt::First | Attempt::FailureCorrection) => {
                 Some(Constraint::TextOrCalls { tools })
             }

@@ -92,4 +92,8 @@ pub struct AgentProfile {
     /// Sub-agents reachable as tools.
     #[serde(default)]
     pub sub_agents: Vec<SubAgentInfo>,
+    /// The run was handed its task by a parent agent (a delegation), not by
+    /// a person.
+    #[serde(default)]
+    pub delegated: bool,
 }

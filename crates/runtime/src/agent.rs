@@ -298,6 +298,7 @@ impl AgentArgs {
             options.tools_inline = wma_agent::Provider::tools_inline(&self.provider);
         }
         let mut profile = shared.config.profile.clone();
+        profile.delegated = depth > 0;
         // Sub-agents' runs end before their parent's terminal part is sent,
         // so a host never sees a part of this run after its end.
         let children = TaskTracker::new();
