@@ -147,7 +147,6 @@ const KNOWN_COOKIES: &[&str] = &[
     "default",
     "example",
     "test",
-    "loopback-test-cookie",
 ];
 
 /// The process group of an exported agent.
