@@ -55,13 +55,13 @@ fn tools() -> Vec<ToolDefinition> {
     ]
 }
 
-/// The small-model policy's decoding: bounded values, up to five calls to
+/// The small-model policy's decoding: bounded values, up to four calls to
 /// one tool, a 0.5% call threshold, a copy bias of 3 and greedy calls.
 fn small_model_decoding() -> Decoding {
     Decoding {
         max_string_chars: Some(100),
         max_array_items: Some(16),
-        max_calls: Some(5),
+        max_calls: Some(4),
         one_tool_per_reply: true,
         call_threshold: Some(0.005),
         copy_bias: 3.0,

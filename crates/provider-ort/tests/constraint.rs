@@ -26,7 +26,7 @@ fn tokenizer_file() -> PathBuf {
 }
 
 /// The most calls per reply in [`small_model`].
-const MAX_CALLS: usize = 5;
+const MAX_CALLS: usize = 4;
 
 /// What the small-model policy asks of the grammar: bounded values, a few
 /// calls per reply, all to one tool.

@@ -94,13 +94,13 @@ pub fn options(dir: &Path) -> OrtProviderOptions {
 }
 
 /// The decoding the loop's small-model policy asks for (docs/providers.md
-/// lists these values): bounded values, up to five calls per reply to one
+/// lists these values): bounded values, up to four calls per reply to one
 /// tool, a call threshold of 0.5%, a copy bias of 3 and greedy calls.
 pub fn small_model_decoding() -> Decoding {
     Decoding {
         max_string_chars: Some(100),
         max_array_items: Some(16),
-        max_calls: Some(5),
+        max_calls: Some(4),
         one_tool_per_reply: true,
         single_call: Vec::new(),
         call_threshold: Some(0.005),
