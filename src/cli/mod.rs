@@ -414,4 +414,18 @@ pub(crate) fn check(config: &Config) {
     for remote in &config.remote_agents {
         println!("  agent {} on another node", remote.name);
     }
+    if let Some(cluster) = &config.cluster {
+        // A node refuses a weak cookie when it starts; say so before then.
+        for problem in wma_runtime::cookie_problems(&cluster.cookie) {
+            println!("  warning: cluster.cookie: {problem} (the node will refuse it)");
+        }
+        if cluster.cookie_inline {
+            println!(
+                "  warning: cluster.cookie is written in the config; name an environment variable with cookie_env instead"
+            );
+        }
+        if let Some(warning) = wma_runtime::listen_warning(cluster.listen) {
+            println!("  warning: cluster.listen: {warning}");
+        }
+    }
 }

@@ -2,7 +2,6 @@
 //! sources and agents, and the cluster node.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use wma_agent::{LocalLoopOptions, Progress};
 use wma_provider_ort::OrtProvider;
@@ -16,9 +15,6 @@ use wma_tools::{BrowserOptions, McpServer, McpServerOptions, PageOptions, ToolSe
 use super::builtin::builtin_tools;
 use super::{Config, ProviderSpec, ToolSourceConfig, ToolSourceSpec};
 use crate::demo_shop::Shop;
-
-/// How long a node keeps trying to reach a peer that is not up yet, between tries.
-const PEER_RETRY: Duration = Duration::from_secs(2);
 
 /// Receives a provider's loading progress, with the provider's name.
 pub type ProgressCallback = Arc<dyn Fn(&str, Progress) + Send + Sync>;
@@ -250,14 +246,9 @@ impl Config {
                 )
                 .await?;
                 for peer in spec.peers.clone() {
-                    let node = node.clone();
-                    // Peers may start later than this node: keep trying.
-                    tokio::spawn(async move {
-                        while let Err(error) = node.connect(&peer).await {
-                            tracing::info!(%peer, %error, "cluster peer not reachable yet");
-                            tokio::time::sleep(PEER_RETRY).await;
-                        }
-                    });
+                    // Dialled again, with backoff, whenever it cannot be
+                    // reached (it may start later) or goes away.
+                    node.keep_connected(peer);
                 }
                 Some(node)
             }

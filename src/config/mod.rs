@@ -209,6 +209,9 @@ pub struct ClusterSpec {
     pub node_name: String,
     /// `cookie`, or the variable named by `cookie_env`. Required.
     pub cookie: String,
+    /// The cookie was written in the config itself (`cookie`), where anyone
+    /// who reads the file learns it, rather than named by `cookie_env`.
+    pub cookie_inline: bool,
     /// `listen`. Default
     /// [`DEFAULT_CLUSTER_LISTEN`](wma_runtime::DEFAULT_CLUSTER_LISTEN)
     /// (loopback, a free port).

@@ -781,6 +781,7 @@ fn cluster_spec(
             .clone()
             .unwrap_or_else(|| "wma".to_string()),
         cookie,
+        cookie_inline: cluster.cookie.is_some(),
         listen,
         peers: cluster.peers.iter().map(|p| p.get_ref().clone()).collect(),
         export: cluster.export.iter().map(|e| e.get_ref().clone()).collect(),

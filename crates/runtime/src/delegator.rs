@@ -163,8 +163,7 @@ impl DelegatorShared {
     // The supervisor is to call it when it builds the delegator; until it
     // does, only the tests do, and local sub-agents count by their own
     // sub-agents alone.
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub(crate) fn know_tools(&self, tools: HashMap<String, ToolBridgeHandle>) {
+        pub(crate) fn know_tools(&self, tools: HashMap<String, ToolBridgeHandle>) {
         let _ = self.tools.set(tools);
     }
 

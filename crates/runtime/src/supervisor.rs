@@ -358,6 +358,15 @@ impl RuntimeBuilder {
                 self.timeouts,
             ),
         };
+        // The delegator marks a sub-agent's answer untrusted when a tool it
+        // can see brings untrusted content.
+        delegator.shared.know_tools(
+            agents
+                .iter()
+                .zip(&links)
+                .map(|(agent, link)| (agent.name().to_string(), bridges[link.bridge].clone()))
+                .collect(),
+        );
         let children = Children {
             providers: providers.iter().map(|p| p.1.clone()).collect(),
             bridges: bridges.clone(),
