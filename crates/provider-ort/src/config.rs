@@ -102,6 +102,11 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     /// Vocabulary size, when given.
     pub vocab_size: Option<usize>,
+    /// The model's size in parameters, estimated from its shape (embeddings,
+    /// attention with its key/value heads, the MLP, an untied LM head) when
+    /// `config.json` gives the widths; the loop picks its default policy by
+    /// it.
+    pub parameters: Option<u64>,
     /// Token ids that end a generation (config and generation config merged).
     pub eos_token_ids: Vec<u32>,
     /// The begin-of-sequence id, when given.
@@ -146,6 +151,22 @@ impl ModelConfig {
             .into_iter()
             .flatten()
             .find_map(|v| token_ids(v.get("bos_token_id")).into_iter().next());
+        let parameters = (|| {
+            let hidden = num("hidden_size")? as u64;
+            let inter = num("intermediate_size")? as u64;
+            let vocab = num("vocab_size")? as u64;
+            let layers = num_hidden_layers as u64;
+            let kv = (num_key_value_heads * head_dim) as u64;
+            let q = (num_attention_heads * head_dim) as u64;
+            let attention = hidden * q * 2 + hidden * kv * 2;
+            let mlp = 3 * hidden * inter;
+            let tied = text
+                .get("tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .unwrap_or(true);
+            let heads = if tied { 1 } else { 2 };
+            Some(layers * (attention + mlp) + heads * vocab * hidden)
+        })();
         Ok(Self {
             model_type: text
                 .get("model_type")
@@ -157,6 +178,7 @@ impl ModelConfig {
             head_dim,
             max_position_embeddings,
             vocab_size: num("vocab_size"),
+            parameters,
             eos_token_ids,
             bos_token_id,
         })
@@ -271,6 +293,18 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    #[test]
+    fn the_size_is_estimated_from_the_shape() {
+        // SmolLM2-135M-Instruct's config.json.
+        let config = json!({"num_hidden_layers": 30, "num_attention_heads": 9, "hidden_size": 576,
+            "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
+            "tie_word_embeddings": true});
+        let n = ModelConfig::from_json(&config, None).unwrap().parameters.unwrap();
+        assert!((130_000_000..140_000_000).contains(&n), "{n}");
+        let partial = json!({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64});
+        assert_eq!(ModelConfig::from_json(&partial, None).unwrap().parameters, None);
+    }
 
     #[test]
     fn eos_may_be_an_int_or_a_list_and_generation_config_adds_to_it() {

@@ -46,6 +46,9 @@ pub struct OrtProvider {
     /// Call format and tools-inline, known before `prepare` when the folder
     /// is local (the loop may ask before loading).
     traits: OnceLock<TemplateTraits>,
+    /// The model's size in parameters, read from its `config.json` when the
+    /// folder is already there (see [`ModelConfig::parameters`]).
+    parameters: Option<u64>,
     /// A seed that replaces the options' one (see [`OrtProvider::reseed`]).
     seed: Mutex<Option<u64>>,
 }
@@ -160,15 +163,17 @@ impl OrtProvider {
             Some(name) => ModelSource::parse(&name),
             None => ModelSource::Local(paths::default_model_dir(&cache)),
         };
-        let provider = Self {
+        let mut provider = Self {
             options,
             source,
             cache,
             loaded: OnceCell::new(),
             traits: OnceLock::new(),
+            parameters: None,
             seed: Mutex::new(None),
         };
         let dir = provider.source.folder(&provider.cache);
+        provider.parameters = ModelConfig::load(&dir).ok().and_then(|c| c.parameters);
         if let Ok(Some(template)) = read_template(&dir) {
             let _ = provider.traits.set(TemplateTraits::of(&template));
         }
@@ -676,6 +681,10 @@ impl Provider for OrtProvider {
 
     fn tools_inline(&self) -> bool {
         self.traits.get().map(|t| t.tools_inline).unwrap_or(true)
+    }
+
+    fn parameters(&self) -> Option<u64> {
+        self.parameters
     }
 
     fn supports_constraints(&self) -> bool {
