@@ -574,8 +574,13 @@ async fn eval_tasks(mut args: TasksArgs) -> Result<()> {
                 (None, true) => "solved".to_string(),
                 (None, false) => format!("not solved: {}", run.failures.join("; ")),
             };
+            let calls = if run.calls.is_empty() {
+                "no call".to_string()
+            } else {
+                run.calls.join("; ")
+            };
             eprintln!(
-                "[{done}/{total}] {}/{} ({policy}, run {i}): {verdict} [{} steps, {:.1} s, ended {}]",
+                "[{done}/{total}] {}/{} ({policy}, run {i}): {verdict} [{} steps, {:.1} s, ended {}; {calls}]",
                 task.domain,
                 task.name,
                 run.steps,

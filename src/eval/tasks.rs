@@ -849,6 +849,8 @@ pub struct TaskRun {
     pub usage: Usage,
     /// The rules that fired, by name, in order.
     pub rules: Vec<String>,
+    /// Every call made, by any agent, as `name {arguments}`.
+    pub calls: Vec<String>,
     /// Calls of tools that change things (not annotated read-only), as
     /// `name {arguments}`.
     pub changes: Vec<String>,
@@ -1110,8 +1112,12 @@ pub fn summarize(
             AgentStreamPart::Rule { rule, .. } => run.rules.push(rule.clone()),
             AgentStreamPart::ToolCall {
                 name, arguments, ..
-            } if !agents.contains(name) && !read_only.contains(name.as_str()) => {
-                run.changes.push(format!("{name} {arguments}"));
+            } => {
+                let call = format!("{name} {arguments}");
+                if !agents.contains(name) && !read_only.contains(name.as_str()) {
+                    run.changes.push(call.clone());
+                }
+                run.calls.push(call);
             }
             AgentStreamPart::Text { text } if tagged.depth == 0 => answer.push(text.clone()),
             AgentStreamPart::Finish { reason } if tagged.depth == 0 => {
