@@ -9,4 +9,5 @@ mod eval_tasks;
 mod grounding;
 mod http_api;
 mod loop_behaviour;
+mod properties;
 mod real_model;

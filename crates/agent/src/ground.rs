@@ -208,6 +208,15 @@ fn is_identifier_word(word: &str) -> bool {
     has_alnum && (has_digit || joined) && word.chars().count() <= MAX_IDENTIFIER_CHARS
 }
 
+/// Whether a word inside a result's text names an id (`ORD-7`, `p-17`,
+/// `user_42`): it joins letters or digits with `-` or `_` and carries a
+/// digit. Text that tools (and sub-agents) write is full of sizes, prices
+/// and model names ("30L", "$109") that are not ids.
+fn is_result_identifier_word(word: &str) -> bool {
+    let joined = word.trim_matches(['-', '_']).contains(['-', '_']);
+    joined && is_identifier_word(word) && word.chars().any(|c| c.is_ascii_digit())
+}
+
 /// Number words a request may use for a count, with the number each
 /// stands for when it goes into a number argument ("half" has none: half
 /// of what is not the word's to say).
@@ -365,7 +374,12 @@ impl Identifiers {
             {
                 self.numbers.push(number);
             }
-            if is_identifier_word(word) {
+            let id = if from_person {
+                is_identifier_word(word)
+            } else {
+                is_result_identifier_word(word)
+            };
+            if id {
                 new += usize::from(self.push(Value::String(word.to_string())));
                 if let Ok(n) = word.parse::<i64>() {
                     new += usize::from(self.push(Value::from(n)));
@@ -414,11 +428,7 @@ impl Identifiers {
             Value::String(s) if s.len() <= 400 => {
                 for word in s.split_whitespace() {
                     let word = word.trim_matches(|c: char| ".,:;!?()\"'".contains(c));
-                    let joined = word.trim_matches(['-', '_']).contains(['-', '_']);
-                    if joined
-                        && is_identifier_word(word)
-                        && word.chars().any(|c| c.is_ascii_digit())
-                    {
+                    if is_result_identifier_word(word) {
                         new += usize::from(self.push(Value::String(word.to_string())));
                     }
                 }

@@ -429,6 +429,35 @@ const CHANGE_VERBS: &[&str] = &[
     "mkdir",
 ];
 
+/// The tool with its top-level identifier arguments required.
+fn with_required_identifiers(tool: &ToolDefinition) -> ToolDefinition {
+    let mut tool = tool.clone();
+    let ids: Vec<Value> = tool
+        .input_schema
+        .get("properties")
+        .and_then(Value::as_object)
+        .map(|p| {
+            p.keys()
+                .filter(|k| crate::ground::is_identifier_key(k))
+                .map(|k| Value::String(k.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    if let Some(map) = tool.input_schema.as_object_mut() {
+        let required = map
+            .entry("required")
+            .or_insert_with(|| Value::Array(Vec::new()));
+        if let Value::Array(list) = required {
+            for id in ids {
+                if !list.contains(&id) {
+                    list.push(id);
+                }
+            }
+        }
+    }
+    tool
+}
+
 /// The most identifiers a delegation's task may choose from (the newest).
 const MAX_DELEGATION_IDS: usize = 8;
 
@@ -583,9 +612,27 @@ impl PolicyState {
                 Some(used) => self.identifiers.without(used),
                 None => self.identifiers.clone(),
             };
-            match ground_tool(tool, &ids, policy.ground_identifiers, policy.ground_numbers) {
+            // A delegation that takes an id is for acting on it: under
+            // `ground_delegation` it waits until one was shown.
+            let delegation = facts.sub_agents.contains(&tool.name);
+            let needs_id = policy.ground_delegation && delegation && takes_identifier(tool);
+            let required_id;
+            let tool = if needs_id {
+                required_id = with_required_identifiers(tool);
+                &required_id
+            } else {
+                tool
+            };
+            match ground_tool(
+                tool,
+                &ids,
+                policy.ground_identifiers || needs_id,
+                policy.ground_numbers,
+            ) {
                 Some(mut grounded) => {
-                    if policy.ground_delegation && facts.sub_agents.contains(&tool.name) {
+                    // A delegation that asks for the id itself is grounded
+                    // by it; one that takes only a task must name one.
+                    if policy.ground_delegation && delegation && !takes_identifier(tool) {
                         self.ground_delegation(&mut grounded, &mut fired);
                     }
                     if grounded.input_schema != tool.input_schema {
@@ -604,6 +651,8 @@ impl PolicyState {
                 None => {
                     let rule = if self.used.contains_key(name) && policy.skip_used_ids {
                         Rule::SkipUsedIds
+                    } else if needs_id {
+                        Rule::GroundDelegation
                     } else {
                         Rule::GroundIdentifiers
                     };

@@ -160,10 +160,9 @@ impl DelegatorShared {
     /// Gives the delegator each local agent's tools (by agent name), so
     /// that a delegation tool is marked when its sub-agent sees a tool that
     /// brings untrusted content. Only the first call counts.
-    // The supervisor is to call it when it builds the delegator; until it
-    // does, only the tests do, and local sub-agents count by their own
-    // sub-agents alone.
-        pub(crate) fn know_tools(&self, tools: HashMap<String, ToolBridgeHandle>) {
+    // The supervisor calls it when it builds the delegator; without it (in
+    // some tests) local sub-agents count by their own sub-agents alone.
+    pub(crate) fn know_tools(&self, tools: HashMap<String, ToolBridgeHandle>) {
         let _ = self.tools.set(tools);
     }
 
@@ -204,7 +203,73 @@ impl DelegatorShared {
         }
         false
     }
+
+    /// What `agent`'s own tools say about a delegation to it: whether it
+    /// only reads (every tool it sees is read-only), and whether it acts
+    /// on ids (every tool it sees that changes things requires an
+    /// identifier argument, and it has one). `None` when its tools are not
+    /// known (a remote agent, or tools not given).
+    pub(crate) async fn shape_of(&self, agent: &str) -> Option<DelegateShape> {
+        let bridge = self.tools.get()?.get(agent)?;
+        let tools = bridge.list_tools().await;
+        if tools.is_empty() {
+            return None;
+        }
+        let actions: Vec<&ToolDefinition> =
+            tools.iter().filter(|t| !t.annotations.read_only).collect();
+        let requires_id = |tool: &ToolDefinition| {
+            tool.input_schema
+                .get("required")
+                .and_then(Value::as_array)
+                .is_some_and(|r| {
+                    r.iter()
+                        .filter_map(Value::as_str)
+                        .any(wma_agent::is_identifier_key)
+                })
+        };
+        Some(DelegateShape {
+            read_only: actions.is_empty(),
+            needs_id: !actions.is_empty() && actions.iter().all(|t| requires_id(t)),
+        })
+    }
 }
+
+/// What a sub-agent's tools say about delegating to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DelegateShape {
+    /// Every tool it sees only reads: the delegation is a lookup.
+    pub(crate) read_only: bool,
+    /// Every tool it sees that changes things needs an identifier.
+    pub(crate) needs_id: bool,
+}
+
+/// The delegation tool for an agent of this shape: one that only reads is
+/// marked read-only; one that acts on ids takes the `id` with the task
+/// (optional in the schema, since a task may name it; the small-model
+/// policy's `ground_delegation` holds the delegation back until an id was
+/// shown and then has it name one), so "add it to the cart" can say what
+/// "it" is.
+fn shaped(mut tool: ToolDefinition, shape: DelegateShape) -> ToolDefinition {
+    tool.annotations.read_only = shape.read_only;
+    if shape.needs_id
+        && let Some(props) = tool
+            .input_schema
+            .get_mut("properties")
+            .and_then(Value::as_object_mut)
+    {
+        props.insert(
+            DELEGATION_ID.to_string(),
+            json!({
+                "type": "string",
+                "description": "The id of what the task is about."
+            }),
+        );
+    }
+    tool
+}
+
+/// The argument that carries the identifier a delegation is about.
+const DELEGATION_ID: &str = "id";
 
 pub(crate) struct DelegatorActor;
 
@@ -462,6 +527,9 @@ impl ToolHost for RunTools {
         if let Some(scope) = &self.delegation {
             for sub in &scope.sub_agents {
                 let mut tool = delegation_tool(sub);
+                if let Some(shape) = scope.delegator.shared.shape_of(&sub.name).await {
+                    tool = shaped(tool, shape);
+                }
                 // Marked, the sub-agent's answer is delimited in the
                 // parent's prompt as data, like any untrusted result.
                 tool.annotations.untrusted_content =
@@ -518,10 +586,17 @@ impl ToolHost for RunTools {
                 }
             }
         }
+        // The id the task is about goes with it, unless the task names it.
+        let task = match arguments.get(DELEGATION_ID).and_then(Value::as_str) {
+            Some(id) if !id.trim().is_empty() && !task.contains(id.trim()) => {
+                format!("{task} ({})", id.trim())
+            }
+            _ => task.to_string(),
+        };
         let job = Job {
             from: scope.agent.clone(),
             to: name.to_string(),
-            task: task.to_string(),
+            task,
             depth: scope.depth + 1,
             cancel: cancel.clone(),
             sink: scope.sink.clone(),

@@ -6,6 +6,7 @@
 mod support;
 
 mod conformance;
+mod cdp_properties;
 mod mcp_everything;
 mod tool_set;
 mod webmcp_shop;
