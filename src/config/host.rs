@@ -16,6 +16,9 @@ use super::builtin::builtin_tools;
 use super::{Config, ProviderSpec, ToolSourceConfig, ToolSourceSpec};
 use crate::demo_shop::Shop;
 
+/// Each tool source's set, by source name.
+type ToolSets = Vec<(String, Arc<ToolSet>)>;
+
 /// Receives a provider's loading progress, with the provider's name.
 pub type ProgressCallback = Arc<dyn Fn(&str, Progress) + Send + Sync>;
 
@@ -180,13 +183,7 @@ impl Config {
 
     /// The runtime builder, the shops, and each tool source's set (for its
     /// health).
-    fn runtime_parts(
-        &self,
-    ) -> (
-        RuntimeBuilder,
-        Vec<(String, Shop)>,
-        Vec<(String, Arc<ToolSet>)>,
-    ) {
+    fn runtime_parts(&self) -> (RuntimeBuilder, Vec<(String, Shop)>, ToolSets) {
         let mut builder = RuntimeBuilder::new().max_delegation_depth(self.max_delegation_depth);
         for provider in &self.providers {
             if self.agents.iter().any(|a| a.provider == provider.name) {

@@ -600,7 +600,7 @@ fn agent_spec(
             Some(RawConstraints::Off) => ConstraintMode::Off,
             Some(RawConstraints::CallsOnly) => ConstraintMode::CallsOnly,
         },
-        policy: policy(source, &key, agent)?,
+        policy: policy(source, key, agent)?,
         max_concurrent_runs: runs.map_or(DEFAULT_MAX_CONCURRENT_RUNS, |n| n as usize),
         tools,
         sub_agents,

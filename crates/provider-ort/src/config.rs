@@ -300,10 +300,16 @@ mod tests {
         let config = json!({"num_hidden_layers": 30, "num_attention_heads": 9, "hidden_size": 576,
             "num_key_value_heads": 3, "intermediate_size": 1536, "vocab_size": 49152,
             "tie_word_embeddings": true});
-        let n = ModelConfig::from_json(&config, None).unwrap().parameters.unwrap();
+        let n = ModelConfig::from_json(&config, None)
+            .unwrap()
+            .parameters
+            .unwrap();
         assert!((130_000_000..140_000_000).contains(&n), "{n}");
         let partial = json!({"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 64});
-        assert_eq!(ModelConfig::from_json(&partial, None).unwrap().parameters, None);
+        assert_eq!(
+            ModelConfig::from_json(&partial, None).unwrap().parameters,
+            None
+        );
     }
 
     #[test]

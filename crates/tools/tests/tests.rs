@@ -5,8 +5,8 @@
 
 mod support;
 
-mod conformance;
 mod cdp_properties;
+mod conformance;
 mod mcp_everything;
 mod tool_set;
 mod webmcp_shop;
