@@ -480,6 +480,34 @@ pub(crate) fn asks_for_change(request: &str) -> bool {
         .any(|w| CHANGE_VERBS.contains(&w.to_lowercase().as_str()))
 }
 
+/// Whether the request uses the verb of a shown tool that changes things:
+/// the first word of its name ("borrow the book" and `borrow_book`, "renew
+/// my loan" and `renewLoan`). The tools themselves say which verbs ask for a
+/// change, so a request is not taken for a question only because its verb
+/// is not in [`CHANGE_VERBS`]; a noun they share ("cart" in `add_to_cart`)
+/// is no such sign.
+fn names_a_change(request: &str, shown: &[ToolDefinition], read_only: &[String]) -> bool {
+    let words: Vec<String> = request
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| w.len() >= 3)
+        .map(str::to_lowercase)
+        .collect();
+    shown
+        .iter()
+        .filter(|t| !read_only.contains(&t.name))
+        .filter_map(|t| {
+            let first: String = t
+                .name
+                .chars()
+                .enumerate()
+                .take_while(|&(i, c)| c.is_alphanumeric() && !(i > 0 && c.is_uppercase()))
+                .map(|(_, c)| c.to_ascii_lowercase())
+                .collect();
+            (first.len() >= 3).then_some(first)
+        })
+        .any(|verb| words.iter().any(|w| w.starts_with(&verb)))
+}
+
 /// Whether two words of the request (other than common ones) are in the name
 /// of one shown tool: "show the cart items" names `view_cart_items`. One
 /// shared word is too weak a sign: requests no tool fits often share one (a
@@ -588,7 +616,10 @@ impl PolicyState {
         let mut callable: Vec<ToolDefinition> = Vec::new();
         let mut withheld: HashMap<Rule, Vec<String>> = HashMap::new();
         let annotated = !self.read_only.is_empty();
-        let question = policy.read_only_questions && annotated && !asks_for_change(request);
+        let question = policy.read_only_questions
+            && annotated
+            && !asks_for_change(request)
+            && !names_a_change(request, &ranked, &self.read_only);
         for tool in &ranked {
             let name = tool.name.as_str();
             if question && !self.is_read_only(name) {
@@ -925,6 +956,18 @@ mod tests {
         // A request for a change may write.
         let (o, _) = offer(&Policy::small_model(), &state, "Write hello to notes.txt");
         assert_eq!(o.callable.len(), 2);
+        // A verb the tools name asks for a change too.
+        let tools = vec![
+            tool("renew_loan", json!({"type": "object"}), false),
+            tool("list_loans", json!({"type": "object"}), true),
+        ];
+        state.observe_tools(&tools);
+        let o = state.offer(
+            &Policy::small_model(),
+            tools,
+            facts("Could you renew my library book?", true, true, false),
+        );
+        assert_eq!(o.callable.len(), 2, "renew is the tool's own word");
     }
 
     #[test]
