@@ -27,7 +27,7 @@
 //!
 //! let err = Config::parse("[agents.helper]\nmax_stepz = 3\n", "bad.toml").unwrap_err();
 //! assert_eq!(err.to_string().lines().next().unwrap(),
-//!     "bad.toml:2:1: `agents.helper.max_stepz`: unknown field `max_stepz`, expected one of `description`, `remote`, `provider`, `instructions`, `max_steps`, `step_timeout_secs`, `max_tools`, `constraints`, `ground_identifiers`, `max_concurrent_runs`, `tools`, `sub_agents`");
+//!     "bad.toml:2:1: `agents.helper.max_stepz`: unknown field `max_stepz`, expected one of `description`, `remote`, `provider`, `instructions`, `max_steps`, `step_timeout_secs`, `max_tools`, `constraints`, `policy`, `rules`, `max_concurrent_runs`, `tools`, `sub_agents`");
 //! ```
 
 mod builtin;
