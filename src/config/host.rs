@@ -4,12 +4,12 @@
 use std::sync::Arc;
 
 use wma_agent::{LocalLoopOptions, Progress};
+use wma_agent::{ScriptedProvider, ScriptedReply};
 use wma_provider_ort::OrtProvider;
 use wma_runtime::{
     AgentConfig, ClusterNode, ClusterOptions, ProviderSource, Runtime, RuntimeBuilder,
     RuntimeError, ToolSource,
 };
-use wma_testkit::{ScriptedProvider, ScriptedReply};
 use wma_tools::{BrowserOptions, McpServer, McpServerOptions, PageOptions, ToolSet, WebMcpSource};
 
 use super::builtin::builtin_tools;

@@ -346,7 +346,7 @@ pub async fn run_shop_task<P: Provider + SeedPerRun + 'static>(
     results
 }
 
-impl SeedPerRun for wma_testkit::ScriptedProvider {
+impl SeedPerRun for wma_agent::ScriptedProvider {
     /// A script answers the same on every run: nothing to seed.
     fn seed_run(&self, _run: usize) {}
 }

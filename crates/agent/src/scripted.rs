@@ -1,15 +1,16 @@
-//! A provider that replays a script.
+//! A provider that replays a script: the `scripted` provider of configs,
+//! for hosts, examples and tests that run without a model.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use tokio_util::sync::CancellationToken;
-use wma_agent::{
+use crate::{
     CallFormat, Constraint, GenerateRequest, Generation, Progress, ProgressFn, Provider,
     ProviderError, ProviderInfo,
 };
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
 
 /// One scripted answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
