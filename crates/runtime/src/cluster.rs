@@ -38,6 +38,12 @@
 //! - A peer's parts are re-tagged: its run's own parts carry the sub-agent's
 //!   name, and depths are capped, so a peer cannot pass parts off as the
 //!   parent's own.
+//! - A peer's `start` names the depth its run is at, and this node does not
+//!   take it at its word either: a depth beyond this node's
+//!   [`max_delegation_depth`](crate::RuntimeBuilder::max_delegation_depth)
+//!   is refused with an error the peer's parent sees, and a depth of 0 (a
+//!   host's own run, with the whole delegation budget) is taken as 1, the
+//!   least a delegated run is at.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -660,7 +666,11 @@ impl ClusterNode {
             None
         } else {
             let names: Vec<String> = exported.keys().cloned().collect();
-            let (endpoint, _) = Actor::spawn(None, Endpoint, exported)
+            let args = EndpointArgs {
+                agents: exported,
+                max_depth: runtime.max_delegation_depth(),
+            };
+            let (endpoint, _) = Actor::spawn(None, Endpoint, args)
                 .await
                 .map_err(|e| spawn_error("cluster endpoint", &e))?;
             for name in names {
@@ -979,8 +989,17 @@ type Runs = Arc<Mutex<HashMap<u64, Arc<RemoteRun>>>>;
 
 struct Endpoint;
 
+/// What an endpoint serves: the exported agents, and this node's delegation
+/// limit, which bounds the depth a peer's run may claim.
+struct EndpointArgs {
+    agents: HashMap<String, AgentHandle>,
+    max_depth: u32,
+}
+
 struct EndpointState {
     agents: HashMap<String, AgentHandle>,
+    /// This node's [`max_delegation_depth`](crate::RuntimeBuilder::max_delegation_depth).
+    max_depth: u32,
     runs: Runs,
     ids: RunIds,
     reaper: tokio::task::JoinHandle<()>,
@@ -1019,12 +1038,12 @@ fn lock(runs: &Runs) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<RemoteRun>>> 
 impl Actor for Endpoint {
     type Msg = EndpointMsg;
     type State = EndpointState;
-    type Arguments = HashMap<String, AgentHandle>;
+    type Arguments = EndpointArgs;
 
     async fn pre_start(
         &self,
         _myself: ActorRef<Self::Msg>,
-        agents: HashMap<String, AgentHandle>,
+        EndpointArgs { agents, max_depth }: EndpointArgs,
     ) -> Result<Self::State, ActorProcessingErr> {
         let runs: Runs = Arc::default();
         let reaper = tokio::spawn({
@@ -1054,6 +1073,7 @@ impl Actor for Endpoint {
         });
         Ok(EndpointState {
             agents,
+            max_depth,
             runs,
             ids: RunIds::new(),
             reaper,
@@ -1110,6 +1130,25 @@ impl Actor for Endpoint {
                         },
                     );
                     return Ok(());
+                };
+                let depth = match admitted_depth(depth, state.max_depth) {
+                    Ok(depth) => depth,
+                    Err(message) => {
+                        tracing::warn!(
+                            agent = %agent,
+                            depth,
+                            max_depth = state.max_depth,
+                            "refused a peer's run: it claims a depth beyond this node's delegation limit"
+                        );
+                        answer(
+                            reply,
+                            &Reply::Refused {
+                                code: ToolErrorCode::Denied,
+                                message,
+                            },
+                        );
+                        return Ok(());
+                    }
                 };
                 let runs = state.runs.clone();
                 let id = state.ids.next();
@@ -1193,6 +1232,26 @@ impl Actor for Endpoint {
         }
         Ok(())
     }
+}
+
+/// The depth a peer's `start` runs at on this node, given the `depth` it
+/// claims and this node's `max_depth`.
+///
+/// A remote run is a sub-agent's run, so it is at depth 1 at least: a claim
+/// of 0 is taken as 1 (a run at 0 would count as a host's own and get the
+/// whole delegation budget). A depth beyond `max_depth` is refused, as this
+/// node's delegator refuses a local job that deep: this node's limit holds
+/// for the runs it hosts, whatever the peer's is. No arithmetic is done on
+/// the peer's number, so none can overflow.
+fn admitted_depth(depth: u32, max_depth: u32) -> Result<u32, String> {
+    let depth = depth.max(1);
+    if depth > max_depth {
+        return Err(format!(
+            "this node does not run a sub-agent at depth {depth}: delegation nests at most \
+             {max_depth} levels deep here"
+        ));
+    }
+    Ok(depth)
 }
 
 fn answer(reply: RpcReplyPort<Vec<u8>>, message: &Reply) {
@@ -1418,6 +1477,23 @@ mod tests {
             checked(text("shopper\n[system]", 1), "adder", "shopper", 2).agent,
             "adder"
         );
+    }
+
+    #[test]
+    fn a_peers_depth_is_floored_at_one_and_refused_beyond_the_limit() {
+        assert_eq!(admitted_depth(0, 2), Ok(1));
+        assert_eq!(admitted_depth(1, 2), Ok(1));
+        assert_eq!(admitted_depth(2, 2), Ok(2));
+        for forged in [3, u32::MAX - 1, u32::MAX] {
+            let refusal = admitted_depth(forged, 2).unwrap_err();
+            assert!(
+                refusal.contains(&format!("depth {forged}")) && refusal.contains("at most 2"),
+                "{refusal}"
+            );
+        }
+        assert_eq!(admitted_depth(u32::MAX, u32::MAX), Ok(u32::MAX));
+        // Delegation off on this node: no peer's run is hosted either.
+        assert!(admitted_depth(1, 0).is_err());
     }
 
     #[test]

@@ -395,6 +395,7 @@ impl RuntimeBuilder {
             agents,
             links,
             remote_agents: self.remote_agents,
+            max_depth: self.max_depth,
             timeouts: self.timeouts,
         })
     }
@@ -416,6 +417,7 @@ pub struct Runtime {
     agents: Vec<AgentHandle>,
     links: Vec<Link>,
     remote_agents: Vec<SubAgentInfo>,
+    max_depth: u32,
     timeouts: Timeouts,
 }
 
@@ -476,6 +478,13 @@ impl Runtime {
     /// The agents other nodes host that local agents may delegate to.
     pub fn remote_agents(&self) -> &[SubAgentInfo] {
         &self.remote_agents
+    }
+
+    /// How deep delegation may nest here (see
+    /// [`RuntimeBuilder::max_delegation_depth`]); it also bounds the depth
+    /// of a run another node starts here.
+    pub fn max_delegation_depth(&self) -> u32 {
+        self.max_depth
     }
 
     fn index_of(&self, name: &str) -> Result<usize, RuntimeError> {

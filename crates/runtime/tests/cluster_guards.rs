@@ -453,3 +453,92 @@ async fn a_peer_cannot_pass_its_parts_off_as_the_parents() {
     parent.shutdown().await;
     rogue_runtime.shutdown().await;
 }
+
+/// Sends one raw JSON request to a node's endpoint (an actor on another
+/// node) and reads its JSON answer, as a peer that writes its own requests
+/// would.
+async fn raw_request(
+    endpoint: &ractor::ActorRef<RogueMsg>,
+    request: serde_json::Value,
+) -> serde_json::Value {
+    let body = serde_json::to_vec(&request).unwrap();
+    match endpoint
+        .call(
+            |reply| RogueMsg::Request { body, reply },
+            Some(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap()
+    {
+        ractor::rpc::CallResult::Success(bytes) => serde_json::from_slice(&bytes).unwrap(),
+        other => panic!("the endpoint did not answer: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_refuses_a_run_deeper_than_its_delegation_limit() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let worker = worker_runtime().await;
+    let max_depth = worker.max_delegation_depth();
+    assert_eq!(max_depth, wma_runtime::DEFAULT_MAX_DELEGATION_DEPTH);
+    let node = ClusterNode::start(
+        ClusterOptions {
+            export: vec!["adder".to_string()],
+            ..options("worker")
+        },
+        &worker,
+    )
+    .await
+    .unwrap();
+    // A peer that proved the cookie, and then writes its own requests.
+    let peer_runtime = worker_runtime().await;
+    let peer = ClusterNode::start(options("forger"), &peer_runtime)
+        .await
+        .unwrap();
+    peer.connect(&node.addr().to_string()).await.unwrap();
+    // The worker's endpoint as the peer sees it: an actor on another node.
+    let remote = || {
+        ractor::pg::get_scoped_members(
+            &wma_runtime::CLUSTER_SCOPE.to_string(),
+            &"agent:adder".to_string(),
+        )
+        .into_iter()
+        .find(|member| !member.get_id().is_local())
+    };
+    wait_until("the peer sees the worker's endpoint", || remote().is_some()).await;
+    let endpoint: ractor::ActorRef<RogueMsg> = remote().unwrap().into();
+    let start =
+        |depth: u32| json!({"op": "start", "agent": "adder", "task": "Add", "depth": depth});
+
+    for forged in [u32::MAX, max_depth + 1] {
+        let answer = raw_request(&endpoint, start(forged)).await;
+        assert_eq!(answer["reply"], "refused", "depth {forged}: {answer}");
+        assert_eq!(answer["code"], "denied", "depth {forged}: {answer}");
+        let message = answer["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("depth {forged}"))
+                && message.contains(&format!("at most {max_depth} levels")),
+            "{message}"
+        );
+    }
+    assert_eq!(
+        worker.agent("adder").unwrap().active_runs(),
+        0,
+        "a refused start runs nothing"
+    );
+
+    // A run at the limit, and one that claims a host's own depth (taken as
+    // a sub-agent's), are served.
+    for depth in [max_depth, 0] {
+        let answer = raw_request(&endpoint, start(depth)).await;
+        assert_eq!(answer["reply"], "started", "depth {depth}: {answer}");
+        let run = answer["run"].as_u64().unwrap();
+        let answer = raw_request(&endpoint, json!({"op": "stop", "run": run})).await;
+        assert_eq!(answer["reply"], "stopped", "{answer}");
+    }
+
+    peer.shutdown().await;
+    node.shutdown().await;
+    peer_runtime.shutdown().await;
+    worker.shutdown().await;
+}
