@@ -271,8 +271,13 @@ impl Actor for BridgeActor {
 }
 
 /// Lists every source (concurrently, each within the call timeout) and
-/// merges the lists. Name clashes go to the source registered first, so the
-/// answer does not depend on which source answered faster.
+/// merges the lists. Each listing goes through the rules every offered tool
+/// follows ([`wma_tools::admit_tools`]: identifier names, caps on
+/// descriptions, schemas and tool count), as a `ToolSet`'s do, since a
+/// source may be any [`ToolHost`]; a refused tool is a warning naming its
+/// source, and is neither listed nor routed (a call to it is an unknown
+/// tool). Name clashes go to the source registered first, so the answer
+/// does not depend on which source answered faster.
 async fn merged(
     myself: &ActorRef<BridgeMsg>,
     shared: &BridgeShared,
@@ -283,7 +288,7 @@ async fn merged(
         async move {
             let listing = AssertUnwindSafe(host.list_tools()).catch_unwind();
             match tokio::time::timeout(shared.call_timeout, listing).await {
-                Ok(Ok(tools)) => tools,
+                Ok(Ok(tools)) => wma_tools::admit_tools(&name, tools),
                 Ok(Err(panic)) => {
                     let reason = panic_message(panic.as_ref());
                     tracing::error!(source = %name, %reason, "a tool source panicked while listing its tools");

@@ -11,7 +11,9 @@
 //!   old one serving. Inference never runs inside a handler; it runs on a
 //!   task that the caller's cancellation token ends.
 //! - the **tool bridge** ([`ToolBridgeHandle`]) owns the tool sources, merges
-//!   their tools (the source registered first wins a name clash), validates
+//!   their tools through `wma-tools`' rules for what may be offered
+//!   ([`admit_tools`](wma_tools::admit_tools): identifier names, size caps;
+//!   the source registered first wins a name clash), validates
 //!   arguments against the tool's schema before dispatch and limits each
 //!   call in time ([`DEFAULT_TOOL_TIMEOUT`]).
 //! - one **agent actor** per [`AgentConfig`] ([`AgentHandle`]) takes Run and

@@ -27,7 +27,8 @@
 //! validation before dispatch, per-call timeouts, result size limits, the
 //! untrusted-content mark that makes the prompt tell the model a tool's
 //! output is data, and each source's health ([`ToolSet::health`]: state,
-//! restarts and panics, for a health endpoint).
+//! restarts and panics, for a health endpoint). [`admit_tools`] is the
+//! naming and size rules alone, for anything else that merges sources.
 //!
 //! Every source answers a failed call with a coded
 //! [`ToolError`](wma_agent::ToolError) that keeps the tool's own message.
@@ -73,7 +74,7 @@ pub use native::{DEFAULT_CALL_TIMEOUT, NativeTools, input_schema};
 pub use set::{
     DEFAULT_MAX_RESULT_CHARS, DEFAULT_SOURCE_CALL_TIMEOUT, LIST_TIMEOUT, MAX_DESCRIPTION_CHARS,
     MAX_SCHEMA_BYTES, MAX_TOOL_NAME_CHARS, MAX_TOOLS_PER_SOURCE, NameClash, SourceOptions, ToolSet,
-    is_tool_name,
+    admit_tools, is_tool_name,
 };
 pub use site::LoopbackSite;
 pub use webmcp::{

@@ -129,6 +129,35 @@ fn admit(source: &str, mut definition: ToolDefinition) -> Option<ToolDefinition>
     Some(definition)
 }
 
+/// One source's listing as the host offers it: each tool through the rules
+/// every offered tool follows (a name that is an identifier, see
+/// [`is_tool_name`]; an input schema of at most [`MAX_SCHEMA_BYTES`]; a
+/// description cut to [`MAX_DESCRIPTION_CHARS`]), then at most
+/// [`MAX_TOOLS_PER_SOURCE`] of them, in the source's order. Each refusal
+/// and cut is a warning that names `source`.
+///
+/// A [`ToolSet`] applies it to each of its sources; anything else that
+/// merges raw [`ToolHost`]s for a model (the runtime's tool bridge) applies
+/// it too, so a tool reaches a model only through these rules. They are
+/// idempotent: a listing that went through them once passes unchanged.
+pub fn admit_tools(source: &str, tools: Vec<ToolDefinition>) -> Vec<ToolDefinition> {
+    let offered = tools.len();
+    let mut admitted: Vec<ToolDefinition> = tools
+        .into_iter()
+        .filter_map(|definition| admit(source, definition))
+        .collect();
+    if admitted.len() > MAX_TOOLS_PER_SOURCE {
+        tracing::warn!(
+            source,
+            offered,
+            limit = MAX_TOOLS_PER_SOURCE,
+            "a tool source offers more tools than the host accepts; the rest are cut"
+        );
+        admitted.truncate(MAX_TOOLS_PER_SOURCE);
+    }
+    admitted
+}
+
 /// What happens when two sources offer a tool with the same name.
 ///
 /// Either way the outcome depends only on the order the sources were added
@@ -607,21 +636,7 @@ impl ToolSet {
                 return Vec::new();
             }
         };
-        let offered = tools.len();
-        let mut admitted: Vec<ToolDefinition> = tools
-            .into_iter()
-            .filter_map(|definition| admit(&source.name, definition))
-            .collect();
-        if admitted.len() > MAX_TOOLS_PER_SOURCE {
-            tracing::warn!(
-                source = %source.name,
-                offered,
-                limit = MAX_TOOLS_PER_SOURCE,
-                "a tool source offers more tools than the host accepts; the rest are cut"
-            );
-            admitted.truncate(MAX_TOOLS_PER_SOURCE);
-        }
-        admitted
+        admit_tools(&source.name, tools)
     }
 
     /// Lists every source (at once, each within [`LIST_TIMEOUT`]) and merges.
