@@ -8,9 +8,11 @@
 #
 #   scripts/fuzz.sh [MINUTES] [TARGET...]
 #
-# MINUTES defaults to 5; TARGET is any of agent, tools, config (default
-# all). FUZZ_CASES sets the cases per property and round (default 1000;
-# the properties whose cases take megabytes run a fraction of them).
+# MINUTES defaults to 5; TARGET is any of agent, tools, config, http
+# (default all); http is the HTTP API's request bodies, against a server
+# in the test process. FUZZ_CASES sets the cases per property and round
+# (default 1000; the properties whose cases take megabytes run a fraction
+# of them).
 # FUZZ_LOGS names the folder for the logs (default a new temporary one).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +21,7 @@ minutes="${1:-5}"
 shift || true
 case "$minutes" in
     '' | *[!0-9]*)
-        echo "usage: scripts/fuzz.sh [MINUTES] [agent|tools|config ...]" >&2
+        echo "usage: scripts/fuzz.sh [MINUTES] [agent|tools|config|http ...]" >&2
         exit 2
         ;;
 esac
@@ -28,23 +30,26 @@ logs="${FUZZ_LOGS:-$(mktemp -d "${TMPDIR:-/tmp}/wma-fuzz.XXXXXX")}"
 mkdir -p "$logs"
 
 # target name, then the cargo arguments that build and run it, then the
-# test filter (the tools and config properties are modules of the crates'
-# one test binary).
+# test filter (the tools, config and http properties are modules of the
+# crates' one test binary; the http ones are a module inside the config
+# ones, which skip them).
 declare -A args=(
     [agent]="-p wma-agent --test properties"
     [tools]="-p wma-tools --test tests"
     [config]="-p webmcp-agents --test tests"
+    [http]="-p webmcp-agents --test tests"
 )
 declare -A filter=(
     [agent]=""
     [tools]="cdp_properties::"
-    [config]="properties::"
+    [config]="properties:: --skip properties::http_bodies::"
+    [http]="properties::http_bodies::"
 )
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(agent tools config)
+[ ${#targets[@]} -gt 0 ] || targets=(agent tools config http)
 for target in "${targets[@]}"; do
     if [ -z "${args[$target]+set}" ]; then
-        echo "unknown target $target (agent, tools or config)" >&2
+        echo "unknown target $target (agent, tools, config or http)" >&2
         exit 2
     fi
 done

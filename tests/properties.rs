@@ -4,6 +4,9 @@
 //! gives points at a line of the file (the line of the mistake, where the
 //! mistake is one key).
 //!
+//! The HTTP API's request bodies have properties of their own, in
+//! [`http_bodies`].
+//!
 //! `PROPTEST_CASES` raises the number of cases (`scripts/fuzz.sh` does);
 //! without it each property runs few, so the suite stays fast.
 
@@ -12,6 +15,8 @@ use std::time::Duration;
 use proptest::prelude::*;
 use proptest::test_runner::Config as ProptestConfig;
 use webmcp_agents::config::{Config, ConfigError};
+
+mod http_bodies;
 
 /// The file name errors are reported against.
 const FILE: &str = "props.toml";

@@ -512,14 +512,15 @@ fn list_agents(api: &Api) -> Response<Body> {
 }
 
 /// The body of `POST /v1/agents/{agent}/runs`: one request, or a whole
-/// conversation.
+/// conversation. Public so that the property tests parse bodies as the
+/// server does (`serde_json::from_slice`).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RunBody {
+pub struct RunBody {
     /// The person's request.
-    input: Option<String>,
+    pub input: Option<String>,
     /// The conversation so far, ending with the person's message.
-    messages: Option<Vec<ChatMessage>>,
+    pub messages: Option<Vec<ChatMessage>>,
 }
 
 async fn start_run(server: &Server, client: IpAddr, name: &str, body: RunBody) -> Response<Body> {
@@ -604,12 +605,13 @@ async fn stop_run(server: &Server, name: &str, run: &str) -> Response<Body> {
     }
 }
 
-/// The body of `PUT /v1/agents/{agent}/provider`.
+/// The body of `PUT /v1/agents/{agent}/provider`. Public so that the
+/// property tests parse bodies as the server does.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SwapBody {
+pub struct SwapBody {
     /// A provider of the config whose model the agent's provider loads.
-    provider: String,
+    pub provider: String,
 }
 
 async fn swap(api: &Api, name: &str, body: SwapBody) -> Response<Body> {
