@@ -200,8 +200,23 @@ struct BfclArgs {
     /// Most tools shown per step.
     #[arg(long, default_value_t = 8)]
     max_tools: usize,
+    /// Which columns to run: constraints `off`, `on`, or `both` side by
+    /// side (a column left out halves the time and prints as "-").
+    #[arg(long, value_enum, default_value_t = Columns::Both)]
+    columns: Columns,
     #[command(flatten)]
     policy: PolicyArgs,
+}
+
+/// The constraint columns of `wma eval bfcl`.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Columns {
+    /// Constraints off only.
+    Off,
+    /// Constraints on only.
+    On,
+    /// Both, side by side.
+    Both,
 }
 
 #[derive(Args)]
@@ -449,6 +464,15 @@ async fn eval_bfcl(args: BfclArgs) -> Result<()> {
         }
         let mut scores = Vec::new();
         for (label, mode) in [("off", ConstraintMode::Off), ("on", ConstraintMode::Auto)] {
+            let wanted = match args.columns {
+                Columns::Both => true,
+                Columns::Off => mode == ConstraintMode::Off,
+                Columns::On => mode == ConstraintMode::Auto,
+            };
+            if !wanted {
+                scores.push(None);
+                continue;
+            }
             let total = records.len();
             let started = Instant::now();
             let score = eval::run_bfcl(&provider, &records, mode, &options, |done| {
@@ -461,10 +485,10 @@ async fn eval_bfcl(args: BfclArgs) -> Result<()> {
                 started.elapsed().as_secs_f64(),
                 score.accuracy()
             );
-            scores.push(score);
+            scores.push(Some(score));
         }
-        let on = scores.pop().unwrap_or_default();
-        let off = scores.pop().unwrap_or_default();
+        let on = scores.pop().flatten();
+        let off = scores.pop().flatten();
         rows.push((name, off, on));
     }
     println!("{}", eval::bfcl_table(&rows));

@@ -189,30 +189,40 @@ fn count_calls(reply: &str, tools: &[ToolDefinition]) -> (usize, usize) {
     )
 }
 
-/// The BFCL table: one row per category, constraints off and on side by side.
-pub fn bfcl_table(rows: &[(String, CategoryScore, CategoryScore)]) -> String {
+/// One BFCL row: the category, and its scores with constraints off and on
+/// (`None` for a column that was not run).
+pub type BfclRow = (String, Option<CategoryScore>, Option<CategoryScore>);
+
+/// The BFCL table: one row per category, constraints off and on side by
+/// side; a column that was not run shows "-".
+pub fn bfcl_table(rows: &[BfclRow]) -> String {
     let mut out = String::new();
     out.push_str(
         "| category | n | replies with a call (off / on) | calls that parse and validate (off / on) | accuracy (off / on) | tokens/s (off / on) |\n",
     );
     out.push_str("|---|---|---|---|---|---|\n");
+    let pair = |off: &Option<CategoryScore>,
+                on: &Option<CategoryScore>,
+                cell: &dyn Fn(&CategoryScore) -> String| {
+        let show = |s: &Option<CategoryScore>| s.as_ref().map_or("-".to_string(), cell);
+        format!("{} / {}", show(off), show(on))
+    };
     for (name, off, on) in rows {
-        let kind = if off.irrelevance {
+        let Some(any) = off.as_ref().or(on.as_ref()) else {
+            continue;
+        };
+        let kind = if any.irrelevance {
             " (irrelevance)"
         } else {
             " (exact call)"
         };
         out.push_str(&format!(
-            "| {name}{kind} | {} | {} / {} | {} / {} | {} / {} | {:.1} / {:.1} |\n",
-            off.records,
-            off.call_rate(),
-            on.call_rate(),
-            off.valid_rate(),
-            on.valid_rate(),
-            off.accuracy(),
-            on.accuracy(),
-            off.usage.tokens_per_second(),
-            on.usage.tokens_per_second(),
+            "| {name}{kind} | {} | {} | {} | {} | {} |\n",
+            any.records,
+            pair(off, on, &|s| s.call_rate().to_string()),
+            pair(off, on, &|s| s.valid_rate().to_string()),
+            pair(off, on, &|s| s.accuracy().to_string()),
+            pair(off, on, &|s| format!("{:.1}", s.usage.tokens_per_second())),
         ));
     }
     out
@@ -220,8 +230,12 @@ pub fn bfcl_table(rows: &[(String, CategoryScore, CategoryScore)]) -> String {
 
 /// The rules that fired with constraints on (`on` of each row), rule →
 /// count per category; "no rule fired" when none did.
-pub fn bfcl_ledger(rows: &[(String, CategoryScore, CategoryScore)]) -> String {
-    let mut rules: Vec<&String> = rows.iter().flat_map(|(_, _, on)| on.rules.keys()).collect();
+pub fn bfcl_ledger(rows: &[BfclRow]) -> String {
+    let mut rules: Vec<&String> = rows
+        .iter()
+        .filter_map(|(_, _, on)| on.as_ref())
+        .flat_map(|on| on.rules.keys())
+        .collect();
     rules.sort();
     rules.dedup();
     if rules.is_empty() {
@@ -234,7 +248,10 @@ pub fn bfcl_ledger(rows: &[(String, CategoryScore, CategoryScore)]) -> String {
         out.push_str(&format!("| {rule} |"));
         let mut all = 0;
         for (_, _, on) in rows {
-            let n = on.rules.get(rule).copied().unwrap_or(0);
+            let n = on
+                .as_ref()
+                .and_then(|on| on.rules.get(rule).copied())
+                .unwrap_or(0);
             all += n;
             out.push_str(&format!(" {n} |"));
         }

@@ -476,12 +476,20 @@ async fn read_json<T: for<'de> Deserialize<'de>>(
             ));
         }
     };
-    serde_json::from_slice(&bytes).map_err(|e| {
-        error(
-            StatusCode::BAD_REQUEST,
-            format!("the body is not what this endpoint takes: {e}"),
-        )
-    })
+    parse_body(&bytes).map_err(|e| error(StatusCode::BAD_REQUEST, e))
+}
+
+/// Parses a request body as the server does: a JSON object with the
+/// endpoint's fields and no other. serde alone would also take a struct's
+/// sequence form (`["fresh"]` for `{"provider": "fresh"}`); every body of
+/// this API is an object, so anything else is refused before serde sees it.
+pub fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    const PREFIX: &str = "the body is not what this endpoint takes";
+    let first = bytes.iter().find(|b| !b.is_ascii_whitespace());
+    if first != Some(&b'{') {
+        return Err(format!("{PREFIX}: it must be a JSON object"));
+    }
+    serde_json::from_slice(bytes).map_err(|e| format!("{PREFIX}: {e}"))
 }
 
 fn list_agents(api: &Api) -> Response<Body> {
@@ -513,7 +521,7 @@ fn list_agents(api: &Api) -> Response<Body> {
 
 /// The body of `POST /v1/agents/{agent}/runs`: one request, or a whole
 /// conversation. Public so that the property tests parse bodies as the
-/// server does (`serde_json::from_slice`).
+/// server does ([`parse_body`]).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunBody {

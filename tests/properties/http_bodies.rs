@@ -1,6 +1,6 @@
 //! Properties of the HTTP API's request bodies under hostile input: the
 //! run and swap bodies parse (as the server parses them, with
-//! `serde_json::from_slice`) or are refused, never panic, on arbitrary
+//! `serve::parse_body`) or are refused, never panic, on arbitrary
 //! bytes and on arbitrary JSON made of the API's own vocabulary; a served
 //! API answers every such body to the run, swap and stop endpoints with a
 //! run or a 4xx whose JSON names the mistake, and is still healthy after;
@@ -333,23 +333,21 @@ proptest! {
     /// The server's own parse of arbitrary bytes returns, whatever they are.
     #[test]
     fn the_body_parsers_never_panic_on_arbitrary_bytes(bytes in body_bytes()) {
-        let run = serde_json::from_slice::<RunBody>(&bytes);
-        let swap = serde_json::from_slice::<SwapBody>(&bytes);
+        let run = serve::parse_body::<RunBody>(&bytes);
+        let swap = serve::parse_body::<SwapBody>(&bytes);
         if serde_json::from_slice::<Value>(&bytes).is_err() {
             prop_assert!(run.is_err() && swap.is_err(), "not JSON, yet a body");
         }
     }
 
     /// An object that parses as a body has the endpoint's own fields,
-    /// nothing else (unknown fields are refused). (serde also takes a
-    /// struct in its sequence form, a JSON array of the fields' values in
-    /// order, so `["fresh"]` is a swap body too; the server parses with
-    /// serde, so it takes that form as well.)
+    /// nothing else (unknown fields are refused); a body that is not an
+    /// object never parses (serde alone would take `["fresh"]` as a swap).
     #[test]
     fn a_parsed_object_has_only_the_endpoints_fields(value in api_json()) {
         let bytes = value.to_string().into_bytes();
-        let run = serde_json::from_slice::<RunBody>(&bytes).is_ok();
-        let swap = serde_json::from_slice::<SwapBody>(&bytes).is_ok();
+        let run = serve::parse_body::<RunBody>(&bytes).is_ok();
+        let swap = serve::parse_body::<SwapBody>(&bytes).is_ok();
         match &value {
             Value::Object(object) => {
                 if run {
@@ -363,11 +361,7 @@ proptest! {
                     prop_assert!(object.keys().all(|k| k == "provider"), "{}", value);
                 }
             }
-            Value::Array(values) => {
-                prop_assert!(!run || values.len() == 2, "{}", value);
-                prop_assert!(!swap || values.len() == 1, "{}", value);
-            }
-            _ => prop_assert!(!run && !swap, "a body that is neither object nor array: {}", value),
+            _ => prop_assert!(!run && !swap, "a body that is not an object: {}", value),
         }
     }
 
@@ -382,7 +376,7 @@ proptest! {
         let messages: Vec<Value> =
             turns.iter().map(|(role, content)| message_json(*role, content)).collect();
         let bytes = json!({"messages": messages}).to_string().into_bytes();
-        let body = serde_json::from_slice::<RunBody>(&bytes)
+        let body = serve::parse_body::<RunBody>(&bytes)
             .map_err(|e| TestCaseError::fail(format!("a valid conversation is refused: {e}")))?;
         prop_assert!(body.input.is_none());
         let parsed = body.messages.unwrap_or_default();
@@ -400,7 +394,7 @@ proptest! {
             prop_assert_eq!(parsed_content, content);
         }
         let bytes = json!({"input": input}).to_string().into_bytes();
-        let body = serde_json::from_slice::<RunBody>(&bytes)
+        let body = serve::parse_body::<RunBody>(&bytes)
             .map_err(|e| TestCaseError::fail(format!("a valid input is refused: {e}")))?;
         prop_assert_eq!(body.input.as_deref(), Some(input.as_str()));
     }
@@ -411,7 +405,7 @@ proptest! {
         let bytes = json!({"messages": [{"role": "system", "content": content}]})
             .to_string()
             .into_bytes();
-        prop_assert!(serde_json::from_slice::<RunBody>(&bytes).is_err());
+        prop_assert!(serve::parse_body::<RunBody>(&bytes).is_err());
     }
 }
 
@@ -425,7 +419,7 @@ proptest! {
     #[test]
     fn any_run_body_gets_a_run_or_a_4xx(bytes in body_bytes()) {
         let harness = harness();
-        let parsed = serde_json::from_slice::<RunBody>(&bytes);
+        let parsed = serve::parse_body::<RunBody>(&bytes);
         let answer = harness.send(Method::POST, "/agents/probe/runs", bytes);
         let error = answered_or_refused(&answer, "a run")?;
         match &parsed {
@@ -458,7 +452,7 @@ proptest! {
         run in "[0-9a-fA-Fg-z]{0,40}",
     ) {
         let harness = harness();
-        let parsed = serde_json::from_slice::<SwapBody>(&bytes);
+        let parsed = serve::parse_body::<SwapBody>(&bytes);
         let answer = harness.send(Method::PUT, "/agents/probe/provider", bytes.clone());
         answered_or_refused(&answer, "a swap")?;
         if parsed.is_err() {
@@ -517,4 +511,22 @@ proptest! {
                 .any(|m| m.role == PromptRole::User && m.content.contains(&content)));
         }
     }
+}
+
+/// The sequence form serde would take for a struct (`["fresh"]` for a swap,
+/// `["hi", null]` for a run) is not a body of this API.
+#[test]
+fn a_body_that_is_not_an_object_is_refused() {
+    for body in [
+        &b"[\"fresh\"]"[..],
+        b" [\"hi\", null]",
+        b"\"hi\"",
+        b"null",
+        b"",
+    ] {
+        assert!(serve::parse_body::<SwapBody>(body).is_err());
+        let error = serve::parse_body::<RunBody>(body).unwrap_err();
+        assert!(error.contains("must be a JSON object"), "{error}");
+    }
+    assert!(serve::parse_body::<SwapBody>(b" {\"provider\": \"fresh\"}").is_ok());
 }

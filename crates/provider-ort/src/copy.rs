@@ -51,11 +51,14 @@ impl CopyBias {
         if bias <= 0.0 || !bias.is_finite() {
             return None;
         }
+        // A set keeps the dedupe linear in the phrases (the loop sends up to
+        // a few thousand); the list keeps their order.
+        let mut seen = std::collections::HashSet::new();
         let mut all: Vec<Vec<u8>> = Vec::new();
         for phrase in phrases.iter().filter(|p| !p.is_empty()) {
             for variant in [phrase.clone(), phrase.to_lowercase()] {
                 let bytes = variant.into_bytes();
-                if !all.contains(&bytes) {
+                if seen.insert(bytes.clone()) {
                     all.push(bytes);
                 }
             }

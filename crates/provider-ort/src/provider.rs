@@ -395,6 +395,10 @@ impl Loaded {
         let rendered = self.render(request)?;
         let prompt = self.encode(&rendered)?;
         let prompt_text = rendered.text;
+        // The grammar and the copy phrases are compiled before the model is
+        // locked: that work grows with the request, and another agent's
+        // generation should not wait for it.
+        let mut matcher = self.constraint_matcher(request);
         let mut model = self.lock_model();
         let terminator = model.reset_terminator()?;
         // A forward pass over a long prompt takes seconds; cancelling must not
@@ -410,7 +414,6 @@ impl Loaded {
                 }
             });
         }
-        let mut matcher = self.constraint_matcher(request);
         let setup = start.elapsed();
         let generated =
             model.generate_ids_constrained(&prompt, params, matcher.as_mut(), cancel, |ids| {
