@@ -156,6 +156,13 @@ pub struct Policy {
     pub copy_bias: f32,
     /// A call, once begun, is written greedily even when sampling. Default: on.
     pub greedy_calls: bool,
+    /// A free string value of a constrained call may not begin with a name
+    /// the prompt shows: a tool's name of two or more words (`write_file`)
+    /// or an argument's placeholder of the worked example (`<query`), unless
+    /// the person wrote it. A tiny model fills values with the nearest
+    /// words of its prompt (`read_text_file {"path": "write_file.txt"}`,
+    /// `{"query": "<query_1_2>"}`). Default: on.
+    pub no_prompt_names_in_values: bool,
 }
 
 impl Default for Policy {
@@ -190,6 +197,7 @@ impl Policy {
             call_threshold: None,
             copy_bias: 0.0,
             greedy_calls: false,
+            no_prompt_names_in_values: false,
         }
     }
 
@@ -218,6 +226,7 @@ impl Policy {
             call_threshold: Some(0.005),
             copy_bias: 3.0,
             greedy_calls: true,
+            no_prompt_names_in_values: true,
         }
     }
 
@@ -281,8 +290,13 @@ impl Policy {
     }
 
     /// The shape of a constrained reply for the tools shown.
-    pub(crate) fn decoding(&self, shown: &[ToolDefinition]) -> Decoding {
+    pub(crate) fn decoding(&self, shown: &[ToolDefinition], written: &str) -> Decoding {
         Decoding {
+            avoid_in_values: if self.no_prompt_names_in_values {
+                prompt_names(shown, written)
+            } else {
+                Vec::new()
+            },
             max_string_chars: self.max_string_chars,
             max_array_items: self.max_array_items,
             max_calls: self.max_calls,
@@ -301,6 +315,35 @@ impl Policy {
             greedy_calls: self.greedy_calls,
         }
     }
+}
+
+/// The names of the prompt a value may not begin with (see
+/// [`Policy::no_prompt_names_in_values`]): the shown tools' names of two or
+/// more words, and `<` + each argument name (the worked example's
+/// placeholder, without its end so that `<query_1>` is caught too). A name
+/// the person wrote (`written`, any case) is theirs to use.
+fn prompt_names(shown: &[ToolDefinition], written: &str) -> Vec<String> {
+    let written = written.to_lowercase();
+    let mut names: Vec<String> = Vec::new();
+    let mut buffer = String::new();
+    for tool in shown {
+        let mut words = 0;
+        crate::rank::for_each_term(&tool.name, &mut buffer, |_| words += 1);
+        if words >= 2 {
+            names.push(tool.name.clone());
+        }
+        if let Some(props) = tool
+            .input_schema
+            .get("properties")
+            .and_then(Value::as_object)
+        {
+            names.extend(props.keys().map(|k| format!("<{k}")));
+        }
+    }
+    names.retain(|n| !written.contains(&n.to_lowercase()));
+    names.sort();
+    names.dedup();
+    names
 }
 
 /// One rule of the policy, as traces, stream parts and tables name it.
@@ -936,7 +979,36 @@ mod tests {
         assert_eq!(o.callable, files());
         assert_eq!(o.ranked, files());
         assert!(fired.is_empty());
-        assert_eq!(Policy::reference().decoding(&files()), Decoding::default());
+        assert_eq!(
+            Policy::reference().decoding(&files(), ""),
+            Decoding::default()
+        );
+    }
+
+    #[test]
+    fn values_may_not_begin_with_the_prompts_names_unless_the_person_wrote_them() {
+        let mut tools = files();
+        tools.push(tool(
+            "search",
+            json!({"type": "object", "properties": {"query": {"type": "string"}}}),
+            true,
+        ));
+        let avoid = Policy::small_model()
+            .decoding(&tools, "Read notes.txt")
+            .avoid_in_values;
+        assert_eq!(
+            avoid,
+            ["<content", "<path", "<query", "read_file", "write_file"],
+            "names of two words or more, and the example's placeholders; a one-word name may be a value"
+        );
+        let written = Policy::small_model()
+            .decoding(&tools, "What does Read_File return?")
+            .avoid_in_values;
+        assert!(!written.contains(&"read_file".to_string()), "{written:?}");
+        let off = Policy::small_model()
+            .with_rules(&json!({"no_prompt_names_in_values": false}))
+            .unwrap();
+        assert!(off.decoding(&tools, "").avoid_in_values.is_empty());
     }
 
     #[test]

@@ -146,6 +146,10 @@ pub struct GenerateRequest {
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Decoding {
+    /// A free string value of a constrained call (one the schema does not
+    /// fix by `enum`, `const` or `pattern`) may not begin with any of
+    /// these; empty is no limit.
+    pub avoid_in_values: Vec<String>,
     /// The longest string the grammar lets a call hold where the schema sets
     /// no `maxLength`; `None` leaves strings as the schema bounds them.
     pub max_string_chars: Option<u32>,

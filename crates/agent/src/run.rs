@@ -665,7 +665,7 @@ impl<P: Provider + 'static> Run<P> {
             } else {
                 Vec::new()
             },
-            decoding: self.policy.decoding(shown),
+            decoding: self.policy.decoding(shown, &self.request_text),
         }
     }
 

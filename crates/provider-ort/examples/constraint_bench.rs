@@ -59,6 +59,7 @@ fn tools() -> Vec<ToolDefinition> {
 /// one tool, a 0.5% call threshold, a copy bias of 3 and greedy calls.
 fn small_model_decoding() -> Decoding {
     Decoding {
+        avoid_in_values: Vec::new(),
         max_string_chars: Some(100),
         max_array_items: Some(16),
         max_calls: Some(4),

@@ -83,7 +83,7 @@ use serde_json::{Map, Value, json};
 use tokenizers::Tokenizer;
 use wma_agent::{CallFormat, Constraint, Decoding, ToolDefinition};
 
-use crate::copy::CopyBias;
+use crate::copy::{AvoidNames, CopyBias};
 use crate::encode::PromptEncoder;
 use crate::error::OrtError;
 
@@ -357,6 +357,7 @@ impl ConstraintEngine {
             distinct_tokens: 0,
             repeated: false,
             copy: None,
+            avoid: AvoidNames::new(&decoding.avoid_in_values),
             quote_tokens: Arc::clone(&self.quote_tokens),
             control: Arc::clone(&self.control),
         })
@@ -587,6 +588,8 @@ pub struct ConstraintMatcher {
     repeated: bool,
     /// The bonus for copying the person's phrases into string arguments.
     copy: Option<CopyBias>,
+    /// Names a string value may not begin with (`Decoding::avoid_in_values`).
+    avoid: Option<AvoidNames>,
     /// Tokens whose first byte is `"`.
     quote_tokens: Arc<Vec<u32>>,
     /// The tokenizer's added tokens, one bit each.
@@ -636,6 +639,7 @@ impl ConstraintMatcher {
             distinct_tokens: self.distinct_tokens,
             repeated: self.repeated,
             copy: self.copy.clone(),
+            avoid: self.avoid.clone(),
             quote_tokens: Arc::clone(&self.quote_tokens),
             control: Arc::clone(&self.control),
         }
@@ -669,6 +673,11 @@ impl ConstraintMatcher {
                 &self.quote_tokens,
                 &self.control,
             );
+        }
+        if self.calls.is_some()
+            && let Some(avoid) = self.avoid.as_ref()
+        {
+            avoid.apply(&self.output, logits, &self.env);
         }
         self.mask_time += started.elapsed();
         self.masks += 1;

@@ -165,6 +165,87 @@ impl CopyBias {
     }
 }
 
+/// Names a string value of a call may not begin with: the small-model
+/// policy's `no_prompt_names_in_values` (tool names and the worked
+/// example's placeholders, which a tiny model copies into values).
+///
+/// A token is masked when it would complete such a name at the start of a
+/// value: inside a value whose text so far begins the name, the tokens that
+/// write the rest of it; before a value, the tokens that write the opening
+/// quote and the whole name. A name can still be begun and left (`write_`
+/// then `up`): only its completion is refused. Where every token the
+/// grammar allows would complete a name (an `enum` of just that value),
+/// nothing is masked: the schema wins.
+#[derive(Debug, Clone)]
+pub struct AvoidNames {
+    names: Vec<Vec<u8>>,
+}
+
+impl AvoidNames {
+    /// `None` when there is no name to avoid.
+    pub fn new(names: &[String]) -> Option<Self> {
+        let names: Vec<Vec<u8>> = names
+            .iter()
+            .filter(|n| !n.is_empty())
+            .map(|n| n.as_bytes().to_vec())
+            .collect();
+        (!names.is_empty()).then_some(Self { names })
+    }
+
+    /// Masks the tokens that would make the value being written (or about
+    /// to be written) after `output` begin with one of the names.
+    pub fn apply(&self, output: &[u8], logits: &mut [f32], env: &TokEnv) {
+        let Some(position) = value_position(output) else {
+            return;
+        };
+        // What each allowed token must not start with: the rest of a name
+        // the value so far begins, or a quote and a whole name.
+        let mut targets: Vec<Vec<u8>> = Vec::new();
+        match position {
+            Position::Inside(start) => {
+                let written = &output[start..];
+                for name in &self.names {
+                    if let Some(rest) = name.strip_prefix(written).filter(|r| !r.is_empty()) {
+                        targets.push(rest.to_vec());
+                    }
+                }
+            }
+            Position::Before => {
+                for name in &self.names {
+                    for lead in [&b"\""[..], b" \""] {
+                        let mut target = lead.to_vec();
+                        target.extend_from_slice(name);
+                        targets.push(target);
+                    }
+                }
+            }
+            Position::InsideNumber(_) => return,
+        }
+        if targets.is_empty() {
+            return;
+        }
+        let trie = env.tok_trie();
+        let masked: Vec<usize> = logits
+            .iter()
+            .enumerate()
+            .filter(|(t, logit)| {
+                logit.is_finite() && {
+                    let bytes = trie.token(*t as u32);
+                    targets.iter().any(|target| bytes.starts_with(target))
+                }
+            })
+            .map(|(t, _)| t)
+            .collect();
+        let allowed = logits.iter().filter(|l| l.is_finite()).count();
+        if masked.is_empty() || masked.len() == allowed {
+            return;
+        }
+        for t in masked {
+            logits[t] = f32::NEG_INFINITY;
+        }
+    }
+}
+
 /// The longest token that is a prefix of `target`: the one a copy would
 /// write next. Shorter ones ("F" of "Find") are left alone, since after them
 /// the model is free to write any word with that start.

@@ -584,3 +584,56 @@ fn a_number_the_person_wrote_is_lifted_in_number_values_only() {
         "a string value stays a string: the grammar masks the digit"
     );
 }
+
+/// The logits after `prefix` when string values may not begin with `avoid`.
+fn avoiding_logits(f: &Fixture, c: &Constraint, avoid: &[&str], prefix: &str) -> Vec<f32> {
+    let ids = f
+        .tokenizer
+        .encode(prefix, false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    let decoding = Decoding {
+        avoid_in_values: avoid.iter().map(|s| s.to_string()).collect(),
+        ..small_model()
+    };
+    let mut m = f.engine.matcher(c, CallFormat::Json, &decoding).unwrap();
+    assert_eq!(m.feed(&ids).unwrap(), ids.len(), "{prefix}");
+    let mut l = vec![0.0f32; 49152];
+    m.mask_logits(&mut l).unwrap();
+    l
+}
+
+#[test]
+fn a_value_cannot_begin_with_a_name_the_prompt_shows() {
+    let f = fixture();
+    let c = Constraint::CallsOnly { tools: tools() };
+    let id = |t: &str| f.tokenizer.token_to_id(t).unwrap() as usize;
+    let avoid = ["add_to_cart", "<query"];
+    let after = |prefix: &str| avoiding_logits(&f, &c, &avoid, prefix);
+    let open = r#"{"name": "search", "arguments": {"query": ""#;
+    let inside = after(&format!("{open}add_to_"));
+    assert_eq!(inside[id("cart")], f32::NEG_INFINITY, "completing the name");
+    assert_eq!(
+        inside[id("c")],
+        0.0,
+        "a token short of the end is not yet the name"
+    );
+    assert_eq!(inside[id("Ġthe")], 0.0, "leaving the name is free");
+    let placeholder = after(&format!("{open}<"));
+    assert_eq!(
+        placeholder[id("query")],
+        f32::NEG_INFINITY,
+        "the placeholder"
+    );
+    assert_eq!(placeholder[id("div")], 0.0);
+    let written = after(&format!("{open}add"));
+    assert_eq!(written[id("Ġa")], 0.0, "a value may begin like a name");
+    let free = avoiding_logits(&f, &c, &[], &format!("{open}add_to_"));
+    assert_eq!(free[id("cart")], 0.0, "without names nothing is masked");
+    let key = after(r#"{"name": ""#);
+    assert!(
+        key[id("add")].is_finite(),
+        "the tool's own name is the grammar's to choose"
+    );
+}

@@ -98,6 +98,7 @@ pub fn options(dir: &Path) -> OrtProviderOptions {
 /// tool, a call threshold of 0.5%, a copy bias of 3 and greedy calls.
 pub fn small_model_decoding() -> Decoding {
     Decoding {
+        avoid_in_values: Vec::new(),
         max_string_chars: Some(100),
         max_array_items: Some(16),
         max_calls: Some(4),
