@@ -124,6 +124,13 @@ async fn connection(
     _slot: OwnedSemaphorePermit,
     shutdown: CancellationToken,
 ) {
+    // Each event of a run's stream is a small write of its own. With
+    // Nagle's algorithm on, a write made while the previous one is not yet
+    // acknowledged waits for the client's delayed ACK (40 ms on Linux), so
+    // a run's events would arrive in bursts 40 ms apart.
+    if let Err(error) = stream.set_nodelay(true) {
+        tracing::debug!(%peer, %error, "could not turn off Nagle's algorithm");
+    }
     let activity = Arc::new(Activity::new());
     let header_timeout = server.options.header_timeout;
     let idle_timeout = server.options.idle_timeout;
