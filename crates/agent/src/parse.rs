@@ -25,6 +25,15 @@
 //! family, the JSON is read by the forgiving reader in [`json`] and its keys
 //! are interpreted by [`shape`], so every family accepts the same spellings.
 //!
+//! A tag, marker or fence inside a JSON string is text, not syntax: a person
+//! may search for `"<tool_call>"`, and a page's text quoted in an argument
+//! may hold anything. Before the families run, [`Shield`] finds the JSON
+//! values in the reply whose strings hold such syntax and, where the value
+//! reads as JSON, rewrites those characters as the escapes that mean the
+//! same (`<` as `\u003c`), so the families see no tag there and the JSON
+//! reader still reads the text as written. Spans are mapped back to the
+//! reply as it was.
+//!
 //! Everything a family claims, call or unreadable attempt, is cut from the
 //! prose; [`ParsedReply::text`] is what is left. The work is linear in the
 //! length of the reply apart from pathological nesting, and no input panics.
@@ -70,15 +79,17 @@ pub struct ParsedReply {
 /// such problem is described in `malformed`; calls that could be read are
 /// still returned beside it.
 pub fn parse_tool_calls(reply: &str) -> ParsedReply {
-    let mut found: Vec<Found> = Vec::new();
-    for family in FAMILIES {
-        let mut new = Vec::new();
-        for gap in gaps(reply.len(), &found) {
-            family.scan(reply, gap, &mut new);
+    let found = match Shield::new(reply) {
+        None => scan_families(reply),
+        Some(shield) => {
+            let mut found = scan_families(&shield.text);
+            for item in &mut found {
+                item.span =
+                    shield.original(item.span.start, false)..shield.original(item.span.end, true);
+            }
+            found
         }
-        found.extend(new);
-        found.sort_by_key(|f| f.span.start);
-    }
+    };
 
     let mut parsed = ParsedReply {
         text: prose(reply, &found),
@@ -93,6 +104,21 @@ pub fn parse_tool_calls(reply: &str) -> ParsedReply {
         }
     }
     parsed
+}
+
+/// Runs every family over `reply`, each on what the earlier ones left.
+/// Gives what they claimed, sorted by start.
+fn scan_families(reply: &str) -> Vec<Found> {
+    let mut found: Vec<Found> = Vec::new();
+    for family in FAMILIES {
+        let mut new = Vec::new();
+        for gap in gaps(reply.len(), &found) {
+            family.scan(reply, gap, &mut new);
+        }
+        found.extend(new);
+        found.sort_by_key(|f| f.span.start);
+    }
+    found
 }
 
 /// The families, in the order they are tried (see the module docs for why).
@@ -174,6 +200,185 @@ fn prose(reply: &str, found: &[Found]) -> String {
         last_end = start + trimmed.len();
     }
     out
+}
+
+/// The reply with the call syntax inside JSON strings escaped away, so that
+/// no family takes it for a tag (see the module docs), and the way back to
+/// the reply's own offsets.
+///
+/// One pass finds the JSON values of the reply, tracking strings the way the
+/// JSON reader does (double or single quotes, after `{`, `[`, `,` or `:`,
+/// with backslash escapes). A value whose strings hold a tag, a marker, a
+/// fence or a line break is read once with [`json::read_value`], over its
+/// own bytes only; when it reads whole, those characters are rewritten as
+/// escapes that read back the same. Every byte is looked at a bounded number
+/// of times.
+struct Shield {
+    /// The reply, rewritten.
+    text: String,
+    /// The rewrites, in order.
+    edits: Vec<Edit>,
+}
+
+/// One rewrite: `len` bytes of the reply at `at` became `with`, which starts
+/// at `shielded_at` in the rewritten text.
+#[derive(Debug)]
+struct Edit {
+    at: usize,
+    len: usize,
+    with: &'static str,
+    shielded_at: usize,
+}
+
+/// What the families read as syntax of their own, even inside a string:
+/// Hermes' tags and Llama's marker (all start with `<`).
+const TAGS_IN_STRINGS: &[&str] = &[
+    "<tool_call>",
+    "</tool_call>",
+    "<function_call>",
+    "</function_call>",
+    "<|python_tag|>",
+];
+
+/// The escape that hides the syntax starting at `bytes[at]`, if any starts
+/// there: a tag or marker, a code fence, or a line break (the Python-style
+/// family reads lines).
+fn hiding(bytes: &[u8], at: usize) -> Option<&'static str> {
+    let rest = bytes.get(at..)?;
+    match *rest.first()? {
+        b'<' if TAGS_IN_STRINGS
+            .iter()
+            .any(|tag| rest.starts_with(tag.as_bytes())) =>
+        {
+            Some("\\u003c")
+        }
+        b'[' if rest.starts_with(b"[TOOL_CALLS]") => Some("\\u005b"),
+        b'`' if rest.starts_with(b"```") => Some("\\u0060"),
+        b'\n' => Some("\\n"),
+        _ => None,
+    }
+}
+
+/// Whether `reply[start..end]` is one JSON value, whole.
+fn reads_whole(reply: &str, start: usize, end: usize, open_at_end: bool) -> bool {
+    json::read_value(reply, start, end, open_at_end).is_ok_and(|read| read.end == end)
+}
+
+impl Shield {
+    /// The shielded reply, or `None` when no JSON string in it holds syntax
+    /// (then the reply is read as it is).
+    fn new(reply: &str) -> Option<Self> {
+        let bytes = reply.as_bytes();
+        // Rewrites as (offset, bytes replaced, replacement): those of values
+        // that read whole, and those of the value being scanned.
+        let mut edits: Vec<(usize, usize, &'static str)> = Vec::new();
+        let mut pending: Vec<(usize, usize, &'static str)> = Vec::new();
+        let mut depth = 0usize;
+        let mut value_start = 0;
+        let mut quote: Option<u8> = None;
+        // Whether the last byte outside strings opened a container or was a
+        // `,` or `:`: only there does the JSON reader start a string.
+        let mut string_may_start = false;
+        let mut pos = 0;
+        while pos < bytes.len() {
+            let byte = bytes[pos];
+            if let Some(open) = quote {
+                if byte == open {
+                    quote = None;
+                    string_may_start = false;
+                    pos += 1;
+                    continue;
+                }
+                // An escaped character is rewritten together with its `\\`.
+                let (at, len) = if byte == b'\\' {
+                    (pos + 1, 2)
+                } else {
+                    (pos, 1)
+                };
+                if let Some(with) = hiding(bytes, at) {
+                    pending.push((pos, len, with));
+                }
+                pos += len;
+                continue;
+            }
+            match byte {
+                b'{' | b'[' => {
+                    if depth == 0 {
+                        value_start = pos;
+                        pending.clear();
+                    }
+                    depth += 1;
+                    string_may_start = true;
+                }
+                b'}' | b']' if depth > 0 => {
+                    depth -= 1;
+                    string_may_start = false;
+                    if depth == 0 {
+                        if !pending.is_empty() && reads_whole(reply, value_start, pos + 1, false) {
+                            edits.append(&mut pending);
+                        }
+                        pending.clear();
+                    }
+                }
+                b'"' | b'\'' if depth > 0 && string_may_start => quote = Some(byte),
+                b',' | b':' => string_may_start = depth > 0,
+                b' ' | b'\t' | b'\n' | b'\r' => {}
+                _ => string_may_start = false,
+            }
+            pos += 1;
+        }
+        // A value left open at the end of the reply, as the reader closes it.
+        if depth > 0 && !pending.is_empty() && reads_whole(reply, value_start, bytes.len(), true) {
+            edits.append(&mut pending);
+        }
+        if edits.is_empty() {
+            return None;
+        }
+
+        let mut text = String::with_capacity(reply.len() + 5 * edits.len());
+        let mut shield_edits = Vec::with_capacity(edits.len());
+        let mut cursor = 0;
+        for (at, len, with) in edits {
+            // Rewrites start on ASCII bytes and cover ASCII bytes, so these
+            // are char boundaries.
+            text.push_str(&reply[cursor..at]);
+            shield_edits.push(Edit {
+                at,
+                len,
+                with,
+                shielded_at: text.len(),
+            });
+            text.push_str(with);
+            cursor = at + len;
+        }
+        text.push_str(&reply[cursor..]);
+        Some(Self {
+            text,
+            edits: shield_edits,
+        })
+    }
+
+    /// The offset in the reply of offset `pos` of the rewritten text. An
+    /// offset inside a rewrite goes to the start of what it replaced, or
+    /// with `round_up` to its end.
+    fn original(&self, pos: usize, round_up: bool) -> usize {
+        let before = self
+            .edits
+            .partition_point(|e| e.shielded_at + e.with.len() <= pos);
+        if let Some(edit) = self.edits.get(before)
+            && edit.shielded_at < pos
+        {
+            return if round_up {
+                edit.at + edit.len
+            } else {
+                edit.at
+            };
+        }
+        match before.checked_sub(1).map(|i| &self.edits[i]) {
+            None => pos,
+            Some(edit) => edit.at + edit.len + (pos - (edit.shielded_at + edit.with.len())),
+        }
+    }
 }
 
 /// Reads the calls inside a delimited block (a `<tool_call>` body, a fence
@@ -437,6 +642,72 @@ mod tests {
             "First:\nthen and",
             None,
         )]);
+    }
+
+    #[test]
+    fn call_syntax_inside_strings_is_text() {
+        let tag = |q: &str| json!({"query": q});
+        check(vec![
+            (
+                r#"{"name": "search", "arguments": {"query": "<tool_call>"}}"#,
+                vec![call("search", tag("<tool_call>"))],
+                "",
+                None,
+            ),
+            (
+                "Looking.\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"a </tool_call> b\"}}\n</tool_call>\nDone.",
+                vec![call("search", tag("a </tool_call> b"))],
+                "Looking.\nDone.",
+                None,
+            ),
+            (
+                "[TOOL_CALLS][{\"name\": \"search\", \"arguments\": {\"query\": \"[TOOL_CALLS] <|python_tag|>\"}}] ok",
+                vec![call("search", tag("[TOOL_CALLS] <|python_tag|>"))],
+                "ok",
+                None,
+            ),
+            (
+                "[TOOL_CALLS]search[ARGS]{\"query\": \"<function_call>\"}",
+                vec![call("search", tag("<function_call>"))],
+                "",
+                None,
+            ),
+            (
+                "```json\n{\"name\": \"search\", \"arguments\": {\"query\": \"```\"}}\n```",
+                vec![call("search", tag("```"))],
+                "",
+                None,
+            ),
+            (
+                // Escaped, single-quoted, and left open at the end.
+                r#"{'name': 'search', 'arguments': {'query': '\<tool_call>\n'}"#,
+                vec![call("search", tag("<tool_call>\n"))],
+                "",
+                None,
+            ),
+            (
+                // A raw line break inside a string is not a line of its own.
+                "{\"name\": \"note\", \"arguments\": {\"text\": \"x\nsearch(query=\\\"y\\\")\n\"}}",
+                vec![call("note", json!({"text": "x\nsearch(query=\"y\")\n"}))],
+                "",
+                None,
+            ),
+            (
+                // A tag outside any string still counts, quotes in prose
+                // open no string.
+                "He said \"hi <tool_call>{\"name\": \"a\"}</tool_call> it's \"[x\" done",
+                vec![call("a", json!({}))],
+                "He said \"hi it's \"[x\" done",
+                None,
+            ),
+            (
+                // JSON that does not read is left to the families as before.
+                "<tool_call>{\"name\": \"a\", \"arguments\": {\"q\": \"x</tool_call> ok",
+                vec![],
+                "ok",
+                Some("the call is not valid JSON"),
+            ),
+        ]);
     }
 
     #[test]

@@ -392,7 +392,6 @@ proptest! {
     /// Kept apart from `written_calls_read_back` so that a failure names
     /// which kind of text breaks it.
     #[test]
-    #[ignore = "a call tag or marker inside a JSON string breaks the reading; see the regressions below"]
     fn any_written_call_reads_back(name in tool_name(), arguments in call_arguments()) {
         round_trip(CallFormat::Json, &name, &arguments)?;
         round_trip(CallFormat::Hermes, &name, &arguments)?;
@@ -410,14 +409,14 @@ const SYNTAX_IN_STRINGS: &[&str] = &[
 ];
 
 /// A call whose argument quotes call syntax (a person searching for
-/// `<tool_call>`, a page's text) must read back as written. Today the Hermes
-/// and marker families look for their tags before the JSON reader runs, so
-/// a tag inside a JSON string cuts the call apart: `{"name":"search",
-/// "arguments":{"query":"<tool_call>"}}` reads as malformed ("the text \"\"
+/// `<tool_call>`, a page's text) must read back as written. The Hermes and
+/// marker families look for their tags before the JSON reader runs, and once
+/// a tag inside a JSON string cut the call apart: `{"name":"search",
+/// "arguments":{"query":"<tool_call>"}}` read as malformed ("the text \"\"
 /// has no closing quote"), in both formats for the four tags and in the JSON
-/// format for the two markers.
+/// format for the two markers. The parser now escapes such syntax inside the
+/// strings of a value that reads as JSON before the families look.
 #[test]
-#[ignore = "parse_tool_calls: a call tag or marker inside a JSON string argument breaks the call"]
 fn call_syntax_inside_an_argument_reads_back() {
     for text in SYNTAX_IN_STRINGS {
         for format in [CallFormat::Json, CallFormat::Hermes] {
@@ -431,7 +430,6 @@ fn call_syntax_inside_an_argument_reads_back() {
 
 /// The same for a tool's name (names come from pages and servers).
 #[test]
-#[ignore = "parse_tool_calls: a call tag inside a JSON string name breaks the call"]
 fn call_syntax_inside_a_name_reads_back() {
     for format in [CallFormat::Json, CallFormat::Hermes] {
         if let Err(failure) = round_trip(format, "a<tool_call>", &json!({})) {
