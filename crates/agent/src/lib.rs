@@ -53,6 +53,6 @@ pub use rank::{
     score_tools,
 };
 pub use run::{AgentStream, ConstraintMode, LocalLoopOptions, MAX_REQUEST_BYTES, run_local_agent};
-pub use scripted::{ScriptedProvider, ScriptedReply};
+pub use scripted::{SCRIPTED_REQUEST_LOG, ScriptedProvider, ScriptedReply};
 pub use tool::{AgentProfile, PageContext, SubAgentInfo, ToolAnnotations, ToolDefinition};
 pub use validate::{ArgsError, CompiledSchema, MAX_ERRORS, ValidatorCache, validate_args};

@@ -61,9 +61,14 @@ impl From<String> for ScriptedReply {
     }
 }
 
+/// How many of the latest requests a scripted provider keeps: enough for
+/// any test to read back, bounded so that a host serving one (a soak, a
+/// config that names a scripted provider) does not grow without end.
+pub const SCRIPTED_REQUEST_LOG: usize = 1024;
+
 struct Inner {
     replies: VecDeque<ScriptedReply>,
-    requests: Vec<GenerateRequest>,
+    requests: VecDeque<GenerateRequest>,
     prepared: bool,
 }
 
@@ -93,7 +98,7 @@ impl ScriptedProvider {
         Self {
             inner: Arc::new(Mutex::new(Inner {
                 replies: replies.into_iter().map(Into::into).collect(),
-                requests: Vec::new(),
+                requests: VecDeque::new(),
                 prepared: false,
             })),
             model: "scripted-model".to_string(),
@@ -147,9 +152,9 @@ impl ScriptedProvider {
         self.lock().replies.push_back(reply.into());
     }
 
-    /// Every request received, in order.
+    /// The requests received, in order: the latest [`SCRIPTED_REQUEST_LOG`] of them.
     pub fn requests(&self) -> Vec<GenerateRequest> {
-        self.lock().requests.clone()
+        self.lock().requests.iter().cloned().collect()
     }
 
     /// Replies not yet used.
@@ -219,7 +224,10 @@ impl Provider for ScriptedProvider {
         let text_or_calls = matches!(request.constraint, Some(Constraint::TextOrCalls { .. }));
         let reply = {
             let mut inner = self.lock();
-            inner.requests.push(request);
+            if inner.requests.len() == SCRIPTED_REQUEST_LOG {
+                inner.requests.pop_front();
+            }
+            inner.requests.push_back(request);
             inner.replies.pop_front()
         };
         let Some(reply) = reply else {
@@ -264,5 +272,30 @@ impl Provider for ScriptedProvider {
 
     fn supports_constraints(&self) -> bool {
         self.constraints
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_request_log_keeps_only_the_latest_requests() {
+        let n = SCRIPTED_REQUEST_LOG + 2;
+        let provider = ScriptedProvider::new((0..n).map(|i| i.to_string()));
+        for i in 0..n {
+            let request = GenerateRequest {
+                max_new_tokens: Some(i as u32),
+                ..GenerateRequest::default()
+            };
+            provider
+                .generate(request, CancellationToken::new())
+                .await
+                .unwrap();
+        }
+        let kept = provider.requests();
+        assert_eq!(kept.len(), SCRIPTED_REQUEST_LOG);
+        assert_eq!(kept[0].max_new_tokens, Some(2), "the oldest two are gone");
+        assert_eq!(kept.last().unwrap().max_new_tokens, Some(n as u32 - 1));
     }
 }
