@@ -179,9 +179,31 @@ fn expected_calls(truth: &Value) -> Option<Vec<ExpectedCall>> {
         .collect()
 }
 
-/// BFCL's schema dialect as JSON Schema: Python type names become JSON
-/// Schema's (`dict` → object, `float` → number, `tuple` → array, `any` →
-/// string), recursively.
+/// BFCL's type names and the JSON Schema type each stands for: Python's
+/// (`dict`, `float`, `tuple`, ...) and, for the Java and JavaScript
+/// categories, those languages' (`String`, `HashMap`, `long`, `Boolean`,
+/// ...). `any` is a string: BFCL passes such values as their source text.
+const TYPE_NAMES: &[(&str, &str)] = &[
+    ("dict", "object"),
+    ("HashMap", "object"),
+    ("float", "number"),
+    ("double", "number"),
+    ("tuple", "array"),
+    ("list", "array"),
+    ("Array", "array"),
+    ("ArrayList", "array"),
+    ("any", "string"),
+    ("str", "string"),
+    ("String", "string"),
+    ("char", "string"),
+    ("int", "integer"),
+    ("long", "integer"),
+    ("bool", "boolean"),
+    ("Boolean", "boolean"),
+];
+
+/// BFCL's schema dialect as JSON Schema: its type names become JSON
+/// Schema's ([`TYPE_NAMES`]), recursively; an empty type is no type.
 pub fn to_json_schema(schema: &Value) -> Value {
     let Value::Object(map) = schema else {
         return schema.clone();
@@ -189,15 +211,13 @@ pub fn to_json_schema(schema: &Value) -> Value {
     let mut out = Map::new();
     for (key, value) in map {
         let converted = match key.as_str() {
+            "type" if value.as_str() == Some("") => continue,
             "type" => match value.as_str() {
-                Some("dict") => Value::from("object"),
-                Some("float") => Value::from("number"),
-                Some("tuple") | Some("list") => Value::from("array"),
-                Some("any") => Value::from("string"),
-                Some("int") => Value::from("integer"),
-                Some("bool") => Value::from("boolean"),
-                Some("str") => Value::from("string"),
-                _ => value.clone(),
+                Some(name) => TYPE_NAMES
+                    .iter()
+                    .find(|(bfcl, _)| *bfcl == name)
+                    .map_or_else(|| value.clone(), |(_, json)| Value::from(*json)),
+                None => value.clone(),
             },
             "properties" => match value {
                 Value::Object(props) => Value::Object(
@@ -341,6 +361,21 @@ mod tests {
             json!({"type": "object", "properties": {
                 "x": {"type": "number"}, "pair": {"type": "array", "items": {"type": "integer"}},
                 "opts": {"type": "object", "properties": {"any": {"type": "string"}}}}, "required": ["x"]})
+        );
+    }
+
+    #[test]
+    fn java_and_javascript_type_names_become_json_schema() {
+        let bfcl = json!({"type": "dict", "properties": {
+            "name": {"type": "String"}, "limit": {"type": "long"}, "ok": {"type": "Boolean"},
+            "tags": {"type": "ArrayList", "items": {"type": "String"}},
+            "params": {"type": "HashMap"}, "x": {"type": "double"}, "blank": {"type": ""}}});
+        assert_eq!(
+            to_json_schema(&bfcl),
+            json!({"type": "object", "properties": {
+                "name": {"type": "string"}, "limit": {"type": "integer"}, "ok": {"type": "boolean"},
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "params": {"type": "object"}, "x": {"type": "number"}, "blank": {}}})
         );
     }
 
