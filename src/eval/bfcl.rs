@@ -183,7 +183,7 @@ fn expected_calls(truth: &Value) -> Option<Vec<ExpectedCall>> {
 /// (`dict`, `float`, `tuple`, ...) and, for the Java and JavaScript
 /// categories, those languages' (`String`, `HashMap`, `long`, `Boolean`,
 /// ...). `any` is a string: BFCL passes such values as their source text.
-const TYPE_NAMES: &[(&str, &str)] = &[
+pub const TYPE_NAMES: &[(&str, &str)] = &[
     ("dict", "object"),
     ("HashMap", "object"),
     ("float", "number"),
