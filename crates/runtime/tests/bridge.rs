@@ -137,31 +137,11 @@ async fn sources_are_merged_and_the_first_registered_wins_a_name_clash() {
     runtime.shutdown().await;
 }
 
-/// Collects what the bridge logs, for the warnings a refused tool leaves.
-#[derive(Clone, Default)]
-struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
-
-impl std::io::Write for Log {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 // current_thread: the bridge's actor and listing tasks run on this thread,
 // so the thread's default subscriber sees their warnings.
 #[tokio::test(flavor = "current_thread")]
 async fn a_bare_tool_host_is_held_to_the_tool_sets_rules() {
-    let log = Log::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (log, _guard) = wma_testkit::capture_logs();
 
     // A host that did not go through a ToolSet: a name that carries a
     // sentence, a schema over the cap, a description over the cap, and
@@ -216,7 +196,7 @@ async fn a_bare_tool_host_is_held_to_the_tool_sets_rules() {
     }
     assert!(host.calls().is_empty());
 
-    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    let text = log.text();
     let warning = |needle: &str| {
         text.lines()
             .any(|l| l.contains("WARN") && l.contains("source=\"raw-page\"") && l.contains(needle))

@@ -23,9 +23,11 @@
 //! ```
 
 mod host;
+mod logs;
 mod otlp;
 
 pub use host::{InMemoryToolHost, RecordedCall, ToolFn};
+pub use logs::{CapturedLogs, capture_logs};
 pub use otlp::{AttrValue, CapturedEvent, CapturedSpan, OtlpReceiver, SpanStatus};
 // The scripted provider is part of the product (configs name it); tests
 // reach it here as before.
