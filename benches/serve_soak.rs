@@ -245,6 +245,18 @@ impl Bench {
         client(&self.token, ip, true)
     }
 
+    /// A client on a new address whose runs will be cut off (dropped or
+    /// stopped): the address is kept, to check at the end that its
+    /// per-client slots were freed.
+    fn cut_client(&self) -> Client {
+        let ip = self.next_ip();
+        self.cut_ips
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(ip);
+        self.client(ip)
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
@@ -676,13 +688,7 @@ async fn steady(bench: Arc<Bench>, phase: Arc<Phase>, client: Client, agent: usi
 /// Starts runs and goes away mid-stream: before the first event, after a
 /// few, or after a pause; the server must stop each run and free its slot.
 async fn disconnecter(bench: Arc<Bench>, phase: Arc<Phase>, agent: usize) {
-    let ip = bench.next_ip();
-    bench
-        .cut_ips
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(ip);
-    let client = bench.client(ip);
+    let client = bench.cut_client();
     let mut rng = bench.rng();
     let mut runs = 0;
     while bench.take_run(&phase, &client, agent, &mut runs).await {
@@ -755,13 +761,7 @@ async fn stop(bench: &Bench, client: &Client, agent: &str, run: &str) -> Result<
 /// end; and with each one, stops that must find nothing (an unknown id,
 /// the id on the other agent) or be refused (a malformed id).
 async fn stopper(bench: Arc<Bench>, phase: Arc<Phase>, agent: usize) {
-    let ip = bench.next_ip();
-    bench
-        .cut_ips
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push(ip);
-    let client = bench.client(ip);
+    let client = bench.cut_client();
     let mut rng = bench.rng();
     let mut runs = 0;
     let (lead, helper) = (lead(agent), helper(agent));

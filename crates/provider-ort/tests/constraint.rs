@@ -510,10 +510,16 @@ fn a_single_call_tool_is_called_once_per_reply() {
     );
 }
 
-/// The logits after `prefix` under constraint `c` with a copy bias of 3
-/// for `phrases`, every token starting even: what the bias adds is what the
-/// model would see.
-fn biased_logits(f: &Fixture, c: &Constraint, phrases: &[String], prefix: &str) -> Vec<f32> {
+/// The logits after `prefix` under constraint `c` and `decoding`, with the
+/// copy bias `copy`, every token starting even: what the constraint does is
+/// what the model would see.
+fn logits_after(
+    f: &Fixture,
+    c: &Constraint,
+    decoding: &Decoding,
+    copy: Option<wma_provider_ort::copy::CopyBias>,
+    prefix: &str,
+) -> Vec<f32> {
     let ids = f
         .tokenizer
         .encode(prefix, false)
@@ -522,13 +528,19 @@ fn biased_logits(f: &Fixture, c: &Constraint, phrases: &[String], prefix: &str) 
         .to_vec();
     let mut m = f
         .engine
-        .matcher(c, CallFormat::Json, &small_model())
+        .matcher(c, CallFormat::Json, decoding)
         .unwrap()
-        .with_copy_bias(wma_provider_ort::copy::CopyBias::new(phrases, 3.0));
+        .with_copy_bias(copy);
     assert_eq!(m.feed(&ids).unwrap(), ids.len(), "{prefix}");
     let mut l = vec![0.0f32; 49152];
     m.mask_logits(&mut l).unwrap();
     l
+}
+
+/// The logits after `prefix` with a copy bias of 3 for `phrases`.
+fn biased_logits(f: &Fixture, c: &Constraint, phrases: &[String], prefix: &str) -> Vec<f32> {
+    let copy = wma_provider_ort::copy::CopyBias::new(phrases, 3.0);
+    logits_after(f, c, &small_model(), copy, prefix)
 }
 
 #[test]
@@ -587,21 +599,11 @@ fn a_number_the_person_wrote_is_lifted_in_number_values_only() {
 
 /// The logits after `prefix` when string values may not begin with `avoid`.
 fn avoiding_logits(f: &Fixture, c: &Constraint, avoid: &[&str], prefix: &str) -> Vec<f32> {
-    let ids = f
-        .tokenizer
-        .encode(prefix, false)
-        .unwrap()
-        .get_ids()
-        .to_vec();
     let decoding = Decoding {
         avoid_in_values: avoid.iter().map(|s| s.to_string()).collect(),
         ..small_model()
     };
-    let mut m = f.engine.matcher(c, CallFormat::Json, &decoding).unwrap();
-    assert_eq!(m.feed(&ids).unwrap(), ids.len(), "{prefix}");
-    let mut l = vec![0.0f32; 49152];
-    m.mask_logits(&mut l).unwrap();
-    l
+    logits_after(f, c, &decoding, None, prefix)
 }
 
 #[test]
