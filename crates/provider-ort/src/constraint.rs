@@ -83,7 +83,7 @@ use serde_json::{Map, Value, json};
 use tokenizers::Tokenizer;
 use wma_agent::{CallFormat, Constraint, Decoding, ToolDefinition};
 
-use crate::copy::{AvoidNames, CopyBias};
+use crate::copy::{AvoidNames, CopyBias, value_position};
 use crate::encode::PromptEncoder;
 use crate::error::OrtError;
 
@@ -663,21 +663,25 @@ impl ConstraintMatcher {
                 apply_bits(&starts, logits);
             }
         }
+        // Where the reply stands (in a value or not) is read once per token,
+        // for the copy bias and the avoided names both.
         if self.calls.is_some()
-            && let Some(copy) = self.copy.as_ref()
+            && (self.copy.is_some() || self.avoid.is_some())
+            && let Some(position) = value_position(&self.output)
         {
-            copy.apply(
-                &self.output,
-                logits,
-                &self.env,
-                &self.quote_tokens,
-                &self.control,
-            );
-        }
-        if self.calls.is_some()
-            && let Some(avoid) = self.avoid.as_ref()
-        {
-            avoid.apply(&self.output, logits, &self.env);
+            if let Some(copy) = self.copy.as_ref() {
+                copy.apply(
+                    &self.output,
+                    position,
+                    logits,
+                    &self.env,
+                    &self.quote_tokens,
+                    &self.control,
+                );
+            }
+            if let Some(avoid) = self.avoid.as_ref() {
+                avoid.apply(&self.output, position, logits, &self.env);
+            }
         }
         self.mask_time += started.elapsed();
         self.masks += 1;

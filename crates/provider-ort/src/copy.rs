@@ -87,17 +87,17 @@ impl CopyBias {
     /// the tokens that start with `"`; `control` has a bit set for each of
     /// the tokenizer's added tokens, which never get the bonus (a phrase is
     /// the person's text, never a control token, whatever it says).
-    pub fn apply(
+    /// `position` is where `output` stands ([`value_position`]), read once
+    /// per token for this and [`AvoidNames::apply`].
+    pub(crate) fn apply(
         &self,
         output: &[u8],
+        position: Position,
         logits: &mut [f32],
         env: &TokEnv,
         quote_tokens: &[u32],
         control: &[u32],
     ) {
-        let Some(position) = value_position(output) else {
-            return;
-        };
         let trie = env.tok_trie();
         let mut boosted: Vec<u32> = Vec::new();
         match position {
@@ -193,11 +193,15 @@ impl AvoidNames {
     }
 
     /// Masks the tokens that would make the value being written (or about
-    /// to be written) after `output` begin with one of the names.
-    pub fn apply(&self, output: &[u8], logits: &mut [f32], env: &TokEnv) {
-        let Some(position) = value_position(output) else {
-            return;
-        };
+    /// to be written) after `output` begin with one of the names;
+    /// `position` is where `output` stands ([`value_position`]).
+    pub(crate) fn apply(
+        &self,
+        output: &[u8],
+        position: Position,
+        logits: &mut [f32],
+        env: &TokEnv,
+    ) {
         // What each allowed token must not start with: the rest of a name
         // the value so far begins, or a quote and a whole name.
         let mut targets: Vec<Vec<u8>> = Vec::new();
@@ -267,7 +271,7 @@ fn is_json_number(bytes: &[u8]) -> bool {
 
 /// Where a reply stands with respect to a value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Position {
+pub(crate) enum Position {
     /// A value comes next (after `:`, or in an array), not yet begun.
     Before,
     /// Inside a string value whose text starts at this byte.
@@ -279,7 +283,7 @@ enum Position {
 /// Whether `output` ends where a value comes next, or inside a string or
 /// number value. Keys do not count, nor the value of a top-level `name` (the
 /// tool's name in a call, which the grammar picks).
-fn value_position(output: &[u8]) -> Option<Position> {
+pub(crate) fn value_position(output: &[u8]) -> Option<Position> {
     let mut number: Option<usize> = None;
     let mut stack: Vec<u8> = Vec::new();
     let mut last = 0u8;
