@@ -1,0 +1,669 @@
+//! The served-model provider: a [`Provider`] for OpenAI-compatible
+//! chat-completion servers (llama.cpp's server, Ollama, vLLM).
+//!
+//! [`OpenAiProvider`] sends the loop's prompt to `POST {url}/v1/chat/completions`
+//! and hands the loop back text it reads like an on-device model's reply:
+//!
+//! - **Tools.** By default ([`OpenAiOptions::tools_inline`] false) the shown
+//!   tools go in the request's `tools` and the server's chat template
+//!   renders them; the calls the server returns in `tool_calls` are written
+//!   as the loop's JSON call format (`{"name": ..., "arguments": ...}`, one
+//!   per line) after the message's text, so the loop parses, validates,
+//!   corrects and repairs them exactly as it does a local model's. Earlier
+//!   calls in the history go back as `tool_calls` with ids, and their
+//!   results as `tool` messages answering them. With `tools_inline` the
+//!   loop writes the tools into the system prompt itself and the server
+//!   sees plain chat.
+//! - **Constraints** ([`Provider::supports_constraints`] is true): a
+//!   "calls only" attempt (the loop's call-now correction and repair
+//!   retry) is `tool_choice: "required"` over its tools, or, with tools in
+//!   the prompt, a `response_format` JSON schema of one call; a JSON-schema
+//!   constraint is a `response_format`. "Text or calls" is what an
+//!   unconstrained request allows already, and an llguidance grammar is not
+//!   a dialect servers read: those attempts go unconstrained. The policy's
+//!   [`Decoding`](wma_agent::Decoding) pulls (copy bias, call threshold) are
+//!   the on-device provider's own and are not sent.
+//! - **Usage and timings**: `usage` (prompt, completion and cached tokens)
+//!   and llama.cpp's `timings` (`prompt_ms` is the time to the first token,
+//!   `cache_n` the cached prompt tokens).
+//! - **Cancellation**: the request is raced against the token; when the
+//!   token wins, the request is dropped, which closes its connection, and
+//!   llama.cpp stops the generation of a request whose client went away.
+//! - **`fits`**: the context size comes from the server (llama.cpp's
+//!   `/props`, vLLM's `max_model_len` in `/v1/models`) and, where it tells
+//!   none, from [`OpenAiOptions::context_length`]; when both are known the
+//!   smaller counts. The prompt is counted by the server where it can
+//!   (llama.cpp's `/apply-template` and `/tokenize`: the exact count);
+//!   elsewhere it is estimated conservatively at one token per three bytes
+//!   of the messages and tools, plus eight per message. Room is kept for
+//!   the answer ([`OpenAiOptions::max_new_tokens`]).
+//! - **Errors**: a server that cannot be reached, one that closes the
+//!   connection mid-request (it stopped), an HTTP error (with the server's
+//!   own words), an answer that is not a chat completion and a request that
+//!   took too long are [`ProviderError`]s that say which; the host goes on.
+//!
+//! The API key, when the server wants one, is read from the environment
+//! variable that [`OpenAiOptions::api_key_env`] names, when the provider is
+//! made, and sent as a bearer token.
+//!
+//! Plain `http://` is built in; `https://` needs the crate's `https`
+//! feature (rustls).
+
+mod wire;
+
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use wma_agent::{
+    CallFormat, GenerateRequest, Generation, Progress, ProgressFn, PromptMessage, Provider,
+    ProviderError, ProviderInfo, ToolDefinition,
+};
+
+/// The `gen_ai.provider.name` of this provider.
+pub const PROVIDER_NAME: &str = "openai-compatible";
+
+/// New tokens per reply when neither the request nor the options say.
+pub const DEFAULT_MAX_NEW_TOKENS: u32 = 256;
+
+/// Settings of an [`OpenAiProvider`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct OpenAiOptions {
+    /// The server: `http://127.0.0.1:8080` (a trailing `/v1` is allowed).
+    pub url: String,
+    /// The model name sent in each request (`model`); llama.cpp serves one
+    /// model whatever the name, Ollama and vLLM pick by it.
+    pub model: String,
+    /// The name of the environment variable that holds the API key (sent
+    /// as `Authorization: Bearer`); `None` sends none.
+    pub api_key_env: Option<String>,
+    /// The context window when the server does not tell it (and a cap when
+    /// it does).
+    pub context_length: Option<u32>,
+    /// New tokens per reply when the request sets none; also the room
+    /// `fits` keeps for the answer.
+    pub max_new_tokens: u32,
+    /// Sampling temperature; `None` leaves the server's default.
+    pub temperature: Option<f32>,
+    /// Sampling seed; `None` leaves the server's default.
+    pub seed: Option<u64>,
+    /// Tools in the system prompt (the loop's JSON format) instead of the
+    /// request's `tools`.
+    pub tools_inline: bool,
+    /// Longest wait for a connection.
+    pub connect_timeout: Duration,
+    /// Longest wait for a whole answer.
+    pub request_timeout: Duration,
+}
+
+impl OpenAiOptions {
+    /// Options for `model` served at `url`, the rest default.
+    pub fn new(url: impl Into<String>, model: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            model: model.into(),
+            api_key_env: None,
+            context_length: None,
+            max_new_tokens: DEFAULT_MAX_NEW_TOKENS,
+            temperature: None,
+            seed: None,
+            tools_inline: false,
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// What the server told in `prepare`.
+#[derive(Debug, Clone, Copy)]
+struct ServerFacts {
+    context_length: Option<u32>,
+    parameters: Option<u64>,
+    /// llama.cpp's `/apply-template` and `/tokenize` answer: prompts are
+    /// counted exactly.
+    tokenizes: bool,
+}
+
+/// A provider for a model behind an OpenAI-compatible chat-completion API.
+pub struct OpenAiProvider {
+    options: OpenAiOptions,
+    /// The server's root (no `/v1`).
+    root: String,
+    api_key: Option<String>,
+    client: reqwest::Client,
+    facts: OnceLock<ServerFacts>,
+    /// Whether the last `/tokenize` failed (then estimates are used).
+    tokenize_failed: Mutex<bool>,
+}
+
+impl std::fmt::Debug for OpenAiProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiProvider")
+            .field("url", &self.options.url)
+            .field("model", &self.options.model)
+            .field("prepared", &self.facts.get().is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The answer of one chat completion, before it becomes a [`Generation`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct DirectReply {
+    /// The message's text (without the calls).
+    pub content: String,
+    /// The server's own `tool_calls`: name and arguments (`None` when the
+    /// arguments are not JSON).
+    pub calls: Vec<(String, Option<Value>)>,
+    /// Why it stopped.
+    pub finish_reason: Option<String>,
+    /// Prompt tokens, when told.
+    pub input_tokens: Option<u32>,
+    /// Generated tokens, when told.
+    pub output_tokens: Option<u32>,
+}
+
+impl OpenAiProvider {
+    /// A provider for `options`. Reads the API key's variable now; contacts
+    /// no server yet (that is [`Provider::prepare`]).
+    pub fn new(options: OpenAiOptions) -> Result<Self, ProviderError> {
+        let url = options.url.trim().trim_end_matches('/');
+        let scheme_ok =
+            url.starts_with("http://") || (url.starts_with("https://") && cfg!(feature = "https"));
+        if !scheme_ok {
+            let why = if url.starts_with("https://") {
+                "https needs wma built with the `https` feature of wma-provider-openai"
+            } else {
+                "the url must start with http://"
+            };
+            return Err(ProviderError::Load(format!(
+                "cannot use the server url `{}`: {why}",
+                options.url
+            )));
+        }
+        let root = url.strip_suffix("/v1").unwrap_or(url).to_string();
+        let api_key = match &options.api_key_env {
+            None => None,
+            Some(name) => match std::env::var(name) {
+                Ok(key) if !key.is_empty() => Some(key),
+                _ => {
+                    return Err(ProviderError::Load(format!(
+                        "the API key variable `{name}` (api_key_env) is not set"
+                    )));
+                }
+            },
+        };
+        let client = reqwest::Client::builder()
+            .connect_timeout(options.connect_timeout)
+            .build()
+            .map_err(|e| ProviderError::Load(format!("cannot make an HTTP client: {e}")))?;
+        Ok(Self {
+            options,
+            root,
+            api_key,
+            client,
+            facts: OnceLock::new(),
+            tokenize_failed: Mutex::new(false),
+        })
+    }
+
+    /// The options it was made with.
+    pub fn options(&self) -> &OpenAiOptions {
+        &self.options
+    }
+
+    /// The context window in use, once prepared.
+    pub fn context_length(&self) -> Option<u32> {
+        self.facts.get().and_then(|f| f.context_length)
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.root)
+    }
+
+    fn with_key(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.api_key {
+            Some(key) => request.bearer_auth(key),
+            None => request,
+        }
+    }
+
+    /// Sends one request and reads its JSON answer, raced against `cancel`
+    /// (dropping the request closes its connection).
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        path: &str,
+        timeout: Duration,
+        cancel: &CancellationToken,
+    ) -> Result<Value, ProviderError> {
+        let url = self.url(path);
+        let work = async {
+            let response = self
+                .with_key(request)
+                .timeout(timeout)
+                .send()
+                .await
+                .map_err(|e| transport_error(&url, &e, timeout))?;
+            let status = response.status();
+            let body = response
+                .bytes()
+                .await
+                .map_err(|e| transport_error(&url, &e, timeout))?;
+            if !status.is_success() {
+                return Err(ProviderError::Generation(format!(
+                    "the server at {url} answered {status}: {}",
+                    body_words(&body)
+                )));
+            }
+            serde_json::from_slice::<Value>(&body).map_err(|e| {
+                ProviderError::Generation(format!(
+                    "the server at {url} did not answer JSON ({e}): {}",
+                    body_words(&body)
+                ))
+            })
+        };
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Err(ProviderError::Cancelled),
+            result = work => result,
+        }
+    }
+
+    async fn get(&self, path: &str, cancel: &CancellationToken) -> Result<Value, ProviderError> {
+        let request = self.client.get(self.url(path));
+        self.send(request, path, self.options.connect_timeout * 3, cancel)
+            .await
+    }
+
+    async fn post(
+        &self,
+        path: &str,
+        body: &Value,
+        timeout: Duration,
+        cancel: &CancellationToken,
+    ) -> Result<Value, ProviderError> {
+        let request = self
+            .client
+            .post(self.url(path))
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        self.send(request, path, timeout, cancel).await
+    }
+
+    /// The body of a chat completion for `request`.
+    fn body(&self, request: &GenerateRequest) -> Value {
+        let structured = !self.options.tools_inline;
+        let mut body = json!({
+            "model": self.options.model,
+            "messages": wire::messages_json(&request.messages, structured),
+            "max_tokens": request.max_new_tokens.unwrap_or(self.options.max_new_tokens),
+            "stream": false,
+        });
+        if let Some(t) = self.options.temperature {
+            body["temperature"] = json!(t);
+        }
+        if let Some(seed) = self.options.seed {
+            body["seed"] = json!(seed);
+        }
+        let mut tools: Vec<ToolDefinition> = if structured {
+            request.tools.clone()
+        } else {
+            Vec::new()
+        };
+        match wire::map_constraint(request.constraint.as_ref(), self.options.tools_inline) {
+            wire::Mapped::Ignored => {}
+            wire::Mapped::RequiredTool(allowed) => {
+                tools = allowed;
+                body["tool_choice"] = json!("required");
+            }
+            wire::Mapped::Schema(schema) => {
+                body["response_format"] = wire::response_format(&schema);
+            }
+        }
+        if !tools.is_empty() {
+            body["tools"] = wire::tools_json(&tools);
+        }
+        body
+    }
+
+    async fn complete(
+        &self,
+        body: &Value,
+        cancel: &CancellationToken,
+    ) -> Result<wire::Completion, ProviderError> {
+        if self.facts.get().is_none() {
+            return Err(ProviderError::NotReady(format!(
+                "the served model at {} was not prepared",
+                self.options.url
+            )));
+        }
+        let path = "/v1/chat/completions";
+        let value = self
+            .post(path, body, self.options.request_timeout, cancel)
+            .await?;
+        let completion: wire::Completion = serde_json::from_value(value).map_err(|e| {
+            ProviderError::Generation(format!(
+                "the server at {} did not answer a chat completion: {e}",
+                self.url(path)
+            ))
+        })?;
+        if completion.choices.is_empty() {
+            return Err(ProviderError::Generation(format!(
+                "the server at {} answered no choice",
+                self.url(path)
+            )));
+        }
+        Ok(completion)
+    }
+
+    /// One chat completion with `tools`, as the server itself answers it:
+    /// no loop, no parsing of the text, the calls as the server returned
+    /// them (for scoring a server's own tool calling).
+    pub async fn direct(
+        &self,
+        messages: &[PromptMessage],
+        tools: &[ToolDefinition],
+        cancel: CancellationToken,
+    ) -> Result<DirectReply, ProviderError> {
+        let request = GenerateRequest {
+            messages: messages.to_vec(),
+            tools: tools.to_vec(),
+            ..GenerateRequest::default()
+        };
+        let mut body = self.body(&request);
+        body["messages"] = Value::Array(wire::messages_json(messages, true));
+        if !tools.is_empty() {
+            body["tools"] = wire::tools_json(tools);
+        }
+        let completion = self.complete(&body, &cancel).await?;
+        let usage = completion.usage.as_ref();
+        let choice = &completion.choices[0];
+        Ok(DirectReply {
+            content: choice.message.content.clone().unwrap_or_default(),
+            calls: wire::calls_as_values(&choice.message.tool_calls),
+            finish_reason: choice.finish_reason.clone(),
+            input_tokens: usage.and_then(|u| u.prompt_tokens),
+            output_tokens: usage.and_then(|u| u.completion_tokens),
+        })
+    }
+
+    /// Tokens of the prompt: counted by the server where it can, else
+    /// estimated high.
+    async fn count(&self, request: &GenerateRequest) -> Result<usize, ProviderError> {
+        let facts = self.facts.get().copied();
+        let tokenizes =
+            facts.is_some_and(|f| f.tokenizes) && !*self.tokenize_failed.lock().unwrap();
+        if tokenizes {
+            match self.server_count(request).await {
+                Ok(n) => return Ok(n),
+                Err(error) => {
+                    tracing::warn!(%error, "the server could not count the prompt; estimating from now on");
+                    *self.tokenize_failed.lock().unwrap() = true;
+                }
+            }
+        }
+        Ok(estimate(request, !self.options.tools_inline))
+    }
+
+    async fn server_count(&self, request: &GenerateRequest) -> Result<usize, ProviderError> {
+        let cancel = CancellationToken::new();
+        let mut body = json!({
+            "messages": wire::messages_json(&request.messages, !self.options.tools_inline),
+        });
+        if !self.options.tools_inline && !request.tools.is_empty() {
+            body["tools"] = wire::tools_json(&request.tools);
+        }
+        let timeout = self.options.connect_timeout * 3;
+        let rendered = self
+            .post("/apply-template", &body, timeout, &cancel)
+            .await?;
+        let prompt = rendered
+            .get("prompt")
+            .and_then(Value::as_str)
+            .ok_or_else(|| {
+                ProviderError::Generation("/apply-template answered no prompt".into())
+            })?;
+        let tokens = self
+            .post(
+                "/tokenize",
+                &json!({"content": prompt, "add_special": true, "parse_special": true}),
+                timeout,
+                &cancel,
+            )
+            .await?;
+        tokens
+            .get("tokens")
+            .and_then(Value::as_array)
+            .map(Vec::len)
+            .ok_or_else(|| ProviderError::Generation("/tokenize answered no tokens".into()))
+    }
+}
+
+/// A conservative count: one token per three bytes (English runs near
+/// four), eight per message for the template's markers, and the tools'
+/// JSON when the server renders them.
+fn estimate(request: &GenerateRequest, tools_sent: bool) -> usize {
+    let mut bytes: usize = request.messages.iter().map(|m| m.content.len()).sum();
+    if tools_sent {
+        bytes += wire::tools_json(&request.tools).to_string().len();
+    }
+    bytes.div_ceil(3) + 8 * (request.messages.len() + 1)
+}
+
+/// The first 400 characters of an error body, on one line.
+fn body_words(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if text.is_empty() {
+        return "(no body)".to_string();
+    }
+    match text.char_indices().nth(400) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text,
+    }
+}
+
+/// A transport failure in words a person can act on.
+fn transport_error(url: &str, error: &reqwest::Error, timeout: Duration) -> ProviderError {
+    let message = if error.is_timeout() {
+        format!(
+            "the server at {url} did not answer within {} s",
+            timeout.as_secs()
+        )
+    } else if error.is_connect() {
+        format!("cannot reach the server at {url} (is it running?): {error}")
+    } else {
+        // The connection was there and went away: the server stopped or
+        // dropped the request mid-answer.
+        format!(
+            "the server at {url} closed the connection before it answered (did it stop?): {error}"
+        )
+    };
+    ProviderError::Generation(message)
+}
+
+#[async_trait]
+impl Provider for OpenAiProvider {
+    fn info(&self) -> ProviderInfo {
+        ProviderInfo {
+            provider: PROVIDER_NAME.to_string(),
+            model: self.options.model.clone(),
+            context_length: self.context_length().or(self.options.context_length),
+        }
+    }
+
+    async fn prepare(
+        &self,
+        progress: ProgressFn,
+        cancel: CancellationToken,
+    ) -> Result<(), ProviderError> {
+        progress(Progress {
+            stage: format!("connect {}", self.options.url),
+            done: 0,
+            total: Some(2),
+        });
+        let load = |e: ProviderError| match e {
+            ProviderError::Generation(m) => ProviderError::Load(m),
+            other => other,
+        };
+        // `/v1/models` is the one endpoint every such server has: it tells
+        // that the server is there, and sometimes the context and size.
+        let models = self.get("/v1/models", &cancel).await.map_err(load)?;
+        let (models_context, parameters) = wire::models_facts(&models, &self.options.model);
+        progress(Progress {
+            stage: format!("read {} settings", self.options.url),
+            done: 1,
+            total: Some(2),
+        });
+        // llama.cpp's own endpoints; other servers answer 404.
+        let props = self.get("/props", &cancel).await.ok();
+        let server_context = props
+            .as_ref()
+            .and_then(wire::props_context)
+            .or(models_context);
+        let context_length = match (server_context, self.options.context_length) {
+            (Some(server), Some(configured)) => Some(server.min(configured)),
+            (server, configured) => server.or(configured),
+        };
+        if context_length.is_none() {
+            return Err(ProviderError::Load(format!(
+                "the server at {} does not tell its context size; set `context_length`",
+                self.options.url
+            )));
+        }
+        let tokenizes = props.is_some()
+            && self
+                .post(
+                    "/tokenize",
+                    &json!({"content": "a"}),
+                    self.options.connect_timeout,
+                    &cancel,
+                )
+                .await
+                .is_ok();
+        if cancel.is_cancelled() {
+            return Err(ProviderError::Cancelled);
+        }
+        let _ = self.facts.set(ServerFacts {
+            context_length,
+            parameters,
+            tokenizes,
+        });
+        progress(Progress {
+            stage: format!("ready {}", self.options.url),
+            done: 2,
+            total: Some(2),
+        });
+        Ok(())
+    }
+
+    async fn generate(
+        &self,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> Result<Generation, ProviderError> {
+        let started = Instant::now();
+        let body = self.body(&request);
+        let completion = self.complete(&body, &cancel).await?;
+        let total_time = started.elapsed();
+        let choice = &completion.choices[0];
+        let mut text = choice.message.content.clone().unwrap_or_default();
+        if !choice.message.tool_calls.is_empty() {
+            let calls = wire::calls_as_text(&choice.message.tool_calls);
+            if !text.trim().is_empty() {
+                text.push('\n');
+            }
+            text.push_str(&calls);
+        }
+        let usage = completion.usage.as_ref();
+        let timings = completion.timings.as_ref();
+        let ms = |ms: f64| Duration::from_secs_f64(ms.max(0.0) / 1000.0);
+        Ok(Generation {
+            text,
+            input_tokens: usage.and_then(|u| u.prompt_tokens),
+            output_tokens: usage.and_then(|u| u.completion_tokens),
+            cached_tokens: usage
+                .and_then(|u| u.prompt_tokens_details.as_ref())
+                .and_then(|d| d.cached_tokens)
+                .or_else(|| timings.and_then(|t| t.cache_n)),
+            time_to_first_token: timings.and_then(|t| t.prompt_ms).map(ms),
+            total_time: Some(
+                timings
+                    .and_then(|t| Some(t.prompt_ms? + t.predicted_ms?))
+                    .map(ms)
+                    .unwrap_or(total_time),
+            ),
+            finish_reason: choice.finish_reason.clone(),
+            call_probability: None,
+        })
+    }
+
+    async fn fits(&self, request: &GenerateRequest) -> Result<bool, ProviderError> {
+        let Some(limit) = self.context_length() else {
+            return Err(ProviderError::NotReady(format!(
+                "the served model at {} was not prepared",
+                self.options.url
+            )));
+        };
+        let answer = request
+            .max_new_tokens
+            .unwrap_or(self.options.max_new_tokens) as usize;
+        let tokens = self.count(request).await?;
+        Ok(tokens + answer <= limit as usize)
+    }
+
+    fn call_format(&self) -> CallFormat {
+        CallFormat::Json
+    }
+
+    fn tools_inline(&self) -> bool {
+        self.options.tools_inline
+    }
+
+    fn supports_constraints(&self) -> bool {
+        true
+    }
+
+    fn parameters(&self) -> Option<u64> {
+        self.facts.get().and_then(|f| f.parameters)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_keep_their_root_and_refuse_other_schemes() {
+        let p = OpenAiProvider::new(OpenAiOptions::new("http://127.0.0.1:8080/v1/", "m")).unwrap();
+        assert_eq!(p.url("/props"), "http://127.0.0.1:8080/props");
+        let err = OpenAiProvider::new(OpenAiOptions::new("ftp://x", "m")).unwrap_err();
+        assert!(err.to_string().contains("http://"), "{err}");
+    }
+
+    #[test]
+    fn a_missing_key_variable_is_named() {
+        let mut options = OpenAiOptions::new("http://127.0.0.1:1", "m");
+        options.api_key_env = Some("WMA_TEST_SURELY_UNSET_KEY".into());
+        let err = OpenAiProvider::new(options).unwrap_err();
+        assert!(
+            err.to_string().contains("WMA_TEST_SURELY_UNSET_KEY"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_estimate_counts_high() {
+        let request = GenerateRequest {
+            messages: vec![PromptMessage::new(
+                wma_agent::PromptRole::User,
+                "What is the weather in Paris today?",
+            )],
+            ..GenerateRequest::default()
+        };
+        // The real tokenizers take about 9 tokens for this sentence.
+        assert!(estimate(&request, false) >= 12 + 16);
+    }
+}

@@ -1,0 +1,397 @@
+//! The OpenAI chat-completion API as this provider writes and reads it:
+//! the request body, the answer, and llama.cpp's additions (`timings`,
+//! `/props`, `/tokenize`, `/apply-template`).
+
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+use wma_agent::{Constraint, PromptMessage, PromptRole, ToolDefinition, parse_tool_calls};
+
+/// The `tools` array of a request.
+pub(crate) fn tools_json(tools: &[ToolDefinition]) -> Value {
+    Value::Array(
+        tools
+            .iter()
+            .map(|t| {
+                json!({
+                    "type": "function",
+                    "function": {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.input_schema,
+                    }
+                })
+            })
+            .collect(),
+    )
+}
+
+/// The prompt turns as chat messages.
+///
+/// With tools in the request (`structured`), an assistant turn's calls,
+/// which the loop wrote back as text, become the message's `tool_calls`
+/// again, and each tool turn after it answers one of them by id: servers
+/// render both with the model's own template, and strict ones refuse a
+/// tool message that answers no call. Without tools in the request the
+/// turns go as the loop wrote them, calls and all, like the prompt an
+/// on-device model gets.
+pub(crate) fn messages_json(messages: &[PromptMessage], structured: bool) -> Vec<Value> {
+    let mut out = Vec::with_capacity(messages.len());
+    // The ids of the latest assistant turn's calls not answered yet.
+    let mut pending: std::collections::VecDeque<String> = Default::default();
+    let mut next_id = 0usize;
+    for message in messages {
+        match message.role {
+            PromptRole::Assistant if structured => {
+                let parsed = parse_tool_calls(&message.content);
+                pending.clear();
+                if parsed.calls.is_empty() {
+                    out.push(json!({"role": "assistant", "content": message.content}));
+                    continue;
+                }
+                let calls: Vec<Value> = parsed
+                    .calls
+                    .iter()
+                    .map(|c| {
+                        next_id += 1;
+                        let id = format!("call_{next_id}");
+                        pending.push_back(id.clone());
+                        json!({
+                            "id": id,
+                            "type": "function",
+                            "function": {"name": c.name, "arguments": c.arguments.to_string()},
+                        })
+                    })
+                    .collect();
+                let content = if parsed.text.is_empty() {
+                    Value::Null
+                } else {
+                    Value::String(parsed.text)
+                };
+                out.push(json!({"role": "assistant", "content": content, "tool_calls": calls}));
+            }
+            PromptRole::Tool if structured => match pending.pop_front() {
+                Some(id) => out.push(json!({
+                    "role": "tool",
+                    "tool_call_id": id,
+                    "content": message.content,
+                })),
+                // A result whose call is no longer in the window (the loop
+                // cut the history): told as what it is, in a user turn.
+                None => out.push(json!({
+                    "role": "user",
+                    "content": format!("Tool result:\n{}", message.content),
+                })),
+            },
+            role => out.push(json!({"role": role.as_str(), "content": message.content})),
+        }
+    }
+    out
+}
+
+/// A JSON Schema that one call to one of `tools` follows, in the loop's
+/// JSON call format (`{"name": ..., "arguments": {...}}`).
+pub(crate) fn call_schema(tools: &[ToolDefinition]) -> Value {
+    let one: Vec<Value> = tools
+        .iter()
+        .map(|t| {
+            let arguments = if t.input_schema.is_object() {
+                t.input_schema.clone()
+            } else {
+                json!({"type": "object"})
+            };
+            json!({
+                "type": "object",
+                "properties": {"name": {"const": t.name}, "arguments": arguments},
+                "required": ["name", "arguments"],
+                "additionalProperties": false,
+            })
+        })
+        .collect();
+    if one.len() == 1 {
+        one.into_iter().next().unwrap_or(Value::Null)
+    } else {
+        json!({"anyOf": one})
+    }
+}
+
+/// How a request's constraint is put to the server.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Mapped {
+    /// Nothing the server can hold the reply to: the request goes without.
+    Ignored,
+    /// Calls only, through the request's tools: `tool_choice: "required"`
+    /// over these tools.
+    RequiredTool(Vec<ToolDefinition>),
+    /// One JSON value following this schema (`response_format`).
+    Schema(Value),
+}
+
+/// Maps a constraint onto the chat-completion API. With tools in the
+/// request, "calls only" is `tool_choice: "required"`; with tools in the
+/// prompt it is a JSON schema of one call. "Text or calls" is what an
+/// unconstrained request already allows, and an llguidance grammar is not
+/// a dialect servers read: both go without.
+pub(crate) fn map_constraint(constraint: Option<&Constraint>, tools_inline: bool) -> Mapped {
+    match constraint {
+        None | Some(Constraint::TextOrCalls { .. }) | Some(Constraint::Grammar { .. }) => {
+            Mapped::Ignored
+        }
+        Some(Constraint::CallsOnly { tools }) if tools.is_empty() => Mapped::Ignored,
+        Some(Constraint::CallsOnly { tools }) if tools_inline => Mapped::Schema(call_schema(tools)),
+        Some(Constraint::CallsOnly { tools }) => Mapped::RequiredTool(tools.clone()),
+        Some(Constraint::JsonSchema { schema }) => Mapped::Schema(schema.clone()),
+    }
+}
+
+/// `response_format` for a schema.
+pub(crate) fn response_format(schema: &Value) -> Value {
+    json!({
+        "type": "json_schema",
+        "json_schema": {"name": "reply", "schema": schema, "strict": true},
+    })
+}
+
+/// The answer of `/v1/chat/completions`.
+#[derive(Debug, Deserialize)]
+pub(crate) struct Completion {
+    #[serde(default)]
+    pub(crate) choices: Vec<Choice>,
+    #[serde(default)]
+    pub(crate) usage: Option<Usage>,
+    /// llama.cpp's own timings.
+    #[serde(default)]
+    pub(crate) timings: Option<Timings>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct Choice {
+    #[serde(default)]
+    pub(crate) message: ReplyMessage,
+    #[serde(default)]
+    pub(crate) finish_reason: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct ReplyMessage {
+    #[serde(default)]
+    pub(crate) content: Option<String>,
+    #[serde(default)]
+    pub(crate) tool_calls: Vec<WireCall>,
+}
+
+/// One call of `tool_calls`.
+#[derive(Debug, Clone, Deserialize)]
+pub(crate) struct WireCall {
+    #[serde(default)]
+    pub(crate) function: WireFunction,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub(crate) struct WireFunction {
+    #[serde(default)]
+    pub(crate) name: String,
+    /// A JSON text by the API's definition; some servers send the object.
+    #[serde(default)]
+    pub(crate) arguments: Value,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct Usage {
+    #[serde(default)]
+    pub(crate) prompt_tokens: Option<u32>,
+    #[serde(default)]
+    pub(crate) completion_tokens: Option<u32>,
+    #[serde(default)]
+    pub(crate) prompt_tokens_details: Option<PromptDetails>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct PromptDetails {
+    #[serde(default)]
+    pub(crate) cached_tokens: Option<u32>,
+}
+
+/// llama.cpp's `timings` object.
+#[derive(Debug, Deserialize)]
+pub(crate) struct Timings {
+    /// Prompt tokens taken from the server's cache.
+    #[serde(default)]
+    pub(crate) cache_n: Option<u32>,
+    /// Milliseconds spent on the prompt (the time to the first token).
+    #[serde(default)]
+    pub(crate) prompt_ms: Option<f64>,
+    /// Milliseconds spent generating.
+    #[serde(default)]
+    pub(crate) predicted_ms: Option<f64>,
+}
+
+/// Writes the server's calls as the loop's JSON call format reads them:
+/// one `{"name": ..., "arguments": ...}` per line. Arguments that are not
+/// JSON are written as the server sent them, so the loop reads a malformed
+/// call and repairs it as it would an on-device model's.
+pub(crate) fn calls_as_text(calls: &[WireCall]) -> String {
+    calls
+        .iter()
+        .map(|call| {
+            let name = Value::String(call.function.name.clone());
+            let arguments = match &call.function.arguments {
+                Value::String(text) => match serde_json::from_str::<Value>(text) {
+                    Ok(value) => value.to_string(),
+                    Err(_) if text.trim().is_empty() => "{}".to_string(),
+                    Err(_) => text.clone(),
+                },
+                Value::Null => "{}".to_string(),
+                other => other.to_string(),
+            };
+            format!("{{\"name\": {name}, \"arguments\": {arguments}}}")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The calls of an answer as (name, arguments) values, for scoring a
+/// server's own tool calling; arguments that are not JSON come back as
+/// `None`.
+pub(crate) fn calls_as_values(calls: &[WireCall]) -> Vec<(String, Option<Value>)> {
+    calls
+        .iter()
+        .map(|call| {
+            let arguments = match &call.function.arguments {
+                Value::String(text) if text.trim().is_empty() => Some(Value::Object(Map::new())),
+                Value::String(text) => serde_json::from_str(text).ok(),
+                Value::Null => Some(Value::Object(Map::new())),
+                other => Some(other.clone()),
+            };
+            (call.function.name.clone(), arguments)
+        })
+        .collect()
+}
+
+/// The context size a server tells: llama.cpp's `/props`
+/// (`default_generation_settings.n_ctx`, or a top-level `n_ctx`).
+pub(crate) fn props_context(props: &Value) -> Option<u32> {
+    props
+        .pointer("/default_generation_settings/n_ctx")
+        .or_else(|| props.get("n_ctx"))
+        .and_then(Value::as_u64)
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|n| *n > 0)
+}
+
+/// What `/v1/models` tells of `model` (or of the only model served): the
+/// context size (vLLM's `max_model_len`) and the parameter count
+/// (llama.cpp's `meta.n_params`).
+pub(crate) fn models_facts(models: &Value, model: &str) -> (Option<u32>, Option<u64>) {
+    let Some(list) = models.get("data").and_then(Value::as_array) else {
+        return (None, None);
+    };
+    let entry = list
+        .iter()
+        .find(|m| m.get("id").and_then(Value::as_str) == Some(model))
+        .or(if list.len() == 1 { list.first() } else { None });
+    let Some(entry) = entry else {
+        return (None, None);
+    };
+    let context = entry
+        .get("max_model_len")
+        .or_else(|| entry.pointer("/meta/n_ctx_train"))
+        .and_then(Value::as_u64)
+        .and_then(|n| u32::try_from(n).ok());
+    let params = entry.pointer("/meta/n_params").and_then(Value::as_u64);
+    (context, params)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tool(name: &str) -> ToolDefinition {
+        ToolDefinition::new(
+            name,
+            "a tool",
+            json!({"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}),
+        )
+    }
+
+    #[test]
+    fn calls_are_written_in_the_loops_json_format() {
+        let calls: Vec<WireCall> = serde_json::from_value(json!([
+            {"function": {"name": "search", "arguments": "{\"q\": \"tent\"}"}},
+            {"function": {"name": "cart", "arguments": {"id": 3}}},
+            {"function": {"name": "broken", "arguments": "{\"q\": "}},
+        ]))
+        .unwrap();
+        let text = calls_as_text(&calls);
+        let parsed = parse_tool_calls(&text);
+        assert_eq!(parsed.calls.len(), 2, "{text}");
+        assert_eq!(parsed.calls[0].name, "search");
+        assert_eq!(parsed.calls[0].arguments, json!({"q": "tent"}));
+        assert_eq!(parsed.calls[1].arguments, json!({"id": 3}));
+        // The broken one is left for the loop's repair, not dropped unseen.
+        assert!(parsed.malformed.is_some(), "{text}");
+    }
+
+    #[test]
+    fn history_calls_go_back_as_tool_calls_with_ids() {
+        let messages = vec![
+            PromptMessage::new(PromptRole::System, "sys"),
+            PromptMessage::new(PromptRole::User, "find a tent"),
+            PromptMessage::new(
+                PromptRole::Assistant,
+                "{\"name\": \"search\", \"arguments\": {\"q\": \"tent\"}}",
+            ),
+            PromptMessage::new(PromptRole::Tool, "[\"Tent\"]"),
+        ];
+        let out = messages_json(&messages, true);
+        assert_eq!(out[2]["tool_calls"][0]["function"]["name"], "search");
+        assert_eq!(out[2]["content"], Value::Null);
+        assert_eq!(out[3]["role"], "tool");
+        assert_eq!(out[3]["tool_call_id"], out[2]["tool_calls"][0]["id"]);
+        // Without tools in the request the turns go as written.
+        let plain = messages_json(&messages, false);
+        assert_eq!(plain[2]["content"], messages[2].content);
+        assert!(plain[2].get("tool_calls").is_none());
+    }
+
+    #[test]
+    fn constraints_map_onto_what_servers_take() {
+        let tools = vec![tool("search"), tool("cart")];
+        assert_eq!(map_constraint(None, false), Mapped::Ignored);
+        assert_eq!(
+            map_constraint(
+                Some(&Constraint::TextOrCalls {
+                    tools: tools.clone()
+                }),
+                false
+            ),
+            Mapped::Ignored
+        );
+        assert_eq!(
+            map_constraint(
+                Some(&Constraint::CallsOnly {
+                    tools: tools.clone()
+                }),
+                false
+            ),
+            Mapped::RequiredTool(tools.clone())
+        );
+        let Mapped::Schema(schema) = map_constraint(Some(&Constraint::CallsOnly { tools }), true)
+        else {
+            panic!("calls only with tools in the prompt is a schema");
+        };
+        assert_eq!(schema["anyOf"][1]["properties"]["name"]["const"], "cart");
+    }
+
+    #[test]
+    fn context_and_parameters_are_read_from_what_servers_tell() {
+        let props = json!({"default_generation_settings": {"n_ctx": 2048}});
+        assert_eq!(props_context(&props), Some(2048));
+        assert_eq!(props_context(&json!({})), None);
+        let models =
+            json!({"data": [{"id": "m", "max_model_len": 4096, "meta": {"n_params": 134515008}}]});
+        assert_eq!(
+            models_facts(&models, "other"),
+            (Some(4096), Some(134_515_008))
+        );
+    }
+}
