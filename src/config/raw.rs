@@ -36,6 +36,7 @@ pub(crate) struct RawConfig {
 pub(crate) enum ProviderKind {
     Onnx,
     Scripted,
+    Openai,
 }
 
 /// `[providers.NAME]`. One flat table for every kind, so that a mistake in
@@ -44,9 +45,14 @@ pub(crate) enum ProviderKind {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawProvider {
     pub(crate) kind: Spanned<ProviderKind>,
-    // Both kinds.
+    // Every kind.
     pub(crate) model: Option<Spanned<String>>,
-    // onnx.
+    // openai (a served model).
+    pub(crate) url: Option<Spanned<String>>,
+    pub(crate) api_key_env: Option<Spanned<String>>,
+    pub(crate) connect_timeout_secs: Option<Spanned<u64>>,
+    pub(crate) request_timeout_secs: Option<Spanned<u64>>,
+    // onnx (also openai: temperature, seed, max_new_tokens, context_length).
     pub(crate) variant: Option<Spanned<String>>,
     pub(crate) cache_dir: Option<Spanned<String>>,
     pub(crate) hub_endpoint: Option<Spanned<String>>,
@@ -63,7 +69,7 @@ pub(crate) struct RawProvider {
     pub(crate) context_reserve: Option<Spanned<u32>>,
     pub(crate) shared_kv_buffer: Option<Spanned<bool>>,
     pub(crate) reuse_prefix: Option<Spanned<bool>>,
-    // scripted.
+    // scripted (also openai: tools_inline).
     pub(crate) replies: Option<Spanned<Vec<String>>>,
     pub(crate) delay_ms: Option<Spanned<u64>>,
     pub(crate) tools_inline: Option<Spanned<bool>>,

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use toml::Spanned;
 use wma_agent::{ConstraintMode, LocalLoopOptions, Policy, PolicyName};
+use wma_provider_openai::OpenAiOptions;
 use wma_provider_ort::{OrtProviderOptions, SamplingOptions};
 use wma_runtime::{
     DEFAULT_CLUSTER_LISTEN, DEFAULT_MAX_CONCURRENT_RUNS, DEFAULT_MAX_DELEGATION_DEPTH,
@@ -256,11 +257,15 @@ fn provider_spec(source: &Source<'_>, name: &str, raw: &RawProvider) -> Result<P
             refuse(
                 source,
                 &key,
-                "onnx provider (it belongs to scripted ones)",
+                "onnx provider (it belongs to other kinds)",
                 &[
                     ("replies", span_of(&raw.replies)),
                     ("delay_ms", span_of(&raw.delay_ms)),
                     ("tools_inline", span_of(&raw.tools_inline)),
+                    ("url", span_of(&raw.url)),
+                    ("api_key_env", span_of(&raw.api_key_env)),
+                    ("connect_timeout_secs", span_of(&raw.connect_timeout_secs)),
+                    ("request_timeout_secs", span_of(&raw.request_timeout_secs)),
                 ],
             )?;
             let defaults = OrtProviderOptions::default();
@@ -293,8 +298,12 @@ fn provider_spec(source: &Source<'_>, name: &str, raw: &RawProvider) -> Result<P
             refuse(
                 source,
                 &key,
-                "scripted provider (it belongs to onnx ones)",
+                "scripted provider (it belongs to other kinds)",
                 &[
+                    ("url", span_of(&raw.url)),
+                    ("api_key_env", span_of(&raw.api_key_env)),
+                    ("connect_timeout_secs", span_of(&raw.connect_timeout_secs)),
+                    ("request_timeout_secs", span_of(&raw.request_timeout_secs)),
                     ("variant", span_of(&raw.variant)),
                     ("cache_dir", span_of(&raw.cache_dir)),
                     ("hub_endpoint", span_of(&raw.hub_endpoint)),
@@ -331,7 +340,90 @@ fn provider_spec(source: &Source<'_>, name: &str, raw: &RawProvider) -> Result<P
                 tools_inline: raw.tools_inline.as_ref().is_none_or(|t| *t.get_ref()),
             }))
         }
+        ProviderKind::Openai => openai_spec(source, &key, raw),
     }
+}
+
+/// `kind = "openai"`: a model behind an OpenAI-compatible server.
+fn openai_spec(source: &Source<'_>, key: &str, raw: &RawProvider) -> Result<ProviderSpec> {
+    refuse(
+        source,
+        key,
+        "openai provider (it belongs to other kinds; the server samples and counts)",
+        &[
+            ("replies", span_of(&raw.replies)),
+            ("delay_ms", span_of(&raw.delay_ms)),
+            ("variant", span_of(&raw.variant)),
+            ("cache_dir", span_of(&raw.cache_dir)),
+            ("hub_endpoint", span_of(&raw.hub_endpoint)),
+            ("threads", span_of(&raw.threads)),
+            ("inter_threads", span_of(&raw.inter_threads)),
+            ("top_k", span_of(&raw.top_k)),
+            ("top_p", span_of(&raw.top_p)),
+            ("repetition_penalty", span_of(&raw.repetition_penalty)),
+            ("stop", span_of(&raw.stop)),
+            ("context_reserve", span_of(&raw.context_reserve)),
+            ("shared_kv_buffer", span_of(&raw.shared_kv_buffer)),
+            ("reuse_prefix", span_of(&raw.reuse_prefix)),
+        ],
+    )?;
+    let Some(url) = &raw.url else {
+        return Err(source.invalid(
+            raw.kind.span(),
+            key,
+            "an openai provider needs `url`, the server's address (http://127.0.0.1:8080)",
+        ));
+    };
+    let text = url.get_ref().trim();
+    if !(text.starts_with("http://") || text.starts_with("https://")) {
+        return Err(source.invalid(
+            url.span(),
+            format!("{key}.url"),
+            format!("`{text}` is not an http:// or https:// address"),
+        ));
+    }
+    let Some(model) = &raw.model else {
+        return Err(source.invalid(
+            raw.kind.span(),
+            key,
+            "an openai provider needs `model`, the name the server serves it under",
+        ));
+    };
+    if let Some(name) = &raw.api_key_env {
+        if name.get_ref().trim().is_empty() {
+            return Err(source.invalid(
+                name.span(),
+                format!("{key}.api_key_env"),
+                "`api_key_env` names an environment variable; it is empty",
+            ));
+        }
+    }
+    for (setting, value) in [
+        ("connect_timeout_secs", &raw.connect_timeout_secs),
+        ("request_timeout_secs", &raw.request_timeout_secs),
+    ] {
+        if let Some(v) = value.as_ref().filter(|v| *v.get_ref() == 0) {
+            return Err(source.invalid(
+                v.span(),
+                format!("{key}.{setting}"),
+                format!("`{setting}` must be at least 1"),
+            ));
+        }
+    }
+    let mut options = OpenAiOptions::new(text, model.get_ref().clone());
+    options.api_key_env = value(&raw.api_key_env);
+    options.context_length = value(&raw.context_length);
+    options.max_new_tokens = value(&raw.max_new_tokens).unwrap_or(options.max_new_tokens);
+    options.temperature = value(&raw.temperature);
+    options.seed = value(&raw.seed);
+    options.tools_inline = value(&raw.tools_inline).unwrap_or(false);
+    if let Some(secs) = value(&raw.connect_timeout_secs) {
+        options.connect_timeout = Duration::from_secs(secs);
+    }
+    if let Some(secs) = value(&raw.request_timeout_secs) {
+        options.request_timeout = Duration::from_secs(secs);
+    }
+    Ok(ProviderSpec::Openai(options))
 }
 
 fn tool_source(source: &Source<'_>, name: &str, raw: &RawToolSource) -> Result<ToolSourceConfig> {

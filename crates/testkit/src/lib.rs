@@ -23,10 +23,12 @@
 //! ```
 
 mod host;
+mod llamacpp;
 mod logs;
 mod otlp;
 
 pub use host::{InMemoryToolHost, RecordedCall, ToolFn};
+pub use llamacpp::{LlamaServer, cache_dir, default_gguf};
 pub use logs::{CapturedLogs, capture_logs};
 pub use otlp::{AttrValue, CapturedEvent, CapturedSpan, OtlpReceiver, SpanStatus};
 // The scripted provider is part of the product (configs name it); tests
