@@ -8,6 +8,8 @@ mod delegation;
 mod eval_tasks;
 mod grounding;
 mod http_api;
+mod kv_cache;
 mod loop_behaviour;
 mod properties;
 mod real_model;
+mod served;

@@ -70,9 +70,16 @@ pub enum CallFormat {
 }
 
 impl CallFormat {
-    /// Writes one call the way the model is taught to write it.
+    /// Writes one call the way the model is taught to write it: JSON with
+    /// a space after each `:` and `,` (`{"name": "search", "arguments":
+    /// {"query": "tent"}}`), the form a constrained reply takes (the
+    /// grammar writes `{"name": "` itself) and small models write on their
+    /// own. The loop writes earlier calls back into the history this way,
+    /// so the prompt of the next step repeats the model's reply token for
+    /// token and its cached prefix runs on through it.
     pub fn write(self, call: &ToolCall) -> String {
-        let body = serde_json::json!({"name": call.name, "arguments": call.arguments});
+        let body =
+            spaced_json(&serde_json::json!({"name": call.name, "arguments": call.arguments}));
         match self {
             Self::Json => body.to_string(),
             Self::Hermes => format!("<tool_call>\n{body}\n</tool_call>"),
@@ -87,6 +94,46 @@ impl CallFormat {
             .collect::<Vec<_>>()
             .join("\n")
     }
+}
+
+/// `value` as JSON with `": "` and `", "` between its parts, on one line.
+fn spaced_json(value: &Value) -> String {
+    struct Spaced;
+    impl serde_json::ser::Formatter for Spaced {
+        fn begin_array_value<W: ?Sized + std::io::Write>(
+            &mut self,
+            writer: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            if first {
+                Ok(())
+            } else {
+                writer.write_all(b", ")
+            }
+        }
+        fn begin_object_key<W: ?Sized + std::io::Write>(
+            &mut self,
+            writer: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            if first {
+                Ok(())
+            } else {
+                writer.write_all(b", ")
+            }
+        }
+        fn begin_object_value<W: ?Sized + std::io::Write>(
+            &mut self,
+            writer: &mut W,
+        ) -> std::io::Result<()> {
+            writer.write_all(b": ")
+        }
+    }
+    let mut out = Vec::new();
+    let mut serializer = serde_json::Serializer::with_formatter(&mut out, Spaced);
+    // Writing a Value into memory cannot fail, and JSON is UTF-8.
+    serde::Serialize::serialize(value, &mut serializer).expect("a JSON value serializes");
+    String::from_utf8(out).expect("JSON is UTF-8")
 }
 
 /// A limit on what a generation may produce, for providers that can decode
@@ -259,6 +306,21 @@ pub trait Provider: Send + Sync {
         cancel: CancellationToken,
     ) -> Result<Generation, ProviderError>;
 
+    /// Generates one reply as part of the cache session `session`: a
+    /// provider that keeps several KV caches (one per agent run, see
+    /// [`InSession`]) serves the prompt's prefix from that session's cache,
+    /// so that one agent's steps do not evict another's. The default
+    /// ignores the session.
+    async fn generate_in_session(
+        &self,
+        session: &str,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> Result<Generation, ProviderError> {
+        let _ = session;
+        self.generate(request, cancel).await
+    }
+
     /// Whether the prompt fits the context, with room kept for the answer.
     async fn fits(&self, request: &GenerateRequest) -> Result<bool, ProviderError>;
 
@@ -299,6 +361,14 @@ impl<P: Provider + ?Sized> Provider for Arc<P> {
     ) -> Result<Generation, ProviderError> {
         (**self).generate(request, cancel).await
     }
+    async fn generate_in_session(
+        &self,
+        session: &str,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> Result<Generation, ProviderError> {
+        (**self).generate_in_session(session, request, cancel).await
+    }
     async fn fits(&self, request: &GenerateRequest) -> Result<bool, ProviderError> {
         (**self).fits(request).await
     }
@@ -313,5 +383,84 @@ impl<P: Provider + ?Sized> Provider for Arc<P> {
     }
     fn parameters(&self) -> Option<u64> {
         (**self).parameters()
+    }
+}
+
+/// A provider whose generations all belong to one cache session (see
+/// [`Provider::generate_in_session`]): the runtime gives each agent run one,
+/// keyed by the agent and the run, so a sub-agent's steps and another
+/// agent's leave this run's KV cache alone.
+#[derive(Debug, Clone)]
+pub struct InSession<P> {
+    provider: P,
+    session: String,
+}
+
+impl<P: Provider> InSession<P> {
+    /// `provider`, with every generation in `session`.
+    pub fn new(provider: P, session: impl Into<String>) -> Self {
+        Self {
+            provider,
+            session: session.into(),
+        }
+    }
+
+    /// The session's key.
+    pub fn session(&self) -> &str {
+        &self.session
+    }
+
+    /// The provider underneath.
+    pub fn inner(&self) -> &P {
+        &self.provider
+    }
+}
+
+#[async_trait]
+impl<P: Provider> Provider for InSession<P> {
+    fn info(&self) -> ProviderInfo {
+        self.provider.info()
+    }
+    async fn prepare(
+        &self,
+        progress: ProgressFn,
+        cancel: CancellationToken,
+    ) -> Result<(), ProviderError> {
+        self.provider.prepare(progress, cancel).await
+    }
+    async fn generate(
+        &self,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> Result<Generation, ProviderError> {
+        self.provider
+            .generate_in_session(&self.session, request, cancel)
+            .await
+    }
+    /// A session named by the caller wins over this one.
+    async fn generate_in_session(
+        &self,
+        session: &str,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> Result<Generation, ProviderError> {
+        self.provider
+            .generate_in_session(session, request, cancel)
+            .await
+    }
+    async fn fits(&self, request: &GenerateRequest) -> Result<bool, ProviderError> {
+        self.provider.fits(request).await
+    }
+    fn call_format(&self) -> CallFormat {
+        self.provider.call_format()
+    }
+    fn tools_inline(&self) -> bool {
+        self.provider.tools_inline()
+    }
+    fn supports_constraints(&self) -> bool {
+        self.provider.supports_constraints()
+    }
+    fn parameters(&self) -> Option<u64> {
+        self.provider.parameters()
     }
 }

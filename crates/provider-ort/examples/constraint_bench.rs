@@ -9,7 +9,10 @@
 //! It asks the model (the default one unless `--model` says otherwise) a few
 //! shop requests with the shop's tools in the prompt, once with "calls only"
 //! and once with "text or calls", under the decoding the loop's small-model
-//! policy asks for (docs/providers.md), and prints one table.
+//! policy asks for (docs/providers.md), and prints one table. A second table
+//! sets the same requests with the forced tokens fed in one pass (fast
+//! forward, the default) beside one decode step each: reply tokens per
+//! second, the share of forced tokens, and whether the replies match.
 
 use anyhow::{Context, Result, bail};
 use serde_json::json;
@@ -145,6 +148,8 @@ fn main() -> Result<()> {
         d.constraint_time -= before.constraint_time;
         d.decode_steps -= before.decode_steps;
         d.decode_time -= before.decode_time;
+        d.generated_tokens -= before.generated_tokens;
+        d.forced_tokens -= before.forced_tokens;
         println!(
             "| {label} | {} | {} | {:.2} ms | {} µs | {:.1} ms | {:.2}% |",
             d.generations,
@@ -154,6 +159,97 @@ fn main() -> Result<()> {
             d.model_per_token().as_secs_f64() * 1e3,
             d.overhead() * 100.0
         );
+    }
+    fast_forward_table(&provider, &runtime, &system, &tools, repeat)
+}
+
+/// Replies of both constraints with fast forward on and off, side by side.
+fn fast_forward_table(
+    provider: &OrtProvider,
+    runtime: &tokio::runtime::Runtime,
+    system: &str,
+    tools: &[ToolDefinition],
+    repeat: usize,
+) -> Result<()> {
+    println!(
+        "\n| constraint | forced tokens | reply tok/s, one step each | reply tok/s, fast forward | speed-up | same replies |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (label, constraint) in [
+        (
+            "calls only",
+            Constraint::CallsOnly {
+                tools: tools.to_vec(),
+            },
+        ),
+        (
+            "text or calls",
+            Constraint::TextOrCalls {
+                tools: tools.to_vec(),
+            },
+        ),
+    ] {
+        // Per mode: reply tokens, time after the first token, the replies.
+        let mut runs = Vec::new();
+        let mut forced = (0, 0);
+        for fast in [false, true] {
+            provider.with_model(|m| m.set_fast_forward(fast))?;
+            let before = provider.constraint_totals();
+            let (mut tokens, mut time, mut texts) = (0usize, 0f64, Vec::new());
+            for _ in 0..repeat {
+                for request in REQUESTS {
+                    let request = GenerateRequest {
+                        messages: vec![
+                            PromptMessage::new(PromptRole::System, system.to_string()),
+                            PromptMessage::new(PromptRole::User, request),
+                        ],
+                        constraint: Some(constraint.clone()),
+                        max_new_tokens: Some(96),
+                        decoding: small_model_decoding(),
+                        ..GenerateRequest::default()
+                    };
+                    let g =
+                        runtime.block_on(provider.generate(request, CancellationToken::new()))?;
+                    // After the first token: the reply's own pace, without
+                    // the prefill (the same in both modes).
+                    tokens += g.output_tokens.unwrap_or(0).saturating_sub(1) as usize;
+                    time += g
+                        .total_time
+                        .unwrap_or_default()
+                        .saturating_sub(g.time_to_first_token.unwrap_or_default())
+                        .as_secs_f64();
+                    texts.push(g.text);
+                }
+            }
+            let after = provider.constraint_totals();
+            if fast {
+                forced = (
+                    after.forced_tokens - before.forced_tokens,
+                    after.generated_tokens - before.generated_tokens,
+                );
+            }
+            runs.push((tokens as f64 / time.max(1e-9), texts));
+        }
+        provider.with_model(|m| m.set_fast_forward(true))?;
+        let same = runs[0]
+            .1
+            .iter()
+            .zip(&runs[1].1)
+            .filter(|(a, b)| a == b)
+            .count();
+        println!(
+            "| {label} | {}/{} ({:.0}%) | {:.1} | {:.1} | {:.2}x | {same}/{} |",
+            forced.0,
+            forced.1,
+            100.0 * forced.0 as f64 / forced.1.max(1) as f64,
+            runs[0].0,
+            runs[1].0,
+            runs[1].0 / runs[0].0.max(1e-9),
+            runs[0].1.len()
+        );
+        for (a, b) in runs[0].1.iter().zip(&runs[1].1).filter(|(a, b)| a != b) {
+            println!("  differs: one step each {a:?}\n           fast forward  {b:?}");
+        }
     }
     Ok(())
 }

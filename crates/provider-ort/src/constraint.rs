@@ -710,6 +710,20 @@ impl ConstraintMatcher {
         self.call_probability
     }
 
+    /// The tokens the grammar forces next: where it allows exactly one
+    /// continuation (`{"name": "`, the rest of a tool's name once it is
+    /// settled, `", "arguments": {"`), that text as the tokenizer writes it,
+    /// short of a last token a free choice could still extend. Empty where
+    /// the next token is a choice, and before the first token of "text or
+    /// calls" (the branch between prose and a call is the model's to take,
+    /// under the call threshold).
+    pub fn forced_tokens(&mut self) -> Vec<u32> {
+        if self.call_start.is_some() {
+            return Vec::new();
+        }
+        self.matcher.compute_ff_tokens()
+    }
+
     /// Whether the grammar allows `token` next (computes the mask).
     pub fn allows(&mut self, token: u32) -> Result<bool, OrtError> {
         let mask = self

@@ -145,7 +145,10 @@ pub use hub::{DEFAULT_ENDPOINT, download};
 pub use model::{
     GenerateParams, GenerationStats, IdGeneration, OrtModel, StopReason, Terminator, common_prefix,
 };
-pub use options::{DEFAULT_MAX_NEW_TOKENS, ExecutionProvider, OrtProviderOptions};
+pub use options::{
+    DEFAULT_KV_CACHE_BYTES, DEFAULT_KV_SESSIONS, DEFAULT_MAX_NEW_TOKENS, ExecutionProvider,
+    OrtProviderOptions,
+};
 pub use paths::{
     DEFAULT_MODEL_NAME, ModelSource, cache_dir, default_model_dir, dylib_path, hub_dir,
 };

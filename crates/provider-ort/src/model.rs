@@ -98,6 +98,12 @@ pub struct GenerationStats {
     pub constrained_tokens: usize,
     /// Tokens generated, including any a constrained reply was cut back by.
     pub generated_tokens: usize,
+    /// Generated tokens the grammar forced (the only continuation it
+    /// allowed), taken without a choice; part of `generated_tokens`.
+    pub forced_tokens: usize,
+    /// Forward passes that fed forced tokens together instead of one
+    /// decode step each (counted in `decode_steps` too).
+    pub forced_runs: usize,
 }
 
 impl GenerationStats {
@@ -109,6 +115,15 @@ impl GenerationStats {
     /// Tokens per second of the decode loop.
     pub fn decode_tokens_per_second(&self) -> f64 {
         per_second(self.decode_steps, self.decode_time)
+    }
+
+    /// New tokens per second of the reply after the prefill: what a person
+    /// waiting for it sees (forced tokens fed together count each).
+    pub fn reply_tokens_per_second(&self) -> f64 {
+        per_second(
+            self.generated_tokens.saturating_sub(1),
+            self.total_time.saturating_sub(self.time_to_first_token),
+        )
     }
 }
 
@@ -172,6 +187,30 @@ struct SharedKv {
 /// First capacity of shared buffers; doubled as prompts grow.
 const SHARED_INITIAL_CAPACITY: usize = 256;
 
+/// The session of generations that name none.
+const DEFAULT_SESSION: &str = "";
+
+/// A KV cache that is not the one in use, kept for the session it belongs to.
+struct Parked {
+    /// The session's key.
+    key: String,
+    /// Its cache.
+    cache: KvCache,
+    /// When it was last used (the model's clock), for least-recently-used
+    /// eviction.
+    used: u64,
+}
+
+/// How many KV sessions a model keeps, and how much memory they may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SessionLimits {
+    /// The most sessions kept, the one in use included (at least 1).
+    pub max_sessions: usize,
+    /// The most bytes their keys and values may take (allocated buffers
+    /// counted whole); the session in use is never evicted.
+    pub max_bytes: u64,
+}
+
 /// A decoder-only language model in ONNX Runtime, with the KV cache it keeps
 /// between calls.
 ///
@@ -184,8 +223,23 @@ pub struct OrtModel {
     io: GraphIo,
     /// What config.json says.
     config: ModelConfig,
-    /// The cached keys and values and the tokens they belong to.
+    /// The cached keys and values of the session in use, and the tokens
+    /// they belong to.
     cache: KvCache,
+    /// The key of the session in use.
+    session_key: String,
+    /// When the session in use was chosen (the model's clock).
+    session_used: u64,
+    /// The other sessions' caches.
+    parked: Vec<Parked>,
+    /// Counts session choices, for least-recently-used eviction.
+    clock: u64,
+    /// How many sessions are kept, and in how many bytes.
+    limits: SessionLimits,
+    /// Whether caches live in shared buffers (decided by the load probe).
+    shared: bool,
+    /// Feed the tokens a grammar forces in one forward pass.
+    fast_forward: bool,
     /// Whether the next prompt may reuse the cache's common prefix.
     reuse_prefix: bool,
     /// The context window in tokens.
@@ -199,6 +253,8 @@ impl std::fmt::Debug for OrtModel {
         f.debug_struct("OrtModel")
             .field("io", &self.io)
             .field("cached_tokens", &self.cache.ids.len())
+            .field("session", &self.session_key)
+            .field("parked_sessions", &self.parked.len())
             .field("reuse_prefix", &self.reuse_prefix)
             .field("context_length", &self.context_length)
             .finish_non_exhaustive()
@@ -265,6 +321,16 @@ impl OrtModel {
                 ids: Vec::new(),
                 store: KvStore::Copy(Vec::new()),
             },
+            session_key: DEFAULT_SESSION.to_string(),
+            session_used: 0,
+            parked: Vec::new(),
+            clock: 0,
+            limits: SessionLimits {
+                max_sessions: options.kv_sessions.max(1),
+                max_bytes: options.kv_cache_bytes,
+            },
+            shared: false,
+            fast_forward: options.fast_forward,
             reuse_prefix: options.reuse_prefix,
             context_length,
             run_options: Arc::new(RunOptions::new().map_err(OrtError::runtime)?),
@@ -314,6 +380,7 @@ impl OrtModel {
         match shared {
             Ok((prefill, step)) if agrees(&copy_prefill, &prefill) && agrees(&copy_step, &step) => {
                 tracing::debug!("KV cache: shared buffers updated in place");
+                self.shared = true;
                 self.clear_cache();
             }
             other => {
@@ -379,6 +446,195 @@ impl OrtModel {
         }
     }
 
+    /// Feeds (true) or decodes one by one (false) the tokens a grammar
+    /// forces; see [`OrtProviderOptions::fast_forward`].
+    pub fn set_fast_forward(&mut self, on: bool) {
+        self.fast_forward = on;
+    }
+
+    /// Whether forced tokens are fed in one forward pass.
+    pub fn fast_forward(&self) -> bool {
+        self.fast_forward
+    }
+
+    /// The key of the KV session in use (`""` for generations that name none).
+    pub fn session_key(&self) -> &str {
+        &self.session_key
+    }
+
+    /// Every KV session kept, the one in use first, each with the tokens it
+    /// holds, then least recently used last.
+    pub fn sessions(&self) -> Vec<(String, usize)> {
+        let mut parked: Vec<&Parked> = self.parked.iter().collect();
+        parked.sort_by_key(|p| std::cmp::Reverse(p.used));
+        std::iter::once((self.session_key.clone(), self.cache.ids.len()))
+            .chain(
+                parked
+                    .into_iter()
+                    .map(|p| (p.key.clone(), p.cache.ids.len())),
+            )
+            .collect()
+    }
+
+    /// Bytes the keys and values of every session take (allocated buffers
+    /// counted whole).
+    pub fn kv_bytes(&self) -> u64 {
+        self.cache_bytes(&self.cache)
+            + self
+                .parked
+                .iter()
+                .map(|p| self.cache_bytes(&p.cache))
+                .sum::<u64>()
+    }
+
+    /// Drops every session but the one in use, and empties that one.
+    pub fn clear_sessions(&mut self) {
+        self.parked.clear();
+        self.clear_cache();
+    }
+
+    /// Makes `key`'s KV session the one in use (`None`: the session of
+    /// generations that name none), keeping the one in use for later.
+    ///
+    /// A session seen for the first time starts from a copy of the longest
+    /// prefix of `prompt` any kept session holds: an agent's next run finds
+    /// its system prompt computed by its last one, and a sub-agent's run
+    /// takes what it shares with its parent without touching the parent's
+    /// cache. Copying keys and values costs far less than computing them.
+    /// Then sessions are evicted, least recently used first, down to the
+    /// limits ([`OrtProviderOptions::kv_sessions`],
+    /// [`OrtProviderOptions::kv_cache_bytes`]).
+    pub fn use_session(&mut self, key: Option<&str>, prompt: &[u32]) -> Result<(), OrtError> {
+        let key = key.unwrap_or(DEFAULT_SESSION);
+        self.clock += 1;
+        if key != self.session_key {
+            let next = match self.parked.iter().position(|p| p.key == key) {
+                Some(i) => self.parked.swap_remove(i).cache,
+                None => self.seeded_cache(prompt)?,
+            };
+            let old = std::mem::replace(&mut self.cache, next);
+            let old_key = std::mem::replace(&mut self.session_key, key.to_string());
+            self.parked.push(Parked {
+                key: old_key,
+                cache: old,
+                used: self.session_used,
+            });
+        }
+        self.session_used = self.clock;
+        self.evict();
+        Ok(())
+    }
+
+    /// A cache for a new session: a copy of the longest prefix of `prompt`
+    /// that a kept session holds, or an empty one.
+    fn seeded_cache(&self, prompt: &[u32]) -> Result<KvCache, OrtError> {
+        let limit = prompt.len().saturating_sub(1);
+        let best = std::iter::once(&self.cache)
+            .chain(self.parked.iter().map(|p| &p.cache))
+            .map(|c| (common_prefix(&c.ids, prompt).min(limit), c))
+            .max_by_key(|(n, _)| *n);
+        match best {
+            Some((keep, source)) if keep > 0 && self.reuse_prefix => {
+                tracing::debug!(tokens = keep, "KV cache: new session from a kept prefix");
+                self.copy_prefix(source, keep)
+            }
+            _ => self.empty_cache(),
+        }
+    }
+
+    /// An empty cache of the kind this graph uses.
+    fn empty_cache(&self) -> Result<KvCache, OrtError> {
+        let store = if self.shared {
+            KvStore::Shared(Box::new(SharedKv::new(
+                &self.session,
+                &self.io,
+                SHARED_INITIAL_CAPACITY.min(self.context_length),
+            )?))
+        } else {
+            KvStore::Copy(Vec::new())
+        };
+        Ok(KvCache {
+            ids: Vec::new(),
+            store,
+        })
+    }
+
+    /// A new cache holding the first `keep` positions of `source`.
+    fn copy_prefix(&self, source: &KvCache, keep: usize) -> Result<KvCache, OrtError> {
+        let keep = keep.min(source.ids.len());
+        let store = match &source.store {
+            KvStore::Copy(values) => KvStore::Copy(
+                values
+                    .iter()
+                    .map(|v| match self.io.kv_type {
+                        FloatType::F32 => slice_sequence::<f32>(v, keep),
+                        FloatType::F16 => slice_sequence::<f16>(v, keep),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            KvStore::Shared(kv) => {
+                // Room for this step's new tokens before the first doubling.
+                let capacity = (keep + keep / 2)
+                    .max(SHARED_INITIAL_CAPACITY)
+                    .min(self.context_length);
+                let mut copy = SharedKv::empty(&self.session)?;
+                copy.fill(&self.io, capacity, &kv.buffers, keep)?;
+                KvStore::Shared(Box::new(copy))
+            }
+        };
+        Ok(KvCache {
+            ids: source.ids[..keep].to_vec(),
+            store,
+        })
+    }
+
+    /// Bytes one cache's keys and values take.
+    fn cache_bytes(&self, cache: &KvCache) -> u64 {
+        let width = match self.io.kv_type {
+            FloatType::F32 => 4,
+            FloatType::F16 => 2,
+        };
+        let per_position =
+            (2 * self.io.layers.len() * self.io.kv_heads * self.io.head_dim * width) as u64;
+        let positions = match &cache.store {
+            KvStore::Copy(values) if values.is_empty() => 0,
+            KvStore::Copy(_) => cache.ids.len(),
+            KvStore::Shared(kv) => kv.capacity,
+        };
+        per_position * positions as u64
+    }
+
+    /// Drops the least recently used kept sessions until the count and the
+    /// bytes are within the limits (the session in use always stays).
+    fn evict(&mut self) {
+        loop {
+            let count = 1 + self.parked.len();
+            let bytes = self.kv_bytes();
+            if (count <= self.limits.max_sessions && bytes <= self.limits.max_bytes)
+                || self.parked.is_empty()
+            {
+                return;
+            }
+            let Some(oldest) = self
+                .parked
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, p)| p.used)
+                .map(|(i, _)| i)
+            else {
+                return;
+            };
+            let gone = self.parked.swap_remove(oldest);
+            tracing::debug!(
+                session = %gone.key,
+                tokens = gone.cache.ids.len(),
+                sessions = count,
+                bytes,
+                "KV cache: evicted the least recently used session"
+            );
+        }
+    }
+
     /// A handle that stops the running forward pass from another thread.
     /// Each [`generate_ids`](Self::generate_ids) starts with a fresh one, so
     /// take it right before the generation it should stop.
@@ -418,6 +674,7 @@ impl OrtModel {
                 OrtError::runtime(e)
             }
         };
+        let mut grew = false;
         let logits = match &mut self.cache.store {
             KvStore::Copy(past) => {
                 let mut inputs: Vec<(Cow<'_, str>, SessionInputValue<'_>)> = token_inputs
@@ -458,6 +715,7 @@ impl OrtModel {
                 if total > kv.capacity {
                     let capacity = (kv.capacity * 2).max(total).min(self.context_length);
                     kv.grow(&self.io, capacity, past_len)?;
+                    grew = true;
                 }
                 for (name, value) in token_inputs {
                     kv.binding
@@ -480,6 +738,10 @@ impl OrtModel {
             }
         };
         self.cache.ids.extend_from_slice(ids);
+        if grew {
+            // A grown session may push the kept ones past the byte limit.
+            self.evict();
+        }
         Ok(logits)
     }
 
@@ -579,9 +841,65 @@ impl OrtModel {
         // Under a constraint: how many tokens made the last complete output.
         let mut complete_at = 0;
         let decode_start = Instant::now();
-        let reason = loop {
+        let reason = 'generation: loop {
             if cancel.is_cancelled() {
                 return Err(OrtError::Cancelled);
+            }
+            // Where the grammar allows one continuation only, its tokens are
+            // taken as they are and fed together: a small prefill instead of
+            // one decode step each. The logits in hand (for the first of
+            // them) are not needed.
+            if self.fast_forward
+                && let Some(c) = constraint.as_deref_mut()
+            {
+                let started = Instant::now();
+                let mut forced = c.forced_tokens();
+                stats.constraint_time += started.elapsed();
+                forced.truncate(max_new - ids.len());
+                if !forced.is_empty() {
+                    for &id in &forced {
+                        if ids.is_empty() {
+                            stats.time_to_first_token = start.elapsed();
+                        }
+                        ids.push(id);
+                        sampler.remember(id);
+                        stats.generated_tokens += 1;
+                        stats.forced_tokens += 1;
+                        let started = Instant::now();
+                        c.consume(id)?;
+                        let mut grammar_done = c.is_finished();
+                        if c.is_accepting() {
+                            complete_at = ids.len();
+                        }
+                        if c.repeated_a_call() {
+                            ids.truncate(c.distinct_tokens());
+                            grammar_done = true;
+                        }
+                        stats.constraint_time += started.elapsed();
+                        // The same ends as for a chosen token; the tokens
+                        // after the end are not fed (nor the last one, as
+                        // always).
+                        if grammar_done || should_stop(&ids) {
+                            break 'generation StopReason::Stop;
+                        }
+                        if ids.len() >= max_new {
+                            if complete_at > 0 && complete_at < ids.len() {
+                                ids.truncate(complete_at);
+                            }
+                            break 'generation StopReason::Length;
+                        }
+                    }
+                    if cancel.is_cancelled() {
+                        return Err(OrtError::Cancelled);
+                    }
+                    logits = match self.forward(&forced) {
+                        Ok(l) => l,
+                        Err(e) => return Err(self.after_error(e, cancel)),
+                    };
+                    stats.decode_steps += 1;
+                    stats.forced_runs += 1;
+                    continue;
+                }
             }
             if let Some(c) = constraint.as_deref_mut() {
                 let started = Instant::now();
@@ -680,25 +998,43 @@ impl OrtModel {
 
 impl SharedKv {
     fn new(session: &Session, io: &GraphIo, capacity: usize) -> Result<Self, OrtError> {
-        let binding = session.create_binding().map_err(OrtError::runtime)?;
-        let mut kv = Self {
-            binding,
+        let mut kv = Self::empty(session)?;
+        kv.fill(io, capacity, &[], 0)?;
+        Ok(kv)
+    }
+
+    /// A binding without buffers yet (see [`SharedKv::fill`]).
+    fn empty(session: &Session) -> Result<Self, OrtError> {
+        Ok(Self {
+            binding: session.create_binding().map_err(OrtError::runtime)?,
             cpu: MemoryInfo::default(),
             buffers: Vec::new(),
             capacity: 0,
-        };
-        kv.grow(io, capacity, 0)?;
-        Ok(kv)
+        })
     }
 
     /// Replaces the buffers with ones of `capacity` positions, keeping the
     /// first `keep`, and binds them.
     fn grow(&mut self, io: &GraphIo, capacity: usize, keep: usize) -> Result<(), OrtError> {
+        let old = std::mem::take(&mut self.buffers);
+        self.fill(io, capacity, &old, keep)
+    }
+
+    /// Binds new buffers of `capacity` positions holding the first `keep`
+    /// positions of `source` (another session's buffers, or this one's old
+    /// ones).
+    fn fill(
+        &mut self,
+        io: &GraphIo,
+        capacity: usize,
+        source: &[DynValue],
+        keep: usize,
+    ) -> Result<(), OrtError> {
         let allocator = Allocator::default();
         let shape = [1usize, io.kv_heads, capacity, io.head_dim];
         let mut buffers = Vec::with_capacity(2 * io.layers.len());
         for slot in 0..2 * io.layers.len() {
-            let old = self.buffers.get(slot);
+            let old = source.get(slot);
             let buffer = match io.kv_type {
                 FloatType::F32 => grown::<f32>(&allocator, shape, old, keep)?,
                 FloatType::F16 => grown::<f16>(&allocator, shape, old, keep)?,

@@ -7,6 +7,13 @@ use crate::sampling::SamplingOptions;
 /// Default upper bound on new tokens per generation.
 pub const DEFAULT_MAX_NEW_TOKENS: u32 = 256;
 
+/// Default number of KV sessions kept (see [`OrtProviderOptions::kv_sessions`]).
+pub const DEFAULT_KV_SESSIONS: usize = 6;
+
+/// Default bytes the kept KV sessions may take: 1 GiB (see
+/// [`OrtProviderOptions::kv_cache_bytes`]).
+pub const DEFAULT_KV_CACHE_BYTES: u64 = 1 << 30;
+
 /// Where the model runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -89,6 +96,22 @@ pub struct OrtProviderOptions {
     /// The context window. Default: `None`, meaning the model's
     /// `max_position_embeddings`. Lower it to bound memory.
     pub context_length: Option<u32>,
+    /// KV sessions kept: one per agent run while it is live, and what
+    /// finished runs computed, so that a sub-agent does not evict its
+    /// parent's prefix and an agent's next run finds its system prompt
+    /// computed. Least recently used sessions go first. Default: 6; 1 is
+    /// one cache shared by everybody.
+    pub kv_sessions: usize,
+    /// Bytes the kept KV sessions may take (keys and values, buffers
+    /// counted whole; the session in use is never evicted). Default: 1 GiB.
+    /// The default model needs 46 KiB per position.
+    pub kv_cache_bytes: u64,
+    /// Under a constraint, where the grammar allows exactly one
+    /// continuation (`{"name": "`, a settled tool name, the key names),
+    /// feed its tokens in one forward pass instead of one decode step
+    /// each; the tokens are the tokenizer's own for that text. Default:
+    /// true. Turn it off to compare with token-by-token decoding.
+    pub fast_forward: bool,
     /// Honour decoding constraints (grammars) from the loop. Default: true.
     /// When the tokenizer's vocabulary cannot be read for them, the provider
     /// says it does not support constraints and ignores them. How a
@@ -115,6 +138,9 @@ impl Default for OrtProviderOptions {
             reuse_prefix: true,
             context_reserve: None,
             context_length: None,
+            kv_sessions: DEFAULT_KV_SESSIONS,
+            kv_cache_bytes: DEFAULT_KV_CACHE_BYTES,
+            fast_forward: true,
             constraints: true,
         }
     }
@@ -191,6 +217,24 @@ impl OrtProviderOptions {
     /// Uses (true) or never uses (false) cache buffers updated in place.
     pub fn with_shared_kv_buffer(mut self, shared: bool) -> Self {
         self.shared_kv_buffer = shared;
+        self
+    }
+
+    /// Keeps at most `n` KV sessions (at least 1).
+    pub fn with_kv_sessions(mut self, n: usize) -> Self {
+        self.kv_sessions = n.max(1);
+        self
+    }
+
+    /// Lets the kept KV sessions take at most `bytes`.
+    pub fn with_kv_cache_bytes(mut self, bytes: u64) -> Self {
+        self.kv_cache_bytes = bytes;
+        self
+    }
+
+    /// Feeds (true) or decodes one by one (false) the tokens a grammar forces.
+    pub fn with_fast_forward(mut self, on: bool) -> Self {
+        self.fast_forward = on;
         self
     }
 

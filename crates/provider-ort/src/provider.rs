@@ -108,6 +108,11 @@ pub struct ConstraintTotals {
     pub decode_steps: usize,
     /// Time of those steps, the constraint's share included.
     pub decode_time: Duration,
+    /// Tokens those generations produced.
+    pub generated_tokens: usize,
+    /// Of those, tokens the grammar forced (fed together when
+    /// [`OrtProviderOptions::fast_forward`] is on).
+    pub forced_tokens: usize,
 }
 
 impl ConstraintTotals {
@@ -321,6 +326,29 @@ impl OrtProvider {
         }
     }
 
+    /// Renders and generates on a blocking thread, in `session`'s KV cache
+    /// (`None`: the cache of generations that name no session).
+    async fn generate_session(
+        &self,
+        session: Option<String>,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> Result<Generation, ProviderError> {
+        let loaded = Arc::clone(self.loaded()?);
+        let params = self.params(&request, &loaded.stop_ids);
+        // When the loop drops this future (a step timeout), the guard stops
+        // the blocking work at its next token instead of letting it run on.
+        let work_cancel = cancel.child_token();
+        let _stop_work = work_cancel.clone().drop_guard();
+        let task = tokio::task::spawn_blocking(move || {
+            loaded.generate(session.as_deref(), &request, &params, &work_cancel)
+        });
+        tokio::select! {
+            result = task => result.map_err(join_error)?.map_err(ProviderError::from),
+            _ = cancel.cancelled() => Err(ProviderError::Cancelled),
+        }
+    }
+
     fn reserve(&self, request: &GenerateRequest) -> usize {
         self.options
             .context_reserve
@@ -387,6 +415,7 @@ impl Loaded {
     /// Renders, tokenizes and generates; runs on a blocking thread.
     fn generate(
         &self,
+        session: Option<&str>,
         request: &GenerateRequest,
         params: &GenerateParams,
         cancel: &CancellationToken,
@@ -400,6 +429,7 @@ impl Loaded {
         // generation should not wait for it.
         let mut matcher = self.constraint_matcher(request);
         let mut model = self.lock_model();
+        model.use_session(session, &prompt)?;
         let terminator = model.reset_terminator()?;
         // A forward pass over a long prompt takes seconds; cancelling must not
         // wait for it to end, so a watcher tells ONNX Runtime to stop.
@@ -434,10 +464,14 @@ impl Loaded {
             totals.constraint_time += stats.constraint_time;
             totals.decode_steps += stats.decode_steps;
             totals.decode_time += stats.decode_time;
+            totals.generated_tokens += stats.generated_tokens;
+            totals.forced_tokens += stats.forced_tokens;
             tracing::debug!(
                 call_probability = m.call_probability(),
                 compile_us = m.compile_time().as_micros() as u64,
                 masked_tokens = stats.constrained_tokens,
+                forced_tokens = stats.forced_tokens,
+                forced_runs = stats.forced_runs,
                 constraint_us_per_token = stats
                     .constraint_time
                     .checked_div(stats.constrained_tokens.max(1) as u32)
@@ -648,18 +682,19 @@ impl Provider for OrtProvider {
         request: GenerateRequest,
         cancel: CancellationToken,
     ) -> Result<Generation, ProviderError> {
-        let loaded = Arc::clone(self.loaded()?);
-        let params = self.params(&request, &loaded.stop_ids);
-        // When the loop drops this future (a step timeout), the guard stops
-        // the blocking work at its next token instead of letting it run on.
-        let work_cancel = cancel.child_token();
-        let _stop_work = work_cancel.clone().drop_guard();
-        let task =
-            tokio::task::spawn_blocking(move || loaded.generate(&request, &params, &work_cancel));
-        tokio::select! {
-            result = task => result.map_err(join_error)?.map_err(ProviderError::from),
-            _ = cancel.cancelled() => Err(ProviderError::Cancelled),
-        }
+        self.generate_session(None, request, cancel).await
+    }
+
+    /// Generates in `session`'s KV cache (see
+    /// [`OrtProviderOptions::kv_sessions`]).
+    async fn generate_in_session(
+        &self,
+        session: &str,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> Result<Generation, ProviderError> {
+        self.generate_session(Some(session.to_string()), request, cancel)
+            .await
     }
 
     async fn fits(&self, request: &GenerateRequest) -> Result<bool, ProviderError> {

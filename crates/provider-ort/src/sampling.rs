@@ -121,6 +121,14 @@ impl Sampler {
         id
     }
 
+    /// Remembers a token that was not sampled (one a grammar forced), so
+    /// the repetition penalty sees it as it would a sampled one.
+    pub fn remember(&mut self, id: u32) {
+        if self.options.repetition_penalty != 1.0 {
+            self.seen.insert(id);
+        }
+    }
+
     fn sample_random(&mut self, logits: &[f32]) -> u32 {
         let o = &self.options;
         let c = &mut self.candidates;

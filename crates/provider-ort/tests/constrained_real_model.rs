@@ -255,3 +255,76 @@ async fn copy_phrases_put_the_persons_words_into_a_free_text_argument() {
         reply.text
     );
 }
+
+/// Fast forward (the tokens a grammar forces fed in one forward pass) writes
+/// the same reply, token for token, as one decode step per token: the same
+/// calls in the same tokens, for prose-or-call and calls-only constraints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fast_forward_writes_the_same_reply_as_one_step_per_token() {
+    let provider = provider().await;
+    let tools = shop_tools();
+    let system = system_prompt(&SystemPromptInput {
+        tools: &tools,
+        tools_inline: provider.tools_inline(),
+        call_format: provider.call_format(),
+        ..SystemPromptInput::default()
+    });
+    let cases = [
+        ("Add two of product p-17 to my cart.", true),
+        ("Search the catalog for a waterproof backpack.", true),
+        ("Show me my cart.", false),
+    ];
+    for (text, calls_only) in cases {
+        let request = GenerateRequest {
+            messages: vec![
+                PromptMessage::new(PromptRole::System, system.clone()),
+                PromptMessage::new(PromptRole::User, text),
+            ],
+            constraint: Some(if calls_only {
+                Constraint::CallsOnly {
+                    tools: tools.clone(),
+                }
+            } else {
+                Constraint::TextOrCalls {
+                    tools: tools.clone(),
+                }
+            }),
+            max_new_tokens: Some(80),
+            decoding: small_model_decoding(),
+            ..GenerateRequest::default()
+        };
+        let mut replies = Vec::new();
+        for fast in [false, true] {
+            provider.with_model(|m| m.set_fast_forward(fast)).unwrap();
+            // The same prompt from scratch each time, so both replies start
+            // from the same cache.
+            provider.with_model(|m| m.clear_cache()).unwrap();
+            let before = provider.constraint_totals();
+            let reply = provider
+                .generate(request.clone(), CancellationToken::new())
+                .await
+                .unwrap();
+            let forced = provider.constraint_totals().forced_tokens - before.forced_tokens;
+            replies.push((reply, forced));
+        }
+        let (slow, not_forced) = &replies[0];
+        let (fast, forced) = &replies[1];
+        assert_eq!(*not_forced, 0, "one step each forces nothing");
+        assert_eq!(fast.text, slow.text, "{text}: the replies differ");
+        assert_eq!(fast.output_tokens, slow.output_tokens, "{text}");
+        assert_eq!(fast.finish_reason, slow.finish_reason, "{text}");
+        if calls_only {
+            // `{"name": "` at least, and the arguments' keys.
+            assert!(
+                *forced >= 4,
+                "{text}: only {forced} forced tokens in {:?}",
+                fast.text
+            );
+            assert!(
+                !valid_calls(&fast.text, &tools).is_empty(),
+                "{:?}",
+                fast.text
+            );
+        }
+    }
+}

@@ -15,8 +15,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 use wma_agent::{
-    AgentProfile, AgentRunRequest, AgentStreamPart, ChatMessage, LocalLoopOptions, SubAgentInfo,
-    run_local_agent,
+    AgentProfile, AgentRunRequest, AgentStreamPart, ChatMessage, InSession, LocalLoopOptions,
+    SubAgentInfo, run_local_agent,
 };
 
 use crate::bridge::ToolBridgeHandle;
@@ -329,7 +329,13 @@ impl AgentArgs {
             cancel: cancel.clone(),
             agent: Some(profile),
         };
-        let provider = self.provider.clone();
+        // Each run has its own KV-cache session in a provider that keeps
+        // several: a sub-agent's steps do not evict this run's prefix, and
+        // the next run of this agent starts from what this one computed.
+        let provider = InSession::new(
+            self.provider.clone(),
+            format!("{}#{id}", shared.config.name),
+        );
         let name = shared.config.name.clone();
         tokio::spawn(
             async move {

@@ -166,6 +166,8 @@ pub(crate) enum ProviderMsg {
     /// so whatever the provider traces nests under it.
     Generate {
         request: GenerateRequest,
+        /// The KV-cache session it belongs to, when the caller named one.
+        session: Option<String>,
         cancel: CancellationToken,
         span: Span,
         reply: RpcReplyPort<Result<Generation, ProviderError>>,
@@ -205,6 +207,8 @@ impl ractor::Message for ProviderMsg {}
 enum Deferred {
     Generate {
         request: GenerateRequest,
+        /// The KV-cache session it belongs to, when the caller named one.
+        session: Option<String>,
         cancel: CancellationToken,
         span: Span,
         reply: RpcReplyPort<Result<Generation, ProviderError>>,
@@ -282,6 +286,7 @@ impl Actor for ProviderActor {
         match message {
             ProviderMsg::Generate {
                 request,
+                session,
                 cancel,
                 span,
                 reply,
@@ -289,6 +294,7 @@ impl Actor for ProviderActor {
                 &myself,
                 Deferred::Generate {
                     request,
+                    session,
                     cancel,
                     span,
                     reply,
@@ -403,6 +409,7 @@ impl ProviderState {
         match work {
             Deferred::Generate {
                 request,
+                session,
                 cancel,
                 span,
                 reply,
@@ -417,7 +424,12 @@ impl ProviderState {
                             // its caller is let go at once either way.
                             tokio::select! {
                                 biased;
-                                result = provider.generate(request, cancel.clone()) => result,
+                                result = async {
+                                    match &session {
+                                        Some(session) => provider.generate_in_session(session, request, cancel.clone()).await,
+                                        None => provider.generate(request, cancel.clone()).await,
+                                    }
+                                } => result,
                                 _ = cancel.cancelled() => Err(ProviderError::Cancelled),
                             }
                         };
@@ -564,6 +576,35 @@ impl ProviderHandle {
         self.shared.restarts.load(Ordering::SeqCst)
     }
 
+    /// Sends one generation to the actor, in `session`'s KV cache when named.
+    async fn generate_for(
+        &self,
+        session: Option<String>,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> Result<Generation, ProviderError> {
+        let span = Span::current();
+        let result = self
+            .slot
+            .call(
+                |reply| ProviderMsg::Generate {
+                    request: request.clone(),
+                    session: session.clone(),
+                    cancel: cancel.clone(),
+                    span: span.clone(),
+                    reply,
+                },
+                self.timeouts.generate,
+                self.timeouts.restart_wait,
+            )
+            .await;
+        match result {
+            Ok(result) => result,
+            Err(_) if cancel.is_cancelled() => Err(ProviderError::Cancelled),
+            Err(error) => Err(self.to_provider_error(error)),
+        }
+    }
+
     fn to_provider_error(&self, error: RuntimeError) -> ProviderError {
         ProviderError::Generation(error.to_string())
     }
@@ -607,25 +648,17 @@ impl Provider for ProviderHandle {
         request: GenerateRequest,
         cancel: CancellationToken,
     ) -> Result<Generation, ProviderError> {
-        let span = Span::current();
-        let result = self
-            .slot
-            .call(
-                |reply| ProviderMsg::Generate {
-                    request: request.clone(),
-                    cancel: cancel.clone(),
-                    span: span.clone(),
-                    reply,
-                },
-                self.timeouts.generate,
-                self.timeouts.restart_wait,
-            )
-            .await;
-        match result {
-            Ok(result) => result,
-            Err(_) if cancel.is_cancelled() => Err(ProviderError::Cancelled),
-            Err(error) => Err(self.to_provider_error(error)),
-        }
+        self.generate_for(None, request, cancel).await
+    }
+
+    async fn generate_in_session(
+        &self,
+        session: &str,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> Result<Generation, ProviderError> {
+        self.generate_for(Some(session.to_string()), request, cancel)
+            .await
     }
 
     async fn fits(&self, request: &GenerateRequest) -> Result<bool, ProviderError> {
