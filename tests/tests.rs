@@ -12,4 +12,3 @@ mod kv_cache;
 mod loop_behaviour;
 mod properties;
 mod real_model;
-mod served;
