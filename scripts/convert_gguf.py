@@ -327,7 +327,9 @@ def convert(gguf_path: str, out_dir: str, variant: str, keep: dict | None = None
     path = os.path.join(out_dir, "onnx", MODEL_FILES[variant])
     lo.save_model(model, path)
     del model
-    print(f"wrote {path} ({os.path.getsize(path) / 1e6:.1f} MB) in {time.time() - t0:.1f} s")
+    size = sum(os.path.getsize(p) for p in (path, path + "_data") if os.path.exists(p))
+    print(f"wrote {path} ({size / 1e6:.1f} MB{', weights in ' + os.path.basename(path) + '_data' if os.path.exists(path + '_data') else ''}) "
+          f"in {time.time() - t0:.1f} s")
     if keep is not None:
         keep["weights"] = weights
     return path

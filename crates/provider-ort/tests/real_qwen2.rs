@@ -1,7 +1,8 @@
 //! The provider on the real Qwen2.5-Coder-0.5B-Instruct (4-bit, converted
-//! from its Q4_K_M GGUF by the project's converter): tool calls in the
-//! template's own Hermes format, directly, under a constraint and through
-//! the loop, and greedy tokens equal to an independent Python loop.
+//! from its Q4_K_M GGUF by the project's converter): a tool-call request
+//! through the template's tools gets a valid call, directly, under a
+//! constraint (in the template's Hermes `<tool_call>` tags) and through the
+//! loop, and greedy tokens equal those of an independent Python loop.
 //!
 //! Opt-in: the model is an evaluation model that `scripts/setup.sh` makes
 //! only when asked (`scripts/setup.sh --model qwen2.5-coder-0.5b`); without
@@ -91,7 +92,7 @@ fn valid_calls(text: &str, tools: &[ToolDefinition]) -> Vec<(String, serde_json:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tool_call_request_gets_a_valid_hermes_call() {
+async fn a_tool_call_request_through_the_templates_tools_gets_a_valid_call() {
     let Some(dir) = qwen2_model() else { return };
     let provider = provider(&dir).await;
     assert!(
@@ -113,15 +114,16 @@ async fn a_tool_call_request_gets_a_valid_hermes_call() {
         .generate(request, CancellationToken::new())
         .await
         .unwrap();
-    assert!(
-        g.text.contains("<tool_call>") && g.text.contains("</tool_call>"),
-        "the model writes calls in its template's format: {:?}",
-        g.text
-    );
+    // Asked through its template's tools, the 0.5B model answers with the
+    // call as a fenced JSON object here, not in <tool_call> tags; its float32
+    // weights (the dequantized GGUF) write the same text token for token, so
+    // this is the model, not the 4-bit conversion. The loop reads both
+    // forms; the constrained test below holds it to the Hermes tags.
     let calls = valid_calls(&g.text, &tools);
     assert_eq!(calls.len(), 1, "{:?}", g.text);
     assert_eq!(calls[0].0, "get_weather");
     assert_eq!(calls[0].1["city"], "Paris", "{:?}", g.text);
+    assert_eq!(calls[0].1["unit"], "celsius", "{:?}", g.text);
     assert_eq!(g.finish_reason.as_deref(), Some("stop"));
     assert!(!g.text.contains("<|im_end|>"));
 }
@@ -151,6 +153,11 @@ async fn a_calls_only_constraint_gives_a_valid_call_on_qwens_vocabulary() {
         .generate(request, CancellationToken::new())
         .await
         .unwrap();
+    assert!(
+        g.text.trim_start().starts_with("<tool_call>") && g.text.contains("</tool_call>"),
+        "a constrained call is written in the template's Hermes tags: {:?}",
+        g.text
+    );
     let calls = valid_calls(&g.text, &tools);
     assert!(!calls.is_empty(), "no call in {:?}", g.text);
     assert_eq!(calls[0].0, "add_to_cart", "{:?}", g.text);
