@@ -7,13 +7,15 @@ Usage: serve_llamacpp.py GGUF [--port N] [--ctx N] [--threads N] [--parallel N]
 
 Port 0 (the default) picks a free loopback port. When the server answers,
 one line goes to stdout:  ready http://127.0.0.1:PORT
-It serves until stdin closes or the process is killed (SIGTERM/SIGINT).
+It serves until the process is killed (SIGTERM/SIGINT) or, when stdin is a
+pipe, until the pipe closes (so a test that dies takes its server with it).
 """
 
 import argparse
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 
@@ -66,7 +68,8 @@ def main() -> int:
             pass
         done.set()
 
-    threading.Thread(target=watch_stdin, daemon=True).start()
+    if stat.S_ISFIFO(os.fstat(0).st_mode):
+        threading.Thread(target=watch_stdin, daemon=True).start()
     done.wait()
     del server
     return 0

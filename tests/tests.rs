@@ -12,3 +12,4 @@ mod kv_cache;
 mod loop_behaviour;
 mod properties;
 mod real_model;
+mod served;

@@ -416,7 +416,7 @@ fn openai_spec(source: &Source<'_>, key: &str, raw: &RawProvider) -> Result<Prov
     options.max_new_tokens = value(&raw.max_new_tokens).unwrap_or(options.max_new_tokens);
     options.temperature = value(&raw.temperature);
     options.seed = value(&raw.seed);
-    options.tools_inline = value(&raw.tools_inline).unwrap_or(false);
+    options.tools_inline = value(&raw.tools_inline);
     if let Some(secs) = value(&raw.connect_timeout_secs) {
         options.connect_timeout = Duration::from_secs(secs);
     }

@@ -4,21 +4,24 @@
 //! [`OpenAiProvider`] sends the loop's prompt to `POST {url}/v1/chat/completions`
 //! and hands the loop back text it reads like an on-device model's reply:
 //!
-//! - **Tools.** By default ([`OpenAiOptions::tools_inline`] false) the shown
-//!   tools go in the request's `tools` and the server's chat template
-//!   renders them; the calls the server returns in `tool_calls` are written
+//! - **Tools.** Where the model's chat template takes tools (the server
+//!   says so in llama.cpp's `/props`; assumed elsewhere) the shown tools go
+//!   in the request's `tools` and the server's template renders them; the calls the server returns in `tool_calls` are written
 //!   as the loop's JSON call format (`{"name": ..., "arguments": ...}`, one
 //!   per line) after the message's text, so the loop parses, validates,
 //!   corrects and repairs them exactly as it does a local model's. Earlier
 //!   calls in the history go back as `tool_calls` with ids, and their
-//!   results as `tool` messages answering them. With `tools_inline` the
-//!   loop writes the tools into the system prompt itself and the server
-//!   sees plain chat.
+//!   results as `tool` messages answering them. Where the template takes
+//!   none (the default model's), or [`OpenAiOptions::tools_inline`] says
+//!   so, the loop writes the tools into the system prompt itself, as for
+//!   an on-device model, and the server sees plain chat.
 //! - **Constraints** ([`Provider::supports_constraints`] is true): a
 //!   "calls only" attempt (the loop's call-now correction and repair
-//!   retry) is `tool_choice: "required"` over its tools, or, with tools in
-//!   the prompt, a `response_format` JSON schema of one call; a JSON-schema
-//!   constraint is a `response_format`. "Text or calls" is what an
+//!   retry) is a `response_format` JSON schema of one call in the loop's
+//!   JSON call format, which servers decode under a grammar whatever the
+//!   template knows of tools (llama.cpp drops `tool_choice: "required"`
+//!   for a template without tools); a JSON-schema constraint is a
+//!   `response_format`. "Text or calls" is what an
 //!   unconstrained request allows already, and an llguidance grammar is not
 //!   a dialect servers read: those attempts go unconstrained. The policy's
 //!   [`Decoding`](wma_agent::Decoding) pulls (copy bias, call threshold) are
@@ -26,9 +29,11 @@
 //! - **Usage and timings**: `usage` (prompt, completion and cached tokens)
 //!   and llama.cpp's `timings` (`prompt_ms` is the time to the first token,
 //!   `cache_n` the cached prompt tokens).
-//! - **Cancellation**: the request is raced against the token; when the
-//!   token wins, the request is dropped, which closes its connection, and
-//!   llama.cpp stops the generation of a request whose client went away.
+//! - **Cancellation**: replies are streamed (server-sent events) and the
+//!   stream is raced against the token; when the token wins, the request
+//!   is dropped, which closes its connection, and the server stops
+//!   generating when it writes the next token to nobody (llama.cpp keeps a
+//!   plain, unstreamed request generating to its end).
 //! - **`fits`**: the context size comes from the server (llama.cpp's
 //!   `/props`, vLLM's `max_model_len` in `/v1/models`) and, where it tells
 //!   none, from [`OpenAiOptions::context_length`]; when both are known the
@@ -90,8 +95,10 @@ pub struct OpenAiOptions {
     /// Sampling seed; `None` leaves the server's default.
     pub seed: Option<u64>,
     /// Tools in the system prompt (the loop's JSON format) instead of the
-    /// request's `tools`.
-    pub tools_inline: bool,
+    /// request's `tools`. `None` (the default) asks the server: tools go
+    /// inline when its chat template takes none (llama.cpp's
+    /// `/props` `chat_template_caps.supports_tools`), else in the request.
+    pub tools_inline: Option<bool>,
     /// Longest wait for a connection.
     pub connect_timeout: Duration,
     /// Longest wait for a whole answer.
@@ -109,7 +116,7 @@ impl OpenAiOptions {
             max_new_tokens: DEFAULT_MAX_NEW_TOKENS,
             temperature: None,
             seed: None,
-            tools_inline: false,
+            tools_inline: None,
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(300),
         }
@@ -124,6 +131,8 @@ struct ServerFacts {
     /// llama.cpp's `/apply-template` and `/tokenize` answer: prompts are
     /// counted exactly.
     tokenizes: bool,
+    /// The server said its chat template takes no tools.
+    template_without_tools: bool,
 }
 
 /// A provider for a model behind an OpenAI-compatible chat-completion API.
@@ -218,6 +227,14 @@ impl OpenAiProvider {
         self.facts.get().and_then(|f| f.context_length)
     }
 
+    /// Whether the loop writes the tools into the prompt (see
+    /// [`OpenAiOptions::tools_inline`]).
+    fn inline(&self) -> bool {
+        self.options
+            .tools_inline
+            .unwrap_or_else(|| self.facts.get().is_some_and(|f| f.template_without_tools))
+    }
+
     fn url(&self, path: &str) -> String {
         format!("{}{path}", self.root)
     }
@@ -294,7 +311,7 @@ impl OpenAiProvider {
 
     /// The body of a chat completion for `request`.
     fn body(&self, request: &GenerateRequest) -> Value {
-        let structured = !self.options.tools_inline;
+        let structured = !self.inline();
         let mut body = json!({
             "model": self.options.model,
             "messages": wire::messages_json(&request.messages, structured),
@@ -312,15 +329,11 @@ impl OpenAiProvider {
         } else {
             Vec::new()
         };
-        match wire::map_constraint(request.constraint.as_ref(), self.options.tools_inline) {
-            wire::Mapped::Ignored => {}
-            wire::Mapped::RequiredTool(allowed) => {
-                tools = allowed;
-                body["tool_choice"] = json!("required");
-            }
-            wire::Mapped::Schema(schema) => {
-                body["response_format"] = wire::response_format(&schema);
-            }
+        if let wire::Mapped::Schema(schema) = wire::map_constraint(request.constraint.as_ref()) {
+            body["response_format"] = wire::response_format(&schema);
+            // The reply is the call, as JSON text: tools offered beside it
+            // would let a template's tool format compete with the schema.
+            tools.clear();
         }
         if !tools.is_empty() {
             body["tools"] = wire::tools_json(&tools);
@@ -328,34 +341,75 @@ impl OpenAiProvider {
         body
     }
 
+    /// One streamed chat completion, put back together; also the time
+    /// until its first text or call arrived.
     async fn complete(
         &self,
         body: &Value,
         cancel: &CancellationToken,
-    ) -> Result<wire::Completion, ProviderError> {
+    ) -> Result<(wire::Completion, Option<Duration>), ProviderError> {
         if self.facts.get().is_none() {
             return Err(ProviderError::NotReady(format!(
                 "the served model at {} was not prepared",
                 self.options.url
             )));
         }
-        let path = "/v1/chat/completions";
-        let value = self
-            .post(path, body, self.options.request_timeout, cancel)
-            .await?;
-        let completion: wire::Completion = serde_json::from_value(value).map_err(|e| {
-            ProviderError::Generation(format!(
-                "the server at {} did not answer a chat completion: {e}",
-                self.url(path)
-            ))
-        })?;
-        if completion.choices.is_empty() {
-            return Err(ProviderError::Generation(format!(
-                "the server at {} answered no choice",
-                self.url(path)
-            )));
+        let url = self.url("/v1/chat/completions");
+        let timeout = self.options.request_timeout;
+        let mut body = body.clone();
+        // Streamed, so that a Stop reaches the server: llama.cpp notices a
+        // client that went away when it writes the next token, where a
+        // plain request keeps its slot generating to the end.
+        body["stream"] = json!(true);
+        body["stream_options"] = json!({"include_usage": true});
+        let started = Instant::now();
+        let work = async {
+            let request = self
+                .client
+                .post(&url)
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .timeout(timeout);
+            let mut response = self
+                .with_key(request)
+                .send()
+                .await
+                .map_err(|e| transport_error(&url, &e, timeout))?;
+            let status = response.status();
+            if !status.is_success() {
+                let body = response.bytes().await.unwrap_or_default();
+                return Err(ProviderError::Generation(format!(
+                    "the server at {url} answered {status}: {}",
+                    body_words(&body)
+                )));
+            }
+            let mut assembler = wire::Assembler::default();
+            let mut first = None;
+            loop {
+                let chunk = response
+                    .chunk()
+                    .await
+                    .map_err(|e| transport_error(&url, &e, timeout))?;
+                let Some(chunk) = chunk else { break };
+                assembler.feed(&chunk).map_err(|message| {
+                    ProviderError::Generation(format!("the server at {url} failed: {message}"))
+                })?;
+                if first.is_none() && assembler.started {
+                    first = Some(started.elapsed());
+                }
+            }
+            if !assembler.ended {
+                return Err(ProviderError::Generation(format!(
+                    "the server at {url} closed the connection before it answered (did it stop?)"
+                )));
+            }
+            Ok((assembler.finish(), first))
+        };
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Err(ProviderError::Cancelled),
+            result = work => result,
         }
-        Ok(completion)
     }
 
     /// One chat completion with `tools`, as the server itself answers it:
@@ -377,7 +431,7 @@ impl OpenAiProvider {
         if !tools.is_empty() {
             body["tools"] = wire::tools_json(tools);
         }
-        let completion = self.complete(&body, &cancel).await?;
+        let (completion, _) = self.complete(&body, &cancel).await?;
         let usage = completion.usage.as_ref();
         let choice = &completion.choices[0];
         Ok(DirectReply {
@@ -404,15 +458,15 @@ impl OpenAiProvider {
                 }
             }
         }
-        Ok(estimate(request, !self.options.tools_inline))
+        Ok(estimate(request, !self.inline()))
     }
 
     async fn server_count(&self, request: &GenerateRequest) -> Result<usize, ProviderError> {
         let cancel = CancellationToken::new();
         let mut body = json!({
-            "messages": wire::messages_json(&request.messages, !self.options.tools_inline),
+            "messages": wire::messages_json(&request.messages, !self.inline()),
         });
-        if !self.options.tools_inline && !request.tools.is_empty() {
+        if !self.inline() && !request.tools.is_empty() {
             body["tools"] = wire::tools_json(&request.tools);
         }
         let timeout = self.options.connect_timeout * 3;
@@ -546,10 +600,16 @@ impl Provider for OpenAiProvider {
         if cancel.is_cancelled() {
             return Err(ProviderError::Cancelled);
         }
+        let template_without_tools = props
+            .as_ref()
+            .and_then(|p| p.pointer("/chat_template_caps/supports_tools"))
+            .and_then(Value::as_bool)
+            == Some(false);
         let _ = self.facts.set(ServerFacts {
             context_length,
             parameters,
             tokenizes,
+            template_without_tools,
         });
         progress(Progress {
             stage: format!("ready {}", self.options.url),
@@ -566,7 +626,7 @@ impl Provider for OpenAiProvider {
     ) -> Result<Generation, ProviderError> {
         let started = Instant::now();
         let body = self.body(&request);
-        let completion = self.complete(&body, &cancel).await?;
+        let (completion, first) = self.complete(&body, &cancel).await?;
         let total_time = started.elapsed();
         let choice = &completion.choices[0];
         let mut text = choice.message.content.clone().unwrap_or_default();
@@ -588,13 +648,10 @@ impl Provider for OpenAiProvider {
                 .and_then(|u| u.prompt_tokens_details.as_ref())
                 .and_then(|d| d.cached_tokens)
                 .or_else(|| timings.and_then(|t| t.cache_n)),
-            time_to_first_token: timings.and_then(|t| t.prompt_ms).map(ms),
-            total_time: Some(
-                timings
-                    .and_then(|t| Some(t.prompt_ms? + t.predicted_ms?))
-                    .map(ms)
-                    .unwrap_or(total_time),
-            ),
+            // Measured here (the network included); llama.cpp's own
+            // prompt time where nothing arrived (an empty reply).
+            time_to_first_token: first.or_else(|| timings.and_then(|t| t.prompt_ms).map(ms)),
+            total_time: Some(total_time),
             finish_reason: choice.finish_reason.clone(),
             call_probability: None,
         })
@@ -619,7 +676,7 @@ impl Provider for OpenAiProvider {
     }
 
     fn tools_inline(&self) -> bool {
-        self.options.tools_inline
+        self.inline()
     }
 
     fn supports_constraints(&self) -> bool {

@@ -119,26 +119,24 @@ pub(crate) fn call_schema(tools: &[ToolDefinition]) -> Value {
 pub(crate) enum Mapped {
     /// Nothing the server can hold the reply to: the request goes without.
     Ignored,
-    /// Calls only, through the request's tools: `tool_choice: "required"`
-    /// over these tools.
-    RequiredTool(Vec<ToolDefinition>),
     /// One JSON value following this schema (`response_format`).
     Schema(Value),
 }
 
-/// Maps a constraint onto the chat-completion API. With tools in the
-/// request, "calls only" is `tool_choice: "required"`; with tools in the
-/// prompt it is a JSON schema of one call. "Text or calls" is what an
-/// unconstrained request already allows, and an llguidance grammar is not
-/// a dialect servers read: both go without.
-pub(crate) fn map_constraint(constraint: Option<&Constraint>, tools_inline: bool) -> Mapped {
+/// Maps a constraint onto the chat-completion API. "Calls only" is a
+/// `response_format` JSON schema of one call in the loop's JSON call
+/// format: servers turn a schema into a grammar whatever the model's
+/// template knows of tools, where `tool_choice: "required"` is dropped by
+/// llama.cpp for a template without tools (the default model's). "Text or
+/// calls" is what an unconstrained request already allows, and an
+/// llguidance grammar is not a dialect servers read: both go without.
+pub(crate) fn map_constraint(constraint: Option<&Constraint>) -> Mapped {
     match constraint {
         None | Some(Constraint::TextOrCalls { .. }) | Some(Constraint::Grammar { .. }) => {
             Mapped::Ignored
         }
         Some(Constraint::CallsOnly { tools }) if tools.is_empty() => Mapped::Ignored,
-        Some(Constraint::CallsOnly { tools }) if tools_inline => Mapped::Schema(call_schema(tools)),
-        Some(Constraint::CallsOnly { tools }) => Mapped::RequiredTool(tools.clone()),
+        Some(Constraint::CallsOnly { tools }) => Mapped::Schema(call_schema(tools)),
         Some(Constraint::JsonSchema { schema }) => Mapped::Schema(schema.clone()),
     }
 }
@@ -220,9 +218,132 @@ pub(crate) struct Timings {
     /// Milliseconds spent on the prompt (the time to the first token).
     #[serde(default)]
     pub(crate) prompt_ms: Option<f64>,
-    /// Milliseconds spent generating.
-    #[serde(default)]
-    pub(crate) predicted_ms: Option<f64>,
+}
+
+/// A streamed answer (`"stream": true`, server-sent events of
+/// `chat.completion.chunk`s) put back together as one [`Completion`].
+#[derive(Debug, Default)]
+pub(crate) struct Assembler {
+    content: String,
+    /// Calls by their `index`, their fragments joined.
+    calls: Vec<(String, String)>,
+    finish_reason: Option<String>,
+    usage: Option<Usage>,
+    timings: Option<Timings>,
+    /// `data: [DONE]` or a finish reason was seen.
+    pub(crate) ended: bool,
+    /// Something of the reply (text or a call) has arrived.
+    pub(crate) started: bool,
+    /// The bytes of a line not ended yet.
+    partial: Vec<u8>,
+}
+
+impl Assembler {
+    /// Takes the next bytes of the event stream; an error event is the
+    /// server's own words.
+    pub(crate) fn feed(&mut self, bytes: &[u8]) -> Result<(), String> {
+        self.partial.extend_from_slice(bytes);
+        while let Some(end) = self.partial.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=end).collect();
+            let line = String::from_utf8_lossy(&line);
+            self.line(line.trim())?;
+        }
+        Ok(())
+    }
+
+    fn line(&mut self, line: &str) -> Result<(), String> {
+        // Comments, event names and blank separators carry nothing here.
+        let Some(data) = line.strip_prefix("data:") else {
+            return Ok(());
+        };
+        let data = data.trim();
+        if data == "[DONE]" {
+            self.ended = true;
+            return Ok(());
+        }
+        let chunk: Value =
+            serde_json::from_str(data).map_err(|e| format!("an event that is not JSON ({e})"))?;
+        if let Some(error) = chunk.get("error") {
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .unwrap_or_else(|| error.to_string());
+            return Err(message);
+        }
+        if let Some(usage) = chunk.get("usage").filter(|u| !u.is_null()) {
+            self.usage = serde_json::from_value(usage.clone()).ok();
+        }
+        if let Some(timings) = chunk.get("timings").filter(|t| !t.is_null()) {
+            self.timings = serde_json::from_value(timings.clone()).ok();
+        }
+        let Some(choice) = chunk.pointer("/choices/0") else {
+            return Ok(());
+        };
+        if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
+            self.finish_reason = Some(reason.to_string());
+            self.ended = true;
+        }
+        let Some(delta) = choice.get("delta") else {
+            return Ok(());
+        };
+        if let Some(text) = delta.get("content").and_then(Value::as_str) {
+            if !text.is_empty() {
+                self.started = true;
+            }
+            self.content.push_str(text);
+        }
+        for call in delta
+            .get("tool_calls")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            self.started = true;
+            let index = call
+                .get("index")
+                .and_then(Value::as_u64)
+                .map_or(self.calls.len().saturating_sub(1), |i| i as usize);
+            while self.calls.len() <= index {
+                self.calls.push(Default::default());
+            }
+            let (name, arguments) = &mut self.calls[index];
+            if let Some(part) = call.pointer("/function/name").and_then(Value::as_str) {
+                name.push_str(part);
+            }
+            match call.pointer("/function/arguments") {
+                Some(Value::String(part)) => arguments.push_str(part),
+                Some(Value::Null) | None => {}
+                Some(other) => arguments.push_str(&other.to_string()),
+            }
+        }
+        Ok(())
+    }
+
+    /// The answer as one completion.
+    pub(crate) fn finish(self) -> Completion {
+        let tool_calls = self
+            .calls
+            .into_iter()
+            .map(|(name, arguments)| WireCall {
+                function: WireFunction {
+                    name,
+                    arguments: Value::String(arguments),
+                },
+            })
+            .collect();
+        Completion {
+            choices: vec![Choice {
+                message: ReplyMessage {
+                    content: Some(self.content),
+                    tool_calls,
+                },
+                finish_reason: self.finish_reason,
+            }],
+            usage: self.usage,
+            timings: self.timings,
+        }
+    }
 }
 
 /// Writes the server's calls as the loop's JSON call format reads them:
@@ -356,30 +477,52 @@ mod tests {
     #[test]
     fn constraints_map_onto_what_servers_take() {
         let tools = vec![tool("search"), tool("cart")];
-        assert_eq!(map_constraint(None, false), Mapped::Ignored);
+        assert_eq!(map_constraint(None), Mapped::Ignored);
         assert_eq!(
-            map_constraint(
-                Some(&Constraint::TextOrCalls {
-                    tools: tools.clone()
-                }),
-                false
-            ),
+            map_constraint(Some(&Constraint::TextOrCalls {
+                tools: tools.clone()
+            })),
             Mapped::Ignored
         );
-        assert_eq!(
-            map_constraint(
-                Some(&Constraint::CallsOnly {
-                    tools: tools.clone()
-                }),
-                false
-            ),
-            Mapped::RequiredTool(tools.clone())
-        );
-        let Mapped::Schema(schema) = map_constraint(Some(&Constraint::CallsOnly { tools }), true)
-        else {
-            panic!("calls only with tools in the prompt is a schema");
+        let Mapped::Schema(schema) = map_constraint(Some(&Constraint::CallsOnly { tools })) else {
+            panic!("calls only is a schema");
         };
         assert_eq!(schema["anyOf"][1]["properties"]["name"]["const"], "cart");
+    }
+
+    #[test]
+    fn a_stream_is_put_back_together() {
+        let events = concat!(
+            "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"Hel\"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"lo\"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"a\",\"function\":{\"name\":\"search\",\"arguments\":\"{\\\"q\\\"\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\": \\\"tent\\\"}\"}}]}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{},\"finish_reason\":\"tool_calls\"}],",
+            "\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":7},\"timings\":{\"cache_n\":3,\"prompt_ms\":20.5}}\n\n",
+            "data: [DONE]\n\n",
+        );
+        let mut assembler = Assembler::default();
+        // Split anywhere: events arrive in pieces.
+        for piece in events.as_bytes().chunks(7) {
+            assembler.feed(piece).unwrap();
+        }
+        assert!(assembler.ended && assembler.started);
+        let completion = assembler.finish();
+        let choice = &completion.choices[0];
+        assert_eq!(choice.message.content.as_deref(), Some("Hello"));
+        assert_eq!(
+            calls_as_text(&choice.message.tool_calls),
+            r#"{"name": "search", "arguments": {"q":"tent"}}"#
+        );
+        assert_eq!(choice.finish_reason.as_deref(), Some("tool_calls"));
+        assert_eq!(completion.usage.unwrap().prompt_tokens, Some(12));
+        assert_eq!(completion.timings.unwrap().cache_n, Some(3));
+
+        let mut failing = Assembler::default();
+        let err = failing
+            .feed(b"data: {\"error\":{\"message\":\"the context is full\"}}\n")
+            .unwrap_err();
+        assert_eq!(err, "the context is full");
     }
 
     #[test]
