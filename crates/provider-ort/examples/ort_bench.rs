@@ -265,6 +265,44 @@ fn main() -> Result<()> {
     prefill.sort_by(f64::total_cmp);
     let prefill = prefill[prefill.len() / 2];
     println!("prefill of {} tokens: {prefill:.2} s", prefill_ids.len());
+    // Decode at a long context, reached by one prefill or by reusing a
+    // cached half (what an agent's later steps do).
+    let long: Vec<u32> = steps
+        .iter()
+        .rev()
+        .flat_map(|s| s.prompt_ids.iter().copied())
+        .collect();
+    println!("\n{:<10} {:>22} {:>22}", "context", "decode t/s, one prefill", "decode t/s, half reused");
+    for n in [1024usize, 2048] {
+        if long.len() < n {
+            continue;
+        }
+        let prompt = &long[..n];
+        let mut fresh = Vec::new();
+        let mut reused = Vec::new();
+        for _ in 0..args.repeat.max(1) {
+            let params = GenerateParams::greedy(33, Vec::new());
+            let cancel = CancellationToken::new();
+            provider.with_model(|m| m.clear_sessions())?;
+            let g = provider.generate_ids_blocking(prompt, &params, &cancel)?;
+            fresh.push(g.stats.decode_tokens_per_second());
+            provider.with_model(|m| m.clear_sessions())?;
+            provider.generate_ids_blocking(
+                &prompt[..n / 2],
+                &GenerateParams::greedy(1, Vec::new()),
+                &cancel,
+            )?;
+            let g = provider.generate_ids_blocking(prompt, &params, &cancel)?;
+            reused.push(g.stats.decode_tokens_per_second());
+        }
+        fresh.sort_by(f64::total_cmp);
+        reused.sort_by(f64::total_cmp);
+        println!(
+            "{n:<10} {:>22.1} {:>22.1}",
+            fresh[fresh.len() / 2],
+            reused[reused.len() / 2]
+        );
+    }
     let peak = peak_rss_mib();
     match peak {
         Some(mib) => println!("peak RSS: {mib:.0} MiB"),

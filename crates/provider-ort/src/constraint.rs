@@ -711,12 +711,14 @@ impl ConstraintMatcher {
     }
 
     /// The tokens the grammar forces next: where it allows exactly one
-    /// continuation (`{"name": "`, the rest of a tool's name once it is
-    /// settled, `", "arguments": {"`), that text as the tokenizer writes it,
+    /// continuation (a key the schema fixes, the rest of a tool's name once
+    /// its first letters settle it), that text as the tokenizer writes it,
     /// short of a last token a free choice could still extend. Empty where
-    /// the next token is a choice, and before the first token of "text or
-    /// calls" (the branch between prose and a call is the model's to take,
-    /// under the call threshold).
+    /// the next token is a choice (JSON whitespace is one), and before the
+    /// first token of "text or calls" (the branch between prose and a call
+    /// is the model's to take, under the call threshold). The tokens must
+    /// then be [`consume`](Self::consume)d: the grammar has moved past
+    /// their text.
     pub fn forced_tokens(&mut self) -> Vec<u32> {
         if self.call_start.is_some() {
             return Vec::new();

@@ -107,10 +107,10 @@ pub struct OrtProviderOptions {
     /// The default model needs 46 KiB per position.
     pub kv_cache_bytes: u64,
     /// Under a constraint, where the grammar allows exactly one
-    /// continuation (`{"name": "`, a settled tool name, the key names),
-    /// feed its tokens in one forward pass instead of one decode step
-    /// each; the tokens are the tokenizer's own for that text. Default:
-    /// true. Turn it off to compare with token-by-token decoding.
+    /// continuation (a key the schema fixes, the rest of a settled tool
+    /// name), feed its tokens in one forward pass instead of one decode
+    /// step each; the tokens are the tokenizer's own for that text.
+    /// Default: true. Turn it off to compare with token-by-token decoding.
     pub fast_forward: bool,
     /// Honour decoding constraints (grammars) from the loop. Default: true.
     /// When the tokenizer's vocabulary cannot be read for them, the provider

@@ -639,3 +639,54 @@ fn a_value_cannot_begin_with_a_name_the_prompt_shows() {
         "the tool's own name is the grammar's to choose"
     );
 }
+
+/// What the grammar forces, the provider feeds without a choice (fast
+/// forward): a key the schema fixes (`name` after `{"`), and the rest of a
+/// tool's name once its first letters settle it; JSON whitespace is the
+/// model's choice (bounded), so nothing is forced where whitespace may go,
+/// nor at the first token of "text or calls" (prose or a call is the
+/// model's choice). Forced tokens are ones the grammar takes, one after
+/// another.
+#[test]
+fn the_grammar_forces_fixed_keys_and_a_settled_name() {
+    let f = fixture();
+    let calls_only = Constraint::CallsOnly { tools: tools() };
+    let mut m = f
+        .engine
+        .matcher(&calls_only, CallFormat::Json, &small_model())
+        .unwrap();
+    let text = |ids: &[u32]| f.tokenizer.decode(ids, false).unwrap();
+    // Whitespace may follow `{`: nothing is forced yet.
+    assert!(m.forced_tokens().is_empty());
+    let mut feed = |m: &mut wma_provider_ort::ConstraintMatcher, piece: &str| {
+        let ids = f.ids(piece);
+        assert_eq!(m.feed(&ids).unwrap(), ids.len(), "{piece:?} is admitted");
+    };
+    feed(&mut m, "{\"");
+    let key = m.forced_tokens();
+    assert_eq!(text(&key), "name");
+    assert_eq!(
+        m.feed(&key).unwrap(),
+        key.len(),
+        "forced tokens are admitted"
+    );
+    feed(&mut m, "\": \"");
+    // Two tools: nothing is forced before the first letter.
+    assert!(m.forced_tokens().is_empty());
+    feed(&mut m, "add");
+    let rest = m.forced_tokens();
+    assert_eq!(text(&rest), "_to_cart");
+    assert_eq!(m.feed(&rest).unwrap(), rest.len());
+    feed(&mut m, "\", \"arguments\": {\"product_id\": \"p-17\"}}");
+    assert!(m.allows(IM_END).unwrap(), "a whole call");
+
+    let mut either = f
+        .engine
+        .matcher(
+            &Constraint::TextOrCalls { tools: tools() },
+            CallFormat::Json,
+            &small_model(),
+        )
+        .unwrap();
+    assert!(either.forced_tokens().is_empty());
+}
