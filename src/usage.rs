@@ -23,13 +23,22 @@ pub struct Usage {
     pub output_tokens: u64,
     /// Time spent generating.
     pub time: Duration,
+    /// Prompt tokens of the generations after the first: a step after the
+    /// first repeats its run's prompt so far, which a cache can serve.
+    pub later_input_tokens: u64,
+    /// Of those, tokens served from the provider's cache.
+    pub later_cached_tokens: u64,
 }
 
 impl Usage {
     /// The totals of these generations.
     pub fn of(generations: &[Generation]) -> Self {
         let mut usage = Self::default();
-        for g in generations {
+        for (i, g) in generations.iter().enumerate() {
+            if i > 0 {
+                usage.later_input_tokens += u64::from(g.input_tokens.unwrap_or(0));
+                usage.later_cached_tokens += u64::from(g.cached_tokens.unwrap_or(0));
+            }
             usage.generations += 1;
             usage.input_tokens += u64::from(g.input_tokens.unwrap_or(0));
             usage.cached_tokens += u64::from(g.cached_tokens.unwrap_or(0));
@@ -37,6 +46,13 @@ impl Usage {
             usage.time += g.total_time.unwrap_or_default();
         }
         usage
+    }
+
+    /// The share of the prompt tokens after the first generation that the
+    /// cache served (0 to 1), when there were any.
+    pub fn later_cached_share(&self) -> Option<f64> {
+        (self.later_input_tokens > 0)
+            .then(|| self.later_cached_tokens as f64 / self.later_input_tokens as f64)
     }
 
     /// Generated tokens per second of generation time.
@@ -54,10 +70,15 @@ impl std::fmt::Display for Usage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} generations, {} prompt tokens ({} from cache), {} new tokens, {:.1} s in the model",
-            self.generations,
-            self.input_tokens,
-            self.cached_tokens,
+            "{} generations, {} prompt tokens ({} from cache",
+            self.generations, self.input_tokens, self.cached_tokens,
+        )?;
+        if let Some(share) = self.later_cached_share() {
+            write!(f, "; {:.0}% after the first generation", share * 100.0)?;
+        }
+        write!(
+            f,
+            "), {} new tokens, {:.1} s in the model",
             self.output_tokens,
             self.time.as_secs_f64()
         )
@@ -119,6 +140,20 @@ impl<P: Provider + ?Sized> Provider for UsageMeter<P> {
         Ok(generation)
     }
 
+    async fn generate_in_session(
+        &self,
+        session: &str,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> Result<Generation, ProviderError> {
+        let generation = self
+            .inner
+            .generate_in_session(session, request, cancel)
+            .await?;
+        self.lock().push(generation.clone());
+        Ok(generation)
+    }
+
     async fn fits(&self, request: &GenerateRequest) -> Result<bool, ProviderError> {
         self.inner.fits(request).await
     }
@@ -136,5 +171,44 @@ impl<P: Provider + ?Sized> Provider for UsageMeter<P> {
     }
     fn parameters(&self) -> Option<u64> {
         self.inner.parameters()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn generation(input: u32, cached: u32) -> Generation {
+        Generation {
+            input_tokens: Some(input),
+            cached_tokens: Some(cached),
+            output_tokens: Some(10),
+            total_time: Some(Duration::from_millis(500)),
+            ..Generation::default()
+        }
+    }
+
+    #[test]
+    fn the_line_says_what_the_cache_served_after_the_first_generation() {
+        let usage = Usage::of(&[
+            generation(600, 0),
+            generation(800, 700),
+            generation(900, 800),
+        ]);
+        assert_eq!(usage.cached_tokens, 1500);
+        assert_eq!(
+            (usage.later_input_tokens, usage.later_cached_tokens),
+            (1700, 1500)
+        );
+        assert_eq!(
+            usage.to_string(),
+            "3 generations, 2300 prompt tokens (1500 from cache; 88% after the first generation), 30 new tokens, 1.5 s in the model"
+        );
+        let one = Usage::of(&[generation(600, 0)]);
+        assert_eq!(one.later_cached_share(), None);
+        assert_eq!(
+            one.to_string(),
+            "1 generations, 600 prompt tokens (0 from cache), 10 new tokens, 0.5 s in the model"
+        );
     }
 }
