@@ -17,11 +17,12 @@ use webmcp_agents::agent::{
     AgentRunRequest, AgentStreamPart, ChatMessage, ConstraintMode, LocalLoopOptions, Policy,
     PolicyName, Provider, run_local_agent,
 };
-use webmcp_agents::config::Config;
+use webmcp_agents::config::{Config, ProviderSpec};
 use webmcp_agents::demo_shop::{self, Shop};
 use webmcp_agents::display::render_part;
-use webmcp_agents::eval::{self, EvalOptions, bfcl};
+use webmcp_agents::eval::{self, EvalOptions, EvalProvider, bfcl};
 use webmcp_agents::usage::UsageMeter;
+use wma_provider_openai::OpenAiProvider;
 use wma_provider_ort::{OrtProvider, OrtProviderOptions, SamplingOptions};
 
 /// Host on-device LLM agents that operate tools.
@@ -87,6 +88,15 @@ struct ModelArgs {
     /// Time limit per generation, in seconds.
     #[arg(long, default_value_t = 60)]
     step_timeout: u64,
+    /// Take the provider from this config file instead (its
+    /// `[providers.NAME]` table, `kind = "onnx"` or `"openai"`, set as in
+    /// `wma serve`); the model flags above then do not apply, except
+    /// --step-timeout. For `wma eval`.
+    #[arg(long, value_name = "FILE")]
+    provider_config: Option<PathBuf>,
+    /// The provider of --provider-config (default: its only provider).
+    #[arg(long, value_name = "NAME", requires = "provider_config")]
+    provider: Option<String>,
 }
 
 /// The loop's policy, and rules set on it.
@@ -204,6 +214,12 @@ struct BfclArgs {
     /// side (a column left out halves the time and prints as "-").
     #[arg(long, value_enum, default_value_t = Columns::Both)]
     columns: Columns,
+    /// Score the server's own tool calling instead of the loop's: each
+    /// record's messages and tools sent once to the served model of
+    /// --provider-config, its `tool_calls` scored the same way (no loop,
+    /// no constraint columns).
+    #[arg(long, requires = "provider_config")]
+    direct: bool,
     #[command(flatten)]
     policy: PolicyArgs,
 }
@@ -350,6 +366,70 @@ async fn load_model(args: &ModelArgs) -> Result<OrtProvider> {
     Ok(provider)
 }
 
+/// The provider an evaluation runs: `--provider-config FILE --provider
+/// NAME` when given (an onnx or openai provider of a config), else the
+/// model flags' ONNX Runtime model. Prepared, with progress on stderr.
+async fn load_provider(args: &ModelArgs) -> Result<EvalProvider> {
+    let Some(file) = &args.provider_config else {
+        return Ok(EvalProvider::Onnx(load_model(args).await?));
+    };
+    let providers = Config::load_providers(file)?;
+    let provider = match &args.provider {
+        Some(name) => providers
+            .iter()
+            .find(|p| &p.name == name)
+            .with_context(|| {
+                format!(
+                    "{} has no provider named `{name}` (it has: {})",
+                    file.display(),
+                    providers
+                        .iter()
+                        .map(|p| p.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })?,
+        None => match providers.as_slice() {
+            [only] => only,
+            _ => bail!(
+                "{} has {} providers; name one with --provider",
+                file.display(),
+                providers.len()
+            ),
+        },
+    };
+    let made = match &provider.spec {
+        ProviderSpec::Onnx(options) => EvalProvider::Onnx(
+            OrtProvider::new(options.clone()).context("could not set up the model")?,
+        ),
+        ProviderSpec::Openai(options) => EvalProvider::Served(
+            OpenAiProvider::new(options.clone()).context("could not set up the served model")?,
+        ),
+        _ => bail!(
+            "provider `{}` is neither an onnx nor an openai provider",
+            provider.name
+        ),
+    };
+    let started = Instant::now();
+    let bars = cli::progress::Bars::new();
+    let prepared = made
+        .prepare(
+            Arc::new(bars.single(&provider.name)),
+            CancellationToken::new(),
+        )
+        .await;
+    bars.finish();
+    prepared.with_context(|| format!("could not load provider `{}`", provider.name))?;
+    eprintln!(
+        "provider `{}` ({}, {}) ready in {:.1} s",
+        provider.name,
+        made.info().provider,
+        made.info().model,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(made)
+}
+
 async fn run(args: RunArgs) -> Result<()> {
     let provider = Arc::new(UsageMeter::new(Arc::new(load_model(&args.model).await?)));
     let shop = Shop::new();
@@ -443,7 +523,14 @@ async fn eval_bfcl(args: BfclArgs) -> Result<()> {
             .unwrap_or_default();
         sources.push((name, file.clone()));
     }
-    let provider = Arc::new(UsageMeter::new(Arc::new(load_model(&args.model).await?)));
+    let loaded = load_provider(&args.model).await?;
+    if args.direct {
+        let EvalProvider::Served(served) = &loaded else {
+            bail!("--direct scores a served model's own tool calling: name an openai provider");
+        };
+        return eval_bfcl_direct(served, sources, args.limit).await;
+    }
+    let provider = Arc::new(UsageMeter::new(Arc::new(loaded)));
     if !provider.supports_constraints() {
         eprintln!(
             "note: this provider does not support constrained decoding; the 'on' column repeats 'off'"
@@ -496,8 +583,40 @@ async fn eval_bfcl(args: BfclArgs) -> Result<()> {
     Ok(())
 }
 
+/// `wma eval bfcl --direct`: the server's own tool calling, no loop.
+async fn eval_bfcl_direct(
+    provider: &OpenAiProvider,
+    sources: Vec<(String, PathBuf)>,
+    limit: Option<usize>,
+) -> Result<()> {
+    let mut rows = Vec::new();
+    for (name, file) in sources {
+        let mut records =
+            bfcl::load(&file).with_context(|| format!("could not read {}", file.display()))?;
+        if let Some(limit) = limit {
+            records.truncate(limit);
+        }
+        let total = records.len();
+        let started = Instant::now();
+        let score = eval::run_bfcl_direct(provider, &records, |done| {
+            eprint!("\r{name} (direct): {done}/{total}   ");
+            let _ = std::io::stderr().flush();
+        })
+        .await;
+        eprintln!(
+            "\r{name} (direct): {total} records in {:.0} s, accuracy {}",
+            started.elapsed().as_secs_f64(),
+            score.accuracy()
+        );
+        rows.push((name, score));
+    }
+    println!("the server's own tool calling (one request per record, no loop):");
+    println!("{}", eval::bfcl_direct_table(&rows));
+    Ok(())
+}
+
 async fn eval_shop(args: ShopArgs) -> Result<()> {
-    let provider = Arc::new(load_model(&args.model).await?);
+    let provider = Arc::new(load_provider(&args.model).await?);
     let runs = eval::run_shop_task(
         provider,
         args.runs,
@@ -572,7 +691,7 @@ async fn eval_tasks(mut args: TasksArgs) -> Result<()> {
     if args.model.temperature > 0.0 && args.model.seed.is_none() {
         args.model.seed = Some(1);
     }
-    let provider = Arc::new(load_model(&args.model).await?);
+    let provider = Arc::new(load_provider(&args.model).await?);
     let total = tasks.len() * policies.len() * args.runs;
     let mut done = 0;
     eprintln!(

@@ -257,6 +257,23 @@ impl Config {
         validate::validate(&source, raw, &env)
     }
 
+    /// Reads and validates only the `[providers]` tables of a file: a
+    /// file of providers alone (for `wma eval --provider-config`), or a
+    /// whole config whose providers are wanted.
+    pub fn load_providers(path: impl AsRef<Path>) -> Result<Vec<ProviderConfig>, ConfigError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            file: path.to_path_buf(),
+            source,
+        })?;
+        let source = error::Source {
+            file: path.to_path_buf(),
+            text: &text,
+        };
+        let raw: raw::RawConfig = toml::from_str(&text).map_err(|e| source.parse_error(e))?;
+        validate::validate_providers(&source, &raw)
+    }
+
     /// The agent hosted here with this name.
     pub fn agent(&self, name: &str) -> Option<&AgentSpec> {
         self.agents.iter().find(|a| a.name == name)

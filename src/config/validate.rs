@@ -30,6 +30,30 @@ use super::{
 
 type Result<T> = std::result::Result<T, ConfigError>;
 
+/// The `[providers]` tables alone, checked as [`validate`] checks them
+/// (a file may hold nothing else; other tables are read but not checked).
+pub(crate) fn validate_providers(
+    source: &Source<'_>,
+    raw: &RawConfig,
+) -> Result<Vec<ProviderConfig>> {
+    let mut providers = Vec::new();
+    for (name, provider) in &raw.providers {
+        check_name(source, "providers", name)?;
+        providers.push(ProviderConfig {
+            name: name.get_ref().clone(),
+            spec: provider_spec(source, name.get_ref(), provider)?,
+        });
+    }
+    if providers.is_empty() {
+        return Err(source.invalid(
+            0..0,
+            "providers",
+            "the file has no providers: add a [providers.NAME] table",
+        ));
+    }
+    Ok(providers)
+}
+
 pub(crate) fn validate(
     source: &Source<'_>,
     raw: RawConfig,

@@ -18,11 +18,18 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
 use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
 use wma_agent::{
     AgentRunRequest, AgentStreamPart, ChatMessage, ConstraintMode, LocalLoopOptions, Policy,
     Provider, ToolDefinition, parse_tool_calls, validate_args,
 };
+use wma_agent::{
+    CallFormat, GenerateRequest, Generation, ProgressFn, PromptMessage, PromptRole, ProviderError,
+    ProviderInfo,
+};
+use wma_provider_openai::OpenAiProvider;
 use wma_provider_ort::OrtProvider;
 use wma_tools::NativeTools;
 
@@ -298,6 +305,181 @@ impl SeedPerRun for OrtProvider {
             .map(|base| base.wrapping_add(run as u64));
         self.reseed(seed);
     }
+}
+
+impl SeedPerRun for OpenAiProvider {
+    fn seed_run(&self, run: usize) {
+        let seed = self
+            .options()
+            .seed
+            .map(|base| base.wrapping_add(run as u64));
+        self.reseed(seed);
+    }
+}
+
+/// The provider an evaluation runs: a model on ONNX Runtime or one served
+/// by an OpenAI-compatible server, each as its own provider makes it.
+#[derive(Debug)]
+pub enum EvalProvider {
+    /// A model folder run by ONNX Runtime.
+    Onnx(OrtProvider),
+    /// A model behind an OpenAI-compatible server.
+    Served(OpenAiProvider),
+}
+
+impl EvalProvider {
+    fn inner(&self) -> &dyn Provider {
+        match self {
+            Self::Onnx(p) => p,
+            Self::Served(p) => p,
+        }
+    }
+}
+
+#[async_trait]
+impl Provider for EvalProvider {
+    fn info(&self) -> ProviderInfo {
+        self.inner().info()
+    }
+    async fn prepare(
+        &self,
+        progress: ProgressFn,
+        cancel: CancellationToken,
+    ) -> Result<(), ProviderError> {
+        self.inner().prepare(progress, cancel).await
+    }
+    async fn generate(
+        &self,
+        request: GenerateRequest,
+        cancel: CancellationToken,
+    ) -> Result<Generation, ProviderError> {
+        self.inner().generate(request, cancel).await
+    }
+    async fn fits(&self, request: &GenerateRequest) -> Result<bool, ProviderError> {
+        self.inner().fits(request).await
+    }
+    fn call_format(&self) -> CallFormat {
+        self.inner().call_format()
+    }
+    fn tools_inline(&self) -> bool {
+        self.inner().tools_inline()
+    }
+    fn supports_constraints(&self) -> bool {
+        self.inner().supports_constraints()
+    }
+    fn parameters(&self) -> Option<u64> {
+        self.inner().parameters()
+    }
+}
+
+impl SeedPerRun for EvalProvider {
+    fn seed_run(&self, run: usize) {
+        match self {
+            Self::Onnx(p) => p.seed_run(run),
+            Self::Served(p) => p.seed_run(run),
+        }
+    }
+}
+
+/// Scores a server's own tool calling on BFCL: each record's messages and
+/// tools sent once, as they are (no system prompt of the loop's, no
+/// ranking, no parsing of the text, no correction or repair), the
+/// answer's `tool_calls` taken as the calls made and scored as
+/// [`run_bfcl`] scores the loop's.
+pub async fn run_bfcl_direct(
+    provider: &OpenAiProvider,
+    records: &[Record],
+    mut on_record: impl FnMut(usize),
+) -> CategoryScore {
+    let mut score = CategoryScore {
+        irrelevance: records.iter().all(|r| r.expected.is_none()),
+        ..CategoryScore::default()
+    };
+    let mut generations = Vec::new();
+    for (i, record) in records.iter().enumerate() {
+        let messages: Vec<PromptMessage> = record
+            .messages
+            .iter()
+            .filter_map(|m| match m {
+                ChatMessage::User { content } => {
+                    Some(PromptMessage::new(PromptRole::User, content.clone()))
+                }
+                ChatMessage::Assistant { content, .. } => {
+                    Some(PromptMessage::new(PromptRole::Assistant, content.clone()))
+                }
+                ChatMessage::Tool { .. } => None,
+            })
+            .collect();
+        let started = std::time::Instant::now();
+        let reply = provider
+            .direct(&messages, &record.tools, CancellationToken::new())
+            .await;
+        score.replies += 1;
+        score.records += 1;
+        let made: Vec<MadeCall> = match reply {
+            Ok(reply) => {
+                generations.push(Generation {
+                    text: reply.content.clone(),
+                    input_tokens: reply.input_tokens,
+                    output_tokens: reply.output_tokens,
+                    total_time: Some(started.elapsed()),
+                    finish_reason: reply.finish_reason.clone(),
+                    ..Generation::default()
+                });
+                if !reply.calls.is_empty() {
+                    score.replies_with_call += 1;
+                }
+                score.calls += reply.calls.len();
+                let mut made = Vec::new();
+                for (name, arguments) in reply.calls {
+                    let Some(arguments) = arguments else { continue };
+                    let valid = record
+                        .tools
+                        .iter()
+                        .find(|t| t.name == name)
+                        .is_some_and(|t| validate_args(&t.input_schema, &arguments).is_ok());
+                    if valid {
+                        score.valid_calls += 1;
+                    }
+                    made.push(MadeCall { name, arguments });
+                }
+                made
+            }
+            Err(error) => {
+                tracing::warn!(record = %record.id, %error, "the server failed");
+                Vec::new()
+            }
+        };
+        if bfcl::score(&made, record.expected.as_deref()) {
+            score.correct += 1;
+        }
+        on_record(i + 1);
+    }
+    score.usage = Usage::of(&generations);
+    score
+}
+
+/// The BFCL table of a server's own tool calling ([`run_bfcl_direct`]).
+pub fn bfcl_direct_table(rows: &[(String, CategoryScore)]) -> String {
+    let mut out = String::from(
+        "| category | n | replies with a call | calls that parse and validate | accuracy | tokens/s |\n|---|---|---|---|---|---|\n",
+    );
+    for (name, s) in rows {
+        let kind = if s.irrelevance {
+            " (irrelevance)"
+        } else {
+            " (exact call)"
+        };
+        out.push_str(&format!(
+            "| {name}{kind} | {} | {} | {} | {} | {:.1} |\n",
+            s.records,
+            s.call_rate(),
+            s.valid_rate(),
+            s.accuracy(),
+            s.usage.tokens_per_second()
+        ));
+    }
+    out
 }
 
 impl<P: SeedPerRun + ?Sized> SeedPerRun for Arc<P> {

@@ -145,6 +145,8 @@ pub struct OpenAiProvider {
     facts: OnceLock<ServerFacts>,
     /// Whether the last `/tokenize` failed (then estimates are used).
     tokenize_failed: Mutex<bool>,
+    /// A seed that replaces the options' one (see [`OpenAiProvider::reseed`]).
+    seed: Mutex<Option<Option<u64>>>,
 }
 
 impl std::fmt::Debug for OpenAiProvider {
@@ -205,6 +207,10 @@ impl OpenAiProvider {
         };
         let client = reqwest::Client::builder()
             .connect_timeout(options.connect_timeout)
+            // A connection per request: llama.cpp closes one after a
+            // streamed answer, and a request sent on a pooled connection
+            // the server already closed fails as if the server had died.
+            .pool_max_idle_per_host(0)
             .build()
             .map_err(|e| ProviderError::Load(format!("cannot make an HTTP client: {e}")))?;
         Ok(Self {
@@ -214,12 +220,19 @@ impl OpenAiProvider {
             client,
             facts: OnceLock::new(),
             tokenize_failed: Mutex::new(false),
+            seed: Mutex::new(None),
         })
     }
 
     /// The options it was made with.
     pub fn options(&self) -> &OpenAiOptions {
         &self.options
+    }
+
+    /// Replaces the options' sampling seed for the requests from now on
+    /// (`None` sends none); evaluations seed each run on its own.
+    pub fn reseed(&self, seed: Option<u64>) {
+        *self.seed.lock().unwrap_or_else(|e| e.into_inner()) = Some(seed);
     }
 
     /// The context window in use, once prepared.
@@ -321,7 +334,12 @@ impl OpenAiProvider {
         if let Some(t) = self.options.temperature {
             body["temperature"] = json!(t);
         }
-        if let Some(seed) = self.options.seed {
+        let seed = self
+            .seed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .unwrap_or(self.options.seed);
+        if let Some(seed) = seed {
             body["seed"] = json!(seed);
         }
         let mut tools: Vec<ToolDefinition> = if structured {
