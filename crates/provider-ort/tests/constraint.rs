@@ -658,7 +658,7 @@ fn the_grammar_forces_fixed_keys_and_a_settled_name() {
     let text = |ids: &[u32]| f.tokenizer.decode(ids, false).unwrap();
     // Whitespace may follow `{`: nothing is forced yet.
     assert!(m.forced_tokens().is_empty());
-    let mut feed = |m: &mut wma_provider_ort::ConstraintMatcher, piece: &str| {
+    let feed = |m: &mut wma_provider_ort::ConstraintMatcher, piece: &str| {
         let ids = f.ids(piece);
         assert_eq!(m.feed(&ids).unwrap(), ids.len(), "{piece:?} is admitted");
     };
