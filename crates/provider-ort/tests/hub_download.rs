@@ -1,171 +1,454 @@
-//! A hub model id is downloaded into the cache with progress, then loaded.
-//! The hub is a small HTTP server on the loopback address that serves the
-//! tiny model's folder, so nothing leaves the machine.
+//! Hub downloads through `hf-hub`, against a small HTTP server on the
+//! loopback address that serves the tiny model's folder in a hub's layout
+//! (`/{repo}/resolve/{revision}/{file}`, ranged answers with the commit
+//! and etag headers a hub sends), so nothing leaves the machine: the
+//! standard Hugging Face cache layout at a pinned revision, the token,
+//! 404s for optional files, progress, a download that resumes after the
+//! connection broke, and a hub id loaded by the provider. The hub, the
+//! cache and the token come from `HF_ENDPOINT`, `HF_HOME` and `HF_TOKEN`,
+//! set as a user sets them: each test runs its downloads in a child
+//! process (this test binary again, with the variables set) and checks
+//! what the hub was asked.
 
 mod common;
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 
 use common::{cache, tiny_model};
 use tokio_util::sync::CancellationToken;
-use wma_agent::{GenerateRequest, Progress, PromptMessage, PromptRole, Provider};
-use wma_provider_ort::{OrtProvider, OrtProviderOptions, dylib_path};
+use wma_agent::{GenerateRequest, Progress, ProgressFn, PromptMessage, PromptRole, Provider};
+use wma_provider_ort::{OrtProvider, OrtProviderOptions, download, dylib_path};
 
-/// Serves `root` as `/{repo}/resolve/main/{file}` until the process ends;
-/// returns the endpoint and the list of requested paths.
-fn serve(root: PathBuf, repo: &'static str) -> (String, Arc<Mutex<Vec<String>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    let requested = Arc::new(Mutex::new(Vec::new()));
-    let log = Arc::clone(&requested);
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut request_line = String::new();
-            if reader.read_line(&mut request_line).is_err() {
-                continue;
-            }
-            // Skip the headers.
-            let mut line = String::new();
-            while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
-                line.clear();
-            }
-            let path = request_line
-                .split_whitespace()
-                .nth(1)
-                .unwrap_or("")
-                .to_string();
-            log.lock().unwrap().push(path.clone());
-            let prefix = format!("/{repo}/resolve/main/");
-            let file = path.strip_prefix(&prefix).map(|f| root.join(f));
-            match file.filter(|f| f.is_file()) {
-                Some(f) => {
-                    let body = std::fs::read(f).unwrap();
-                    let _ = write!(
-                        stream,
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                        body.len()
-                    );
-                    let _ = stream.write_all(&body);
-                }
-                None => {
-                    let _ = write!(
-                        stream,
-                        "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                    );
-                }
-            }
-        }
-    });
-    (endpoint, requested)
+/// The commit each revision the test hub knows resolves to.
+const REVISIONS: [(&str, &str); 2] = [
+    ("main", "1111111111111111111111111111111111111111"),
+    ("v2", "2222222222222222222222222222222222222222"),
+];
+
+/// One request the hub answered: path, `Range` and `Authorization`.
+#[derive(Debug, Clone)]
+struct Seen {
+    path: String,
+    range: Option<String>,
+    auth: Option<String>,
 }
 
-fn temp_cache() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("wma-hub-test-{}", std::process::id()));
+/// The test hub's log, and a file whose ranged answers break once.
+#[derive(Default)]
+struct HubState {
+    seen: Vec<Seen>,
+    /// `(file, offset)`: the first ranged request for `file` that starts
+    /// at or past `offset` gets its connection closed without an answer.
+    break_once: Option<(String, u64)>,
+}
+
+/// Serves `root` as `/{repo}/resolve/{revision}/{file}` until the process
+/// ends; returns the endpoint and the state.
+fn serve(root: PathBuf, repo: &'static str) -> (String, Arc<Mutex<HubState>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let endpoint = format!("http://{}", listener.local_addr().unwrap());
+    let state = Arc::new(Mutex::new(HubState::default()));
+    let shared = Arc::clone(&state);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { continue };
+            let root = root.clone();
+            let shared = Arc::clone(&shared);
+            std::thread::spawn(move || answer(stream, &root, repo, &shared));
+        }
+    });
+    (endpoint, state)
+}
+
+fn answer(mut stream: std::net::TcpStream, root: &Path, repo: &str, state: &Mutex<HubState>) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut request_line = String::new();
+    if reader.read_line(&mut request_line).is_err() {
+        return;
+    }
+    let mut headers = HashMap::new();
+    let mut line = String::new();
+    while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
+        if let Some((k, v)) = line.trim_end().split_once(':') {
+            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
+        }
+        line.clear();
+    }
+    let path = request_line
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("")
+        .to_string();
+    let range = headers.get("range").cloned();
+    state.lock().unwrap().seen.push(Seen {
+        path: path.clone(),
+        range: range.clone(),
+        auth: headers.get("authorization").cloned(),
+    });
+    let found = path
+        .strip_prefix(&format!("/{repo}/resolve/"))
+        .and_then(|rest| rest.split_once('/'))
+        .and_then(|(revision, file)| {
+            let commit = REVISIONS.iter().find(|(r, _)| *r == revision)?.1;
+            let full = root.join(file);
+            full.is_file().then(|| (commit, file.to_string(), full))
+        });
+    let Some((commit, file, full)) = found else {
+        let _ = write!(
+            stream,
+            "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        );
+        return;
+    };
+    let body = std::fs::read(full).unwrap();
+    let len = body.len() as u64;
+    let (start, end) = range
+        .as_deref()
+        .and_then(|r| r.strip_prefix("bytes="))
+        .and_then(|r| r.split_once('-'))
+        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+        .map_or((0, len - 1), |(a, b)| (a, b.min(len - 1)));
+    if start > 0 {
+        let mut s = state.lock().unwrap();
+        if let Some((f, offset)) = &s.break_once
+            && *f == file
+            && start >= *offset
+        {
+            s.break_once = None;
+            // The connection breaks before the answer.
+            return;
+        }
+    }
+    let slice = &body[start as usize..=end as usize];
+    // The etag names the content, as a hub's does.
+    let etag = format!("{:016x}{len}", fnv(&body));
+    let _ = write!(
+        stream,
+        "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {start}-{end}/{len}\r\nETag: \"{etag}\"\r\nX-Repo-Commit: {commit}\r\nConnection: close\r\n\r\n",
+        slice.len()
+    );
+    let _ = stream.write_all(slice);
+}
+
+fn fnv(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x100000001b3)
+    })
+}
+
+fn temp(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wma-hub-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
 }
 
-fn file_names(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = walk(dir)
-        .into_iter()
-        .map(|p| {
-            p.strip_prefix(dir)
-                .unwrap()
-                .to_string_lossy()
-                .replace('\\', "/")
-        })
-        .collect();
-    names.sort();
-    names
+/// Set in a child process: the runtime's own cache folder for it.
+const CHILD: &str = "WMA_HUB_TEST_CHILD_CACHE";
+/// Set in a child process: the folder the test hub serves.
+const SERVED: &str = "WMA_HUB_TEST_SERVED";
+
+/// In a child process: its cache folder and the served folder.
+fn child() -> Option<(PathBuf, PathBuf)> {
+    Some((
+        PathBuf::from(std::env::var_os(CHILD)?),
+        PathBuf::from(std::env::var_os(SERVED)?),
+    ))
 }
 
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() {
-            out.extend(walk(&path));
-        } else {
-            out.push(path);
-        }
-    }
-    out
+/// Runs the test `name` again in a child process against the hub at
+/// `endpoint`, with `home` as `HF_HOME`; fails with its output when it fails.
+fn run_child(name: &str, endpoint: &str, home: &Path, served: &Path) {
+    let wma_cache = home.join("wma-cache");
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args([name, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD, &wma_cache)
+        .env(SERVED, served)
+        .env("HF_HOME", home)
+        .env("HF_ENDPOINT", endpoint)
+        .env("HF_TOKEN", "token-from-env")
+        .env_remove("HF_HUB_CACHE")
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "the child run of {name} failed:\n{}\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hub_id_is_downloaded_with_progress_then_loaded() {
-    let source = tiny_model();
-    let (endpoint, requested) = serve(source, "test-org/tiny-llama");
-    let cache_dir = temp_cache();
-    let options = OrtProviderOptions::default()
-        .with_model("test-org/tiny-llama")
-        .with_cache_dir(&cache_dir)
-        .with_dylib_path(dylib_path(&cache()))
-        .with_hub_endpoint(&endpoint)
-        .with_threads(2);
-    let provider = OrtProvider::new(options.clone()).unwrap();
-    assert_eq!(provider.info().model, "test-org/tiny-llama");
-
+fn recorder() -> (ProgressFn, Arc<Mutex<Vec<Progress>>>) {
     let seen = Arc::new(Mutex::new(Vec::<Progress>::new()));
-    let progress = {
-        let seen = Arc::clone(&seen);
-        Arc::new(move |p: Progress| seen.lock().unwrap().push(p))
-    };
-    provider
-        .prepare(progress, CancellationToken::new())
-        .await
-        .unwrap();
+    let log = Arc::clone(&seen);
+    (
+        Arc::new(move |p: Progress| log.lock().unwrap().push(p)),
+        seen,
+    )
+}
 
-    let folder = cache_dir.join("hub/test-org--tiny-llama");
-    assert_eq!(provider.model_dir(), folder);
-    let files = file_names(&folder);
-    for wanted in [
-        "config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "onnx/model.onnx",
-    ] {
-        assert!(
-            files.contains(&wanted.to_string()),
-            "{wanted} missing from {files:?}"
-        );
-    }
-    assert!(!files.iter().any(|f| f.ends_with(".part")), "{files:?}");
-    // The 4-bit graph is asked for first; the tiny model has none.
-    let paths = requested.lock().unwrap().clone();
-    assert!(paths.iter().any(|p| p.ends_with("onnx/model_q4.onnx")));
-    let progress = seen.lock().unwrap().clone();
-    let graph = progress
-        .iter()
-        .rfind(|p| p.stage == "download onnx/model.onnx")
-        .expect("progress for the graph");
-    assert!(graph.done > 0 && graph.total == Some(graph.done));
+fn no_progress() -> ProgressFn {
+    Arc::new(|_| {})
+}
 
-    let g = provider
-        .generate(
-            GenerateRequest {
-                messages: vec![PromptMessage::new(PromptRole::User, "Hi")],
-                max_new_tokens: Some(4),
-                ..GenerateRequest::default()
-            },
-            CancellationToken::new(),
+fn snapshot(home: &Path, commit: &str) -> PathBuf {
+    home.join(format!(
+        "hub/models--test-org--tiny-llama/snapshots/{commit}"
+    ))
+}
+
+const PINNED_TEST: &str = "a_pinned_revision_lands_in_the_standard_cache_with_progress";
+
+#[test]
+fn a_pinned_revision_lands_in_the_standard_cache_with_progress() {
+    if let Some((wma_cache, served)) = child() {
+        let (progress, seen) = recorder();
+        let dir = download(
+            "test-org/tiny-llama@v2",
+            None,
+            &wma_cache,
+            None,
+            &progress,
+            &CancellationToken::new(),
         )
-        .await
         .unwrap();
-    assert!(g.output_tokens.unwrap() >= 1);
+        let home = PathBuf::from(std::env::var("HF_HOME").unwrap());
+        // Hugging Face's own layout, at the commit the revision resolves to.
+        assert_eq!(dir, snapshot(&home, REVISIONS[1].1));
+        for file in [
+            "config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "onnx/model.onnx",
+        ] {
+            assert_eq!(
+                std::fs::read(dir.join(file)).unwrap(),
+                std::fs::read(served.join(file)).unwrap(),
+                "{file}"
+            );
+        }
+        let progress = seen.lock().unwrap().clone();
+        let graph = progress
+            .iter()
+            .rfind(|p| p.stage == "download onnx/model.onnx")
+            .expect("progress for the graph");
+        let size = std::fs::metadata(served.join("onnx/model.onnx"))
+            .unwrap()
+            .len();
+        assert_eq!((graph.done, graph.total), (size, Some(size)));
+        // Once complete, the same download is used as it is.
+        let again = download(
+            "test-org/tiny-llama@v2",
+            None,
+            &wma_cache,
+            None,
+            &no_progress(),
+            &CancellationToken::new(),
+        )
+        .unwrap();
+        assert_eq!(again, dir);
+        return;
+    }
+    let source = tiny_model();
+    let (endpoint, state) = serve(source.clone(), "test-org/tiny-llama");
+    let home = temp("pinned");
+    run_child(PINNED_TEST, &endpoint, &home, &source);
+    assert_eq!(
+        std::fs::read_to_string(home.join("hub/models--test-org--tiny-llama/refs/v2")).unwrap(),
+        REVISIONS[1].1
+    );
+    let seen = state.lock().unwrap().seen.clone();
+    // Only the pinned revision is asked for, always with the token; the
+    // 4-bit graph first (the tiny model has none: a 404, not an error).
+    assert!(
+        seen.iter().all(|s| s.path.contains("/resolve/v2/")),
+        "{seen:?}"
+    );
+    assert!(
+        seen.iter()
+            .all(|s| s.auth.as_deref() == Some("Bearer token-from-env"))
+    );
+    assert!(seen.iter().any(|s| s.path.ends_with("onnx/model_q4.onnx")));
+    // The second download asked the hub nothing: one probe per file.
+    let probes = seen
+        .iter()
+        .filter(|s| s.path.ends_with("/config.json") && s.range.as_deref() == Some("bytes=0-0"))
+        .count();
+    assert_eq!(probes, 1, "{seen:?}");
+    let _ = std::fs::remove_dir_all(&home);
+}
 
-    // A second provider uses the finished download without asking the hub.
-    let before = requested.lock().unwrap().len();
-    let again = OrtProvider::new(options).unwrap();
-    again
-        .prepare(Arc::new(|_| {}), CancellationToken::new())
-        .await
+/// The size of the graph of the resume test: three ranged chunks.
+const BIG: usize = 25_000_000;
+/// hf-hub's chunk.
+const CHUNK: usize = 10_000_000;
+const RESUME_TEST: &str = "a_broken_download_resumes_where_it_stopped";
+
+#[test]
+fn a_broken_download_resumes_where_it_stopped() {
+    if let Some((wma_cache, served)) = child() {
+        let first = download(
+            "test-org/tiny-llama",
+            None,
+            &wma_cache,
+            None,
+            &no_progress(),
+            &CancellationToken::new(),
+        );
+        assert!(first.is_err(), "the broken connection is an error");
+        let dir = download(
+            "test-org/tiny-llama",
+            None,
+            &wma_cache,
+            None,
+            &no_progress(),
+            &CancellationToken::new(),
+        )
         .unwrap();
-    assert_eq!(requested.lock().unwrap().len(), before);
-    let _ = std::fs::remove_dir_all(&cache_dir);
+        assert!(
+            std::fs::read(dir.join("onnx/model.onnx")).unwrap()
+                == std::fs::read(served.join("onnx/model.onnx")).unwrap(),
+            "the resumed graph is whole"
+        );
+        return;
+    }
+    // A repository whose graph takes three chunks.
+    let source = tiny_model();
+    let repo = temp("resume-repo");
+    std::fs::create_dir_all(repo.join("onnx")).unwrap();
+    for file in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(source.join(file), repo.join(file)).unwrap();
+    }
+    let graph: Vec<u8> = (0..BIG)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    std::fs::write(repo.join("onnx/model.onnx"), &graph).unwrap();
+    let (endpoint, state) = serve(repo.clone(), "test-org/tiny-llama");
+    // The graph's answers break at its second chunk.
+    state.lock().unwrap().break_once = Some(("onnx/model.onnx".into(), CHUNK as u64));
+    let home = temp("resume");
+    run_child(RESUME_TEST, &endpoint, &home, &repo);
+    let ranges: Vec<String> = state
+        .lock()
+        .unwrap()
+        .seen
+        .iter()
+        .filter(|s| s.path.ends_with("/onnx/model.onnx"))
+        .filter_map(|s| s.range.clone())
+        .filter(|r| r != "bytes=0-0")
+        .collect();
+    // First try: the first chunk, then the broken second. Second try: from
+    // the second chunk on, the first not asked for again.
+    let second = format!("bytes={CHUNK}-{}", 2 * CHUNK - 1);
+    assert_eq!(
+        ranges.iter().filter(|r| r.starts_with("bytes=0-")).count(),
+        1,
+        "{ranges:?}"
+    );
+    assert_eq!(
+        ranges.iter().filter(|r| **r == second).count(),
+        2,
+        "{ranges:?}"
+    );
+    let _ = std::fs::remove_dir_all(&home);
+    let _ = std::fs::remove_dir_all(&repo);
+}
+
+const NO_GRAPH_TEST: &str = "a_repository_without_the_graph_asked_for_is_a_clear_error";
+
+#[test]
+fn a_repository_without_the_graph_asked_for_is_a_clear_error() {
+    if let Some((wma_cache, _)) = child() {
+        let err = download(
+            "test-org/tiny-llama",
+            Some("onnx/model_fp16.onnx"),
+            &wma_cache,
+            None,
+            &no_progress(),
+            &CancellationToken::new(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("model_fp16.onnx"), "{err}");
+        return;
+    }
+    let source = tiny_model();
+    let (endpoint, _) = serve(source.clone(), "test-org/tiny-llama");
+    let home = temp("nograph");
+    run_child(NO_GRAPH_TEST, &endpoint, &home, &source);
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+const PROVIDER_TEST: &str = "a_hub_id_is_loaded_by_the_provider";
+
+#[test]
+fn a_hub_id_is_loaded_by_the_provider() {
+    if let Some((wma_cache, _)) = child() {
+        return load_in_child(&wma_cache);
+    }
+    let source = tiny_model();
+    let (endpoint, state) = serve(source.clone(), "test-org/tiny-llama");
+    let home = temp("provider");
+    run_child(PROVIDER_TEST, &endpoint, &home, &source);
+    assert!(
+        snapshot(&home, REVISIONS[0].1)
+            .join("onnx/model.onnx")
+            .is_file()
+    );
+    let seen = state.lock().unwrap().seen.clone();
+    // The second provider of the child used the finished download.
+    let probes = seen
+        .iter()
+        .filter(|s| s.path.ends_with("/config.json") && s.range.as_deref() == Some("bytes=0-0"))
+        .count();
+    assert_eq!(probes, 1, "{seen:?}");
+    let _ = std::fs::remove_dir_all(&home);
+}
+
+fn load_in_child(wma_cache: &Path) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let options = OrtProviderOptions::default()
+            .with_model("test-org/tiny-llama")
+            .with_cache_dir(wma_cache)
+            .with_dylib_path(dylib_path(&cache()))
+            .with_threads(2);
+        let provider = OrtProvider::new(options.clone()).unwrap();
+        assert_eq!(provider.info().model, "test-org/tiny-llama");
+        provider
+            .prepare(Arc::new(|_| {}), CancellationToken::new())
+            .await
+            .unwrap();
+        assert!(
+            provider
+                .model_dir()
+                .starts_with(std::env::var("HF_HOME").unwrap()),
+            "{}",
+            provider.model_dir().display()
+        );
+        let g = provider
+            .generate(
+                GenerateRequest {
+                    messages: vec![PromptMessage::new(PromptRole::User, "Hi")],
+                    max_new_tokens: Some(4),
+                    ..GenerateRequest::default()
+                },
+                CancellationToken::new(),
+            )
+            .await
+            .unwrap();
+        assert!(g.output_tokens.unwrap() >= 1);
+        let again = OrtProvider::new(options).unwrap();
+        again
+            .prepare(Arc::new(|_| {}), CancellationToken::new())
+            .await
+            .unwrap();
+    });
 }
