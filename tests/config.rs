@@ -469,3 +469,80 @@ fn the_servers_token_and_limits_come_from_its_table() {
     let zero = format!("{GOOD}\n[server]\nmax_connections = 0\n");
     assert_error(&zero, lines + 3, "server.max_connections", "at least 1");
 }
+
+const SERVED: &str = r#"
+[providers.served]
+kind = "openai"
+url = "http://127.0.0.1:8080/v1"
+model = "SmolLM2-135M-Instruct"
+api_key_env = "OPENAI_API_KEY"
+context_length = 4096
+max_new_tokens = 128
+temperature = 0.2
+request_timeout_secs = 90
+
+[agents.helper]
+provider = "served"
+"#;
+
+#[test]
+fn a_served_provider_takes_its_settings() {
+    let config = Config::parse_with_env(SERVED, FILE, |_| None).unwrap();
+    let ProviderSpec::Openai(options) = &config.provider("served").unwrap().spec else {
+        panic!("an openai provider");
+    };
+    assert_eq!(options.url, "http://127.0.0.1:8080/v1");
+    assert_eq!(options.model, "SmolLM2-135M-Instruct");
+    // The variable's name, not its value: the key is read when the
+    // provider is made.
+    assert_eq!(options.api_key_env.as_deref(), Some("OPENAI_API_KEY"));
+    assert_eq!(options.context_length, Some(4096));
+    assert_eq!(options.max_new_tokens, 128);
+    assert_eq!(options.temperature, Some(0.2));
+    assert_eq!(options.request_timeout, std::time::Duration::from_secs(90));
+    // Unset: the server's template decides.
+    assert_eq!(options.tools_inline, None);
+}
+
+#[test]
+fn a_served_providers_mistakes_name_their_key() {
+    let typo = SERVED.replace("api_key_env", "api_key_evn");
+    assert_error(
+        &typo,
+        6,
+        "providers.served.api_key_evn",
+        "unknown field `api_key_evn`",
+    );
+    // A setting of another kind is refused on a served model by name.
+    let other = SERVED.replace("temperature = 0.2", "top_k = 40");
+    assert_error(
+        &other,
+        9,
+        "providers.served.top_k",
+        "`top_k` is not a setting of a openai provider",
+    );
+    let scheme = SERVED.replace("http://127.0.0.1:8080/v1", "127.0.0.1:8080");
+    assert_error(
+        &scheme,
+        4,
+        "providers.served.url",
+        "not an http:// or https:// address",
+    );
+    let no_url = SERVED.replace("url = \"http://127.0.0.1:8080/v1\"\n", "");
+    assert_error(&no_url, 3, "providers.served", "needs `url`");
+    let zero = SERVED.replace("request_timeout_secs = 90", "request_timeout_secs = 0");
+    assert_error(
+        &zero,
+        10,
+        "providers.served.request_timeout_secs",
+        "must be at least 1",
+    );
+    // And the served model's keys are refused on the other kinds.
+    let onnx = SERVED.replace("kind = \"openai\"", "kind = \"onnx\"");
+    assert_error(
+        &onnx,
+        4,
+        "providers.served.url",
+        "`url` is not a setting of a onnx provider",
+    );
+}
