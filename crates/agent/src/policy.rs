@@ -19,7 +19,9 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::ground::{Identifiers, ground_tool, takes_free_text, takes_identifier};
+use crate::ground::{
+    Identifiers, ground_number_values, ground_tool, takes_free_text, takes_identifier,
+};
 use crate::provider::Decoding;
 use crate::rank::score_tools;
 use crate::tool::ToolDefinition;
@@ -83,6 +85,12 @@ pub struct Policy {
     /// required ones make optional counts required. Default: on ("add two
     /// of p-21" adds 2, was 1).
     pub ground_numbers: bool,
+    /// A number argument of a constrained call may only take a number the
+    /// person wrote (one that fits its type and bounds), when they wrote
+    /// any: on BFCL nine in ten required numbers are spelled out in the
+    /// request, and a tiny model left free writes `1` or a number of the
+    /// tool's description. Default: on.
+    pub written_numbers: bool,
     /// A lookup that just found ids, or an action that just succeeded, is
     /// not offered on the next step: the model uses what it found or moves
     /// on instead of repeating itself. Default: on.
@@ -178,6 +186,7 @@ impl Policy {
             base: PolicyName::Reference,
             ground_identifiers: false,
             ground_numbers: false,
+            written_numbers: false,
             move_on: false,
             offer_appeared: false,
             offer_id_takers: false,
@@ -207,6 +216,7 @@ impl Policy {
             base: PolicyName::SmallModel,
             ground_identifiers: true,
             ground_numbers: true,
+            written_numbers: true,
             move_on: true,
             offer_appeared: true,
             offer_id_takers: true,
@@ -281,6 +291,7 @@ impl Policy {
     pub(crate) fn narrows(&self) -> bool {
         self.ground_identifiers
             || self.ground_numbers
+            || self.written_numbers
             || self.move_on
             || self.offer_appeared
             || self.offer_id_takers
@@ -353,6 +364,8 @@ pub enum Rule {
     GroundIdentifiers,
     /// See [`Policy::ground_numbers`].
     GroundNumbers,
+    /// See [`Policy::written_numbers`].
+    WrittenNumbers,
     /// See [`Policy::move_on`].
     MoveOn,
     /// See [`Policy::offer_appeared`].
@@ -384,6 +397,7 @@ impl Rule {
         match self {
             Self::GroundIdentifiers => "ground-identifiers",
             Self::GroundNumbers => "ground-numbers",
+            Self::WrittenNumbers => "written-numbers",
             Self::MoveOn => "move-on",
             Self::OfferAppeared => "offer-appeared",
             Self::OfferIdTakers => "offer-id-takers",
@@ -719,6 +733,16 @@ impl PolicyState {
                             rule,
                             detail: format!("narrowed the arguments of {name}"),
                         });
+                    }
+                    if policy.written_numbers {
+                        let narrowed = ground_number_values(&grounded, &ids);
+                        if narrowed.input_schema != grounded.input_schema {
+                            fired.push(Fired {
+                                rule: Rule::WrittenNumbers,
+                                detail: format!("narrowed the numbers of {name}"),
+                            });
+                            grounded = narrowed;
+                        }
                     }
                     callable.push(grounded);
                 }
