@@ -45,8 +45,8 @@ pub use prompt::{
     plain_line, system_prompt, tool_line, truncate_chars,
 };
 pub use provider::{
-    CallFormat, Constraint, Decoding, GenerateRequest, Generation, InSession, Progress,
-    ProgressFn, PromptMessage, PromptRole, Provider, ProviderInfo,
+    CallFormat, Constraint, Decoding, GenerateRequest, Generation, InSession, Progress, ProgressFn,
+    PromptMessage, PromptRole, Provider, ProviderInfo,
 };
 pub use rank::{
     DESCRIPTION_WEIGHT, NAME_WEIGHT, RECENT_BONUS, RECENT_WINDOW, ToolScore, rank_tools,

@@ -272,7 +272,10 @@ fn main() -> Result<()> {
         .rev()
         .flat_map(|s| s.prompt_ids.iter().copied())
         .collect();
-    println!("\n{:<10} {:>22} {:>22}", "context", "decode t/s, one prefill", "decode t/s, half reused");
+    println!(
+        "\n{:<10} {:>22} {:>22}",
+        "context", "decode t/s, one prefill", "decode t/s, half reused"
+    );
     for n in [1024usize, 2048] {
         if long.len() < n {
             continue;
