@@ -413,14 +413,14 @@ fn openai_spec(source: &Source<'_>, key: &str, raw: &RawProvider) -> Result<Prov
             "an openai provider needs `model`, the name the server serves it under",
         ));
     };
-    if let Some(name) = &raw.api_key_env {
-        if name.get_ref().trim().is_empty() {
-            return Err(source.invalid(
-                name.span(),
-                format!("{key}.api_key_env"),
-                "`api_key_env` names an environment variable; it is empty",
-            ));
-        }
+    if let Some(name) = &raw.api_key_env
+        && name.get_ref().trim().is_empty()
+    {
+        return Err(source.invalid(
+            name.span(),
+            format!("{key}.api_key_env"),
+            "`api_key_env` names an environment variable; it is empty",
+        ));
     }
     for (setting, value) in [
         ("connect_timeout_secs", &raw.connect_timeout_secs),
