@@ -74,7 +74,7 @@ async fn history_writes_earlier_calls_in_the_providers_call_format() {
     let assistant = turns_with(&provider.requests()[0], PromptRole::Assistant);
     assert_eq!(
         assistant[0],
-        "<tool_call>\n{\"name\":\"search_products\",\"arguments\":{\"query\":\"tent\"}}\n</tool_call>"
+        "<tool_call>\n{\"name\": \"search_products\", \"arguments\": {\"query\": \"tent\"}}\n</tool_call>"
     );
 }
 

@@ -41,8 +41,8 @@ pub use part::{AgentStreamPart, FinishReason};
 pub use policy::{Policy, PolicyName, REFERENCE_FROM_PARAMETERS, Rule};
 pub use prompt::{
     HISTORY_TURNS, PAGE_PATH_CHARS, PAGE_TEXT_CHARS, RESULT_CHARS, SUB_AGENT_DESCRIPTION_CHARS,
-    SystemPromptInput, compact_schema, delimit_untrusted, example_arguments, gist, listing_order,
-    plain_line, system_prompt, tool_line, truncate_chars,
+    SystemPromptInput, compact_schema, delimit_untrusted, example_arguments, gist, plain_line,
+    system_prompt, tool_line, truncate_chars,
 };
 pub use provider::{
     CallFormat, Constraint, Decoding, GenerateRequest, Generation, InSession, Progress, ProgressFn,

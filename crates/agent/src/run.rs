@@ -23,7 +23,7 @@ use crate::part::{AgentStreamPart, FinishReason};
 use crate::policy::{Fired, Policy, PolicyState, Rule, StepFacts, names_a_tool};
 use crate::prompt::{
     HISTORY_TURNS, RESULT_CHARS, SystemPromptInput, Turn, compact_schema, gist, history_turns,
-    listing_order, prompt_messages, system_prompt, truncate_chars, window,
+    prompt_messages, system_prompt, truncate_chars, window,
 };
 use crate::provider::{Constraint, GenerateRequest, Generation, PromptRole, Provider};
 use crate::rank::rank_tools;
@@ -636,13 +636,11 @@ impl<P: Provider + 'static> Run<P> {
             tools_inline: self.tools_inline,
             call_format: self.provider.call_format(),
         });
-        // Templates that take tools get them in the order the prompt lists
-        // them (by name), so a re-ranked step keeps the cached prefix.
         let tools = if self.tools_inline {
             Vec::new()
         } else {
-            listing_order(shown)
-                .into_iter()
+            shown
+                .iter()
                 .map(|t| ToolDefinition {
                     input_schema: compact_schema(&t.input_schema),
                     ..t.clone()
