@@ -46,7 +46,7 @@ pub use prompt::{
 };
 pub use provider::{
     CallFormat, Constraint, Decoding, GenerateRequest, Generation, InSession, Progress, ProgressFn,
-    PromptMessage, PromptRole, Provider, ProviderInfo,
+    PromptMessage, PromptRole, Provider, ProviderInfo, SpacedFormatter,
 };
 pub use rank::{
     DESCRIPTION_WEIGHT, NAME_WEIGHT, RECENT_BONUS, RECENT_WINDOW, ToolScore, rank_tools,

@@ -96,41 +96,47 @@ impl CallFormat {
     }
 }
 
-/// `value` as JSON with `": "` and `", "` between its parts, on one line.
-fn spaced_json(value: &Value) -> String {
-    struct Spaced;
-    impl serde_json::ser::Formatter for Spaced {
-        fn begin_array_value<W: ?Sized + std::io::Write>(
-            &mut self,
-            writer: &mut W,
-            first: bool,
-        ) -> std::io::Result<()> {
-            if first {
-                Ok(())
-            } else {
-                writer.write_all(b", ")
-            }
-        }
-        fn begin_object_key<W: ?Sized + std::io::Write>(
-            &mut self,
-            writer: &mut W,
-            first: bool,
-        ) -> std::io::Result<()> {
-            if first {
-                Ok(())
-            } else {
-                writer.write_all(b", ")
-            }
-        }
-        fn begin_object_value<W: ?Sized + std::io::Write>(
-            &mut self,
-            writer: &mut W,
-        ) -> std::io::Result<()> {
-            writer.write_all(b": ")
+/// A `serde_json` formatter that writes `", "` and `": "` between the parts
+/// of a value, on one line: the separators of Python's `json.dumps`, which
+/// chat templates' `tojson` follows, and the form a constrained call takes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SpacedFormatter;
+
+impl serde_json::ser::Formatter for SpacedFormatter {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
         }
     }
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
+}
+
+/// `value` as JSON with `": "` and `", "` between its parts, on one line.
+fn spaced_json(value: &Value) -> String {
     let mut out = Vec::new();
-    let mut serializer = serde_json::Serializer::with_formatter(&mut out, Spaced);
+    let mut serializer = serde_json::Serializer::with_formatter(&mut out, SpacedFormatter);
     // Writing a Value into memory cannot fail, and JSON is UTF-8.
     serde::Serialize::serialize(value, &mut serializer).expect("a JSON value serializes");
     String::from_utf8(out).expect("JSON is UTF-8")

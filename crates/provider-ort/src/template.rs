@@ -464,49 +464,14 @@ fn tojson(value: Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value, 
             value.serialize(&mut ser)
         }
         None => {
-            let mut ser = serde_json::Serializer::with_formatter(&mut out, PySpaced);
+            let mut ser =
+                serde_json::Serializer::with_formatter(&mut out, wma_agent::SpacedFormatter);
             value.serialize(&mut ser)
         }
     };
     result.map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
     let text = String::from_utf8(out).expect("serde_json writes UTF-8");
     Ok(Value::from_safe_string(text))
-}
-
-/// `json.dumps`' default separators: `", "` and `": "`.
-struct PySpaced;
-
-impl serde_json::ser::Formatter for PySpaced {
-    fn begin_array_value<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
-    }
-
-    fn begin_object_key<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-        first: bool,
-    ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
-    }
-
-    fn begin_object_value<W: ?Sized + std::io::Write>(
-        &mut self,
-        writer: &mut W,
-    ) -> std::io::Result<()> {
-        writer.write_all(b": ")
-    }
 }
 
 /// `strftime_now(format)`, as Llama 3 templates use it for "Today Date".
