@@ -43,12 +43,18 @@ pub fn require_runtime() {
 
 /// The tiny model, made with `scripts/make_tiny_model.py` when missing.
 pub fn tiny_model() -> PathBuf {
+    made_tiny_model(TINY_MODEL, &["onnx/model.onnx", "tokenizer.json"], &[])
+}
+
+/// The tiny model in the cache folder `name`, made by
+/// `scripts/make_tiny_model.py ARGS` when one of `files` is missing.
+pub fn made_tiny_model(name: &str, files: &[&str], args: &[&str]) -> PathBuf {
     // Tests in one binary run in parallel; only one of them makes the model.
     static MAKING: Mutex<()> = Mutex::new(());
     let _guard = MAKING.lock().unwrap_or_else(|p| p.into_inner());
     require_runtime();
-    let dir = cache().join(TINY_MODEL);
-    if dir.join("onnx/model.onnx").is_file() && dir.join("tokenizer.json").is_file() {
+    let dir = cache().join(name);
+    if files.iter().all(|f| dir.join(f).is_file()) {
         return dir;
     }
     let python = venv_python();
@@ -67,9 +73,15 @@ pub fn tiny_model() -> PathBuf {
     let status = Command::new(&python)
         .arg(&script)
         .arg(&tmp)
+        .args(args)
         .status()
         .expect("could not run the tiny model script");
-    assert!(status.success(), "scripts/make_tiny_model.py failed");
+    assert!(
+        status.success(),
+        "scripts/make_tiny_model.py {} failed",
+        args.join(" ")
+    );
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::rename(&tmp, &dir).expect("could not move the tiny model into place");
     dir
 }

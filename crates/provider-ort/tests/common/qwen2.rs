@@ -4,10 +4,8 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::path::PathBuf;
-use std::process::Command;
-use std::sync::Mutex;
 
-use crate::common::{cache, repo_root, require_runtime, venv_python};
+use crate::common::{cache, made_tiny_model, require_runtime};
 
 /// Folder of the tiny random-weight Qwen2 model inside the cache.
 pub const TINY_QWEN2_MODEL: &str = "models/tiny-random-qwen2";
@@ -31,40 +29,7 @@ const TINY_FILES: [&str; 6] = [
 /// The tiny Qwen2 model, made with `scripts/make_tiny_model.py --arch qwen2`
 /// (a tiny GGUF through the converter) when missing.
 pub fn tiny_qwen2_model() -> PathBuf {
-    // Tests in one binary run in parallel; only one of them makes the model.
-    static MAKING: Mutex<()> = Mutex::new(());
-    let _guard = MAKING.lock().unwrap_or_else(|p| p.into_inner());
-    require_runtime();
-    let dir = cache().join(TINY_QWEN2_MODEL);
-    if TINY_FILES.iter().all(|f| dir.join(f).is_file()) {
-        return dir;
-    }
-    let python = venv_python();
-    let script = repo_root().join("scripts/make_tiny_model.py");
-    assert!(
-        python.is_file() && script.is_file(),
-        "the tiny Qwen2 test model is missing at {} and cannot be made: {} or {} does not exist (run scripts/setup.sh --tiny-only)",
-        dir.display(),
-        python.display(),
-        script.display()
-    );
-    // Written beside the target and renamed, so an interrupted run leaves no
-    // half-written folder that looks complete.
-    let tmp = dir.with_extension(format!("tmp{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    let status = Command::new(&python)
-        .arg(&script)
-        .arg(&tmp)
-        .args(["--arch", "qwen2"])
-        .status()
-        .expect("could not run the tiny model script");
-    assert!(
-        status.success(),
-        "scripts/make_tiny_model.py --arch qwen2 failed"
-    );
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::rename(&tmp, &dir).expect("could not move the tiny Qwen2 model into place");
-    dir
+    made_tiny_model(TINY_QWEN2_MODEL, &TINY_FILES, &["--arch", "qwen2"])
 }
 
 /// The Qwen2.5-Coder-0.5B folder when it is set up; `None` (after printing
