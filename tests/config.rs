@@ -546,3 +546,67 @@ fn a_served_providers_mistakes_name_their_key() {
         "`url` is not a setting of a onnx provider",
     );
 }
+
+const ONNX_CACHE: &str = r#"
+[providers.small]
+kind = "onnx"
+kv_sessions = 3
+kv_cache_mib = 256
+fast_forward = true
+
+[agents.shopper]
+description = "Shops."
+"#;
+
+#[test]
+fn an_onnx_providers_cache_settings_reach_its_options() {
+    let config = Config::parse_with_env(ONNX_CACHE, FILE, |_| None).unwrap();
+    let ProviderSpec::Onnx(options) = &config.provider("small").unwrap().spec else {
+        panic!("an onnx provider");
+    };
+    assert_eq!(options.kv_sessions, 3);
+    assert_eq!(options.kv_cache_bytes, 256 << 20);
+    assert!(options.fast_forward);
+
+    // Unset, they are the provider's own defaults.
+    let plain = Config::parse_with_env(
+        GOOD.replace("scripted\"\nreplies = [\"Done.\"]", "onnx\"")
+            .as_str(),
+        FILE,
+        |_| None,
+    )
+    .unwrap();
+    let ProviderSpec::Onnx(defaults) = &plain.provider("script").unwrap().spec else {
+        panic!("an onnx provider");
+    };
+    let own = wma_provider_ort::OrtProviderOptions::default();
+    assert_eq!(defaults.kv_sessions, own.kv_sessions);
+    assert_eq!(defaults.kv_cache_bytes, own.kv_cache_bytes);
+    assert_eq!(defaults.fast_forward, own.fast_forward);
+
+    // No cache at all is a mistake, named; so is a cache setting on a scripted model.
+    let none = ONNX_CACHE.replace("kv_sessions = 3", "kv_sessions = 0");
+    assert_error(
+        &none,
+        4,
+        "providers.small.kv_sessions",
+        "must be at least 1",
+    );
+    let empty = ONNX_CACHE.replace("kv_cache_mib = 256", "kv_cache_mib = 0");
+    assert_error(
+        &empty,
+        5,
+        "providers.small.kv_cache_mib",
+        "must be at least 1",
+    );
+    let scripted = ONNX_CACHE.replace(
+        "kind = \"onnx\"",
+        "kind = \"scripted\"\nreplies = [\"Done.\"]",
+    );
+    assert_error(
+        &scripted,
+        5,
+        "providers.small.kv_sessions",
+        "not a setting of a scripted provider",
+    );
+}

@@ -69,6 +69,9 @@ pub(crate) struct RawProvider {
     pub(crate) context_reserve: Option<Spanned<u32>>,
     pub(crate) shared_kv_buffer: Option<Spanned<bool>>,
     pub(crate) reuse_prefix: Option<Spanned<bool>>,
+    pub(crate) kv_sessions: Option<Spanned<u32>>,
+    pub(crate) kv_cache_mib: Option<Spanned<u64>>,
+    pub(crate) fast_forward: Option<Spanned<bool>>,
     // scripted (also openai: tools_inline).
     pub(crate) replies: Option<Spanned<Vec<String>>>,
     pub(crate) delay_ms: Option<Spanned<u64>>,

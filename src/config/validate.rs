@@ -315,6 +315,11 @@ fn provider_spec(source: &Source<'_>, name: &str, raw: &RawProvider) -> Result<P
                 context_reserve: value(&raw.context_reserve),
                 shared_kv_buffer: value(&raw.shared_kv_buffer).unwrap_or(defaults.shared_kv_buffer),
                 reuse_prefix: value(&raw.reuse_prefix).unwrap_or(defaults.reuse_prefix),
+                kv_sessions: at_least_one(source, &key, "kv_sessions", &raw.kv_sessions)?
+                    .map_or(defaults.kv_sessions, |n| n as usize),
+                kv_cache_bytes: at_least_one(source, &key, "kv_cache_mib", &raw.kv_cache_mib)?
+                    .map_or(defaults.kv_cache_bytes, |mib| mib.saturating_mul(1 << 20)),
+                fast_forward: value(&raw.fast_forward).unwrap_or(defaults.fast_forward),
                 ..defaults
             }))
         }
@@ -344,6 +349,9 @@ fn provider_spec(source: &Source<'_>, name: &str, raw: &RawProvider) -> Result<P
                     ("context_reserve", span_of(&raw.context_reserve)),
                     ("shared_kv_buffer", span_of(&raw.shared_kv_buffer)),
                     ("reuse_prefix", span_of(&raw.reuse_prefix)),
+                    ("kv_sessions", span_of(&raw.kv_sessions)),
+                    ("kv_cache_mib", span_of(&raw.kv_cache_mib)),
+                    ("fast_forward", span_of(&raw.fast_forward)),
                 ],
             )?;
             let Some(replies) = &raw.replies else {
@@ -389,6 +397,9 @@ fn openai_spec(source: &Source<'_>, key: &str, raw: &RawProvider) -> Result<Prov
             ("context_reserve", span_of(&raw.context_reserve)),
             ("shared_kv_buffer", span_of(&raw.shared_kv_buffer)),
             ("reuse_prefix", span_of(&raw.reuse_prefix)),
+            ("kv_sessions", span_of(&raw.kv_sessions)),
+            ("kv_cache_mib", span_of(&raw.kv_cache_mib)),
+            ("fast_forward", span_of(&raw.fast_forward)),
         ],
     )?;
     let Some(url) = &raw.url else {
