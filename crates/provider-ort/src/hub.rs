@@ -107,7 +107,7 @@ fn non_empty_var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
-/// Downloads `repo` (`org/name`, or `org/name@revision` to pin one) into
+/// Downloads `repo` (`org/name`) at `revision` (`main` when `None`) into
 /// the Hugging Face cache and returns its snapshot folder. The graph is
 /// `variant` when given, else the first of [`GRAPH_CANDIDATES`] the hub
 /// has. The hub is `endpoint`, else `$HF_ENDPOINT`, else
@@ -116,18 +116,31 @@ fn non_empty_var(name: &str) -> Option<String> {
 /// model once complete starts offline.
 pub fn download(
     repo: &str,
+    revision: Option<&str>,
     variant: Option<&str>,
     cache: &Path,
     endpoint: Option<&str>,
     progress: &ProgressFn,
     cancel: &CancellationToken,
 ) -> Result<PathBuf, OrtError> {
-    let (repo, revision) = match repo.split_once('@') {
-        Some((repo, revision)) if !revision.is_empty() => (repo, Some(revision)),
-        _ => (repo, None),
-    };
     let options = HubOptions::from_env(endpoint, revision);
     download_with(repo, variant, cache, &options, progress, cancel)
+}
+
+/// The snapshot folder of a finished download of `repo` at `revision`
+/// (any variant), from the note [`download`] leaves; `None` before one.
+pub(crate) fn finished_snapshot(
+    cache: &Path,
+    repo: &str,
+    revision: Option<&str>,
+) -> Option<PathBuf> {
+    let note = fs::read_to_string(paths::hub_dir(cache, repo).join(COMPLETE_MARKER)).ok()?;
+    let mut lines = note.lines();
+    if lines.next()? != revision.unwrap_or(DEFAULT_REVISION) {
+        return None;
+    }
+    let snapshot = PathBuf::from(lines.nth(1)?);
+    snapshot.join("config.json").is_file().then_some(snapshot)
 }
 
 /// [`download`] with every setting given.

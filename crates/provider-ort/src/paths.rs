@@ -60,33 +60,53 @@ pub fn default_model_dir(cache: &Path) -> PathBuf {
 pub enum ModelSource {
     /// A folder on disk.
     Local(PathBuf),
-    /// A hub repository id (`org/name`), downloaded into `CACHE/hub/org--name/`.
+    /// A hub repository (`org/name`, or `org/name@revision` to pin a branch,
+    /// tag or commit), downloaded into the Hugging Face cache.
     Hub {
         /// The `org/name` id.
         repo: String,
+        /// The pinned revision; `None` means the hub's `main`.
+        revision: Option<String>,
     },
 }
 
 impl ModelSource {
-    /// Reads a model name: an existing path is a folder; `org/name` that is
-    /// not a path on disk is a hub id; anything else is taken as a folder
-    /// (and reported missing when it is loaded).
+    /// Reads a model name: an existing path is a folder; `org/name` or
+    /// `org/name@revision` that is not a path on disk is a hub id; anything
+    /// else is taken as a folder (and reported missing when it is loaded).
     pub fn parse(name: &str) -> Self {
         let path = Path::new(name);
-        if path.exists() || !looks_like_hub_id(name) {
-            Self::Local(path.to_path_buf())
-        } else {
+        if path.exists() {
+            return Self::Local(path.to_path_buf());
+        }
+        let (repo, revision) = match name.split_once('@') {
+            Some((repo, revision)) => (repo, Some(revision)),
+            None => (name, None),
+        };
+        // A revision is a branch, tag or commit: `refs/pr/1` has slashes,
+        // but nothing in one is blank or another `@`.
+        let revision_ok = revision
+            .is_none_or(|r| !r.is_empty() && !r.contains('@') && !r.contains(char::is_whitespace));
+        if looks_like_hub_id(repo) && revision_ok {
             Self::Hub {
-                repo: name.to_string(),
+                repo: repo.to_string(),
+                revision: revision.map(str::to_string),
             }
+        } else {
+            Self::Local(path.to_path_buf())
         }
     }
 
-    /// The folder the model's files are (or will be) in.
+    /// The folder the model's files are (or will be) in: for a hub model,
+    /// the snapshot of a finished download of its revision, else the folder
+    /// the runtime keeps its download note in.
     pub fn folder(&self, cache: &Path) -> PathBuf {
         match self {
             Self::Local(path) => path.clone(),
-            Self::Hub { repo } => hub_dir(cache, repo),
+            Self::Hub { repo, revision } => {
+                crate::hub::finished_snapshot(cache, repo, revision.as_deref())
+                    .unwrap_or_else(|| hub_dir(cache, repo))
+            }
         }
     }
 
@@ -97,7 +117,11 @@ impl ModelSource {
                 .file_name()
                 .map(|n| n.to_string_lossy().into_owned())
                 .unwrap_or_else(|| path.display().to_string()),
-            Self::Hub { repo } => repo.clone(),
+            Self::Hub {
+                repo,
+                revision: Some(revision),
+            } => format!("{repo}@{revision}"),
+            Self::Hub { repo, .. } => repo.clone(),
         }
     }
 }
@@ -131,11 +155,41 @@ mod tests {
 
     #[test]
     fn hub_ids_are_told_from_paths() {
-        assert!(matches!(
+        assert_eq!(
             ModelSource::parse("HuggingFaceTB/SmolLM2-135M-Instruct"),
-            ModelSource::Hub { .. }
-        ));
-        for local in ["./models/x", "/abs/path", "a/b/c", "plain", "../x"] {
+            ModelSource::Hub {
+                repo: "HuggingFaceTB/SmolLM2-135M-Instruct".into(),
+                revision: None
+            }
+        );
+        // A pinned revision: a commit, or a ref with slashes.
+        for (name, revision) in [
+            ("org/name@4a2c9e1", "4a2c9e1"),
+            ("org/name@refs/pr/1", "refs/pr/1"),
+        ] {
+            assert_eq!(
+                ModelSource::parse(name),
+                ModelSource::Hub {
+                    repo: "org/name".into(),
+                    revision: Some(revision.into())
+                },
+                "{name}"
+            );
+        }
+        assert_eq!(
+            ModelSource::parse("org/name@v1").display_name(),
+            "org/name@v1"
+        );
+        for local in [
+            "./models/x",
+            "/abs/path",
+            "a/b/c",
+            "plain",
+            "../x",
+            "org/name@",
+            "org/name@a@b",
+            "org@x/name",
+        ] {
             assert!(
                 matches!(ModelSource::parse(local), ModelSource::Local(_)),
                 "{local}"

@@ -544,8 +544,9 @@ fn load(
     };
     let dir = match source {
         ModelSource::Local(dir) => dir.clone(),
-        ModelSource::Hub { repo } => hub::download(
+        ModelSource::Hub { repo, revision } => hub::download(
             repo,
+            revision.as_deref(),
             options.variant.as_deref(),
             cache,
             options.hub_endpoint.as_deref(),

@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use common::{cache, tiny_model};
 use tokio_util::sync::CancellationToken;
 use wma_agent::{GenerateRequest, Progress, ProgressFn, PromptMessage, PromptRole, Provider};
-use wma_provider_ort::{OrtProvider, OrtProviderOptions, download, dylib_path};
+use wma_provider_ort::{ModelSource, OrtProvider, OrtProviderOptions, download, dylib_path};
 
 /// The commit each revision the test hub knows resolves to.
 const REVISIONS: [(&str, &str); 2] = [
@@ -208,7 +208,8 @@ fn a_pinned_revision_lands_in_the_standard_cache_with_progress() {
     if let Some((wma_cache, served)) = child() {
         let (progress, seen) = recorder();
         let dir = download(
-            "test-org/tiny-llama@v2",
+            "test-org/tiny-llama",
+            Some("v2"),
             None,
             &wma_cache,
             None,
@@ -219,6 +220,16 @@ fn a_pinned_revision_lands_in_the_standard_cache_with_progress() {
         let home = PathBuf::from(std::env::var("HF_HOME").unwrap());
         // Hugging Face's own layout, at the commit the revision resolves to.
         assert_eq!(dir, snapshot(&home, REVISIONS[1].1));
+        // The model name a config gives finds that snapshot before loading
+        // (its parameter count is read from there), and only for its revision.
+        assert_eq!(
+            ModelSource::parse("test-org/tiny-llama@v2").folder(&wma_cache),
+            dir
+        );
+        assert_ne!(
+            ModelSource::parse("test-org/tiny-llama@v1").folder(&wma_cache),
+            dir
+        );
         for file in [
             "config.json",
             "tokenizer.json",
@@ -242,7 +253,8 @@ fn a_pinned_revision_lands_in_the_standard_cache_with_progress() {
         assert_eq!((graph.done, graph.total), (size, Some(size)));
         // Once complete, the same download is used as it is.
         let again = download(
-            "test-org/tiny-llama@v2",
+            "test-org/tiny-llama",
+            Some("v2"),
             None,
             &wma_cache,
             None,
@@ -294,6 +306,7 @@ fn a_broken_download_resumes_where_it_stopped() {
         let first = download(
             "test-org/tiny-llama",
             None,
+            None,
             &wma_cache,
             None,
             &no_progress(),
@@ -302,6 +315,7 @@ fn a_broken_download_resumes_where_it_stopped() {
         assert!(first.is_err(), "the broken connection is an error");
         let dir = download(
             "test-org/tiny-llama",
+            None,
             None,
             &wma_cache,
             None,
@@ -365,6 +379,7 @@ fn a_repository_without_the_graph_asked_for_is_a_clear_error() {
     if let Some((wma_cache, _)) = child() {
         let err = download(
             "test-org/tiny-llama",
+            None,
             Some("onnx/model_fp16.onnx"),
             &wma_cache,
             None,
