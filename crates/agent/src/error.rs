@@ -26,7 +26,9 @@ pub enum ToolErrorCode {
     Cancelled,
     /// The tool's source (a page, a server process) is not reachable right now.
     Unavailable,
-    /// A host policy refused the call (allow/deny lists, a result over the size limit).
+    /// A host policy refused the call (allow/deny lists, a result over the
+    /// size limit), or the call was not approved (the approval policy
+    /// denies it, a person said no, or nobody answered in time).
     Denied,
 }
 

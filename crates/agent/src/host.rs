@@ -6,6 +6,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
+use crate::approval::{ApprovalRule, Approver};
 use crate::error::ToolError;
 use crate::message::ChatMessage;
 use crate::tool::{AgentProfile, PageContext, ToolDefinition};
@@ -62,6 +63,13 @@ pub struct AgentRunRequest {
     pub cancel: CancellationToken,
     /// The agent the page or host describes; wins for max steps and instructions.
     pub agent: Option<AgentProfile>,
+    /// Where calls that need approval are asked about. `None`: nobody is
+    /// asked and calls the policy would ask about run (the loop as it was
+    /// before approvals; a `deny` still denies).
+    pub approver: Option<Arc<dyn Approver>>,
+    /// This run's own approval rules (a request's, a command line's):
+    /// they can only make the agent's policy stricter, never looser.
+    pub approval_rules: Vec<ApprovalRule>,
 }
 
 impl AgentRunRequest {
@@ -72,7 +80,21 @@ impl AgentRunRequest {
             tools,
             cancel: CancellationToken::new(),
             agent: None,
+            approver: None,
+            approval_rules: Vec::new(),
         }
+    }
+
+    /// The same request, asking `approver` about calls that need approval.
+    pub fn with_approver(mut self, approver: Arc<dyn Approver>) -> Self {
+        self.approver = Some(approver);
+        self
+    }
+
+    /// The same request with rules of its own that tighten the policy.
+    pub fn with_approval_rules(mut self, rules: impl IntoIterator<Item = ApprovalRule>) -> Self {
+        self.approval_rules.extend(rules);
+        self
     }
 }
 
@@ -82,6 +104,8 @@ impl std::fmt::Debug for AgentRunRequest {
             .field("messages", &self.messages)
             .field("cancel", &self.cancel.is_cancelled())
             .field("agent", &self.agent)
+            .field("approver", &self.approver.is_some())
+            .field("approval_rules", &self.approval_rules)
             .finish_non_exhaustive()
     }
 }

@@ -13,6 +13,7 @@
 //! very function against actor handles that implement the two traits.
 
 mod adapter;
+mod approval;
 mod error;
 mod ground;
 mod host;
@@ -30,6 +31,10 @@ mod tool;
 mod validate;
 
 pub use adapter::{AgentAdapter, LocalAdapter, LocalAdapterOptions, create_local_adapter};
+pub use approval::{
+    ApprovalAnswer, ApprovalMode, ApprovalPolicy, ApprovalRequest, ApprovalRule, Approver,
+    DEFAULT_APPROVAL_TIMEOUT, FixedApprover, Reason, Verdict, decide, glob_matches,
+};
 pub use error::{AgentError, ProviderError, ToolError, ToolErrorCode};
 pub use ground::{
     Identifiers, MAX_COPY_PHRASES, MAX_PHRASE_WORDS, copy_phrases, ground_tool, is_identifier_key,

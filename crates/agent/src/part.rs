@@ -43,7 +43,9 @@ pub enum AgentStreamPart {
         /// The text.
         text: String,
     },
-    /// A validated call that is about to run.
+    /// A validated call that is about to run, or to be asked about first
+    /// (an [`AgentStreamPart::ApprovalRequested`] follows), or to be
+    /// denied by the approval policy (a `denied` tool error follows).
     ToolCall {
         /// Call id, repeated on its result.
         call_id: String,
@@ -69,6 +71,40 @@ pub enum AgentStreamPart {
         name: String,
         /// The failure, with its code.
         error: ToolError,
+    },
+    /// A call waits for a person's approval (see `docs/approvals.md`).
+    /// The run goes on when the host's approver answers, Stop ends it, and
+    /// no answer within the policy's time limit denies the call.
+    ApprovalRequested {
+        /// Names the question; the answer refers to it.
+        approval_id: String,
+        /// The call, as its tool-call part named it.
+        call_id: String,
+        /// Tool name.
+        name: String,
+        /// The call's full arguments.
+        arguments: Value,
+        /// Why it asks, in a sentence.
+        reason: String,
+    },
+    /// The answer to an [`AgentStreamPart::ApprovalRequested`]: the call
+    /// runs next (a tool result or error follows), or it was denied (a
+    /// tool error with code `denied` follows).
+    ApprovalDecided {
+        /// The question answered.
+        approval_id: String,
+        /// The call.
+        call_id: String,
+        /// Tool name.
+        name: String,
+        /// The call may run.
+        approved: bool,
+        /// Who or what answered: `person`, `session` (an answer given
+        /// earlier for the rest of the session), `timeout`, or a host's
+        /// own word for an unattended answer.
+        by: String,
+        /// The answer holds for the rest of the session.
+        remember: bool,
     },
     /// A rule of the loop's policy changed what the model was offered, how
     /// it was retried or how the run ended (see `docs/loop.md`, the policy).

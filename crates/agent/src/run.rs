@@ -13,6 +13,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span, field};
 
+use crate::approval::{
+    ApprovalAnswer, ApprovalPolicy, ApprovalRequest, ApprovalRule, Approver, Reason, Verdict,
+    decide, next_approval_id,
+};
 use crate::error::{ProviderError, ToolError, ToolErrorCode};
 use crate::ground::{ACTION_VERBS, copy_phrases};
 use crate::host::{AgentRunRequest, ToolHost};
@@ -27,7 +31,7 @@ use crate::prompt::{
 };
 use crate::provider::{Constraint, GenerateRequest, Generation, PromptRole, Provider};
 use crate::rank::rank_tools;
-use crate::tool::{PageContext, SubAgentInfo, ToolDefinition};
+use crate::tool::{PageContext, SubAgentInfo, ToolAnnotations, ToolDefinition};
 use crate::validate::{ArgsError, ValidatorCache};
 
 /// The longest request (the newest user message) the loop takes, in bytes:
@@ -75,6 +79,11 @@ pub struct LocalLoopOptions {
     /// Default `None`: [`Policy::for_model`] picks one from the provider's
     /// [`parameters`](Provider::parameters).
     pub policy: Option<Policy>,
+    /// Which calls a person approves first (see `docs/approvals.md`).
+    /// Default [`ApprovalPolicy::default`]: consequential tools ask. Asking
+    /// needs the request's [`approver`](AgentRunRequest::approver); without
+    /// one, calls that would ask run.
+    pub approval: ApprovalPolicy,
 }
 
 impl Default for LocalLoopOptions {
@@ -87,6 +96,7 @@ impl Default for LocalLoopOptions {
             instructions: None,
             constraints: ConstraintMode::Auto,
             policy: None,
+            approval: ApprovalPolicy::default(),
         }
     }
 }
@@ -211,6 +221,22 @@ struct Run<P> {
     recent: Vec<String>,
     /// Compiled schemas, so a tool's schema is compiled once per run.
     validators: ValidatorCache,
+    /// Approvals: the agent's policy, the request's own rules, the host's
+    /// approver, and what the run learnt on the way.
+    approvals: Approvals,
+}
+
+/// What the run needs to decide and ask about approvals.
+struct Approvals {
+    policy: ApprovalPolicy,
+    rules: Vec<ApprovalRule>,
+    approver: Option<Arc<dyn Approver>>,
+    /// Each tool's annotations, as the step listed them.
+    annotations: HashMap<String, ToolAnnotations>,
+    /// The first tool whose untrusted result entered the run.
+    untrusted_seen: Option<String>,
+    /// Answers given "for the rest of the session", by tool.
+    remembered: HashMap<String, ApprovalAnswer>,
 }
 
 impl<P: Provider + 'static> Run<P> {
@@ -250,6 +276,14 @@ impl<P: Provider + 'static> Run<P> {
             results: Vec::new(),
             recent: Vec::new(),
             validators: ValidatorCache::new(),
+            approvals: Approvals {
+                policy: options.approval,
+                rules: request.approval_rules,
+                approver: request.approver,
+                annotations: HashMap::new(),
+                untrusted_seen: None,
+                remembered: HashMap::new(),
+            },
         }
     }
 
@@ -405,6 +439,7 @@ impl<P: Provider + 'static> Run<P> {
             .filter(|t| t.annotations.untrusted_content)
             .map(|t| t.name.clone())
             .collect();
+        self.observe_for_approvals(&all_tools);
         let ranked = rank_tools(&all_tools, &self.request_text, &self.recent, self.max_tools);
         // The policy decides once per step which tools a constraint may call
         // and the order they are listed in; every attempt of the step uses
@@ -812,10 +847,24 @@ impl<P: Provider + 'static> Run<P> {
                 name: call.name.clone(),
                 arguments: call.arguments.clone(),
             });
-            let outcome = match self.call_tool(&call).await {
-                Some(outcome) => outcome,
+            let span = tool_span(&call);
+            let outcome = match self.approve(&call, &span).await {
                 None => return Some(End::Finish(FinishReason::Aborted)),
+                Some(Err(denied)) => {
+                    span.record("error.type", denied.code.as_str());
+                    Err(denied)
+                }
+                Some(Ok(())) => match self.call_tool(&call, span).await {
+                    Some(outcome) => outcome,
+                    None => return Some(End::Finish(FinishReason::Aborted)),
+                },
             };
+            if outcome.is_ok()
+                && self.approvals.untrusted_seen.is_none()
+                && self.untrusted.contains(&call.name)
+            {
+                self.approvals.untrusted_seen = Some(call.name.clone());
+            }
             touch_recent(&mut self.recent, &call.name);
             let answer = match &outcome {
                 Ok(output) => output.clone(),
@@ -887,17 +936,161 @@ impl<P: Provider + 'static> Run<P> {
         None
     }
 
-    /// One call, raced against Stop. `None` means the run was stopped.
-    async fn call_tool(&self, call: &ToolCall) -> Option<Result<String, ToolError>> {
-        let span = tracing::info_span!(
-            "execute_tool",
-            otel.name = %format!("execute_tool {}", call.name),
-            gen_ai.operation.name = "execute_tool",
-            gen_ai.tool.name = %call.name,
-            gen_ai.tool.call.id = %call.id,
-            gen_ai.tool.type = "function",
-            error.type = field::Empty,
+    /// Notes the step's tools for approvals: their annotations, and
+    /// whether a result of an untrusted one is in the conversation already
+    /// (a chat's earlier turn).
+    fn observe_for_approvals(&mut self, tools: &[ToolDefinition]) {
+        self.approvals.annotations = tools
+            .iter()
+            .map(|t| (t.name.clone(), t.annotations.clone()))
+            .collect();
+        if self.approvals.untrusted_seen.is_none() {
+            self.approvals.untrusted_seen = self.messages.iter().find_map(|m| match m {
+                ChatMessage::Tool {
+                    name,
+                    is_error: false,
+                    ..
+                } if self.untrusted.contains(name) => Some(name.clone()),
+                _ => None,
+            });
+        }
+    }
+
+    /// Whether a validated call may run, by the approval policy and, when
+    /// it says ask, the host's approver: `Some(Ok)` runs it, `Some(Err)` is
+    /// the `denied` error the model gets, `None` means the run was stopped
+    /// while it waited. Each decision is an event on the call's span.
+    async fn approve(&mut self, call: &ToolCall, span: &Span) -> Option<Result<(), ToolError>> {
+        let a = &self.approvals;
+        let annotations = a.annotations.get(&call.name).cloned().unwrap_or_default();
+        let verdict = decide(
+            &a.policy,
+            &call.name,
+            &annotations,
+            &a.rules,
+            a.untrusted_seen.as_deref(),
         );
+        let reason = match verdict {
+            Verdict::Run => return Some(Ok(())),
+            Verdict::Deny(reason) => {
+                let why = reason.describe(&call.name);
+                tracing::info!(
+                    parent: span,
+                    wma.approval.decision = "denied",
+                    wma.approval.by = "policy",
+                    wma.approval.reason = %why,
+                    "approval-decided"
+                );
+                return Some(Err(ToolError::new(
+                    ToolErrorCode::Denied,
+                    format!("the approval policy does not allow this call: {why}"),
+                )));
+            }
+            Verdict::Ask(reason) => reason,
+        };
+        // Nobody to ask: the loop as it was before approvals.
+        let Some(approver) = a.approver.clone() else {
+            return Some(Ok(()));
+        };
+        let untrusted = matches!(reason, Reason::Untrusted { .. });
+        let why = reason.describe(&call.name);
+        let approval_id = next_approval_id();
+        // An "always" given earlier answers at once, except that an
+        // approval given before untrusted content arrived does not cover
+        // a call that asks because of it; a remembered "no" always holds.
+        let remembered = a
+            .remembered
+            .get(&call.name)
+            .cloned()
+            .or_else(|| approver.remembered(&self.agent_name, &call.name))
+            .filter(|r| !(untrusted && r.approved))
+            .map(|r| r.by("session"));
+        let answer = match remembered {
+            Some(answer) => answer,
+            None => {
+                self.emit(AgentStreamPart::ApprovalRequested {
+                    approval_id: approval_id.clone(),
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                    reason: why.clone(),
+                });
+                tracing::info!(
+                    parent: span,
+                    wma.approval.id = %approval_id,
+                    wma.approval.reason = %why,
+                    "approval-requested"
+                );
+                let request = ApprovalRequest {
+                    approval_id: approval_id.clone(),
+                    agent: self.agent_name.clone(),
+                    call_id: call.id.clone(),
+                    tool: call.name.clone(),
+                    arguments: call.arguments.clone(),
+                    reason: why,
+                };
+                let limit = self.approvals.policy.timeout;
+                tokio::select! {
+                    biased;
+                    _ = self.cancel.cancelled() => {
+                        tracing::info!(
+                            parent: span,
+                            wma.approval.id = %approval_id,
+                            wma.approval.decision = "stopped",
+                            "approval-decided"
+                        );
+                        span.record("error.type", "cancelled");
+                        return None;
+                    }
+                    answer = approver.ask(request) => answer,
+                    _ = tokio::time::sleep(limit) => ApprovalAnswer::deny()
+                        .by("timeout")
+                        .with_note(format!("nobody answered within {} s", limit.as_secs())),
+                }
+            }
+        };
+        if answer.remember && answer.by != "session" {
+            self.approvals
+                .remembered
+                .insert(call.name.clone(), answer.clone());
+        }
+        let decision = if answer.approved {
+            "approved"
+        } else {
+            "denied"
+        };
+        tracing::info!(
+            parent: span,
+            wma.approval.id = %approval_id,
+            wma.approval.decision = decision,
+            wma.approval.by = %answer.by,
+            wma.approval.remember = answer.remember,
+            "approval-decided"
+        );
+        self.emit(AgentStreamPart::ApprovalDecided {
+            approval_id,
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            approved: answer.approved,
+            by: answer.by.clone(),
+            remember: answer.remember,
+        });
+        if answer.approved {
+            return Some(Ok(()));
+        }
+        let message = match (answer.by.as_str(), answer.note) {
+            (_, Some(note)) => format!("the call was not approved: {note}"),
+            ("session", None) => {
+                "the person said no to this tool for the rest of the session".to_string()
+            }
+            (_, None) => "the person did not approve this call".to_string(),
+        };
+        Some(Err(ToolError::new(ToolErrorCode::Denied, message)))
+    }
+
+    /// One call, raced against Stop, in its `execute_tool` span. `None`
+    /// means the run was stopped.
+    async fn call_tool(&self, call: &ToolCall, span: Span) -> Option<Result<String, ToolError>> {
         let token = self.cancel.child_token();
         // Cancels the call however this function ends, the run's stream
         // being dropped included.
@@ -950,6 +1143,20 @@ impl<P: Provider + 'static> Run<P> {
                 .skip(1),
         );
     }
+}
+
+/// The `execute_tool` span of one call; its approval events and the
+/// call itself go in it.
+fn tool_span(call: &ToolCall) -> Span {
+    tracing::info_span!(
+        "execute_tool",
+        otel.name = %format!("execute_tool {}", call.name),
+        gen_ai.operation.name = "execute_tool",
+        gen_ai.tool.name = %call.name,
+        gen_ai.tool.call.id = %call.id,
+        gen_ai.tool.type = "function",
+        error.type = field::Empty,
+    )
 }
 
 fn constraint_name(c: &Constraint) -> &'static str {

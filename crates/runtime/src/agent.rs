@@ -15,8 +15,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 use wma_agent::{
-    AgentProfile, AgentRunRequest, AgentStreamPart, ChatMessage, InSession, LocalLoopOptions,
-    SubAgentInfo, run_local_agent,
+    AgentProfile, AgentRunRequest, AgentStreamPart, ApprovalRule, Approver, ChatMessage, InSession,
+    LocalLoopOptions, SubAgentInfo, run_local_agent,
 };
 
 use crate::bridge::ToolBridgeHandle;
@@ -160,6 +160,44 @@ impl AgentConfig {
 /// Identifies one run of one agent.
 pub type RunId = u64;
 
+/// How one run asks for approvals: the host's approver and the run's own
+/// rules, which only tighten the agent's policy
+/// ([`LocalLoopOptions::approval`]). Sub-agents' runs started by the run
+/// ask the same approver under the same rules. The default asks nobody:
+/// calls that would ask run (a `deny` still denies).
+#[derive(Clone, Default)]
+pub struct RunApprovals {
+    /// Where calls that need approval are asked about.
+    pub approver: Option<Arc<dyn Approver>>,
+    /// The run's own rules.
+    pub rules: Vec<ApprovalRule>,
+}
+
+impl RunApprovals {
+    /// Asks `approver`, under the agent's policy alone.
+    pub fn asking(approver: Arc<dyn Approver>) -> Self {
+        Self {
+            approver: Some(approver),
+            rules: Vec::new(),
+        }
+    }
+
+    /// The same, with these rules of the run's own.
+    pub fn with_rules(mut self, rules: impl IntoIterator<Item = ApprovalRule>) -> Self {
+        self.rules.extend(rules);
+        self
+    }
+}
+
+impl std::fmt::Debug for RunApprovals {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunApprovals")
+            .field("approver", &self.approver.is_some())
+            .field("rules", &self.rules)
+            .finish()
+    }
+}
+
 /// What outlives one instance of the agent actor, so that a restart
 /// neither forgets running runs (Stop must still reach them) nor resets
 /// the admission count.
@@ -202,6 +240,7 @@ pub(crate) enum AgentMsg {
         messages: Vec<ChatMessage>,
         cancel: CancellationToken,
         depth: u32,
+        approvals: RunApprovals,
         parts: mpsc::Sender<TaggedPart>,
         span: Span,
         reply: RpcReplyPort<Result<RunId, RuntimeError>>,
@@ -249,6 +288,7 @@ impl Actor for AgentActor {
                 messages,
                 cancel,
                 depth,
+                approvals,
                 parts,
                 span,
                 reply,
@@ -258,7 +298,9 @@ impl Actor for AgentActor {
                         agent: state.shared.config.name.clone(),
                         limit: state.shared.config.max_concurrent_runs,
                     }),
-                    Ok(permit) => Ok(state.start(messages, cancel, depth, parts, span, permit)),
+                    Ok(permit) => {
+                        Ok(state.start(messages, cancel, depth, approvals, parts, span, permit))
+                    }
                 };
                 let _ = reply.send(result);
             }
@@ -281,11 +323,13 @@ impl Actor for AgentActor {
 impl AgentArgs {
     /// Starts the run on its own task: the loop waits on the model for
     /// seconds at a time, and the actor must keep taking Run and Stop.
+    #[allow(clippy::too_many_arguments)]
     fn start(
         &self,
         messages: Vec<ChatMessage>,
         cancel: CancellationToken,
         depth: u32,
+        approvals: RunApprovals,
         parts: mpsc::Sender<TaggedPart>,
         span: Span,
         permit: OwnedSemaphorePermit,
@@ -321,6 +365,7 @@ impl AgentArgs {
                 children: children.clone(),
                 announced,
                 made: AtomicU64::new(0),
+                approvals: approvals.clone(),
             })
         };
         let request = AgentRunRequest {
@@ -328,6 +373,8 @@ impl AgentArgs {
             tools: Arc::new(RunTools::new(self.tools.clone(), delegation)),
             cancel: cancel.clone(),
             agent: Some(profile),
+            approver: approvals.approver,
+            approval_rules: approvals.rules,
         };
         // Each run has its own KV-cache session in a provider that keeps
         // several: a sub-agent's steps do not evict this run's prefix, and
@@ -476,6 +523,17 @@ impl AgentHandle {
         self.start(messages, parent, 0).await
     }
 
+    /// Like [`AgentHandle::run_with_cancel`], asking `approvals`' approver
+    /// about the calls that need approval (its sub-agents' calls too).
+    pub async fn run_with(
+        &self,
+        messages: Vec<ChatMessage>,
+        parent: CancellationToken,
+        approvals: RunApprovals,
+    ) -> Result<RunStream, RuntimeError> {
+        self.start_with(messages, parent, 0, approvals).await
+    }
+
     /// Starts a run `depth` levels down a delegation (a sub-agent's run
     /// for a parent, here or on another node).
     pub(crate) async fn start(
@@ -483,6 +541,18 @@ impl AgentHandle {
         messages: Vec<ChatMessage>,
         parent: CancellationToken,
         depth: u32,
+    ) -> Result<RunStream, RuntimeError> {
+        self.start_with(messages, parent, depth, RunApprovals::default())
+            .await
+    }
+
+    /// [`AgentHandle::start`] with the run's approvals.
+    pub(crate) async fn start_with(
+        &self,
+        messages: Vec<ChatMessage>,
+        parent: CancellationToken,
+        depth: u32,
+        approvals: RunApprovals,
     ) -> Result<RunStream, RuntimeError> {
         let cancel = parent.child_token();
         let (tx, rx) = mpsc::channel(RUN_PART_BUFFER);
@@ -494,6 +564,7 @@ impl AgentHandle {
                     messages: messages.clone(),
                     cancel: cancel.clone(),
                     depth,
+                    approvals: approvals.clone(),
                     parts: tx.clone(),
                     span: span.clone(),
                     reply,

@@ -70,9 +70,9 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
-use wma_agent::{ChatMessage, ToolError, ToolErrorCode};
+use wma_agent::{ChatMessage, FixedApprover, ToolError, ToolErrorCode};
 
-use crate::agent::{AgentHandle, RunStream};
+use crate::agent::{AgentHandle, RunApprovals, RunStream};
 use crate::delegator::{FinalAnswer, Job, Relay, refused};
 use crate::error::RuntimeError;
 use crate::part::TaggedPart;
@@ -1160,11 +1160,21 @@ impl Actor for Endpoint {
                 }
                 tokio::spawn(
                     async move {
+                        // Nobody on this node can be asked, and the
+                        // asking node's person cannot be reached from
+                        // here: calls that would ask are denied
+                        // (fail-closed), calls the policy lets run run.
+                        let approvals =
+                            RunApprovals::asking(Arc::new(FixedApprover::deny_all(
+                                "node",
+                                "it needs a person's approval, and this agent runs on another node where nobody can be asked",
+                            )));
                         let started = handle
-                            .start(
+                            .start_with(
                                 vec![ChatMessage::user(task)],
                                 CancellationToken::new(),
                                 depth,
+                                approvals,
                             )
                             .await;
                         let message = match started {

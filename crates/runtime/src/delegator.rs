@@ -22,7 +22,7 @@ use wma_agent::{
     ToolError, ToolErrorCode, ToolHost,
 };
 
-use crate::agent::AgentHandle;
+use crate::agent::{AgentHandle, RunApprovals};
 use crate::bridge::ToolBridgeHandle;
 use crate::cluster;
 use crate::error::RuntimeError;
@@ -89,6 +89,9 @@ pub(crate) struct Job {
     pub(crate) children: TaskTracker,
     /// The parent's `execute_tool` span, the parent of the sub-agent's `invoke_agent`.
     pub(crate) span: Span,
+    /// The parent run's approvals: a sub-agent's calls are asked about
+    /// where the parent's are.
+    pub(crate) approvals: RunApprovals,
 }
 
 /// What the delegating tool call waits for.
@@ -363,10 +366,11 @@ enum Target {
 /// Runs a local sub-agent, passing its parts on to the parent's host.
 async fn run_local(agent: AgentHandle, job: Job) -> Result<String, ToolError> {
     let mut run = agent
-        .start(
+        .start_with(
             vec![ChatMessage::user(job.task.clone())],
             job.cancel.clone(),
             job.depth,
+            job.approvals.clone(),
         )
         .await
         .map_err(|e| refused(&job.to, &e))?;
@@ -498,6 +502,8 @@ pub(crate) struct DelegationScope {
     pub(crate) announced: watch::Receiver<u64>,
     /// Calls to sub-agents made so far.
     pub(crate) made: AtomicU64,
+    /// The run's approvals, which its sub-agents' runs ask too.
+    pub(crate) approvals: RunApprovals,
 }
 
 /// The tools one run sees: its sub-agents first, then its tool sources'
@@ -602,6 +608,7 @@ impl ToolHost for RunTools {
             sink: scope.sink.clone(),
             children: scope.children.clone(),
             span: Span::current(),
+            approvals: scope.approvals.clone(),
         };
         let answer = scope.delegator.begin(job).await?;
         tokio::select! {

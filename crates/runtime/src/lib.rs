@@ -82,8 +82,8 @@ mod slot;
 mod supervisor;
 
 pub use agent::{
-    AgentConfig, AgentHandle, DEFAULT_MAX_CONCURRENT_RUNS, RUN_PART_BUFFER, RunId, RunStream,
-    TaggedStream,
+    AgentConfig, AgentHandle, DEFAULT_MAX_CONCURRENT_RUNS, RUN_PART_BUFFER, RunApprovals, RunId,
+    RunStream, TaggedStream,
 };
 pub use bridge::{DEFAULT_TOOL_TIMEOUT, ToolBridgeHandle, ToolSource};
 pub use cluster::{
