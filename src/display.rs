@@ -18,6 +18,22 @@ pub fn render_part(part: &AgentStreamPart) -> String {
             wma_agent::truncate_chars(output, RESULT_CHARS)
         ),
         AgentStreamPart::ToolError { name, error, .. } => format!("✗ {name}: {error}"),
+        AgentStreamPart::ApprovalRequested {
+            name,
+            arguments,
+            reason,
+            ..
+        } => format!("? {name} {arguments} waits for approval: {reason}"),
+        AgentStreamPart::ApprovalDecided {
+            name, approved, by, ..
+        } => format!(
+            "{} {name} ({by})",
+            if *approved {
+                "✓ approved"
+            } else {
+                "✗ denied"
+            }
+        ),
         AgentStreamPart::Rule { rule, detail } => format!("· {rule}: {detail}"),
         AgentStreamPart::Finish { reason } => format!("[finished: {}]", reason.as_str()),
         AgentStreamPart::Error { message } => format!("[error] {message}"),

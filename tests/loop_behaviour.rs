@@ -611,6 +611,9 @@ async fn calls_run_in_order_as_tool_call_then_result_or_error() {
             AgentStreamPart::Finish { .. } => "finish",
             AgentStreamPart::Error { .. } => "run-error",
             AgentStreamPart::Rule { .. } => "rule",
+            AgentStreamPart::ApprovalRequested { .. } | AgentStreamPart::ApprovalDecided { .. } => {
+                "approval"
+            }
         })
         .collect();
     assert_eq!(

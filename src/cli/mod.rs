@@ -262,8 +262,11 @@ pub(crate) fn turn_messages(parts: &[AgentStreamPart]) -> Vec<ChatMessage> {
         };
     for part in parts {
         match part {
-            // A fired rule is about the run, not the conversation.
-            AgentStreamPart::Rule { .. } => {}
+            // A fired rule or an approval is about the run, not the
+            // conversation (a denied call's error is).
+            AgentStreamPart::Rule { .. }
+            | AgentStreamPart::ApprovalRequested { .. }
+            | AgentStreamPart::ApprovalDecided { .. } => {}
             AgentStreamPart::MessageStart { .. }
             | AgentStreamPart::Finish { .. }
             | AgentStreamPart::Error { .. } => flush(&mut text, &mut calls, &mut results),
