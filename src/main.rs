@@ -188,6 +188,8 @@ struct RunArgs {
     /// top-level agent).
     #[arg(long, requires = "config")]
     agent: Option<String>,
+    #[command(flatten)]
+    approval: cli::approve::ApprovalArgs,
 }
 
 #[derive(Args)]
@@ -317,7 +319,14 @@ async fn main() -> Result<()> {
     let result = async {
         match (cli.command, config) {
             (Command::Run(args), Some(config)) => {
-                cli::run(&config, args.agent.as_deref(), &args.request, args.json).await
+                cli::run(
+                    &config,
+                    args.agent.as_deref(),
+                    &args.request,
+                    args.json,
+                    &args.approval,
+                )
+                .await
             }
             (Command::Run(args), None) => run(args).await,
             (Command::Chat(args), Some(config)) => cli::chat(args, &config).await,
@@ -436,7 +445,9 @@ async fn run(args: RunArgs) -> Result<()> {
     let request = AgentRunRequest::new(
         vec![ChatMessage::user(args.request.clone())],
         Arc::new(shop.tools()),
-    );
+    )
+    .with_approver(cli::approve::approver(args.approval.mode(false), None))
+    .with_approval_rules(args.approval.rules()?);
     let cancel = request.cancel.clone();
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {

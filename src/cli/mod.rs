@@ -1,5 +1,6 @@
 //! The `wma` commands that host a config: `run --config`, `chat`, `serve`, `check`.
 
+pub(crate) mod approve;
 pub(crate) mod progress;
 
 use std::io::Write;
@@ -13,9 +14,10 @@ use tokio_util::sync::CancellationToken;
 use webmcp_agents::agent::{AgentStreamPart, ChatMessage, ToolCall};
 use webmcp_agents::config::{Config, Hosted, StartOptions};
 use webmcp_agents::display::render_part;
-use webmcp_agents::runtime::{AgentHandle, RunId, TaggedPart};
+use webmcp_agents::runtime::{AgentHandle, RunApprovals, RunId, TaggedPart};
 use webmcp_agents::serve;
 
+use approve::{ApprovalArgs, Lines};
 use progress::Bars;
 
 /// How long a command waits for the nodes that host its remote sub-agents.
@@ -33,6 +35,8 @@ pub(crate) struct ChatArgs {
     /// Print the parts as JSON lines instead of text.
     #[arg(long)]
     pub(crate) json: bool,
+    #[command(flatten)]
+    pub(crate) approval: ApprovalArgs,
 }
 
 /// `wma serve`.
@@ -185,8 +189,11 @@ async fn ask(
     messages: Vec<ChatMessage>,
     json: bool,
     interrupt: &Interrupt,
+    approvals: &RunApprovals,
 ) -> Result<Vec<AgentStreamPart>> {
-    let mut run = agent.run(messages).await?;
+    let mut run = agent
+        .run_with(messages, CancellationToken::new(), approvals.clone())
+        .await?;
     interrupt.set(Some((agent.clone(), run.id())));
     let mut own = Vec::new();
     while let Some(part) = run.next_tagged().await {
@@ -218,8 +225,11 @@ pub(crate) async fn run(
     agent: Option<&str>,
     request: &str,
     json: bool,
+    approval: &ApprovalArgs,
 ) -> Result<()> {
     let name = pick_agent(config, agent)?;
+    let approvals = RunApprovals::asking(approve::approver(approval.mode(false), None))
+        .with_rules(approval.rules()?);
     let hosted = start(config).await?;
     let interrupt = Interrupt::default();
     interrupt.install();
@@ -232,6 +242,7 @@ pub(crate) async fn run(
         vec![ChatMessage::user(request)],
         json,
         &interrupt,
+        &approvals,
     )
     .await;
     eprintln!("\n{:.1} s in all", started.elapsed().as_secs_f64());
@@ -300,28 +311,19 @@ pub(crate) fn turn_messages(parts: &[AgentStreamPart]) -> Vec<ChatMessage> {
 /// `wma chat`: a conversation on the terminal, one request per line.
 pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
     let name = pick_agent(config, args.agent.as_deref())?;
+    // The person's requests and their answers to approval questions come
+    // in on the same stdin, one per line.
+    let lines = Lines::stdin();
+    let approvals = RunApprovals::asking(approve::approver(
+        args.approval.mode(true),
+        Some(lines.clone()),
+    ))
+    .with_rules(args.approval.rules()?);
     let hosted = start(config).await?;
     let agent = hosted.runtime.agent(&name)?;
     let interrupt = Interrupt::default();
     interrupt.install();
     eprintln!("talking to `{name}`; Ctrl-C stops a reply, Ctrl-D or /exit ends the chat");
-    let (lines_tx, mut lines) = tokio::sync::mpsc::channel::<String>(1);
-    // Reading stdin blocks; a thread of its own keeps the runtime free.
-    std::thread::spawn(move || {
-        let stdin = std::io::stdin();
-        let mut line = String::new();
-        loop {
-            line.clear();
-            match stdin.read_line(&mut line) {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {
-                    if lines_tx.blocking_send(line.trim().to_string()).is_err() {
-                        return;
-                    }
-                }
-            }
-        }
-    });
     let mut history: Vec<ChatMessage> = Vec::new();
     loop {
         if !args.json {
@@ -330,7 +332,7 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
         }
         let line = tokio::select! {
             _ = interrupt.quit.cancelled() => None,
-            line = lines.recv() => line,
+            line = lines.next() => line,
         };
         let Some(line) = line else { break };
         if line == "/exit" || line == "/quit" {
@@ -340,7 +342,7 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
             continue;
         }
         history.push(ChatMessage::user(line));
-        let parts = ask(&agent, history.clone(), args.json, &interrupt).await?;
+        let parts = ask(&agent, history.clone(), args.json, &interrupt, &approvals).await?;
         history.extend(turn_messages(&parts));
     }
     if !args.json {

@@ -212,6 +212,7 @@ impl Config {
                 instructions: agent.instructions.clone(),
                 constraints: agent.constraints,
                 policy: agent.policy.clone(),
+                approval: agent.approval.clone(),
                 ..LocalLoopOptions::default()
             };
             builder = builder.agent(

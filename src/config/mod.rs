@@ -27,7 +27,7 @@
 //!
 //! let err = Config::parse("[agents.helper]\nmax_stepz = 3\n", "bad.toml").unwrap_err();
 //! assert_eq!(err.to_string().lines().next().unwrap(),
-//!     "bad.toml:2:1: `agents.helper.max_stepz`: unknown field `max_stepz`, expected one of `description`, `remote`, `provider`, `instructions`, `max_steps`, `step_timeout_secs`, `max_tools`, `constraints`, `policy`, `rules`, `max_concurrent_runs`, `tools`, `sub_agents`");
+//!     "bad.toml:2:1: `agents.helper.max_stepz`: unknown field `max_stepz`, expected one of `description`, `remote`, `provider`, `instructions`, `max_steps`, `step_timeout_secs`, `max_tools`, `constraints`, `policy`, `rules`, `max_concurrent_runs`, `tools`, `sub_agents`, `approval`");
 //! ```
 
 mod builtin;
@@ -40,7 +40,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use wma_agent::{ConstraintMode, Policy};
+use wma_agent::{ApprovalPolicy, ConstraintMode, Policy};
 use wma_provider_openai::OpenAiOptions;
 use wma_provider_ort::OrtProviderOptions;
 use wma_telemetry::TelemetryConfig;
@@ -195,6 +195,10 @@ pub struct AgentSpec {
     pub tools: Vec<String>,
     /// `sub_agents`: the agents it may delegate to. Default none.
     pub sub_agents: Vec<String>,
+    /// `[agents.NAME.approval]`: which calls a person approves first.
+    /// Default [`ApprovalPolicy::default`] (consequential tools ask; see
+    /// `docs/approvals.md`).
+    pub approval: ApprovalPolicy,
 }
 
 /// An agent another node hosts.
@@ -224,6 +228,13 @@ pub struct ClusterSpec {
     pub peers: Vec<String>,
     /// `export`: local agents other nodes may delegate to. Default none.
     pub export: Vec<String>,
+}
+
+/// What is wrong with a tool name pattern of the approval rules (`cart_*`),
+/// or `None` when it is one: the characters of tool names and the
+/// wildcards `*` and `?`.
+pub fn tool_pattern_problem(pattern: &str) -> Option<String> {
+    validate::pattern_problem(pattern)
 }
 
 impl Config {

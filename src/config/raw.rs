@@ -142,6 +142,28 @@ pub(crate) struct RawAgent {
     pub(crate) max_concurrent_runs: Option<Spanned<usize>>,
     pub(crate) tools: Option<Spanned<Vec<Name>>>,
     pub(crate) sub_agents: Option<Spanned<Vec<Name>>>,
+    pub(crate) approval: Option<Spanned<RawApproval>>,
+}
+
+/// An approval mode as written (`auto`, `ask`, `deny`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum RawMode {
+    Auto,
+    Ask,
+    Deny,
+}
+
+/// `[agents.NAME.approval]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawApproval {
+    pub(crate) read_only: Option<RawMode>,
+    pub(crate) consequential: Option<RawMode>,
+    pub(crate) other: Option<RawMode>,
+    pub(crate) timeout_secs: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub(crate) tools: BTreeMap<Name, RawMode>,
 }
 
 /// `[delegation]`.

@@ -7,7 +7,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use toml::Spanned;
-use wma_agent::{ConstraintMode, LocalLoopOptions, Policy, PolicyName};
+use wma_agent::{
+    ApprovalMode, ApprovalPolicy, ApprovalRule, ConstraintMode, LocalLoopOptions, Policy,
+    PolicyName,
+};
 use wma_provider_openai::OpenAiOptions;
 use wma_provider_ort::{OrtProviderOptions, SamplingOptions};
 use wma_runtime::{
@@ -20,8 +23,8 @@ use crate::serve::{ServerOptions, TokenSource};
 use super::builtin::BUILTINS;
 use super::error::{ConfigError, Source};
 use super::raw::{
-    Name, ProviderKind, RawAgent, RawCluster, RawConfig, RawConstraints, RawProvider, RawServer,
-    RawToolSource, ToolKind,
+    Name, ProviderKind, RawAgent, RawApproval, RawCluster, RawConfig, RawConstraints, RawMode,
+    RawProvider, RawServer, RawToolSource, ToolKind,
 };
 use super::{
     AgentSpec, ClusterSpec, Config, DEFAULT_SERVER_LISTEN, ProviderConfig, ProviderSpec,
@@ -595,6 +598,7 @@ fn remote_only(source: &Source<'_>, key: &str, agent: &RawAgent) -> Result<()> {
             ("max_concurrent_runs", span_of(&agent.max_concurrent_runs)),
             ("tools", span_of(&agent.tools)),
             ("sub_agents", span_of(&agent.sub_agents)),
+            ("approval", span_of(&agent.approval)),
         ],
     )
 }
@@ -731,7 +735,70 @@ fn agent_spec(
         max_concurrent_runs: runs.map_or(DEFAULT_MAX_CONCURRENT_RUNS, |n| n as usize),
         tools,
         sub_agents,
+        approval: match &agent.approval {
+            Some(raw) => approval(source, key, raw)?,
+            None => ApprovalPolicy::default(),
+        },
     })
+}
+
+fn mode(raw: RawMode) -> ApprovalMode {
+    match raw {
+        RawMode::Auto => ApprovalMode::Auto,
+        RawMode::Ask => ApprovalMode::Ask,
+        RawMode::Deny => ApprovalMode::Deny,
+    }
+}
+
+/// `[agents.NAME.approval]`: the defaults by annotation, the time limit
+/// and the rules by tool name pattern.
+fn approval(source: &Source<'_>, key: &str, raw: &Spanned<RawApproval>) -> Result<ApprovalPolicy> {
+    let defaults = ApprovalPolicy::default();
+    let table = raw.get_ref();
+    let timeout = at_least_one(
+        source,
+        &format!("{key}.approval"),
+        "timeout_secs",
+        &table.timeout_secs,
+    )?;
+    let mut rules = Vec::new();
+    for (pattern, m) in &table.tools {
+        check_pattern(source, &format!("{key}.approval.tools"), pattern)?;
+        rules.push(ApprovalRule::new(pattern.get_ref().clone(), mode(*m)));
+    }
+    Ok(ApprovalPolicy {
+        read_only: table.read_only.map_or(defaults.read_only, mode),
+        consequential: table.consequential.map_or(defaults.consequential, mode),
+        other: table.other.map_or(defaults.other, mode),
+        rules,
+        timeout: timeout.map_or(defaults.timeout, Duration::from_secs),
+    })
+}
+
+/// A tool name pattern: the characters of tool names, and `*` and `?`.
+pub(crate) fn pattern_problem(pattern: &str) -> Option<String> {
+    if pattern.is_empty() {
+        return Some("a tool pattern may not be empty".to_string());
+    }
+    pattern
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | '*' | '?')))
+        .map(|c| {
+            format!(
+                "`{pattern}` is not a tool pattern: `{c}` is neither a character of tool names (letters, digits, `_`, `-`, `.`) nor a wildcard (`*`, `?`)"
+            )
+        })
+}
+
+fn check_pattern(source: &Source<'_>, key: &str, pattern: &Name) -> Result<()> {
+    match pattern_problem(pattern.get_ref()) {
+        None => Ok(()),
+        Some(problem) => Err(source.invalid(
+            pattern.span(),
+            format!("{key}.{}", pattern.get_ref()),
+            problem,
+        )),
+    }
 }
 
 /// The agent's `policy` and `rules`: `None` when neither is set (the loop

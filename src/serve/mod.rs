@@ -8,6 +8,9 @@
 //! | `POST /v1/agents/{agent}/runs` | starts a run; the answer is an SSE stream of its parts |
 //! | `POST /v1/agents/{agent}/runs/{run}/stop` | stops a run (and its sub-agents' runs) |
 //! | `PUT /v1/agents/{agent}/provider` | swaps the model of the agent's provider |
+//! | `GET /v1/approvals` | the calls of every run that wait for approval |
+//! | `GET /v1/agents/{agent}/runs/{run}/approvals` | the calls of one run that wait |
+//! | `POST /v1/agents/{agent}/runs/{run}/approvals/{approval}` | approves or denies one |
 //!
 //! Only the operator gets in: every request but a bare health check needs
 //! the bearer token, pages of other origins and requests for other host
@@ -17,13 +20,14 @@
 //! errors. The server is plain hyper (already in the build for the tests'
 //! OTLP receiver), so `wma` brings no web framework along.
 
+mod approvals;
 mod conn;
 mod guard;
 mod health;
 mod options;
 mod token;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -39,13 +43,15 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use wma_agent::{ChatMessage, Provider};
+use wma_agent::{ApprovalAnswer, ApprovalMode, ApprovalRule, ChatMessage, Provider};
 use wma_runtime::{
-    AgentHandle, ProviderHandle, RunId, Runtime, RuntimeError, TaggedPart, ToolBridgeHandle,
+    AgentHandle, ProviderHandle, RunApprovals, RunId, Runtime, RuntimeError, TaggedPart,
+    ToolBridgeHandle,
 };
 
 use crate::config::{Config, Hosted, provider_source};
 
+pub use approvals::{AnswerRefused, InMemoryApprovals, PendingApproval, PendingApprovals};
 pub use conn::{ACCEPT_BACKOFF_MAX, ACCEPT_BACKOFF_MIN};
 pub use health::HEALTH_PROBE_TIMEOUT;
 pub use options::{
@@ -197,6 +203,8 @@ pub(crate) struct Server {
     options: ServerOptions,
     guard: guard::Guard,
     runs: Arc<RunBook>,
+    /// The questions of its runs that wait for a person.
+    approvals: Arc<dyn PendingApprovals>,
 }
 
 impl Server {
@@ -204,6 +212,7 @@ impl Server {
         Self {
             guard: guard::Guard::new(token, listen, &options),
             runs: Arc::new(RunBook::default()),
+            approvals: Arc::new(InMemoryApprovals::default()),
             api,
             options,
         }
@@ -256,12 +265,12 @@ struct RunTicket {
 }
 
 impl RunTicket {
-    /// Gives the started run a public id.
-    fn register(&mut self, agent: &str, run: RunId) -> std::io::Result<String> {
-        let id = token::random_hex(RUN_ID_BYTES)?;
-        self.book.ids().insert(id.clone(), (agent.to_string(), run));
-        self.id = Some(id.clone());
-        Ok(id)
+    /// Files the started run under its public id.
+    fn register(&mut self, id: &str, agent: &str, run: RunId) {
+        self.book
+            .ids()
+            .insert(id.to_string(), (agent.to_string(), run));
+        self.id = Some(id.to_string());
     }
 }
 
@@ -386,6 +395,24 @@ async fn route(server: &Server, peer: SocketAddr, request: Request<Incoming>) ->
         (&Method::POST, ["v1", "agents", agent, "runs", run, "stop"]) => {
             stop_run(server, agent, run).await
         }
+        (&Method::GET, ["v1", "approvals"]) => list_approvals(server, None),
+        (&Method::GET, ["v1", "agents", agent, "runs", run, "approvals"]) => {
+            match find_run(server, agent, run) {
+                Ok(run) => list_approvals(server, Some(&run)),
+                Err(response) => response,
+            }
+        }
+        (&Method::POST, ["v1", "agents", agent, "runs", run, "approvals", approval]) => {
+            let run = match find_run(server, agent, run) {
+                Ok(run) => run,
+                Err(response) => return response,
+            };
+            let approval = approval.to_string();
+            match read_json::<DecisionBody>(&server.options, request).await {
+                Ok(body) => decide(server, &run, &approval, body),
+                Err(response) => response,
+            }
+        }
         (&Method::PUT, ["v1", "agents", agent, "provider"]) => {
             let agent = agent.to_string();
             match read_json::<SwapBody>(&server.options, request).await {
@@ -395,7 +422,10 @@ async fn route(server: &Server, peer: SocketAddr, request: Request<Incoming>) ->
         }
         (_, ["v1", "health" | "agents"])
         | (_, ["v1", "agents", _, "runs" | "provider"])
-        | (_, ["v1", "agents", _, "runs", _, "stop"]) => error(
+        | (_, ["v1", "agents", _, "runs", _, "stop"])
+        | (_, ["v1", "approvals"])
+        | (_, ["v1", "agents", _, "runs", _, "approvals"])
+        | (_, ["v1", "agents", _, "runs", _, "approvals", _]) => error(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("{method} is not allowed on {path}"),
         ),
@@ -529,6 +559,28 @@ pub struct RunBody {
     pub input: Option<String>,
     /// The conversation so far, ending with the person's message.
     pub messages: Option<Vec<ChatMessage>>,
+    /// Approval rules of this run's own, by tool name pattern: `ask` or
+    /// `deny`. They only tighten the agent's policy, so `auto` is refused.
+    pub approval: Option<BTreeMap<String, ApprovalMode>>,
+}
+
+impl RunBody {
+    /// The run's own approval rules, or what is wrong with them.
+    pub fn approval_rules(&self) -> Result<Vec<ApprovalRule>, String> {
+        let mut rules = Vec::new();
+        for (pattern, mode) in self.approval.iter().flatten() {
+            if let Some(problem) = crate::config::tool_pattern_problem(pattern) {
+                return Err(format!("`approval`: {problem}"));
+            }
+            if *mode == ApprovalMode::Auto {
+                return Err(format!(
+                    "`approval.{pattern}`: a run can only tighten the agent's approval policy (`ask`, `deny`), not loosen it (`auto`)"
+                ));
+            }
+            rules.push(ApprovalRule::new(pattern.clone(), *mode));
+        }
+        Ok(rules)
+    }
 }
 
 async fn start_run(server: &Server, client: IpAddr, name: &str, body: RunBody) -> Response<Body> {
@@ -537,6 +589,10 @@ async fn start_run(server: &Server, client: IpAddr, name: &str, body: RunBody) -
             StatusCode::NOT_FOUND,
             format!("there is no agent named `{name}`"),
         );
+    };
+    let rules = match body.approval_rules() {
+        Ok(rules) => rules,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
     let messages = match (body.input, body.messages) {
         (Some(input), None) => vec![ChatMessage::user(input)],
@@ -557,15 +613,26 @@ async fn start_run(server: &Server, client: IpAddr, name: &str, body: RunBody) -
             ),
         );
     };
-    let run = match agent.handle.run(messages).await {
+    let id = match token::random_hex(RUN_ID_BYTES) {
+        Ok(id) => id,
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
+    // The run's questions go on the server's list under its public id.
+    let approver = approvals::HttpApprover {
+        run_id: id.clone(),
+        run_agent: name.to_string(),
+        registry: server.approvals.clone(),
+    };
+    let approvals = RunApprovals::asking(Arc::new(approver)).with_rules(rules);
+    let run = match agent
+        .handle
+        .run_with(messages, CancellationToken::new(), approvals)
+        .await
+    {
         Ok(run) => run,
         Err(e) => return runtime_error(&e),
     };
-    let id = match ticket.register(name, run.id()) {
-        Ok(id) => id,
-        // Dropping the run stops it.
-        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-    };
+    ticket.register(&id, name, run.id());
     let first = sse_event("run", &json!({"agent": name, "run_id": id}));
     // The stream ends after the run's terminal part; dropping it (the
     // client went away) stops the run, frees the client's slot and
@@ -589,6 +656,87 @@ async fn start_run(server: &Server, client: IpAddr, name: &str, body: RunBody) -
 fn sse_event(event: &str, data: &Value) -> Bytes {
     // JSON has no raw newlines, so one `data:` line carries it.
     Bytes::from(format!("event: {event}\ndata: {data}\n\n"))
+}
+
+/// The public id of a run of agent `name` this server has streaming.
+fn find_run(server: &Server, name: &str, run: &str) -> Result<String, Response<Body>> {
+    if server.api.agent(name).is_none() {
+        return Err(error(
+            StatusCode::NOT_FOUND,
+            format!("there is no agent named `{name}`"),
+        ));
+    }
+    if run.len() != 2 * RUN_ID_BYTES || !run.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            format!("`{run}` is not a run id"),
+        ));
+    }
+    let run = run.to_ascii_lowercase();
+    match server.runs.ids().get(&run) {
+        Some((owner, _)) if owner == name => Ok(run),
+        _ => Err(error(
+            StatusCode::NOT_FOUND,
+            format!("agent `{name}` has no run `{run}` streaming"),
+        )),
+    }
+}
+
+/// `GET /v1/approvals`, or one run's.
+fn list_approvals(server: &Server, run: Option<&str>) -> Response<Body> {
+    let list: Vec<PendingApproval> = server
+        .approvals
+        .list()
+        .into_iter()
+        .filter(|p| run.is_none_or(|r| p.run_id == r))
+        .collect();
+    json_response(StatusCode::OK, &json!({"approvals": list}))
+}
+
+/// The body of `POST /v1/agents/{agent}/runs/{run}/approvals/{approval}`.
+/// Public so that the property tests parse bodies as the server does.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionBody {
+    /// `true` runs the call, `false` denies it.
+    pub approve: bool,
+    /// The same answer for later calls of this tool in the rest of the
+    /// run (its sub-agents' runs included). Default false.
+    #[serde(default)]
+    pub for_session: bool,
+    /// Why, for the model when it is a denial.
+    pub note: Option<String>,
+}
+
+fn decide(server: &Server, run: &str, approval: &str, body: DecisionBody) -> Response<Body> {
+    let mut answer = if body.approve {
+        ApprovalAnswer::approve()
+    } else {
+        ApprovalAnswer::deny()
+    };
+    if body.for_session {
+        answer = answer.remembered();
+    }
+    if let Some(note) = body.note {
+        answer = answer.with_note(note);
+    }
+    match server.approvals.answer(run, approval, answer) {
+        Ok(pending) => json_response(
+            StatusCode::OK,
+            &json!({
+                "approval_id": pending.request.approval_id,
+                "tool": pending.request.tool,
+                "approved": body.approve,
+                "for_session": body.for_session,
+            }),
+        ),
+        Err(AnswerRefused::NotPending) => error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "no call of run `{run}` waits for approval `{approval}` (answered already, stopped, or timed out)"
+            ),
+        ),
+    }
 }
 
 async fn stop_run(server: &Server, name: &str, run: &str) -> Response<Body> {

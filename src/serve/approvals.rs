@@ -1,0 +1,218 @@
+//! Pending approvals of the runs `wma serve` started: the questions the
+//! loop asked and nobody answered yet, listed and answered over HTTP.
+//!
+//! They are kept behind [`PendingApprovals`], a small trait, so that a host
+//! with a durable store can keep them across a restart; [`InMemoryApprovals`]
+//! is the one this server uses now. The waiting itself is the run's: the
+//! loop races the answer against Stop and the policy's time limit, and a
+//! question whose run stopped waiting is taken off the list.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use serde::Serialize;
+use tokio::sync::oneshot;
+use wma_agent::{ApprovalAnswer, ApprovalRequest, Approver};
+
+/// One question waiting for its answer.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PendingApproval {
+    /// The run the host started (its public id), which the question belongs
+    /// to; the asking agent may be one of its sub-agents.
+    pub run_id: String,
+    /// The agent the run was started on.
+    pub run_agent: String,
+    /// The question: the asking agent, the call, the tool, its full
+    /// arguments and why it asks.
+    #[serde(flatten)]
+    pub request: ApprovalRequest,
+    /// When it was asked, in seconds since the Unix epoch.
+    pub asked_at: u64,
+}
+
+/// Why an answer was not taken.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AnswerRefused {
+    /// No question with that id waits in that run: it was answered, its
+    /// run stopped waiting (Stop, the time limit), or it never existed.
+    NotPending,
+}
+
+/// Where pending questions are kept.
+pub trait PendingApprovals: Send + Sync {
+    /// Keeps a question; the answer arrives on the receiver.
+    fn insert(&self, pending: PendingApproval) -> oneshot::Receiver<ApprovalAnswer>;
+    /// Forgets a question nobody waits for any more.
+    fn remove(&self, approval_id: &str);
+    /// The questions waiting, oldest first.
+    fn list(&self) -> Vec<PendingApproval>;
+    /// Answers the question `approval_id` of run `run_id`.
+    fn answer(
+        &self,
+        run_id: &str,
+        approval_id: &str,
+        answer: ApprovalAnswer,
+    ) -> Result<PendingApproval, AnswerRefused>;
+}
+
+/// The pending questions in this process's memory.
+#[derive(Default)]
+pub struct InMemoryApprovals {
+    pending: Mutex<HashMap<String, (PendingApproval, oneshot::Sender<ApprovalAnswer>)>>,
+}
+
+impl InMemoryApprovals {
+    fn pending(
+        &self,
+    ) -> MutexGuard<'_, HashMap<String, (PendingApproval, oneshot::Sender<ApprovalAnswer>)>> {
+        // Plain values: a panic elsewhere leaves the map usable.
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl PendingApprovals for InMemoryApprovals {
+    fn insert(&self, pending: PendingApproval) -> oneshot::Receiver<ApprovalAnswer> {
+        let (tx, rx) = oneshot::channel();
+        self.pending()
+            .insert(pending.request.approval_id.clone(), (pending, tx));
+        rx
+    }
+
+    fn remove(&self, approval_id: &str) {
+        self.pending().remove(approval_id);
+    }
+
+    fn list(&self) -> Vec<PendingApproval> {
+        let mut list: Vec<PendingApproval> = self
+            .pending()
+            .values()
+            .filter(|(_, tx)| !tx.is_closed())
+            .map(|(p, _)| p.clone())
+            .collect();
+        list.sort_by(|a, b| {
+            (a.asked_at, &a.request.approval_id).cmp(&(b.asked_at, &b.request.approval_id))
+        });
+        list
+    }
+
+    fn answer(
+        &self,
+        run_id: &str,
+        approval_id: &str,
+        answer: ApprovalAnswer,
+    ) -> Result<PendingApproval, AnswerRefused> {
+        let mut pending = self.pending();
+        match pending.get(approval_id) {
+            Some((p, _)) if p.run_id == run_id => {}
+            _ => return Err(AnswerRefused::NotPending),
+        }
+        let Some((p, tx)) = pending.remove(approval_id) else {
+            return Err(AnswerRefused::NotPending);
+        };
+        // A closed receiver: the run stopped waiting a moment ago.
+        tx.send(answer).map_err(|_| AnswerRefused::NotPending)?;
+        Ok(p)
+    }
+}
+
+/// The approver of one run the server started: its questions go on the
+/// list, and the run waits for an answer over HTTP.
+pub(crate) struct HttpApprover {
+    pub(crate) run_id: String,
+    pub(crate) run_agent: String,
+    pub(crate) registry: Arc<dyn PendingApprovals>,
+}
+
+/// Takes a question off the list however its wait ends.
+struct Forget<'a> {
+    registry: &'a dyn PendingApprovals,
+    approval_id: String,
+}
+
+impl Drop for Forget<'_> {
+    fn drop(&mut self) {
+        self.registry.remove(&self.approval_id);
+    }
+}
+
+#[async_trait]
+impl Approver for HttpApprover {
+    async fn ask(&self, request: ApprovalRequest) -> ApprovalAnswer {
+        let asked_at = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let approval_id = request.approval_id.clone();
+        // Before the first await: the question is listed before its part
+        // reaches the client.
+        let answer = self.registry.insert(PendingApproval {
+            run_id: self.run_id.clone(),
+            run_agent: self.run_agent.clone(),
+            request,
+            asked_at,
+        });
+        let _forget = Forget {
+            registry: self.registry.as_ref(),
+            approval_id,
+        };
+        answer.await.unwrap_or_else(|_| {
+            ApprovalAnswer::deny()
+                .by("host")
+                .with_note("the host dropped the question")
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn question(id: &str, run: &str) -> PendingApproval {
+        PendingApproval {
+            run_id: run.into(),
+            run_agent: "main".into(),
+            request: ApprovalRequest {
+                approval_id: id.into(),
+                agent: "main".into(),
+                call_id: "call_1_1".into(),
+                tool: "write_file".into(),
+                arguments: json!({"path": "a"}),
+                reason: "why".into(),
+            },
+            asked_at: 1,
+        }
+    }
+
+    #[tokio::test]
+    async fn an_answer_reaches_only_its_own_runs_question_once() {
+        let registry = InMemoryApprovals::default();
+        let rx = registry.insert(question("a1", "run-1"));
+        assert_eq!(registry.list().len(), 1);
+        assert_eq!(
+            registry.answer("run-2", "a1", ApprovalAnswer::approve()),
+            Err(AnswerRefused::NotPending)
+        );
+        registry
+            .answer("run-1", "a1", ApprovalAnswer::deny())
+            .unwrap();
+        assert!(!rx.await.unwrap().approved);
+        assert!(registry.list().is_empty());
+        assert_eq!(
+            registry.answer("run-1", "a1", ApprovalAnswer::approve()),
+            Err(AnswerRefused::NotPending)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_question_nobody_waits_for_is_not_listed() {
+        let registry = InMemoryApprovals::default();
+        drop(registry.insert(question("a2", "run-1")));
+        assert!(registry.list().is_empty());
+        assert_eq!(
+            registry.answer("run-1", "a2", ApprovalAnswer::approve()),
+            Err(AnswerRefused::NotPending)
+        );
+    }
+}
