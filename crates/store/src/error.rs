@@ -78,63 +78,28 @@ pub enum StoreError {
     /// A run with this id exists already.
     #[error("a run `{0}` exists already")]
     RunExists(String),
-    /// The call was recorded before: a consequential call is sent once.
-    #[error(
-        "call `{call_id}` of run `{run_id}` was already recorded ({status}); a consequential \
-         call is never sent twice"
-    )]
-    CallAlreadyRecorded {
-        /// The run.
-        run_id: String,
-        /// The call.
-        call_id: String,
-        /// Its status (`in-flight`, `answered`, `in-doubt`).
-        status: String,
-    },
-    /// No such consequential call was recorded.
-    #[error("no consequential call `{call_id}` was recorded for run `{run_id}`")]
-    CallNotFound {
-        /// The run.
-        run_id: String,
-        /// The call.
-        call_id: String,
-    },
+    /// No consequential call has this idempotency key.
+    #[error("no consequential call `{0}` was recorded")]
+    CallNotFound(String),
     /// The call is not in flight, so it cannot be answered now.
     #[error(
-        "call `{call_id}` of run `{run_id}` is {status}, not in flight: it cannot be answered now"
+        "call `{idempotency_key}` is {status}, not in flight: its answer cannot be recorded now"
     )]
     CallNotInFlight {
-        /// The run.
-        run_id: String,
-        /// The call.
-        call_id: String,
-        /// Its status.
+        /// The call's key.
+        idempotency_key: String,
+        /// Its status (`answered`, `in-doubt`).
         status: String,
     },
-    /// The call already has an approval request.
-    #[error("call `{call_id}` of run `{run_id}` already waits for (or had) an approval")]
-    ApprovalExists {
-        /// The run.
-        run_id: String,
-        /// The call.
-        call_id: String,
-    },
-    /// No approval was asked for this call.
-    #[error("no approval was asked for call `{call_id}` of run `{run_id}`")]
-    ApprovalNotFound {
-        /// The run.
-        run_id: String,
-        /// The call.
-        call_id: String,
-    },
-    /// The approval was decided before; a decision is final.
-    #[error("the approval of call `{call_id}` of run `{run_id}` was already decided: {decision}")]
+    /// No approval has this id.
+    #[error("no approval `{0}`")]
+    ApprovalNotFound(String),
+    /// The approval was answered before; an answer is final.
+    #[error("approval `{id}` was already answered: {decision}")]
     AlreadyDecided {
-        /// The run.
-        run_id: String,
-        /// The call.
-        call_id: String,
-        /// The decision it has (`approved` or `denied`).
+        /// The approval.
+        id: String,
+        /// Its answer (`approved` or `denied`).
         decision: String,
     },
     /// Something stored could not be read back.

@@ -49,6 +49,6 @@ pub use store::{
     Store, StoreOptions, TITLE_CHARS, new_id, redact_url,
 };
 pub use types::{
-    Approval, ApprovalRequest, CallRecord, CallStatus, Decision, LoggedPart, Recovery, Run,
-    RunStatus, Session, SessionWithMessages, UnixMillis,
+    Approval, CallRecord, CallStatus, LoggedPart, Recovery, Run, RunStatus, Session,
+    SessionWithMessages, UnixMillis,
 };

@@ -55,31 +55,37 @@ const MIGRATIONS: &[Migration] = &[Migration {
             PRIMARY KEY (run_id, seq)
         )",
         "CREATE TABLE calls (
+            idempotency_key TEXT PRIMARY KEY,
             run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+            agent TEXT NOT NULL,
             call_id TEXT NOT NULL,
             tool TEXT NOT NULL,
             arguments TEXT NOT NULL,
-            idempotency_key TEXT NOT NULL UNIQUE,
             status TEXT NOT NULL,
             output TEXT,
             is_error BIGINT NOT NULL,
             started_at BIGINT NOT NULL,
-            answered_at BIGINT,
-            PRIMARY KEY (run_id, call_id)
+            answered_at BIGINT
         )",
+        "CREATE INDEX calls_by_run ON calls (run_id, started_at)",
         "CREATE INDEX calls_by_status ON calls (status)",
         "CREATE TABLE approvals (
+            id TEXT PRIMARY KEY,
             run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
+            loop_approval_id TEXT NOT NULL,
+            agent TEXT NOT NULL,
             call_id TEXT NOT NULL,
             tool TEXT NOT NULL,
             arguments TEXT NOT NULL,
             reason TEXT NOT NULL,
             requested_at BIGINT NOT NULL,
-            decision TEXT,
-            for_session BIGINT NOT NULL,
-            decided_at BIGINT,
-            PRIMARY KEY (run_id, call_id)
+            approved BIGINT,
+            remember BIGINT NOT NULL,
+            decided_by TEXT,
+            note TEXT,
+            decided_at BIGINT
         )",
+        "CREATE INDEX approvals_by_run ON approvals (run_id, requested_at)",
     ],
 }];
 

@@ -9,14 +9,14 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::Value;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Executor, Row};
-use wma_agent::{AgentStreamPart, ChatMessage};
+use wma_agent::{AgentStreamPart, ApprovalAnswer, ApprovalRequest, ChatMessage};
 
 use crate::StoreError;
 use crate::error::is_unique_violation;
 use crate::schema;
 use crate::types::{
-    Approval, ApprovalRequest, CallRecord, CallStatus, Decision, LoggedPart, Recovery, Run,
-    RunStatus, Session, SessionWithMessages, UnixMillis,
+    Approval, CallRecord, CallStatus, LoggedPart, Recovery, Run, RunStatus, Session,
+    SessionWithMessages, UnixMillis,
 };
 
 /// The SQLite file's name in the data folder.
@@ -343,7 +343,9 @@ impl Store {
             .iter()
             .map(|r| self.call_from_row(r))
             .collect::<Result<Vec<_>, _>>()?;
-        in_doubt_calls.sort_by(|a, b| (a.started_at, &a.call_id).cmp(&(b.started_at, &b.call_id)));
+        in_doubt_calls.sort_by(|a, b| {
+            (a.started_at, &a.idempotency_key).cmp(&(b.started_at, &b.idempotency_key))
+        });
         Ok(Recovery {
             interrupted_runs: ids(interrupted)?,
             in_doubt_calls,
@@ -660,23 +662,11 @@ impl Store {
             }
             _ => None,
         };
-        // One statement for the common part: the next number comes from the
-        // run's own rows (the primary key's index), and the insert happens
-        // only while the run is open. SQLite runs it under its one write
-        // lock; on PostgreSQL two writers of one run can pick the same
-        // number, and the loser retries.
-        let insert = format!(
-            "INSERT INTO parts (run_id, seq, agent, depth, body, created_at)
-             SELECT $1, COALESCE((SELECT MAX(p.seq) FROM parts p WHERE p.run_id = $1), 0) + 1,
-                    $2, $3, $4, $5
-             FROM runs r WHERE r.id = $1 AND r.status IN ('running', 'waiting-for-approval')
-             RETURNING seq"
-        );
         for _ in 0..APPEND_RETRIES {
             let now = now_ms();
             let result = match &ending {
                 None => {
-                    sqlx::query(&insert)
+                    sqlx::query(APPEND_PART)
                         .bind(run_id)
                         .bind(agent)
                         .bind(i64::from(depth))
@@ -702,19 +692,17 @@ impl Store {
                     if ended.rows_affected() == 0 {
                         Ok(None)
                     } else {
-                        // The run is no longer open, so the insert names it
-                        // by its new status.
-                        let row = sqlx::query(&insert.replace(
-                            "('running', 'waiting-for-approval')",
-                            &format!("('{}')", status.as_str()),
-                        ))
-                        .bind(run_id)
-                        .bind(agent)
-                        .bind(i64::from(depth))
-                        .bind(&body)
-                        .bind(now)
-                        .fetch_optional(&mut *tx)
-                        .await;
+                        // The run has its final status now, which the
+                        // insert checks instead of an open one.
+                        let row = sqlx::query(APPEND_FINAL_PART)
+                            .bind(run_id)
+                            .bind(agent)
+                            .bind(i64::from(depth))
+                            .bind(&body)
+                            .bind(now)
+                            .bind(status.as_str())
+                            .fetch_optional(&mut *tx)
+                            .await;
                         match row {
                             Ok(row) => {
                                 tx.commit().await.map_err(&db)?;
@@ -817,76 +805,72 @@ impl Store {
     // ---- consequential calls --------------------------------------------
 
     /// Records a consequential call before it is sent, `in-flight`, with a
-    /// fresh idempotency key to pass to sources that accept one. A call
-    /// recorded before (in any state) is refused with
-    /// [`StoreError::CallAlreadyRecorded`]: the host never sends it twice.
+    /// fresh idempotency key (the record's key) to pass to sources that
+    /// accept one. Durable when this returns: send the call only then.
     pub async fn begin_call(
         &self,
         run_id: &str,
+        agent: &str,
         call_id: &str,
         tool: &str,
         arguments: &Value,
     ) -> Result<CallRecord, StoreError> {
         let record = CallRecord {
+            idempotency_key: new_id(),
             run_id: run_id.to_string(),
+            agent: agent.to_string(),
             call_id: call_id.to_string(),
             tool: tool.to_string(),
             arguments: arguments.clone(),
-            idempotency_key: new_id(),
             status: CallStatus::InFlight,
             output: None,
             is_error: false,
             started_at: now_ms(),
             answered_at: None,
         };
+        // Only for an open run: a call of a run that ended (or was
+        // interrupted by a restart) is not to be sent at all.
         let inserted = sqlx::query(
-            "INSERT INTO calls (run_id, call_id, tool, arguments, idempotency_key, status,
+            "INSERT INTO calls (idempotency_key, run_id, agent, call_id, tool, arguments, status,
                                 output, is_error, started_at, answered_at)
-             SELECT $1, $2, $3, $4, $5, 'in-flight', NULL, 0, $6, NULL
-             FROM runs WHERE id = $1",
+             SELECT $1, $2, $3, $4, $5, $6, 'in-flight', NULL, 0, $7, NULL
+             FROM runs WHERE id = $2 AND status IN ('running', 'waiting-for-approval')",
         )
+        .bind(&record.idempotency_key)
         .bind(run_id)
+        .bind(agent)
         .bind(call_id)
         .bind(tool)
         .bind(arguments.to_string())
-        .bind(&record.idempotency_key)
         .bind(record.started_at)
         .execute(self.pool())
-        .await;
-        match inserted {
-            Ok(done) if done.rows_affected() == 1 => Ok(record),
-            Ok(_) => Err(StoreError::RunNotFound(run_id.to_string())),
-            Err(e) if is_unique_violation(&e) => {
-                let status = self
-                    .call(run_id, call_id)
-                    .await?
-                    .map_or_else(|| "recorded".to_string(), |c| c.status.to_string());
-                Err(StoreError::CallAlreadyRecorded {
-                    run_id: run_id.to_string(),
-                    call_id: call_id.to_string(),
-                    status,
-                })
-            }
-            Err(e) => Err(self.db()(e)),
+        .await
+        .map_err(self.db())?;
+        if inserted.rows_affected() == 0 {
+            let run = self.existing_run(run_id).await?;
+            return Err(StoreError::RunEnded {
+                run_id: run_id.to_string(),
+                status: run.status.to_string(),
+            });
         }
+        Ok(record)
     }
 
     /// Records a consequential call's answer (its output, or the
-    /// `Error [code]: message` text with `is_error`).
+    /// `Error [code]: message` text with `is_error`). Only an in-flight
+    /// call answers: one in doubt stays in doubt.
     pub async fn finish_call(
         &self,
-        run_id: &str,
-        call_id: &str,
+        idempotency_key: &str,
         output: &str,
         is_error: bool,
     ) -> Result<CallRecord, StoreError> {
         let row = sqlx::query(&format!(
-            "UPDATE calls SET status = 'answered', output = $3, is_error = $4, answered_at = $5
-             WHERE run_id = $1 AND call_id = $2 AND status = 'in-flight'
+            "UPDATE calls SET status = 'answered', output = $2, is_error = $3, answered_at = $4
+             WHERE idempotency_key = $1 AND status = 'in-flight'
              RETURNING {CALL_COLUMNS}"
         ))
-        .bind(run_id)
-        .bind(call_id)
+        .bind(idempotency_key)
         .bind(output)
         .bind(i64::from(is_error))
         .bind(now_ms())
@@ -895,41 +879,34 @@ impl Store {
         .map_err(self.db())?;
         match row {
             Some(row) => self.call_from_row(&row),
-            None => match self.call(run_id, call_id).await? {
+            None => match self.call(idempotency_key).await? {
                 Some(call) => Err(StoreError::CallNotInFlight {
-                    run_id: run_id.to_string(),
-                    call_id: call_id.to_string(),
+                    idempotency_key: idempotency_key.to_string(),
                     status: call.status.to_string(),
                 }),
-                None => Err(StoreError::CallNotFound {
-                    run_id: run_id.to_string(),
-                    call_id: call_id.to_string(),
-                }),
+                None => Err(StoreError::CallNotFound(idempotency_key.to_string())),
             },
         }
     }
 
-    /// The consequential call; `None` when it was not recorded.
-    pub async fn call(
-        &self,
-        run_id: &str,
-        call_id: &str,
-    ) -> Result<Option<CallRecord>, StoreError> {
+    /// The consequential call; `None` when there is none with this key.
+    pub async fn call(&self, idempotency_key: &str) -> Result<Option<CallRecord>, StoreError> {
         let row = sqlx::query(&format!(
-            "SELECT {CALL_COLUMNS} FROM calls WHERE run_id = $1 AND call_id = $2"
+            "SELECT {CALL_COLUMNS} FROM calls WHERE idempotency_key = $1"
         ))
-        .bind(run_id)
-        .bind(call_id)
+        .bind(idempotency_key)
         .fetch_optional(self.pool())
         .await
         .map_err(self.db())?;
         row.map(|r| self.call_from_row(&r)).transpose()
     }
 
-    /// The run's consequential calls, in the order they were recorded.
+    /// The run's consequential calls, in the order they were recorded: a
+    /// host resuming a run checks these, and sends none that is in doubt.
     pub async fn calls_of_run(&self, run_id: &str) -> Result<Vec<CallRecord>, StoreError> {
         let rows = sqlx::query(&format!(
-            "SELECT {CALL_COLUMNS} FROM calls WHERE run_id = $1 ORDER BY started_at, call_id"
+            "SELECT {CALL_COLUMNS} FROM calls WHERE run_id = $1
+             ORDER BY started_at, idempotency_key"
         ))
         .bind(run_id)
         .fetch_all(self.pool())
@@ -942,7 +919,8 @@ impl Store {
     /// check whether it happened.
     pub async fn in_doubt_calls(&self) -> Result<Vec<CallRecord>, StoreError> {
         let rows = sqlx::query(&format!(
-            "SELECT {CALL_COLUMNS} FROM calls WHERE status = 'in-doubt' ORDER BY started_at, call_id"
+            "SELECT {CALL_COLUMNS} FROM calls WHERE status = 'in-doubt'
+             ORDER BY started_at, idempotency_key"
         ))
         .fetch_all(self.pool())
         .await
@@ -952,133 +930,133 @@ impl Store {
 
     fn call_from_row(&self, row: &AnyRow) -> Result<CallRecord, StoreError> {
         let db = self.db();
-        let run_id: String = row.try_get(0).map_err(&db)?;
-        let call_id: String = row.try_get(1).map_err(&db)?;
+        let key: String = row.try_get(0).map_err(&db)?;
         let corrupt = |reason: String| StoreError::Corrupt {
-            what: format!("call `{call_id}` of run `{run_id}`"),
+            what: format!("call `{key}`"),
             reason,
         };
-        let arguments: String = row.try_get(3).map_err(&db)?;
+        let arguments: String = row.try_get(5).map_err(&db)?;
         let arguments = serde_json::from_str(&arguments).map_err(|e| corrupt(e.to_string()))?;
-        let status: String = row.try_get(5).map_err(&db)?;
+        let status: String = row.try_get(6).map_err(&db)?;
         let status = CallStatus::parse(&status)
             .ok_or_else(|| corrupt(format!("`{status}` is not a call status")))?;
         Ok(CallRecord {
-            tool: row.try_get(2).map_err(&db)?,
+            run_id: row.try_get(1).map_err(&db)?,
+            agent: row.try_get(2).map_err(&db)?,
+            call_id: row.try_get(3).map_err(&db)?,
+            tool: row.try_get(4).map_err(&db)?,
             arguments,
-            idempotency_key: row.try_get(4).map_err(&db)?,
             status,
-            output: row.try_get(6).map_err(&db)?,
-            is_error: row.try_get::<i64, _>(7).map_err(&db)? != 0,
-            started_at: row.try_get(8).map_err(&db)?,
-            answered_at: row.try_get(9).map_err(&db)?,
-            run_id,
-            call_id,
+            output: row.try_get(7).map_err(&db)?,
+            is_error: row.try_get::<i64, _>(8).map_err(&db)? != 0,
+            started_at: row.try_get(9).map_err(&db)?,
+            answered_at: row.try_get(10).map_err(&db)?,
+            idempotency_key: key,
         })
     }
 
     // ---- approvals ------------------------------------------------------
 
-    /// Persists a pending approval and sets its run `waiting-for-approval`
-    /// (a status a restart keeps), in one transaction.
+    /// Persists the loop's question as a pending approval and sets its run
+    /// `waiting-for-approval` (a status a restart keeps), in one
+    /// transaction. The returned [`Approval::id`] is what a decision names.
     pub async fn request_approval(
         &self,
+        run_id: &str,
         request: &ApprovalRequest,
     ) -> Result<Approval, StoreError> {
         let db = self.db();
         let now = now_ms();
+        let id = new_id();
         let mut tx = self.pool().begin().await.map_err(&db)?;
         let waiting = sqlx::query(
             "UPDATE runs SET status = 'waiting-for-approval', updated_at = $2
              WHERE id = $1 AND status IN ('running', 'waiting-for-approval')",
         )
-        .bind(&request.run_id)
+        .bind(run_id)
         .bind(now)
         .execute(&mut *tx)
         .await
         .map_err(&db)?;
         if waiting.rows_affected() == 0 {
             drop(tx);
-            let run = self.existing_run(&request.run_id).await?;
+            let run = self.existing_run(run_id).await?;
             return Err(StoreError::RunEnded {
-                run_id: request.run_id.clone(),
+                run_id: run_id.to_string(),
                 status: run.status.to_string(),
             });
         }
-        let inserted = sqlx::query(
-            "INSERT INTO approvals (run_id, call_id, tool, arguments, reason, requested_at,
-                                    decision, for_session, decided_at)
-             VALUES ($1, $2, $3, $4, $5, $6, NULL, 0, NULL)",
+        sqlx::query(
+            "INSERT INTO approvals (id, run_id, loop_approval_id, agent, call_id, tool, arguments,
+                                    reason, requested_at, approved, remember, decided_by, note,
+                                    decided_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, NULL, 0, NULL, NULL, NULL)",
         )
-        .bind(&request.run_id)
+        .bind(&id)
+        .bind(run_id)
+        .bind(&request.approval_id)
+        .bind(&request.agent)
         .bind(&request.call_id)
         .bind(&request.tool)
         .bind(request.arguments.to_string())
         .bind(&request.reason)
         .bind(now)
         .execute(&mut *tx)
-        .await;
-        match inserted {
-            Ok(_) => {}
-            Err(e) if is_unique_violation(&e) => {
-                return Err(StoreError::ApprovalExists {
-                    run_id: request.run_id.clone(),
-                    call_id: request.call_id.clone(),
-                });
-            }
-            Err(e) => return Err(db(e)),
-        }
+        .await
+        .map_err(&db)?;
         tx.commit().await.map_err(&db)?;
         Ok(Approval {
+            id,
+            run_id: run_id.to_string(),
             request: request.clone(),
             requested_at: now,
-            decision: None,
-            for_session: false,
+            answer: None,
             decided_at: None,
         })
     }
 
-    /// Records a person's decision (final: a second one is refused with
-    /// [`StoreError::AlreadyDecided`]). When the run has no other pending
-    /// approval it is `running` again, for its host to go on with it.
+    /// Records the answer to an approval (final: a second one is refused
+    /// with [`StoreError::AlreadyDecided`]). When its run has no other
+    /// pending approval it is `running` again, for its host to go on with.
     pub async fn decide_approval(
         &self,
-        run_id: &str,
-        call_id: &str,
-        decision: Decision,
-        for_session: bool,
+        id: &str,
+        answer: &ApprovalAnswer,
     ) -> Result<Approval, StoreError> {
         let db = self.db();
         let now = now_ms();
         let mut tx = self.pool().begin().await.map_err(&db)?;
         let row = sqlx::query(&format!(
-            "UPDATE approvals SET decision = $3, for_session = $4, decided_at = $5
-             WHERE run_id = $1 AND call_id = $2 AND decision IS NULL
+            "UPDATE approvals SET approved = $2, remember = $3, decided_by = $4, note = $5,
+                                  decided_at = $6
+             WHERE id = $1 AND approved IS NULL
              RETURNING {APPROVAL_COLUMNS}"
         ))
-        .bind(run_id)
-        .bind(call_id)
-        .bind(decision.as_str())
-        .bind(i64::from(for_session))
+        .bind(id)
+        .bind(i64::from(answer.approved))
+        .bind(i64::from(answer.remember))
+        .bind(&answer.by)
+        .bind(answer.note.clone())
         .bind(now)
         .fetch_optional(&mut *tx)
         .await
         .map_err(&db)?;
         let Some(row) = row else {
             drop(tx);
-            return Err(match self.approval(run_id, call_id).await? {
+            return Err(match self.approval(id).await? {
                 Some(Approval {
-                    decision: Some(decision),
+                    answer: Some(answer),
                     ..
                 }) => StoreError::AlreadyDecided {
-                    run_id: run_id.to_string(),
-                    call_id: call_id.to_string(),
-                    decision: decision.to_string(),
+                    id: id.to_string(),
+                    decision: if answer.approved {
+                        "approved"
+                    } else {
+                        "denied"
+                    }
+                    .to_string(),
                 },
-                _ => StoreError::ApprovalNotFound {
-                    run_id: run_id.to_string(),
-                    call_id: call_id.to_string(),
-                },
+                _ => StoreError::ApprovalNotFound(id.to_string()),
             });
         };
         let approval = self.approval_from_row(&row)?;
@@ -1086,9 +1064,9 @@ impl Store {
             "UPDATE runs SET status = 'running', updated_at = $2
              WHERE id = $1 AND status = 'waiting-for-approval'
                AND NOT EXISTS (SELECT 1 FROM approvals a
-                               WHERE a.run_id = $1 AND a.decision IS NULL)",
+                               WHERE a.run_id = $1 AND a.approved IS NULL)",
         )
-        .bind(run_id)
+        .bind(&approval.run_id)
         .bind(now)
         .execute(&mut *tx)
         .await
@@ -1097,24 +1075,31 @@ impl Store {
         Ok(approval)
     }
 
-    /// The approval of a call, pending or decided; `None` when none was asked.
-    pub async fn approval(
-        &self,
-        run_id: &str,
-        call_id: &str,
-    ) -> Result<Option<Approval>, StoreError> {
+    /// The approval, pending or decided; `None` when there is none.
+    pub async fn approval(&self, id: &str) -> Result<Option<Approval>, StoreError> {
         let row = sqlx::query(&format!(
-            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE run_id = $1 AND call_id = $2"
+            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE id = $1"
         ))
-        .bind(run_id)
-        .bind(call_id)
+        .bind(id)
         .fetch_optional(self.pool())
         .await
         .map_err(self.db())?;
         row.map(|r| self.approval_from_row(&r)).transpose()
     }
 
-    /// Approvals that wait for a decision, oldest first; of one session,
+    /// The run's approvals, pending and decided, in the order asked.
+    pub async fn approvals_of_run(&self, run_id: &str) -> Result<Vec<Approval>, StoreError> {
+        let rows = sqlx::query(&format!(
+            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE run_id = $1 ORDER BY requested_at, id"
+        ))
+        .bind(run_id)
+        .fetch_all(self.pool())
+        .await
+        .map_err(self.db())?;
+        rows.iter().map(|r| self.approval_from_row(r)).collect()
+    }
+
+    /// Approvals that wait for an answer, oldest first; of one session,
     /// or of all.
     pub async fn pending_approvals(
         &self,
@@ -1122,9 +1107,9 @@ impl Store {
     ) -> Result<Vec<Approval>, StoreError> {
         let rows = sqlx::query(&format!(
             "SELECT {APPROVAL_COLUMNS} FROM approvals
-             WHERE decision IS NULL
+             WHERE approved IS NULL
                AND ($1 = '' OR run_id IN (SELECT id FROM runs WHERE session_id = $1))
-             ORDER BY requested_at, run_id, call_id"
+             ORDER BY requested_at, id"
         ))
         .bind(session_id.unwrap_or(""))
         .fetch_all(self.pool())
@@ -1135,33 +1120,60 @@ impl Store {
 
     fn approval_from_row(&self, row: &AnyRow) -> Result<Approval, StoreError> {
         let db = self.db();
-        let run_id: String = row.try_get(0).map_err(&db)?;
-        let call_id: String = row.try_get(1).map_err(&db)?;
-        let corrupt = |reason: String| StoreError::Corrupt {
-            what: format!("approval of call `{call_id}` of run `{run_id}`"),
-            reason,
+        let id: String = row.try_get(0).map_err(&db)?;
+        let arguments: String = row.try_get(6).map_err(&db)?;
+        let arguments = serde_json::from_str(&arguments).map_err(|e| StoreError::Corrupt {
+            what: format!("approval `{id}`"),
+            reason: e.to_string(),
+        })?;
+        let approved: Option<i64> = row.try_get(9).map_err(&db)?;
+        let answer = match approved {
+            None => None,
+            Some(approved) => Some(ApprovalAnswer {
+                approved: approved != 0,
+                remember: row.try_get::<i64, _>(10).map_err(&db)? != 0,
+                by: row
+                    .try_get::<Option<String>, _>(11)
+                    .map_err(&db)?
+                    .unwrap_or_default(),
+                note: row.try_get(12).map_err(&db)?,
+            }),
         };
-        let arguments: String = row.try_get(3).map_err(&db)?;
-        let arguments = serde_json::from_str(&arguments).map_err(|e| corrupt(e.to_string()))?;
-        let decision: Option<String> = row.try_get(6).map_err(&db)?;
-        let decision = decision
-            .map(|d| Decision::parse(&d).ok_or_else(|| corrupt(format!("`{d}` is not a decision"))))
-            .transpose()?;
         Ok(Approval {
+            run_id: row.try_get(1).map_err(&db)?,
             request: ApprovalRequest {
-                tool: row.try_get(2).map_err(&db)?,
+                approval_id: row.try_get(2).map_err(&db)?,
+                agent: row.try_get(3).map_err(&db)?,
+                call_id: row.try_get(4).map_err(&db)?,
+                tool: row.try_get(5).map_err(&db)?,
                 arguments,
-                reason: row.try_get(4).map_err(&db)?,
-                run_id,
-                call_id,
+                reason: row.try_get(7).map_err(&db)?,
             },
-            requested_at: row.try_get(5).map_err(&db)?,
-            decision,
-            for_session: row.try_get::<i64, _>(7).map_err(&db)? != 0,
-            decided_at: row.try_get(8).map_err(&db)?,
+            requested_at: row.try_get(8).map_err(&db)?,
+            answer,
+            decided_at: row.try_get(13).map_err(&db)?,
+            id,
         })
     }
 }
+
+/// Appends a part to an open run in one statement: the next number comes
+/// from the run's own rows (the primary key's index). SQLite runs it under
+/// its one write lock; on PostgreSQL two writers of one run could pick the
+/// same number, and the loser retries ([`APPEND_RETRIES`]).
+const APPEND_PART: &str = "INSERT INTO parts (run_id, seq, agent, depth, body, created_at)
+     SELECT $1, COALESCE((SELECT MAX(p.seq) FROM parts p WHERE p.run_id = $1), 0) + 1,
+            $2, $3, $4, $5
+     FROM runs r WHERE r.id = $1 AND r.status IN ('running', 'waiting-for-approval')
+     RETURNING seq";
+
+/// The same for the run's terminal part, inside the transaction that just
+/// gave the run its final status (`$6`).
+const APPEND_FINAL_PART: &str = "INSERT INTO parts (run_id, seq, agent, depth, body, created_at)
+     SELECT $1, COALESCE((SELECT MAX(p.seq) FROM parts p WHERE p.run_id = $1), 0) + 1,
+            $2, $3, $4, $5
+     FROM runs r WHERE r.id = $1 AND r.status = $6
+     RETURNING seq";
 
 const SESSION_SELECT: &str = "SELECT s.id, s.agent, s.title, s.created_at, s.updated_at,
         (SELECT COUNT(*) FROM messages m WHERE m.session_id = s.id)
@@ -1172,11 +1184,12 @@ const RUN_SELECT: &str = "SELECT r.id, r.session_id, r.agent, r.host, r.status, 
         COALESCE((SELECT MAX(p.seq) FROM parts p WHERE p.run_id = r.id), 0)
      FROM runs r";
 
-const CALL_COLUMNS: &str = "run_id, call_id, tool, arguments, idempotency_key, status, output, \
-                            is_error, started_at, answered_at";
+const CALL_COLUMNS: &str = "idempotency_key, run_id, agent, call_id, tool, arguments, status, \
+                            output, is_error, started_at, answered_at";
 
-const APPROVAL_COLUMNS: &str =
-    "run_id, call_id, tool, arguments, reason, requested_at, decision, for_session, decided_at";
+const APPROVAL_COLUMNS: &str = "id, run_id, loop_approval_id, agent, call_id, tool, arguments, \
+                                reason, requested_at, approved, remember, decided_by, note, \
+                                decided_at";
 
 /// A title: the first line, at most [`TITLE_CHARS`] characters.
 fn title_of(text: &str) -> String {

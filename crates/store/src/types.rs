@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use wma_agent::{AgentStreamPart, ChatMessage};
+use wma_agent::{AgentStreamPart, ApprovalAnswer, ApprovalRequest, ChatMessage};
 
 /// Milliseconds since the Unix epoch (UTC), as stored.
 pub type UnixMillis = i64;
@@ -171,17 +171,21 @@ impl std::fmt::Display for CallStatus {
 /// A consequential call as recorded before it was sent and when it answered.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CallRecord {
+    /// 32 random hex digits the store made: the record's key, and the
+    /// idempotency key to pass to sources that accept one (so that a source
+    /// can refuse a second delivery).
+    pub idempotency_key: String,
     /// The run that made it.
     pub run_id: String,
-    /// The loop's call id.
+    /// The agent that made it (the run's, or a sub-agent's).
+    pub agent: String,
+    /// The loop's call id (unique within one agent's run, not across a
+    /// run's sub-agents: hence the key above).
     pub call_id: String,
     /// The tool's name.
     pub tool: String,
     /// The arguments it was sent with.
     pub arguments: Value,
-    /// 32 random hex digits the store made, for sources that accept an
-    /// idempotency key (so that a source can refuse a second delivery).
-    pub idempotency_key: String,
     /// Where it stands.
     pub status: CallStatus,
     /// The tool's output (or `Error [code]: message`), once answered.
@@ -194,70 +198,29 @@ pub struct CallRecord {
     pub answered_at: Option<UnixMillis>,
 }
 
-/// A person's decision on an approval.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Decision {
-    /// Run the call.
-    Approved,
-    /// Do not run it; the model reads `Error [denied]`.
-    Denied,
-}
-
-impl Decision {
-    /// The stored name (`approved`, `denied`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Approved => "approved",
-            Self::Denied => "denied",
-        }
-    }
-
-    /// Reads a stored name.
-    pub fn parse(name: &str) -> Option<Self> {
-        Some(match name {
-            "approved" => Self::Approved,
-            "denied" => Self::Denied,
-            _ => return None,
-        })
-    }
-}
-
-impl std::fmt::Display for Decision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// What an approval asks, as the host hands it to [`Store::request_approval`](crate::Store::request_approval).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ApprovalRequest {
-    /// The run that waits.
-    pub run_id: String,
-    /// The call that waits.
-    pub call_id: String,
-    /// The tool's name.
-    pub tool: String,
-    /// The call's full arguments, shown to the person.
-    pub arguments: Value,
-    /// Why it was asked (the policy's words).
-    pub reason: String,
-}
-
 /// An approval, pending or decided.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Approval {
-    /// What was asked.
-    #[serde(flatten)]
+    /// 32 random hex digits the store made: what a person's decision names
+    /// (the loop's own `approval_id` is unique only within one process).
+    pub id: String,
+    /// The run that waits.
+    pub run_id: String,
+    /// What the loop asked: agent, call, tool, full arguments, reason.
     pub request: ApprovalRequest,
     /// When it was asked.
     pub requested_at: UnixMillis,
-    /// The decision, once given.
-    pub decision: Option<Decision>,
-    /// Whether the decision holds for the rest of the session.
-    pub for_session: bool,
-    /// When it was decided.
+    /// The answer, once given.
+    pub answer: Option<ApprovalAnswer>,
+    /// When it was answered.
     pub decided_at: Option<UnixMillis>,
+}
+
+impl Approval {
+    /// True while no answer was given.
+    pub fn is_pending(&self) -> bool {
+        self.answer.is_none()
+    }
 }
 
 /// What [`Store::open`](crate::Store::open) found of this host's work that

@@ -1,0 +1,884 @@
+//! The store's behaviour, each test body run on SQLite and on a real
+//! PostgreSQL server (wma-testkit's `PostgresServer`, which needs Debian's
+//! `postgresql` package: `scripts/install-peers.sh` installs it).
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use sqlx::Row;
+use wma_agent::{
+    AgentStreamPart, ApprovalAnswer, ApprovalRequest, ChatMessage, FinishReason, ToolCall,
+};
+use wma_store::{CallStatus, RunStatus, SCHEMA_VERSION, Store, StoreError, StoreOptions};
+use wma_testkit::PostgresServer;
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Sqlite,
+    Postgres,
+}
+
+/// A fresh database of one kind, kept alive as long as this is.
+struct Db {
+    options: StoreOptions,
+    _dir: tempfile::TempDir,
+    _server: Option<Arc<PostgresServer>>,
+}
+
+impl Db {
+    fn new(kind: Kind) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        match kind {
+            Kind::Sqlite => Self {
+                options: StoreOptions::in_data_dir(dir.path().join("data")),
+                _dir: dir,
+                _server: None,
+            },
+            Kind::Postgres => {
+                let server = PostgresServer::shared().unwrap_or_else(|e| panic!("{e}"));
+                let url = server.create_database().unwrap_or_else(|e| panic!("{e}"));
+                Self {
+                    options: StoreOptions::in_data_dir(dir.path()).with_database_url(url),
+                    _dir: dir,
+                    _server: Some(server),
+                }
+            }
+        }
+    }
+
+    fn options(&self, host: &str) -> StoreOptions {
+        self.options.clone().with_host(host)
+    }
+
+    async fn open(&self) -> Store {
+        Store::open(self.options.clone())
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// The database's URL, for the test's own queries.
+    fn url(&self) -> String {
+        match &self.options.database_url {
+            Some(url) => url.clone(),
+            None => format!(
+                "sqlite://{}",
+                self.options
+                    .data_dir
+                    .join(wma_store::DEFAULT_DB_FILE)
+                    .display()
+            ),
+        }
+    }
+}
+
+/// One test body, two backends: `name::sqlite` and `name::postgres`.
+macro_rules! on_both {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                super::$name(super::Kind::Sqlite).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                super::$name(super::Kind::Postgres).await
+            }
+        }
+    )*};
+}
+
+on_both!(
+    sessions_crud,
+    concurrent_runs_keep_their_order,
+    read_after_n_returns_exactly_the_missed_parts,
+    terminal_parts_end_the_run,
+    reopen_after_a_drop_marks_runs_interrupted_and_keeps_approvals,
+    a_writer_killed_mid_write_leaves_a_whole_log,
+    migrations_run_once_and_a_newer_schema_is_refused,
+);
+
+fn text(t: &str) -> AgentStreamPart {
+    AgentStreamPart::Text {
+        text: t.to_string(),
+    }
+}
+
+fn question(agent: &str, call_id: &str) -> ApprovalRequest {
+    ApprovalRequest {
+        approval_id: "approval-1".to_string(),
+        agent: agent.to_string(),
+        call_id: call_id.to_string(),
+        tool: "place_order".to_string(),
+        arguments: json!({"cart": "c-1", "total": 129.5}),
+        reason: "place_order is consequential".to_string(),
+    }
+}
+
+async fn sessions_crud(kind: Kind) {
+    let db = Db::new(kind);
+    let store = db.open().await;
+    let first = store.create_session("shopper", "").await.unwrap();
+    let second = store
+        .create_session("planner", "Trip to Oslo")
+        .await
+        .unwrap();
+    assert_eq!(first.id.len(), 32);
+    assert_ne!(first.id, second.id);
+
+    let history = vec![
+        ChatMessage::user("Find a waterproof backpack\nunder 100 euros"),
+        ChatMessage::assistant_calls(
+            "",
+            vec![ToolCall::new(
+                "call_1_1",
+                "search_products",
+                json!({"query": "backpack"}),
+            )],
+        ),
+        ChatMessage::tool_result("call_1_1", "search_products", r#"[{"id":"p-17"}]"#),
+        ChatMessage::assistant("The Summit 30L (p-17) is waterproof."),
+    ];
+    assert_eq!(
+        store
+            .append_messages(&first.id, &history[..2])
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(
+        store
+            .append_messages(&first.id, &history[2..])
+            .await
+            .unwrap(),
+        4
+    );
+    let read = store
+        .session_with_messages(&first.id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        read.messages, history,
+        "messages come back whole and in order"
+    );
+    assert_eq!(read.session.message_count, 4);
+    assert_eq!(read.session.agent, "shopper");
+    assert_eq!(
+        read.session.title, "Find a waterproof backpack",
+        "an untitled session is named by its first request"
+    );
+    // A later user message does not rename it, nor one with a title.
+    store
+        .append_messages(&second.id, &[ChatMessage::user("Book a hotel")])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.session(&second.id).await.unwrap().unwrap().title,
+        "Trip to Oslo"
+    );
+
+    let listed = store.list_sessions(10).await.unwrap();
+    assert_eq!(listed.len(), 2);
+    assert_eq!(listed[0].id, second.id, "the most recently updated first");
+    assert_eq!(store.list_sessions(1).await.unwrap().len(), 1);
+
+    let run = store.start_run(&first.id, "shopper", None).await.unwrap();
+    store
+        .append_part(&run.id, "shopper", 0, &text("hello"))
+        .await
+        .unwrap();
+    let key = store
+        .begin_call(&run.id, "shopper", "call_1_1", "place_order", &json!({}))
+        .await
+        .unwrap()
+        .idempotency_key;
+    store
+        .request_approval(&run.id, &question("shopper", "call_1_2"))
+        .await
+        .unwrap();
+
+    assert!(matches!(
+        store.append_messages("no-such-session", &history).await,
+        Err(StoreError::SessionNotFound(_))
+    ));
+    assert!(matches!(
+        store.start_run("no-such-session", "shopper", None).await,
+        Err(StoreError::SessionNotFound(_))
+    ));
+
+    assert!(store.delete_session(&first.id).await.unwrap());
+    assert!(store.session(&first.id).await.unwrap().is_none());
+    assert!(store.messages(&first.id).await.unwrap().is_empty());
+    assert!(
+        store.run(&run.id).await.unwrap().is_none(),
+        "its runs go with it"
+    );
+    assert!(matches!(
+        store.parts_after(&run.id, 0).await,
+        Err(StoreError::RunNotFound(_))
+    ));
+    assert!(store.call(&key).await.unwrap().is_none());
+    assert!(store.pending_approvals(None).await.unwrap().is_empty());
+    assert!(!store.delete_session(&first.id).await.unwrap());
+    assert_eq!(store.list_sessions(10).await.unwrap().len(), 1);
+}
+
+async fn concurrent_runs_keep_their_order(kind: Kind) {
+    const RUNS: usize = 4;
+    const PARTS: u64 = 40;
+    let db = Db::new(kind);
+    // Two stores on one database, as two host processes would be, each
+    // with two runs appending at once.
+    let stores = [
+        Store::open(db.options("host-a")).await.unwrap(),
+        Store::open(db.options("host-b")).await.unwrap(),
+    ];
+    let session = stores[0].create_session("shopper", "").await.unwrap();
+    let mut runs = Vec::new();
+    for i in 0..RUNS {
+        let store = &stores[i % 2];
+        runs.push(
+            store
+                .start_run(&session.id, "shopper", None)
+                .await
+                .unwrap()
+                .id,
+        );
+    }
+    let mut writers = Vec::new();
+    for (i, run) in runs.iter().enumerate() {
+        let store = stores[i % 2].clone();
+        let run = run.clone();
+        writers.push(tokio::spawn(async move {
+            for n in 1..=PARTS {
+                let seq = store
+                    .append_part(&run, "shopper", 0, &text(&format!("{run}:{n}")))
+                    .await
+                    .unwrap_or_else(|e| panic!("append {n} to {run}: {e}"));
+                assert_eq!(seq, n, "each run numbers its own parts 1, 2, 3…");
+            }
+        }));
+    }
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    for run in &runs {
+        let parts = stores[0].parts_after(run, 0).await.unwrap();
+        let seqs: Vec<u64> = parts.iter().map(|p| p.seq).collect();
+        assert_eq!(seqs, (1..=PARTS).collect::<Vec<_>>());
+        for part in &parts {
+            assert_eq!(
+                part.part,
+                text(&format!("{run}:{}", part.seq)),
+                "no part of another run"
+            );
+        }
+        assert_eq!(stores[1].run(run).await.unwrap().unwrap().last_seq, PARTS);
+    }
+}
+
+async fn read_after_n_returns_exactly_the_missed_parts(kind: Kind) {
+    let db = Db::new(kind);
+    let store = db.open().await;
+    let session = store.create_session("shopper", "").await.unwrap();
+    let run = store
+        .start_run(&session.id, "shopper", Some("run-1"))
+        .await
+        .unwrap();
+    assert_eq!(run.id, "run-1", "the host's own run id is kept");
+    let parts = vec![
+        AgentStreamPart::MessageStart { step: 1 },
+        AgentStreamPart::ToolCall {
+            call_id: "call_1_1".into(),
+            name: "catalog_agent".into(),
+            arguments: json!({"task": "find a backpack"}),
+        },
+        AgentStreamPart::MessageStart { step: 1 },
+        AgentStreamPart::ToolCall {
+            call_id: "call_1_1".into(),
+            name: "search_products".into(),
+            arguments: json!({"query": "backpack"}),
+        },
+        AgentStreamPart::ToolResult {
+            call_id: "call_1_1".into(),
+            name: "search_products".into(),
+            output: "[]".into(),
+        },
+        text("Nothing found."),
+        AgentStreamPart::Finish {
+            reason: FinishReason::Stop,
+        },
+        AgentStreamPart::ToolResult {
+            call_id: "call_1_1".into(),
+            name: "catalog_agent".into(),
+            output: "Nothing found.".into(),
+        },
+        text("The catalog has no backpack."),
+    ];
+    let depth = |i: usize| if (2..=6).contains(&i) { 1 } else { 0 };
+    for (i, part) in parts.iter().enumerate() {
+        let agent = if depth(i) == 1 {
+            "catalog_agent"
+        } else {
+            "shopper"
+        };
+        let seq = store
+            .append_part("run-1", agent, depth(i), part)
+            .await
+            .unwrap();
+        assert_eq!(seq, i as u64 + 1);
+    }
+    // A sub-agent's finish (depth 1) does not end the run.
+    assert_eq!(
+        store.run("run-1").await.unwrap().unwrap().status,
+        RunStatus::Running
+    );
+
+    let all = store.parts_after("run-1", 0).await.unwrap();
+    assert_eq!(
+        all.iter().map(|p| p.part.clone()).collect::<Vec<_>>(),
+        parts
+    );
+    assert_eq!(all[3].agent, "catalog_agent");
+    assert_eq!(all[3].depth, 1);
+    assert_eq!(all[7].depth, 0);
+
+    let missed = store.parts_after("run-1", 6).await.unwrap();
+    assert_eq!(
+        missed.iter().map(|p| p.seq).collect::<Vec<_>>(),
+        vec![7, 8, 9]
+    );
+    assert_eq!(
+        missed.iter().map(|p| p.part.clone()).collect::<Vec<_>>(),
+        parts[6..]
+    );
+    assert!(store.parts_after("run-1", 9).await.unwrap().is_empty());
+    assert!(store.parts_after("run-1", 1000).await.unwrap().is_empty());
+    assert!(matches!(
+        store.parts_after("no-such-run", 0).await,
+        Err(StoreError::RunNotFound(_))
+    ));
+    assert!(matches!(
+        store
+            .append_part("no-such-run", "shopper", 0, &text("x"))
+            .await,
+        Err(StoreError::RunNotFound(_))
+    ));
+    assert!(matches!(
+        store.start_run(&session.id, "shopper", Some("run-1")).await,
+        Err(StoreError::RunExists(_))
+    ));
+}
+
+async fn terminal_parts_end_the_run(kind: Kind) {
+    let db = Db::new(kind);
+    let store = db.open().await;
+    let session = store.create_session("shopper", "").await.unwrap();
+    let finished = store
+        .start_run(&session.id, "shopper", None)
+        .await
+        .unwrap()
+        .id;
+    store
+        .append_part(&finished, "shopper", 0, &text("Done."))
+        .await
+        .unwrap();
+    let finish = AgentStreamPart::Finish {
+        reason: FinishReason::Stop,
+    };
+    assert_eq!(
+        store
+            .append_part(&finished, "shopper", 0, &finish)
+            .await
+            .unwrap(),
+        2
+    );
+    let run = store.run(&finished).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Finished);
+    assert_eq!(run.last_seq, 2);
+    let after = store
+        .append_part(&finished, "shopper", 0, &text("late"))
+        .await;
+    assert!(
+        matches!(&after, Err(StoreError::RunEnded { status, .. }) if status == "finished"),
+        "{after:?}"
+    );
+    assert_eq!(store.parts_after(&finished, 0).await.unwrap().len(), 2);
+
+    let failed = store
+        .start_run(&session.id, "shopper", None)
+        .await
+        .unwrap()
+        .id;
+    let error = AgentStreamPart::Error {
+        message: "The on-device model failed".into(),
+    };
+    store
+        .append_part(&failed, "shopper", 0, &error)
+        .await
+        .unwrap();
+    let run = store.run(&failed).await.unwrap().unwrap();
+    assert_eq!(run.status, RunStatus::Failed);
+    assert_eq!(run.error.as_deref(), Some("The on-device model failed"));
+    assert!(matches!(
+        store
+            .begin_call(&failed, "shopper", "call_2_1", "place_order", &json!({}))
+            .await,
+        Err(StoreError::RunEnded { .. })
+    ));
+
+    let stopped = store
+        .start_run(&session.id, "shopper", None)
+        .await
+        .unwrap()
+        .id;
+    let run = store
+        .set_run_status(&stopped, RunStatus::Interrupted)
+        .await
+        .unwrap();
+    assert_eq!(run.status, RunStatus::Interrupted);
+    assert!(matches!(
+        store.set_run_status(&stopped, RunStatus::Running).await,
+        Err(StoreError::RunEnded { .. })
+    ));
+    let runs = store.runs_of_session(&session.id).await.unwrap();
+    assert_eq!(
+        runs.iter().map(|r| r.status).collect::<Vec<_>>(),
+        vec![
+            RunStatus::Finished,
+            RunStatus::Failed,
+            RunStatus::Interrupted
+        ]
+    );
+}
+
+async fn reopen_after_a_drop_marks_runs_interrupted_and_keeps_approvals(kind: Kind) {
+    let db = Db::new(kind);
+    let store = db.open().await;
+    let session = store.create_session("shopper", "").await.unwrap();
+    let running = store
+        .start_run(&session.id, "shopper", None)
+        .await
+        .unwrap()
+        .id;
+    let waiting = store
+        .start_run(&session.id, "shopper", None)
+        .await
+        .unwrap()
+        .id;
+    store
+        .append_part(&running, "shopper", 0, &text("working"))
+        .await
+        .unwrap();
+    let answered = store
+        .begin_call(
+            &running,
+            "shopper",
+            "call_1_1",
+            "add_to_cart",
+            &json!({"id": "p-17"}),
+        )
+        .await
+        .unwrap();
+    store
+        .finish_call(&answered.idempotency_key, "added", false)
+        .await
+        .unwrap();
+    let in_flight = store
+        .begin_call(
+            &running,
+            "cart_agent",
+            "call_1_1",
+            "place_order",
+            &json!({"cart": "c-1"}),
+        )
+        .await
+        .unwrap();
+    assert_ne!(in_flight.idempotency_key, answered.idempotency_key);
+    let approval = store
+        .request_approval(&waiting, &question("shopper", "call_1_1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.run(&waiting).await.unwrap().unwrap().status,
+        RunStatus::WaitingForApproval
+    );
+    // Another host's run on the same database is not this host's to
+    // interrupt.
+    let other = Store::open(db.options("other-host")).await.unwrap();
+    let elsewhere = other
+        .start_run(&session.id, "shopper", None)
+        .await
+        .unwrap()
+        .id;
+
+    // The host goes away without closing anything.
+    drop(store);
+
+    let store = db.open().await;
+    let recovery = store.recovery();
+    assert_eq!(recovery.interrupted_runs, vec![running.clone()]);
+    assert_eq!(recovery.waiting_runs, vec![waiting.clone()]);
+    assert_eq!(recovery.in_doubt_calls.len(), 1);
+    assert_eq!(
+        recovery.in_doubt_calls[0].idempotency_key,
+        in_flight.idempotency_key
+    );
+    assert_eq!(recovery.in_doubt_calls[0].agent, "cart_agent");
+
+    assert_eq!(
+        store.run(&running).await.unwrap().unwrap().status,
+        RunStatus::Interrupted
+    );
+    assert_eq!(
+        store.run(&elsewhere).await.unwrap().unwrap().status,
+        RunStatus::Running
+    );
+    let calls = store.calls_of_run(&running).await.unwrap();
+    assert_eq!(
+        calls.iter().map(|c| c.status).collect::<Vec<_>>(),
+        vec![CallStatus::Answered, CallStatus::InDoubt]
+    );
+    assert_eq!(calls[0].output.as_deref(), Some("added"));
+    assert_eq!(store.in_doubt_calls().await.unwrap().len(), 1);
+    // In doubt stays in doubt: no late answer, and the interrupted run
+    // sends nothing more.
+    assert!(matches!(
+        store
+            .finish_call(&in_flight.idempotency_key, "ordered", false)
+            .await,
+        Err(StoreError::CallNotInFlight { .. })
+    ));
+    assert!(matches!(
+        store
+            .begin_call(
+                &running,
+                "cart_agent",
+                "call_1_1",
+                "place_order",
+                &json!({})
+            )
+            .await,
+        Err(StoreError::RunEnded { .. })
+    ));
+
+    // The pending approval survived and is decided now; the run goes on.
+    let pending = store.pending_approvals(Some(&session.id)).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].id, approval.id);
+    assert_eq!(pending[0].request, question("shopper", "call_1_1"));
+    let decided = store
+        .decide_approval(&approval.id, &ApprovalAnswer::approve().remembered())
+        .await
+        .unwrap();
+    assert_eq!(decided.answer, Some(ApprovalAnswer::approve().remembered()));
+    assert!(decided.decided_at.is_some());
+    assert_eq!(
+        store.run(&waiting).await.unwrap().unwrap().status,
+        RunStatus::Running
+    );
+    assert!(store.pending_approvals(None).await.unwrap().is_empty());
+    assert!(matches!(
+        store.decide_approval(&approval.id, &ApprovalAnswer::deny()).await,
+        Err(StoreError::AlreadyDecided { decision, .. }) if decision == "approved"
+    ));
+    assert!(matches!(
+        store
+            .decide_approval("no-such-approval", &ApprovalAnswer::deny())
+            .await,
+        Err(StoreError::ApprovalNotFound(_))
+    ));
+    assert_eq!(
+        store
+            .append_part(&waiting, "shopper", 0, &text("ordered"))
+            .await
+            .unwrap(),
+        1
+    );
+    store.close().await;
+}
+
+/// Set in the child process of [`a_writer_killed_mid_write_leaves_a_whole_log`]:
+/// the database it writes to.
+const CHILD_URL: &str = "WMA_STORE_TEST_CHILD_URL";
+
+/// In the child process: sets up a run waiting for approval and a run with
+/// a consequential call in flight, then appends parts to the second until
+/// it is killed, printing each durable sequence number.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_writer() {
+    let Some(url) = std::env::var_os(CHILD_URL) else {
+        return; // only the child does anything
+    };
+    let options = StoreOptions::in_data_dir(".").with_database_url(url.to_string_lossy());
+    let store = Store::open(options).await.unwrap();
+    let session = store.create_session("shopper", "").await.unwrap();
+    let waiting = store
+        .start_run(&session.id, "shopper", None)
+        .await
+        .unwrap()
+        .id;
+    let approval = store
+        .request_approval(&waiting, &question("shopper", "call_1_1"))
+        .await
+        .unwrap();
+    let running = store
+        .start_run(&session.id, "shopper", None)
+        .await
+        .unwrap()
+        .id;
+    let call = store
+        .begin_call(
+            &running,
+            "shopper",
+            "call_1_1",
+            "place_order",
+            &json!({"cart": "c-1"}),
+        )
+        .await
+        .unwrap();
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "READY {waiting} {running} {} {}",
+        approval.id, call.idempotency_key
+    )
+    .unwrap();
+    out.flush().unwrap();
+    let long = "x".repeat(4096);
+    for n in 1.. {
+        let seq = store
+            .append_part(&running, "shopper", 0, &text(&format!("{n} {long}")))
+            .await
+            .unwrap();
+        writeln!(out, "DURABLE {seq}").unwrap();
+        out.flush().unwrap();
+    }
+}
+
+async fn a_writer_killed_mid_write_leaves_a_whole_log(kind: Kind) {
+    let db = Db::new(kind);
+    // The schema first, so that the child only writes.
+    db.open().await.close().await;
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args(["child_writer", "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_URL, db.url())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut ready = None;
+    let mut durable = 0u64;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        // libtest's own "test child_writer ... " may start the line.
+        if let Some((_, rest)) = line.split_once("READY ") {
+            ready = Some(rest.split(' ').map(str::to_string).collect::<Vec<_>>());
+        } else if let Some(seq) = line.strip_prefix("DURABLE ") {
+            durable = seq.parse().unwrap();
+            if durable >= 30 {
+                break;
+            }
+        }
+    }
+    let ready = ready.expect("the child never got ready");
+    let (waiting, running, approval, call) = (&ready[0], &ready[1], &ready[2], &ready[3]);
+    // SIGKILL while it keeps appending: no chance to finish or close.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(lines);
+
+    let store = db.open().await;
+    assert_eq!(store.recovery().interrupted_runs, vec![running.clone()]);
+    assert_eq!(store.recovery().waiting_runs, vec![waiting.clone()]);
+    assert_eq!(
+        store.run(running).await.unwrap().unwrap().status,
+        RunStatus::Interrupted
+    );
+    let parts = store.parts_after(running, 0).await.unwrap();
+    assert!(
+        parts.len() as u64 >= durable,
+        "the child was told {durable} parts were durable, the log has {}",
+        parts.len()
+    );
+    for (i, part) in parts.iter().enumerate() {
+        assert_eq!(part.seq, i as u64 + 1, "no gap and no torn part");
+        let AgentStreamPart::Text { text } = &part.part else {
+            panic!("part {} is not the text written: {:?}", part.seq, part.part);
+        };
+        assert!(text.starts_with(&format!("{} ", part.seq)) && text.len() > 4096);
+    }
+    let in_doubt = store.call(call).await.unwrap().unwrap();
+    assert_eq!(in_doubt.status, CallStatus::InDoubt);
+    assert_eq!(in_doubt.arguments, json!({"cart": "c-1"}));
+    let decided = store
+        .decide_approval(approval, &ApprovalAnswer::deny().with_note("not today"))
+        .await
+        .unwrap();
+    assert_eq!(decided.answer.unwrap().note.as_deref(), Some("not today"));
+    assert_eq!(
+        store.run(waiting).await.unwrap().unwrap().status,
+        RunStatus::Running
+    );
+}
+
+async fn migrations_run_once_and_a_newer_schema_is_refused(kind: Kind) {
+    let db = Db::new(kind);
+    let store = db.open().await;
+    let session = store.create_session("shopper", "Kept").await.unwrap();
+    store.close().await;
+    let store = db.open().await;
+    assert_eq!(
+        store.session(&session.id).await.unwrap().unwrap().title,
+        "Kept"
+    );
+    store.close().await;
+
+    sqlx::any::install_default_drivers();
+    let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(&db.url())
+        .await
+        .unwrap();
+    let versions: Vec<i64> = sqlx::query("SELECT version FROM wma_schema ORDER BY version")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        versions,
+        (1..=SCHEMA_VERSION).collect::<Vec<_>>(),
+        "each migration once"
+    );
+
+    sqlx::query("INSERT INTO wma_schema (version, applied_at) VALUES ($1, 0)")
+        .bind(SCHEMA_VERSION + 1)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let refused = Store::open(db.options.clone()).await.unwrap_err();
+    assert!(
+        matches!(refused, StoreError::SchemaTooNew { found, known, .. }
+            if found == SCHEMA_VERSION + 1 && known == SCHEMA_VERSION),
+        "{refused}"
+    );
+    assert!(
+        refused
+            .to_string()
+            .contains("newer than this build of wma knows"),
+        "{refused}"
+    );
+}
+
+#[tokio::test]
+async fn a_url_of_another_database_is_refused_clearly() {
+    let error = Store::open(
+        StoreOptions::in_data_dir(".").with_database_url("mysql://wma:secret@db.example/wma"),
+    )
+    .await
+    .unwrap_err();
+    let message = error.to_string();
+    assert!(matches!(error, StoreError::BadUrl { .. }), "{message}");
+    assert!(
+        message.contains("mysql://wma:***@db.example/wma"),
+        "{message}"
+    );
+    assert!(
+        !message.contains("secret"),
+        "the password is never shown: {message}"
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_is_not_there_is_unavailable_not_a_hang() {
+    // Nothing listens on a port just taken and freed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut options = StoreOptions::in_data_dir(".")
+        .with_database_url(format!("postgres://postgres@127.0.0.1:{port}/wma"));
+    options.acquire_timeout = Duration::from_secs(2);
+    let error = tokio::time::timeout(Duration::from_secs(20), Store::open(options))
+        .await
+        .expect("opening an absent server must fail, not hang")
+        .unwrap_err();
+    assert!(error.is_unavailable(), "{error}");
+    assert!(error.to_string().contains("cannot be reached"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_going_away_is_an_error_and_coming_back_serves_again() {
+    let mut server = PostgresServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let mut options = StoreOptions::in_data_dir(".").with_database_url(server.url());
+    options.acquire_timeout = Duration::from_secs(2);
+    let store = Store::open(options).await.unwrap();
+    let session = store.create_session("shopper", "").await.unwrap();
+    let run = store
+        .start_run(&session.id, "shopper", None)
+        .await
+        .unwrap()
+        .id;
+    store
+        .append_part(&run, "shopper", 0, &text("before"))
+        .await
+        .unwrap();
+
+    server.stop().unwrap();
+    let error = store
+        .append_part(&run, "shopper", 0, &text("during"))
+        .await
+        .unwrap_err();
+    assert!(error.is_unavailable(), "{error}");
+    assert!(
+        store
+            .session(&session.id)
+            .await
+            .unwrap_err()
+            .is_unavailable()
+    );
+
+    server.restart().unwrap();
+    // The pool reconnects by itself; the store was never reopened.
+    assert_eq!(
+        store
+            .append_part(&run, "shopper", 0, &text("after"))
+            .await
+            .unwrap(),
+        2
+    );
+    let parts = store.parts_after(&run, 0).await.unwrap();
+    assert_eq!(
+        parts.iter().map(|p| p.part.clone()).collect::<Vec<_>>(),
+        vec![text("before"), text("after")]
+    );
+}
+
+#[tokio::test]
+async fn the_sqlite_file_is_in_wal_mode_in_the_data_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("nested").join("data");
+    let store = Store::open(StoreOptions::in_data_dir(&data)).await.unwrap();
+    assert_eq!(store.backend(), wma_store::Backend::Sqlite);
+    assert!(data.join(wma_store::DEFAULT_DB_FILE).is_file());
+    store.close().await;
+    sqlx::any::install_default_drivers();
+    let url = format!(
+        "sqlite://{}",
+        data.join(wma_store::DEFAULT_DB_FILE).display()
+    );
+    let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(&url)
+        .await
+        .unwrap();
+    let mode: String = sqlx::query("PRAGMA journal_mode")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(mode, "wal");
+}
