@@ -396,3 +396,43 @@ step_timeout_secs = 600
     assert_eq!(handle.current_info().await.unwrap().provider, "onnxruntime");
     hosted.shutdown().await;
 }
+
+/// The baseline of `wma eval tasks --direct`: a task of the suite run on the
+/// served model's own tool calling, no loop, its end state checked as the
+/// loop's runs are; a task whose agent delegates is not run, and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_direct_baseline_runs_a_suite_task_on_the_servers_own_tool_calls() {
+    use webmcp_agents::eval::tasks::{load_file, run_task_direct};
+    use webmcp_agents::usage::UsageMeter;
+
+    let server = server();
+    let served = prepared(OpenAiOptions::new(server.url(), "SmolLM2-135M-Instruct")).await;
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs/tasks");
+    let todo = load_file(&root.join("todo.toml")).unwrap();
+    let task = todo.iter().find(|t| t.name == "add-dentist").unwrap();
+    // The runtime the task starts needs a provider for its agents; the
+    // direct run never asks it.
+    let meter = Arc::new(UsageMeter::new(Arc::new(
+        OpenAiProvider::new(OpenAiOptions::new(server.url(), "unused")).unwrap(),
+    )));
+    let run = tokio::time::timeout(HANG, run_task_direct(task, &served, &meter))
+        .await
+        .expect("the direct run ends");
+    assert_eq!(run.error, None, "{run:?}");
+    assert!(run.steps >= 1, "{run:?}");
+    assert!(
+        run.end == "stop" || run.end == "max-steps",
+        "ended {}: {run:?}",
+        run.end
+    );
+    // What the server counted, taken from its answers.
+    assert!(run.usage.input_tokens > 0, "{run:?}");
+    assert!(run.usage.output_tokens > 0, "{run:?}");
+    eprintln!("direct run: {run:?}");
+
+    let team = load_file(&root.join("team.toml")).unwrap();
+    let run = run_task_direct(&team[0], &served, &meter).await;
+    let why = run.error.expect("a delegating agent is not run");
+    assert!(why.contains("no delegation"), "{why}");
+    assert!(!run.solved);
+}

@@ -19,7 +19,11 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
-use wma_agent::{AgentStreamPart, ChatMessage, Policy, Provider, ToolDefinition, ToolHost};
+use wma_agent::{
+    AgentStreamPart, ChatMessage, FinishReason, Generation, Policy, PromptMessage, PromptRole,
+    Provider, ToolDefinition, ToolError, ToolErrorCode, ToolHost, validate_args,
+};
+use wma_provider_openai::OpenAiProvider;
 use wma_runtime::{ProviderSource, TaggedPart, ToolSource};
 use wma_tools::{LoopbackSite, SourceOptions, ToolSet};
 
@@ -959,6 +963,54 @@ pub async fn run_task<P: Provider + ?Sized + 'static>(
     policy: &Policy,
     provider: &Arc<UsageMeter<P>>,
 ) -> TaskRun {
+    run_task_with(task, &Driver::Loop(policy.clone()), provider).await
+}
+
+/// What drives the runs of a suite.
+#[derive(Debug, Clone)]
+pub enum Driver<'a> {
+    /// The loop, under this policy.
+    Loop(Policy),
+    /// No loop: this served model's own tool calling ([`run_task_direct`]).
+    Direct(&'a OpenAiProvider),
+}
+
+impl Driver<'_> {
+    /// The name the tables give its column (`reference`, `small-model`, `direct`).
+    pub fn name(&self) -> &str {
+        match self {
+            Self::Loop(policy) => policy.base.as_str(),
+            Self::Direct(_) => DIRECT,
+        }
+    }
+}
+
+/// The column name of [`Driver::Direct`].
+pub const DIRECT: &str = "direct";
+
+/// A task run with no loop around the model, the baseline the loop is
+/// measured against: the served model gets the agent's instructions, the
+/// request and its tools as the server's own `tools`; the `tool_calls` it
+/// answers with run as they come, in order, each result sent back as a
+/// `tool` message, until it answers without a call or the agent's step
+/// limit is reached. Nothing of the loop's is added: no system prompt of its
+/// own, no ranking (every tool of the agent is sent), no correction, repair
+/// or constraint. Arguments are checked against the tool's schema, as any
+/// host checks them, and a mismatch is sent back as the tool's error.
+/// Agents with sub-agents are not run: the baseline has no delegation.
+pub async fn run_task_direct<P: Provider + ?Sized + 'static>(
+    task: &Task,
+    served: &OpenAiProvider,
+    provider: &Arc<UsageMeter<P>>,
+) -> TaskRun {
+    run_task_with(task, &Driver::Direct(served), provider).await
+}
+
+async fn run_task_with<P: Provider + ?Sized + 'static>(
+    task: &Task,
+    driver: &Driver<'_>,
+    provider: &Arc<UsageMeter<P>>,
+) -> TaskRun {
     let work = match make_workdir(task) {
         Ok(w) => w,
         Err(e) => return TaskRun::failed(e),
@@ -982,9 +1034,30 @@ pub async fn run_task<P: Provider + ?Sized + 'static>(
     if let Err(e) = check_servers(&config) {
         return TaskRun::failed(e);
     }
-    for agent in &mut config.agents {
-        agent.policy = Some(policy.clone());
-    }
+    let direct = match driver {
+        Driver::Loop(policy) => {
+            for agent in &mut config.agents {
+                agent.policy = Some(policy.clone());
+            }
+            None
+        }
+        Driver::Direct(served) => {
+            let Some(agent) = config.agents.iter().find(|a| a.name == task.agent) else {
+                return TaskRun::failed(format!("there is no agent `{}`", task.agent));
+            };
+            if !agent.sub_agents.is_empty() {
+                return TaskRun::failed(format!(
+                    "not run: `{}` delegates to sub-agents, and the direct baseline has no delegation",
+                    agent.name
+                ));
+            }
+            Some(Direct {
+                served,
+                instructions: agent.instructions.clone(),
+                max_steps: agent.max_steps,
+            })
+        }
+    };
     // The suite's model, shared by every run, replaces the placeholder.
     config.providers.clear();
     let mut natives = Vec::new();
@@ -1006,7 +1079,10 @@ pub async fn run_task<P: Provider + ?Sized + 'static>(
         Ok(r) => r,
         Err(e) => return TaskRun::failed(format!("the runtime did not start: {e}")),
     };
-    let outcome = run_started(task, &runtime, &shops, &work, provider).await;
+    let outcome = match direct {
+        None => run_started(task, &runtime, &shops, &work, provider).await,
+        Some(direct) => run_started_direct(task, &runtime, &shops, &work, &direct).await,
+    };
     runtime.shutdown().await;
     drop(site);
     drop(work);
@@ -1061,17 +1137,33 @@ async fn run_started<P: Provider + ?Sized + 'static>(
     };
     let time = started.elapsed();
     let usage = Usage::of(&provider.take());
+    judge(task, runtime, shops, work, &parts, &before, time, usage).await
+}
+
+/// Reads a finished run's parts and checks the end state.
+#[allow(clippy::too_many_arguments)]
+async fn judge(
+    task: &Task,
+    runtime: &wma_runtime::Runtime,
+    shops: &[(String, Shop)],
+    work: &WorkDir,
+    parts: &[TaggedPart],
+    before: &[ToolDefinition],
+    time: Duration,
+    usage: Usage,
+) -> TaskRun {
+    let bridge = runtime.tools();
     let after = bridge.list_tools().await;
     let agents: Vec<String> = runtime
         .agents()
         .iter()
         .map(|a| a.name().to_string())
         .collect();
-    let mut run = summarize(&parts, &before, &after, &agents);
+    let mut run = summarize(parts, before, &after, &agents);
     run.time = time;
     run.usage = usage;
     let state = State {
-        parts: &parts,
+        parts,
         answer: &run.answer,
         changes: &run.changes,
         bridge: &bridge,
@@ -1088,6 +1180,180 @@ async fn run_started<P: Provider + ?Sized + 'static>(
     }
     run.solved = run.failures.is_empty();
     run
+}
+
+/// What a direct run needs of the agent and the server.
+struct Direct<'a> {
+    served: &'a OpenAiProvider,
+    instructions: Option<String>,
+    max_steps: u32,
+}
+
+async fn run_started_direct(
+    task: &Task,
+    runtime: &wma_runtime::Runtime,
+    shops: &[(String, Shop)],
+    work: &WorkDir,
+    direct: &Direct<'_>,
+) -> TaskRun {
+    let tools = match runtime.tools_of(&task.agent) {
+        Ok(t) => t,
+        Err(e) => return TaskRun::failed(e.to_string()),
+    };
+    let before = tools.list_tools().await;
+    if before.is_empty() {
+        return TaskRun::failed(
+            "no tool source offered any tool (a server or browser did not start?)".to_string(),
+        );
+    }
+    let started = Instant::now();
+    let cancel = CancellationToken::new();
+    let run = direct_run(direct, &tools, &task.agent, &task.request, &cancel);
+    let (parts, generations) = match tokio::time::timeout(RUN_LIMIT, run).await {
+        Ok(done) => done,
+        Err(_) => {
+            cancel.cancel();
+            return TaskRun::failed(format!(
+                "the run took longer than {} s",
+                RUN_LIMIT.as_secs()
+            ));
+        }
+    };
+    let time = started.elapsed();
+    judge(
+        task,
+        runtime,
+        shops,
+        work,
+        &parts,
+        &before,
+        time,
+        Usage::of(&generations),
+    )
+    .await
+}
+
+/// The plain chat-completions tool loop of [`run_task_direct`], its events
+/// written as the loop's parts so that a run is read and checked the same way.
+async fn direct_run(
+    direct: &Direct<'_>,
+    tools: &dyn ToolHost,
+    agent: &str,
+    request: &str,
+    cancel: &CancellationToken,
+) -> (Vec<TaggedPart>, Vec<Generation>) {
+    let part = |part: AgentStreamPart| TaggedPart::new(agent, 0, part);
+    let mut parts = Vec::new();
+    let mut generations = Vec::new();
+    let mut messages = Vec::new();
+    if let Some(instructions) = &direct.instructions {
+        messages.push(PromptMessage::new(PromptRole::System, instructions.clone()));
+    }
+    messages.push(PromptMessage::new(PromptRole::User, request));
+    let mut next_call = 0usize;
+    for step in 1..=direct.max_steps {
+        parts.push(part(AgentStreamPart::MessageStart { step }));
+        // Listed every step, as a host would: a page's tools change as it navigates.
+        let offered = tools.list_tools().await;
+        let started = Instant::now();
+        let reply = match direct
+            .served
+            .direct(&messages, &offered, cancel.clone())
+            .await
+        {
+            Ok(reply) => reply,
+            Err(error) => {
+                parts.push(part(AgentStreamPart::Error {
+                    message: error.to_string(),
+                }));
+                return (parts, generations);
+            }
+        };
+        generations.push(Generation {
+            text: reply.content.clone(),
+            input_tokens: reply.input_tokens,
+            output_tokens: reply.output_tokens,
+            total_time: Some(started.elapsed()),
+            finish_reason: reply.finish_reason.clone(),
+            ..Generation::default()
+        });
+        if reply.calls.is_empty() {
+            if !reply.content.trim().is_empty() {
+                parts.push(part(AgentStreamPart::Text {
+                    text: reply.content.trim().to_string(),
+                }));
+            }
+            parts.push(part(AgentStreamPart::Finish {
+                reason: FinishReason::Stop,
+            }));
+            return (parts, generations);
+        }
+        // The assistant turn as the loop writes calls, one JSON object a
+        // line; the served provider sends it back as `tool_calls`.
+        let mut written = Vec::new();
+        let mut answers = Vec::new();
+        for (name, arguments) in reply.calls {
+            next_call += 1;
+            let call_id = format!("call-{next_call}");
+            let arguments = arguments.unwrap_or(Value::Null);
+            written.push(serde_json::json!({"name": name, "arguments": arguments}).to_string());
+            let outcome = match offered.iter().find(|t| t.name == name) {
+                None => Err(ToolError::new(
+                    ToolErrorCode::UnknownTool,
+                    format!("there is no tool `{name}`"),
+                )),
+                Some(tool) => match validate_args(&tool.input_schema, &arguments) {
+                    Err(why) => Err(ToolError::new(
+                        ToolErrorCode::InvalidArguments,
+                        why.to_string(),
+                    )),
+                    Ok(()) => {
+                        parts.push(part(AgentStreamPart::ToolCall {
+                            call_id: call_id.clone(),
+                            name: name.clone(),
+                            arguments: arguments.clone(),
+                        }));
+                        tools.call_tool(&name, arguments, cancel.clone()).await
+                    }
+                },
+            };
+            let answer = match outcome {
+                Ok(output) => {
+                    parts.push(part(AgentStreamPart::ToolResult {
+                        call_id,
+                        name,
+                        output: output.clone(),
+                    }));
+                    output
+                }
+                Err(error) => {
+                    let told = error.to_string();
+                    parts.push(part(AgentStreamPart::ToolError {
+                        call_id,
+                        name,
+                        error,
+                    }));
+                    told
+                }
+            };
+            answers.push(answer);
+        }
+        let mut turn = reply.content.trim().to_string();
+        for call in written {
+            if !turn.is_empty() {
+                turn.push('\n');
+            }
+            turn.push_str(&call);
+        }
+        messages.push(PromptMessage::new(PromptRole::Assistant, turn));
+        for answer in answers {
+            messages.push(PromptMessage::new(PromptRole::Tool, answer));
+        }
+    }
+    parts.push(part(AgentStreamPart::Finish {
+        reason: FinishReason::MaxSteps,
+    }));
+    (parts, generations)
 }
 
 /// Reads a run's parts: steps, rules, calls that change things, the answer,
@@ -1330,12 +1596,26 @@ pub struct TaskResult {
     pub runs: Vec<TaskRun>,
 }
 
-/// Runs every task `runs` times under each policy (runs of a task under
-/// different policies share seeds, so they are compared run by run).
-/// `on_run` hears of each run as it ends (task, policy, run number).
+/// Runs every task `runs` times under each policy: [`run_suite_with`]
+/// with the loop as every driver.
 pub async fn run_suite<P: Provider + SeedPerRun + 'static>(
     tasks: &[Task],
     policies: &[Policy],
+    runs: usize,
+    provider: Arc<P>,
+    on_run: impl FnMut(&Task, &str, usize, &TaskRun),
+) -> Vec<TaskResult> {
+    let drivers: Vec<Driver<'_>> = policies.iter().cloned().map(Driver::Loop).collect();
+    run_suite_with(tasks, &drivers, runs, provider, on_run).await
+}
+
+/// Runs every task `runs` times under each driver: the loop under a
+/// policy, or a served model's own tool calling (runs of a task under
+/// different drivers share seeds, so they are compared run by run).
+/// `on_run` hears of each run as it ends (task, driver name, run number).
+pub async fn run_suite_with<P: Provider + SeedPerRun + 'static>(
+    tasks: &[Task],
+    drivers: &[Driver<'_>],
     runs: usize,
     provider: Arc<P>,
     mut on_run: impl FnMut(&Task, &str, usize, &TaskRun),
@@ -1343,12 +1623,12 @@ pub async fn run_suite<P: Provider + SeedPerRun + 'static>(
     let meter = Arc::new(UsageMeter::new(provider.clone()));
     let mut results = Vec::new();
     for task in tasks {
-        for policy in policies {
-            let name = policy.base.as_str().to_string();
+        for driver in drivers {
+            let name = driver.name().to_string();
             let mut done = Vec::new();
             for i in 0..runs {
                 provider.seed_run(i);
-                let run = run_task(task, policy, &meter).await;
+                let run = run_task_with(task, driver, &meter).await;
                 on_run(task, &name, i + 1, &run);
                 done.push(run);
             }
