@@ -278,6 +278,12 @@ struct TasksArgs {
     /// Only this task; repeatable.
     #[arg(long = "task")]
     names: Vec<String>,
+    /// Also run every task with no loop: the served model of
+    /// --provider-config on its own tool calling (its `tool_calls` run in
+    /// order until it answers), in a `direct` column beside the policies.
+    /// With no --policy, `direct` is the only column.
+    #[arg(long, requires = "provider_config")]
+    direct: bool,
 }
 
 /// The config a command hosts, read (and validated) before anything starts.
@@ -682,10 +688,12 @@ async fn eval_tasks(mut args: TasksArgs) -> Result<()> {
             );
         }
     }
-    let names = if args.policies.is_empty() {
-        vec!["reference".to_string(), "small-model".to_string()]
-    } else {
+    let names = if !args.policies.is_empty() {
         args.policies.clone()
+    } else if args.direct {
+        Vec::new()
+    } else {
+        vec!["reference".to_string(), "small-model".to_string()]
     };
     let mut policies = Vec::new();
     for name in &names {
@@ -703,12 +711,22 @@ async fn eval_tasks(mut args: TasksArgs) -> Result<()> {
         args.model.seed = Some(1);
     }
     let provider = Arc::new(load_provider(&args.model).await?);
-    let total = tasks.len() * policies.len() * args.runs;
+    let mut drivers: Vec<eval::tasks::Driver<'_>> = policies
+        .into_iter()
+        .map(eval::tasks::Driver::Loop)
+        .collect();
+    if args.direct {
+        let EvalProvider::Served(served) = provider.as_ref() else {
+            bail!("--direct runs a served model's own tool calling: name an openai provider");
+        };
+        drivers.push(eval::tasks::Driver::Direct(served));
+    }
+    let total = tasks.len() * drivers.len() * args.runs;
     let mut done = 0;
     eprintln!(
-        "{} tasks x {} policies x {} runs, {}",
+        "{} tasks x {} drivers x {} runs, {}",
         tasks.len(),
-        policies.len(),
+        drivers.len(),
         args.runs,
         if args.model.temperature > 0.0 {
             format!("sampled at temperature {}", args.model.temperature)
@@ -716,11 +734,11 @@ async fn eval_tasks(mut args: TasksArgs) -> Result<()> {
             "greedy".to_string()
         }
     );
-    let results = eval::tasks::run_suite(
+    let results = eval::tasks::run_suite_with(
         &tasks,
-        &policies,
+        &drivers,
         args.runs,
-        provider,
+        provider.clone(),
         |task, policy, i, run| {
             done += 1;
             let verdict = match (&run.error, run.solved) {
