@@ -102,6 +102,14 @@ pub enum StoreError {
         /// Its answer (`approved` or `denied`).
         decision: String,
     },
+    /// A run's background log could not be written.
+    #[error("the log of run `{run_id}` could not be written: {reason}")]
+    LogFailed {
+        /// The run.
+        run_id: String,
+        /// The first failure.
+        reason: String,
+    },
     /// Something stored could not be read back.
     #[error("the stored {what} could not be read: {reason}")]
     Corrupt {

@@ -38,11 +38,13 @@
 //! ```
 
 mod error;
+mod log;
 mod schema;
 mod store;
 mod types;
 
 pub use error::StoreError;
+pub use log::RunLog;
 pub use schema::SCHEMA_VERSION;
 pub use store::{
     Backend, DEFAULT_ACQUIRE_TIMEOUT, DEFAULT_DB_FILE, DEFAULT_HOST, DEFAULT_MAX_CONNECTIONS,

@@ -11,13 +11,13 @@ use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Executor, Row};
 use wma_agent::{AgentStreamPart, ApprovalAnswer, ApprovalRequest, ChatMessage};
 
-use crate::StoreError;
 use crate::error::is_unique_violation;
 use crate::schema;
 use crate::types::{
     Approval, CallRecord, CallStatus, LoggedPart, Recovery, Run, RunStatus, Session,
     SessionWithMessages, UnixMillis,
 };
+use crate::{RunLog, StoreError};
 
 /// The SQLite file's name in the data folder.
 pub const DEFAULT_DB_FILE: &str = "wma.db";
@@ -297,7 +297,7 @@ impl Store {
         |e| StoreError::from_sqlx(&self.inner.location, e)
     }
 
-    fn pool(&self) -> &AnyPool {
+    pub(crate) fn pool(&self) -> &AnyPool {
         &self.inner.pool
     }
 
@@ -591,6 +591,12 @@ impl Store {
             created_at: now,
             updated_at: now,
         })
+    }
+
+    /// The run's log, written in the background with group commit: what a
+    /// host streaming a run uses (see [`RunLog`]).
+    pub async fn run_log(&self, run_id: &str) -> Result<RunLog, StoreError> {
+        RunLog::open(self, run_id).await
     }
 
     /// The run; `None` when there is none.

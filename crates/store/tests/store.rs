@@ -98,6 +98,7 @@ on_both!(
     reopen_after_a_drop_marks_runs_interrupted_and_keeps_approvals,
     a_writer_killed_mid_write_leaves_a_whole_log,
     migrations_run_once_and_a_newer_schema_is_refused,
+    a_run_log_commits_in_the_background_in_order,
 );
 
 fn text(t: &str) -> AgentStreamPart {
@@ -828,6 +829,7 @@ async fn postgres_going_away_is_an_error_and_coming_back_serves_again() {
         .append_part(&run, "shopper", 0, &text("before"))
         .await
         .unwrap();
+    let log = store.run_log(&run).await.unwrap();
 
     server.stop().unwrap();
     let error = store
@@ -842,6 +844,15 @@ async fn postgres_going_away_is_an_error_and_coming_back_serves_again() {
             .unwrap_err()
             .is_unavailable()
     );
+
+    // A background log reports it at its flush, after its retries, and
+    // takes no more.
+    let failed = log.append("shopper", 0, text("lost"));
+    assert_eq!(failed, 2);
+    let error = log.flush().await.unwrap_err();
+    assert!(matches!(error, StoreError::LogFailed { .. }), "{error}");
+    assert!(error.to_string().contains("cannot be reached"), "{error}");
+    assert!(log.flush().await.is_err());
 
     server.restart().unwrap();
     // The pool reconnects by itself; the store was never reopened.
@@ -881,4 +892,69 @@ async fn the_sqlite_file_is_in_wal_mode_in_the_data_folder() {
         .unwrap()
         .get(0);
     assert_eq!(mode, "wal");
+}
+
+async fn a_run_log_commits_in_the_background_in_order(kind: Kind) {
+    const PARTS: u64 = 300;
+    let db = Db::new(kind);
+    let store = db.open().await;
+    let session = store.create_session("shopper", "").await.unwrap();
+    let mut logs = Vec::new();
+    for _ in 0..3 {
+        let run = store
+            .start_run(&session.id, "shopper", None)
+            .await
+            .unwrap()
+            .id;
+        // One part through the store first: the log goes on after it.
+        store
+            .append_part(&run, "shopper", 0, &text("first"))
+            .await
+            .unwrap();
+        logs.push(store.run_log(&run).await.unwrap());
+    }
+    let mut writers = Vec::new();
+    for log in logs.clone() {
+        writers.push(tokio::spawn(async move {
+            for n in 2..=PARTS {
+                assert_eq!(log.append("catalog_agent", 1, text(&n.to_string())), n);
+                if n % 97 == 0 {
+                    log.flush().await.unwrap();
+                }
+            }
+            let finish = AgentStreamPart::Finish {
+                reason: FinishReason::Stop,
+            };
+            assert_eq!(log.append("shopper", 0, finish), PARTS + 1);
+            log.flush().await.unwrap();
+        }));
+    }
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    for log in &logs {
+        let parts = store.parts_after(log.run_id(), 0).await.unwrap();
+        assert_eq!(
+            parts.iter().map(|p| p.seq).collect::<Vec<_>>(),
+            (1..=PARTS + 1).collect::<Vec<_>>()
+        );
+        assert_eq!(parts[0].part, text("first"));
+        assert_eq!(parts[41].part, text("42"));
+        assert_eq!(
+            (parts[41].agent.as_str(), parts[41].depth),
+            ("catalog_agent", 1)
+        );
+        let run = store.run(log.run_id()).await.unwrap().unwrap();
+        assert_eq!(
+            run.status,
+            RunStatus::Finished,
+            "the terminal part ended the run"
+        );
+        assert_eq!(run.last_seq, PARTS + 1);
+    }
+    // An ended run takes no log.
+    assert!(matches!(
+        store.run_log(logs[0].run_id()).await,
+        Err(StoreError::RunEnded { .. })
+    ));
 }
