@@ -1,9 +1,11 @@
 //! What the durable run log costs a run: a scripted agent run (the
 //! scripted provider and `run_local_agent`, three tool calls and an answer,
 //! 12 parts) without persistence, and with the run started in the store
-//! and every part appended as it streams, on SQLite (a file in a temporary
-//! data folder, WAL) and on a real PostgreSQL server (started here, with
-//! PostgreSQL's default settings: fsync on).
+//! and every part persisted as it streams, on SQLite (a file in a temporary
+//! data folder, WAL, synchronous=NORMAL) and on a real PostgreSQL server
+//! (started here, with PostgreSQL's default settings: fsync on). Each
+//! backend two ways: `Store::append_part` awaited per part, and a `RunLog`
+//! (queued per part, group commit, flushed before the run counts as done).
 //!
 //! Two kinds of run: the scripted provider answering at once (so the run is
 //! only the loop's machinery, tens of microseconds: the harshest baseline),
@@ -79,13 +81,26 @@ fn script(delay: Option<Duration>) -> Vec<ScriptedReply> {
         .collect()
 }
 
-/// One run; with a store, started in it and each part appended before the
-/// next is read (as a host persists a part before it forwards it).
-/// Returns the run's time and its number of parts.
+/// How a run's parts are persisted.
+#[derive(Clone)]
+enum Persist {
+    /// Not at all.
+    Nothing,
+    /// `Store::append_part` for each part, awaited before the next is
+    /// read (durable before it is forwarded).
+    EachPart(Store, String),
+    /// `RunLog::append` for each part (queued at once, committed by the
+    /// writer in bursts), and a flush at the run's end: the whole log is
+    /// durable when the run is counted done.
+    RunLog(Store, String),
+}
+
+/// One run, persisted as `persist` says; returns its time and number of
+/// parts.
 async fn one_run(
     host: &Arc<InMemoryToolHost>,
     delay: Option<Duration>,
-    store: Option<(&Store, &str)>,
+    persist: &Persist,
 ) -> (Duration, usize) {
     let options = LocalLoopOptions {
         tools_inline: true,
@@ -99,28 +114,46 @@ async fn one_run(
     let request = AgentRunRequest::new(messages, host.clone());
     let mut stream = run_local_agent(provider, request, options);
     let mut parts = 0;
-    let run = match store {
-        Some((store, session)) => Some(
-            store
+    let (run, log) = match persist {
+        Persist::Nothing => (None, None),
+        Persist::EachPart(store, session) => {
+            let run = store
                 .start_run(session, "shopper", None)
                 .await
-                .expect("start run")
-                .id,
-        ),
-        None => None,
+                .expect("start run");
+            (Some(run.id), None)
+        }
+        Persist::RunLog(store, session) => {
+            let run = store
+                .start_run(session, "shopper", None)
+                .await
+                .expect("start run");
+            let log = store.run_log(&run.id).await.expect("run log");
+            (None, Some(log))
+        }
     };
     while let Some(part) = stream.next().await {
         parts += 1;
-        if let (Some((store, _)), Some(run)) = (store, &run) {
-            store
-                .append_part(run, "shopper", 0, &part)
-                .await
-                .expect("append");
-        }
-        std::hint::black_box(&part);
         if matches!(part, AgentStreamPart::Error { .. }) {
             panic!("the scripted run failed: {part:?}");
         }
+        match (persist, &run, &log) {
+            (Persist::EachPart(store, _), Some(run), _) => {
+                store
+                    .append_part(run, "shopper", 0, &part)
+                    .await
+                    .expect("append");
+            }
+            (_, _, Some(log)) => {
+                std::hint::black_box(log.append("shopper", 0, part));
+            }
+            _ => {
+                std::hint::black_box(&part);
+            }
+        }
+    }
+    if let Some(log) = log {
+        log.flush().await.expect("flush");
     }
     (start.elapsed(), parts)
 }
@@ -141,25 +174,24 @@ async fn measure(
     host: &Arc<InMemoryToolHost>,
     delay: Option<Duration>,
     runs: usize,
-    stores: &[(&'static str, Option<(Store, String)>)],
+    variants: &[(&'static str, Persist)],
 ) -> (Vec<Row>, usize) {
-    let mut times = vec![Vec::with_capacity(runs); stores.len()];
+    let mut times = vec![Vec::with_capacity(runs); variants.len()];
     let mut parts = 0;
     // Warm-up: connections open, statements prepared, caches filled.
-    for (_, store) in stores {
+    for (_, persist) in variants {
         for _ in 0..3 {
-            one_run(host, delay, store.as_ref().map(|(s, id)| (s, id.as_str()))).await;
+            one_run(host, delay, persist).await;
         }
     }
     for _ in 0..runs {
-        for (i, (_, store)) in stores.iter().enumerate() {
-            let (time, n) =
-                one_run(host, delay, store.as_ref().map(|(s, id)| (s, id.as_str()))).await;
+        for (i, (_, persist)) in variants.iter().enumerate() {
+            let (time, n) = one_run(host, delay, persist).await;
             times[i].push(time);
             parts = n;
         }
     }
-    let rows = stores
+    let rows = variants
         .iter()
         .zip(times)
         .map(|((name, _), times)| Row {
@@ -216,24 +248,32 @@ fn main() {
                 .expect("open PostgreSQL");
         let sqlite_session = sqlite.create_session("shopper", "bench").await.unwrap().id;
         let pg_session = pg.create_session("shopper", "bench").await.unwrap().id;
-        let stores = [
-            ("no persistence", None),
+        let variants = [
+            ("no persistence", Persist::Nothing),
             (
-                "SQLite (WAL, synchronous=NORMAL)",
-                Some((sqlite.clone(), sqlite_session)),
+                "SQLite, append_part each part",
+                Persist::EachPart(sqlite.clone(), sqlite_session.clone()),
             ),
             (
-                "PostgreSQL (defaults, fsync on)",
-                Some((pg.clone(), pg_session)),
+                "SQLite, RunLog + flush at the end",
+                Persist::RunLog(sqlite.clone(), sqlite_session),
+            ),
+            (
+                "PostgreSQL, append_part each part",
+                Persist::EachPart(pg.clone(), pg_session.clone()),
+            ),
+            (
+                "PostgreSQL, RunLog + flush at end",
+                Persist::RunLog(pg.clone(), pg_session),
             ),
         ];
-        let (rows, parts) = measure(&host, None, RUNS, &stores).await;
+        let (rows, parts) = measure(&host, None, RUNS, &variants).await;
         print(
             &format!("scripted run, replies at once, {RUNS} runs each"),
             &rows,
             parts,
         );
-        let (rows, parts) = measure(&host, Some(GENERATION), DELAYED_RUNS, &stores).await;
+        let (rows, parts) = measure(&host, Some(GENERATION), DELAYED_RUNS, &variants).await;
         print(
             &format!(
                 "scripted run, each reply after {} ms, {DELAYED_RUNS} runs each",

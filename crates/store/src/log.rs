@@ -168,9 +168,12 @@ async fn writer(store: Store, run_id: Arc<str>, mut rx: mpsc::UnboundedReceiver<
     }
 }
 
-/// One transaction: the run's row first (SQLite's write lock at once; the
-/// final status when the batch holds the run's terminal part), then the
-/// parts in multi-row inserts.
+/// A batch in as few statements as a batch can be: a batch without the
+/// run's terminal part is one multi-row INSERT (one statement commits by
+/// itself: one round trip to the database); with it, one transaction that
+/// gives the run its final status first (which takes SQLite's write lock
+/// at once) and then inserts the parts. Batches over [`ROWS_PER_INSERT`]
+/// parts are one transaction too.
 async fn write_batch(store: &Store, run_id: &str, batch: &[Queued]) -> Result<(), StoreError> {
     let db = |e| StoreError::from_sqlx(store.location(), e);
     let ending = batch.iter().find_map(|q| match &q.part {
@@ -190,65 +193,90 @@ async fn write_batch(store: &Store, run_id: &str, batch: &[Queued]) -> Result<()
         );
     }
     let now = now_ms();
+    if ending.is_none() && batch.len() <= ROWS_PER_INSERT {
+        let sql = insert_sql(batch.len());
+        return bind_parts(sqlx::query(&sql), batch, &bodies, run_id, now)
+            .execute(store.pool())
+            .await
+            .map(|_| ())
+            .map_err(db);
+    }
     let mut tx = store.pool().begin().await.map_err(db)?;
-    let (status, error) = match &ending {
-        Some((status, error)) => (status.as_str(), error.clone()),
-        None => ("", None),
-    };
-    let touched = sqlx::query(
-        "UPDATE runs SET updated_at = $2,
-             status = CASE WHEN $3 = '' THEN status ELSE $3 END,
-             error = CASE WHEN $3 = '' THEN error ELSE $4 END
-         WHERE id = $1 AND status IN ('running', 'waiting-for-approval')",
-    )
-    .bind(run_id)
-    .bind(now)
-    .bind(status)
-    .bind(error)
-    .execute(&mut *tx)
-    .await
-    .map_err(db)?;
-    if touched.rows_affected() == 0 {
-        drop(tx);
-        return Err(match store.run(run_id).await? {
-            Some(run) => StoreError::RunEnded {
-                run_id: run_id.to_string(),
-                status: run.status.to_string(),
-            },
-            None => StoreError::RunNotFound(run_id.to_string()),
-        });
+    if let Some((status, error)) = &ending {
+        let ended = sqlx::query(
+            "UPDATE runs SET status = $2, error = $3, updated_at = $4
+             WHERE id = $1 AND status IN ('running', 'waiting-for-approval')",
+        )
+        .bind(run_id)
+        .bind(status.as_str())
+        .bind(error.clone())
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+        if ended.rows_affected() == 0 {
+            drop(tx);
+            return Err(match store.run(run_id).await? {
+                Some(run) => StoreError::RunEnded {
+                    run_id: run_id.to_string(),
+                    status: run.status.to_string(),
+                },
+                None => StoreError::RunNotFound(run_id.to_string()),
+            });
+        }
     }
     for (chunk, bodies) in batch
         .chunks(ROWS_PER_INSERT)
         .zip(bodies.chunks(ROWS_PER_INSERT))
     {
-        let mut sql =
-            String::from("INSERT INTO parts (run_id, seq, agent, depth, body, created_at) VALUES ");
-        for i in 0..chunk.len() {
-            let p = i * 5;
-            if i > 0 {
-                sql.push_str(", ");
-            }
-            sql.push_str(&format!(
-                "($1, ${}, ${}, ${}, ${}, ${})",
-                p + 2,
-                p + 3,
-                p + 4,
-                p + 5,
-                p + 6
-            ));
-        }
-        let mut query = sqlx::query(&sql).bind(run_id);
-        for (q, body) in chunk.iter().zip(bodies) {
-            query = query
-                .bind(i64::try_from(q.seq).unwrap_or(i64::MAX))
-                .bind(q.agent.as_str())
-                .bind(i64::from(q.depth))
-                .bind(body.as_str())
-                .bind(now);
-        }
-        query.execute(&mut *tx).await.map_err(db)?;
+        let sql = insert_sql(chunk.len());
+        bind_parts(sqlx::query(&sql), chunk, bodies, run_id, now)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
     }
     tx.commit().await.map_err(db)?;
     Ok(())
+}
+
+/// An INSERT of `rows` parts: `$1` the run, then five values a part.
+fn insert_sql(rows: usize) -> String {
+    let mut sql =
+        String::from("INSERT INTO parts (run_id, seq, agent, depth, body, created_at) VALUES ");
+    for i in 0..rows {
+        let p = i * 5;
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(&format!(
+            "($1, ${}, ${}, ${}, ${}, ${})",
+            p + 2,
+            p + 3,
+            p + 4,
+            p + 5,
+            p + 6
+        ));
+    }
+    sql
+}
+
+type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;
+
+fn bind_parts<'q>(
+    query: AnyQuery<'q>,
+    chunk: &'q [Queued],
+    bodies: &'q [String],
+    run_id: &'q str,
+    now: i64,
+) -> AnyQuery<'q> {
+    let mut query = query.bind(run_id);
+    for (q, body) in chunk.iter().zip(bodies) {
+        query = query
+            .bind(i64::try_from(q.seq).unwrap_or(i64::MAX))
+            .bind(q.agent.as_str())
+            .bind(i64::from(q.depth))
+            .bind(body.as_str())
+            .bind(now);
+    }
+    query
 }

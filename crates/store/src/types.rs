@@ -108,7 +108,7 @@ pub struct Run {
     pub error: Option<String>,
     /// When it started.
     pub created_at: UnixMillis,
-    /// When a part was last appended or its status changed.
+    /// When its status last changed (its parts carry their own times).
     pub updated_at: UnixMillis,
 }
 
