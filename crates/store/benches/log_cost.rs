@@ -24,13 +24,13 @@ use wma_agent::{
     AgentRunRequest, AgentStreamPart, ChatMessage, LocalLoopOptions, ToolDefinition,
     run_local_agent,
 };
-use wma_store::{Store, StoreOptions};
+use wma_store::{RunLog, Store, StoreOptions};
 use wma_testkit::{InMemoryToolHost, PostgresServer, ScriptedProvider, ScriptedReply};
 
 /// Runs measured per variant with instant replies.
 const RUNS: usize = 300;
 /// Runs measured per variant with delayed replies.
-const DELAYED_RUNS: usize = 15;
+const DELAYED_RUNS: usize = 40;
 /// The delayed replies' wait: a fast generation (a small on-device model
 /// takes longer than this for a tool call of a dozen tokens).
 const GENERATION: Duration = Duration::from_millis(20);
@@ -93,6 +93,10 @@ enum Persist {
     /// writer in bursts), and a flush at the run's end: the whole log is
     /// durable when the run is counted done.
     RunLog(Store, String),
+    /// The same, the run timed up to its last part: what the log costs on
+    /// the run's own path (the flush follows, untimed, so that one run's
+    /// writes do not spill into the next).
+    RunLogUntilLastPart(Store, String),
 }
 
 /// One run, persisted as `persist` says; returns its time and number of
@@ -101,7 +105,7 @@ async fn one_run(
     host: &Arc<InMemoryToolHost>,
     delay: Option<Duration>,
     persist: &Persist,
-) -> (Duration, usize) {
+) -> (Duration, usize, Duration) {
     let options = LocalLoopOptions {
         tools_inline: true,
         ..LocalLoopOptions::default()
@@ -114,6 +118,7 @@ async fn one_run(
     let request = AgentRunRequest::new(messages, host.clone());
     let mut stream = run_local_agent(provider, request, options);
     let mut parts = 0;
+    let started = Instant::now();
     let (run, log) = match persist {
         Persist::Nothing => (None, None),
         Persist::EachPart(store, session) => {
@@ -123,15 +128,16 @@ async fn one_run(
                 .expect("start run");
             (Some(run.id), None)
         }
-        Persist::RunLog(store, session) => {
+        Persist::RunLog(store, session) | Persist::RunLogUntilLastPart(store, session) => {
             let run = store
                 .start_run(session, "shopper", None)
                 .await
                 .expect("start run");
-            let log = store.run_log(&run.id).await.expect("run log");
+            let log = RunLog::for_run(store, &run);
             (None, Some(log))
         }
     };
+    let start_cost = started.elapsed();
     while let Some(part) = stream.next().await {
         parts += 1;
         if matches!(part, AgentStreamPart::Error { .. }) {
@@ -152,10 +158,14 @@ async fn one_run(
             }
         }
     }
+    let mut elapsed = start.elapsed();
     if let Some(log) = log {
         log.flush().await.expect("flush");
+        if matches!(persist, Persist::RunLog(..)) {
+            elapsed = start.elapsed();
+        }
     }
-    (start.elapsed(), parts)
+    (elapsed, parts, start_cost)
 }
 
 fn median(mut times: Vec<Duration>) -> Duration {
@@ -166,6 +176,8 @@ fn median(mut times: Vec<Duration>) -> Duration {
 struct Row {
     name: &'static str,
     median: Duration,
+    /// Starting the run in the store (and opening its log).
+    start: Duration,
 }
 
 /// Measures the variants interleaved (one run of each in turn), so that
@@ -177,6 +189,7 @@ async fn measure(
     variants: &[(&'static str, Persist)],
 ) -> (Vec<Row>, usize) {
     let mut times = vec![Vec::with_capacity(runs); variants.len()];
+    let mut starts = vec![Vec::with_capacity(runs); variants.len()];
     let mut parts = 0;
     // Warm-up: connections open, statements prepared, caches filled.
     for (_, persist) in variants {
@@ -186,43 +199,53 @@ async fn measure(
     }
     for _ in 0..runs {
         for (i, (_, persist)) in variants.iter().enumerate() {
-            let (time, n) = one_run(host, delay, persist).await;
+            let (time, n, start) = one_run(host, delay, persist).await;
             times[i].push(time);
+            starts[i].push(start);
             parts = n;
         }
     }
     let rows = variants
         .iter()
-        .zip(times)
-        .map(|((name, _), times)| Row {
+        .zip(times.into_iter().zip(starts))
+        .map(|((name, _), (times, starts))| Row {
             name,
             median: median(times),
+            start: median(starts),
         })
         .collect();
     (rows, parts)
 }
 
+/// The table: each variant's median run, what starting the run in the
+/// store took of it, the rest of the difference to the run without
+/// persistence spread over the parts, and the whole difference in % of
+/// that run.
 fn print(title: &str, rows: &[Row], parts: usize) {
     println!("\n{title} ({parts} parts a run; medians)");
     println!(
-        "{:<34} {:>12} {:>16} {:>12}",
-        "variant", "run", "cost per part", "overhead"
+        "{:<36} {:>12} {:>12} {:>14} {:>11}",
+        "variant", "run", "run start", "cost per part", "overhead"
     );
     let base = rows[0].median.as_secs_f64();
-    for row in rows {
-        let extra = row.median.as_secs_f64() - base;
-        let (per_part, overhead) = if row.name == rows[0].name {
-            ("-".to_string(), "-".to_string())
+    for (i, row) in rows.iter().enumerate() {
+        let micros = |d: f64| format!("{:.1} µs", d * 1e6);
+        let (start, per_part, overhead) = if i == 0 {
+            ("-".to_string(), "-".to_string(), "-".to_string())
         } else {
+            let extra = row.median.as_secs_f64() - base;
+            let start = row.start.as_secs_f64();
             (
-                format!("{:.1} µs", extra * 1e6 / parts as f64),
+                micros(start),
+                micros((extra - start) / parts as f64),
                 format!("{:+.2} %", extra / base * 100.0),
             )
         };
         println!(
-            "{:<34} {:>9.1} µs {:>16} {:>12}",
+            "{:<36} {:>12} {:>12} {:>14} {:>11}",
             row.name,
-            row.median.as_secs_f64() * 1e6,
+            micros(row.median.as_secs_f64()),
+            start,
             per_part,
             overhead
         );
@@ -256,7 +279,11 @@ fn main() {
             ),
             (
                 "SQLite, RunLog + flush at the end",
-                Persist::RunLog(sqlite.clone(), sqlite_session),
+                Persist::RunLog(sqlite.clone(), sqlite_session.clone()),
+            ),
+            (
+                "SQLite, RunLog, to the last part",
+                Persist::RunLogUntilLastPart(sqlite.clone(), sqlite_session),
             ),
             (
                 "PostgreSQL, append_part each part",
@@ -264,7 +291,11 @@ fn main() {
             ),
             (
                 "PostgreSQL, RunLog + flush at end",
-                Persist::RunLog(pg.clone(), pg_session),
+                Persist::RunLog(pg.clone(), pg_session.clone()),
+            ),
+            (
+                "PostgreSQL, RunLog, to the last part",
+                Persist::RunLogUntilLastPart(pg.clone(), pg_session),
             ),
         ];
         let (rows, parts) = measure(&host, None, RUNS, &variants).await;

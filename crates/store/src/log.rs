@@ -11,7 +11,7 @@ use tokio::sync::{mpsc, oneshot};
 use wma_agent::AgentStreamPart;
 
 use crate::store::now_ms;
-use crate::{RunStatus, Store, StoreError};
+use crate::{Run, RunStatus, Store, StoreError};
 
 /// How many parts go into one INSERT statement (SQLite allows 32766
 /// parameters a statement; six a part).
@@ -71,14 +71,21 @@ impl RunLog {
                 status: run.status.to_string(),
             });
         }
+        Ok(Self::for_run(store, &run))
+    }
+
+    /// The log of a run the caller just started or read (no query: the
+    /// numbering goes on from `run.last_seq`). Starts the writer task, so
+    /// it is called within a Tokio runtime.
+    pub fn for_run(store: &Store, run: &Run) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
-        let run_id: Arc<str> = Arc::from(run_id);
+        let run_id: Arc<str> = Arc::from(run.id.as_str());
         tokio::spawn(writer(store.clone(), run_id.clone(), rx));
-        Ok(Self {
+        Self {
             run_id,
             next: Arc::new(AtomicU64::new(run.last_seq + 1)),
             tx,
-        })
+        }
     }
 
     /// The run's id.

@@ -542,7 +542,8 @@ impl Store {
 
     // ---- runs -----------------------------------------------------------
 
-    /// Starts a run of `agent` in the session, `running`, on this host.
+    /// Starts a run of `agent` in the session, `running`, on this host (one
+    /// commit; the session's `updated_at` moves with its messages).
     /// `id` is the host's run id (the one it streams); `None` makes one.
     pub async fn start_run(
         &self,
@@ -550,36 +551,26 @@ impl Store {
         agent: &str,
         id: Option<&str>,
     ) -> Result<Run, StoreError> {
-        let db = self.db();
         let now = now_ms();
         let id = id.map_or_else(new_id, str::to_string);
-        let mut tx = self.pool().begin().await.map_err(&db)?;
-        let touched = sqlx::query("UPDATE sessions SET updated_at = $2 WHERE id = $1")
-            .bind(session_id)
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .map_err(&db)?;
-        if touched.rows_affected() == 0 {
-            return Err(StoreError::SessionNotFound(session_id.to_string()));
-        }
+        // One statement (one commit): the run, only in a session that exists.
         let inserted = sqlx::query(
             "INSERT INTO runs (id, session_id, agent, host, status, error, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, 'running', NULL, $5, $5)",
+             SELECT $1, id, $2, $3, 'running', NULL, $4, $4 FROM sessions WHERE id = $5",
         )
         .bind(&id)
-        .bind(session_id)
         .bind(agent)
         .bind(&self.inner.host)
         .bind(now)
-        .execute(&mut *tx)
+        .bind(session_id)
+        .execute(self.pool())
         .await;
         match inserted {
-            Ok(_) => {}
+            Ok(done) if done.rows_affected() == 1 => {}
+            Ok(_) => return Err(StoreError::SessionNotFound(session_id.to_string())),
             Err(e) if is_unique_violation(&e) => return Err(StoreError::RunExists(id)),
-            Err(e) => return Err(db(e)),
+            Err(e) => return Err(self.db()(e)),
         }
-        tx.commit().await.map_err(&db)?;
         Ok(Run {
             id,
             session_id: session_id.to_string(),
