@@ -399,13 +399,13 @@ async fn route(server: &Server, peer: SocketAddr, request: Request<Incoming>) ->
         (&Method::GET, ["v1", "agents", agent, "runs", run, "approvals"]) => {
             match find_run(server, agent, run) {
                 Ok(run) => list_approvals(server, Some(&run)),
-                Err(response) => response,
+                Err((status, message)) => error(status, message),
             }
         }
         (&Method::POST, ["v1", "agents", agent, "runs", run, "approvals", approval]) => {
             let run = match find_run(server, agent, run) {
                 Ok(run) => run,
-                Err(response) => return response,
+                Err((status, message)) => return error(status, message),
             };
             let approval = approval.to_string();
             match read_json::<DecisionBody>(&server.options, request).await {
@@ -658,24 +658,22 @@ fn sse_event(event: &str, data: &Value) -> Bytes {
     Bytes::from(format!("event: {event}\ndata: {data}\n\n"))
 }
 
-/// The public id of a run of agent `name` this server has streaming.
-fn find_run(server: &Server, name: &str, run: &str) -> Result<String, Response<Body>> {
+/// The public id of a run of agent `name` this server has streaming, or
+/// the status and message that say why there is none.
+fn find_run(server: &Server, name: &str, run: &str) -> Result<String, (StatusCode, String)> {
     if server.api.agent(name).is_none() {
-        return Err(error(
+        return Err((
             StatusCode::NOT_FOUND,
             format!("there is no agent named `{name}`"),
         ));
     }
     if run.len() != 2 * RUN_ID_BYTES || !run.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return Err(error(
-            StatusCode::BAD_REQUEST,
-            format!("`{run}` is not a run id"),
-        ));
+        return Err((StatusCode::BAD_REQUEST, format!("`{run}` is not a run id")));
     }
     let run = run.to_ascii_lowercase();
     match server.runs.ids().get(&run) {
         Some((owner, _)) if owner == name => Ok(run),
-        _ => Err(error(
+        _ => Err((
             StatusCode::NOT_FOUND,
             format!("agent `{name}` has no run `{run}` streaming"),
         )),
