@@ -252,7 +252,21 @@ fn print(title: &str, rows: &[Row], parts: usize) {
     }
 }
 
+/// Runs per variant when `cargo test --all-targets` runs this bench: it
+/// passes no `--bench` (`cargo bench` does), and a test run wants to see
+/// every variant work, not the numbers.
+const SMOKE_RUNS: usize = 3;
+
 fn main() {
+    let smoke = !std::env::args().any(|a| a == "--bench");
+    let (runs, delayed_runs) = if smoke {
+        (SMOKE_RUNS, SMOKE_RUNS)
+    } else {
+        (RUNS, DELAYED_RUNS)
+    };
+    if smoke {
+        println!("a smoke run, {SMOKE_RUNS} runs a variant: `cargo bench` gives the numbers");
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -298,16 +312,16 @@ fn main() {
                 Persist::RunLogUntilLastPart(pg.clone(), pg_session),
             ),
         ];
-        let (rows, parts) = measure(&host, None, RUNS, &variants).await;
+        let (rows, parts) = measure(&host, None, runs, &variants).await;
         print(
-            &format!("scripted run, replies at once, {RUNS} runs each"),
+            &format!("scripted run, replies at once, {runs} runs each"),
             &rows,
             parts,
         );
-        let (rows, parts) = measure(&host, Some(GENERATION), DELAYED_RUNS, &variants).await;
+        let (rows, parts) = measure(&host, Some(GENERATION), delayed_runs, &variants).await;
         print(
             &format!(
-                "scripted run, each reply after {} ms, {DELAYED_RUNS} runs each",
+                "scripted run, each reply after {} ms, {delayed_runs} runs each",
                 GENERATION.as_millis()
             ),
             &rows,

@@ -6,7 +6,9 @@
 //! - **runs as a durable log**: each part a run streams is appended with
 //!   its sequence number (1, 2, 3… per run), which SSE sends as the event
 //!   id, so a client that reconnects with `Last-Event-ID: n` reads
-//!   [`Store::parts_after`]`(run, n)`: exactly what it missed;
+//!   [`Store::parts_after`]`(run, n)`: exactly what it missed. A streaming
+//!   host appends through a [`RunLog`], which numbers and queues a part at
+//!   once and commits bursts of parts in the background;
 //! - **consequential calls**, recorded before they are sent (with an
 //!   idempotency key) and when they answered; one that was in flight when
 //!   the host went away is `in-doubt` after it comes back, never resent;
