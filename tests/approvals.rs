@@ -386,85 +386,47 @@ fn consequential_host() -> Arc<wma_testkit::InMemoryToolHost> {
     host
 }
 
-struct Answers(Vec<ApprovalAnswer>, std::sync::Mutex<usize>);
-
-#[async_trait]
-impl Approver for Answers {
-    async fn ask(&self, _request: ApprovalRequest) -> ApprovalAnswer {
-        let mut n = self.1.lock().unwrap();
-        *n += 1;
-        self.0[*n - 1].clone()
-    }
-}
-
-// The subscriber is scoped to this test's thread, so the runtime runs on
-// the current-thread runtime.
-#[tokio::test]
+// A process of its own: `wma` installs its subscriber globally, so no
+// other test's thread-scoped subscriber can race it for the callsites.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_decision_is_an_event_on_the_calls_span() {
-    use webmcp_agents::telemetry::TelemetryConfig;
     let receiver = wma_testkit::OtlpReceiver::start().unwrap();
-    let config = TelemetryConfig {
-        log: Some("off".to_string()),
-        ..TelemetryConfig::exporting_to(receiver.endpoint())
-    };
-    let (dispatch, guard) =
-        webmcp_agents::telemetry::build(&config.resolve(|_| None).unwrap()).unwrap();
-    let scope = tracing::dispatcher::set_default(&dispatch);
-    let order =
-        |item: &str| json!({"name": "place_order", "arguments": {"item": item}}).to_string();
-    let model = ScriptedProvider::new([
-        order("tent"),
-        order("stove"),
-        "The tent is ordered; the stove was not approved.".into(),
-    ]);
-    let host = consequential_host();
-    let runtime = Runtime::builder(ProviderSource::new(move || model.clone()))
-        .tool_source(ToolSource::shared("shop", host.clone()))
-        .agent(AgentConfig::new("buyer").with_options(LocalLoopOptions {
-            tools_inline: true,
-            ..LocalLoopOptions::default()
-        }))
-        .start()
-        .await
-        .unwrap();
-    let approver = Arc::new(Answers(
-        vec![ApprovalAnswer::approve(), ApprovalAnswer::deny()],
-        std::sync::Mutex::new(0),
-    ));
-    let parts = runtime
-        .agent("buyer")
-        .unwrap()
-        .run_with(
-            vec![ChatMessage::user("Order a tent and a stove")],
-            CancellationToken::new(),
-            RunApprovals::asking(approver),
-        )
-        .await
-        .unwrap()
-        .collect_parts();
-    let parts = within("the run's end", parts).await;
-    assert_eq!(
-        host.calls().len(),
-        1,
-        "only the approved order ran: {parts:#?}"
+    let dir = workdir("spans");
+    let config = cli_config(
+        &dir,
+        &[
+            write_call(&dir, "yes.txt", "1"),
+            write_call(&dir, "no.txt", "2"),
+            "One written; the other was not approved.".into(),
+        ],
+    )
+    .display()
+    .to_string();
+    let (ok, stdout, stderr) = wma_with(
+        &[
+            "run",
+            "--config",
+            &config,
+            "--approve",
+            "ask",
+            "Write yes.txt and no.txt",
+        ],
+        "y\nn\n",
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint())],
+    )
+    .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(
+        dir.join("yes.txt").exists() && !dir.join("no.txt").exists(),
+        "{stdout}"
     );
-    guard.flush().unwrap();
-    let deadline = tokio::time::Instant::now() + HANG;
-    let tools = loop {
-        let spans = receiver.spans();
-        let tools: Vec<_> = spans
-            .into_iter()
-            .filter(|s| s.name == "execute_tool place_order")
-            .collect();
-        if tools.len() == 2 {
-            break tools;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "two tool spans: {tools:#?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    // The command flushed its spans before it ended.
+    let tools: Vec<_> = receiver
+        .spans()
+        .into_iter()
+        .filter(|s| s.name == "execute_tool write_file")
+        .collect();
+    assert_eq!(tools.len(), 2, "two tool spans: {:#?}", receiver.spans());
     let mut decisions = Vec::new();
     for span in &tools {
         let names: Vec<&str> = span.events.iter().map(|e| e.name.as_str()).collect();
@@ -473,23 +435,27 @@ async fn each_decision_is_an_event_on_the_calls_span() {
             vec!["approval-requested", "approval-decided"],
             "{span:#?}"
         );
-        let decided = &span.events[1];
-        decisions.push((
-            decided
-                .attributes
-                .get("wma.approval.decision")
-                .and_then(|v| v.as_str())
-                .map(str::to_string),
-            span.str_attr("error.type").map(str::to_string),
-        ));
         assert!(
             span.events[0]
                 .attributes
                 .get("wma.approval.reason")
                 .and_then(|v| v.as_str())
-                .is_some_and(|r| r.contains("place_order")),
+                .is_some_and(|r| r.contains("write_file")),
             "{span:#?}"
         );
+        let decided = &span.events[1];
+        let attr = |key: &str| {
+            decided
+                .attributes
+                .get(key)
+                .and_then(|v| v.as_str())
+                .map(str::to_string)
+        };
+        assert_eq!(attr("wma.approval.by").as_deref(), Some("person"));
+        decisions.push((
+            attr("wma.approval.decision"),
+            span.str_attr("error.type").map(str::to_string),
+        ));
     }
     decisions.sort();
     assert_eq!(
@@ -499,9 +465,6 @@ async fn each_decision_is_an_event_on_the_calls_span() {
             (Some("denied".to_string()), Some("denied".to_string())),
         ]
     );
-    runtime.shutdown().await;
-    drop(scope);
-    drop(guard);
 }
 
 // ---------------------------------------------------------------------------
@@ -966,8 +929,14 @@ tools = ["files"]
 
 /// Runs `wma ARGS` with `stdin` piped in; returns (success, stdout, stderr).
 async fn wma(args: &[&str], stdin: &str) -> (bool, String, String) {
+    wma_with(args, stdin, &[]).await
+}
+
+/// [`wma`] with these environment variables set.
+async fn wma_with(args: &[&str], stdin: &str, env: &[(&str, &str)]) -> (bool, String, String) {
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_wma"))
         .args(args)
+        .envs(env.iter().copied())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -1093,4 +1062,77 @@ async fn wma_run_asks_only_when_told_to_read_answers_and_never_waits_otherwise()
     assert!(ok, "{stdout}");
     assert!(!dir.join("run.txt").exists(), "{stdout}");
     assert!(stdout.contains("Error [denied]"), "{stdout}");
+}
+
+// ---------------------------------------------------------------------------
+// Sub-agents
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_agents_consequential_call_asks_the_parents_approver() {
+    let order = json!({"name": "place_order", "arguments": {"item": "tent"}}).to_string();
+    let boss = ScriptedProvider::new([
+        json!({"name": "buyer", "arguments": {"task": "Order a tent"}}).to_string(),
+        "The buyer could not order it: not approved.".to_string(),
+    ]);
+    let buyer = ScriptedProvider::new([order, "I could not order it: it was not approved.".into()]);
+    let host = consequential_host();
+    let inline = LocalLoopOptions {
+        tools_inline: true,
+        ..LocalLoopOptions::default()
+    };
+    let runtime = webmcp_agents::runtime::RuntimeBuilder::new()
+        .provider("boss", ProviderSource::new(move || boss.clone()))
+        .provider("buyer", ProviderSource::new(move || buyer.clone()))
+        .tool_source(ToolSource::shared("shop", host.clone()))
+        .agent(
+            AgentConfig::new("boss")
+                .with_provider("boss")
+                .with_tool_sources(Vec::<String>::new())
+                .with_sub_agents(["buyer"])
+                .with_options(inline.clone()),
+        )
+        .agent(
+            AgentConfig::new("buyer")
+                .with_description("Orders things.")
+                .with_provider("buyer")
+                .with_tool_sources(["shop"])
+                .with_options(inline),
+        )
+        .start()
+        .await
+        .unwrap();
+    let (approver, mut questions) = by_hand();
+    let run = runtime
+        .agent("boss")
+        .unwrap()
+        .run_with(
+            vec![ChatMessage::user("Get me a tent")],
+            CancellationToken::new(),
+            RunApprovals::asking(approver),
+        )
+        .await
+        .unwrap();
+    let collected = tokio::spawn(run.collect_tagged());
+    let (question, answer) = within("the sub-agent's question", questions.recv())
+        .await
+        .unwrap();
+    assert_eq!(question.agent, "buyer");
+    assert_eq!(question.tool, "place_order");
+    assert_eq!(question.arguments, json!({"item": "tent"}));
+    answer.send(ApprovalAnswer::deny()).unwrap();
+    let parts = within("the run's end", collected).await.unwrap();
+    assert!(host.calls().is_empty(), "the order never ran: {parts:#?}");
+    let asked: Vec<(&str, u32)> = parts
+        .iter()
+        .filter(|p| matches!(p.part, AgentStreamPart::ApprovalRequested { .. }))
+        .map(|p| (p.agent.as_str(), p.depth))
+        .collect();
+    assert_eq!(
+        asked,
+        vec![("buyer", 1)],
+        "the question is the sub-agent's part"
+    );
+    assert!(parts.iter().any(|p| p.agent == "buyer"
+        && matches!(&p.part, AgentStreamPart::ToolError { error, .. } if error.code == ToolErrorCode::Denied)));
+    runtime.shutdown().await;
 }
