@@ -102,15 +102,28 @@ pub const SCHEMA_VERSION: i64 = 1;
 /// version again.
 pub(crate) async fn migrate(pool: &AnyPool, location: &str) -> Result<(), StoreError> {
     let db = |e| StoreError::from_sqlx(location, e);
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS wma_schema (
-            version BIGINT PRIMARY KEY,
-            applied_at BIGINT NOT NULL
-        )",
-    )
-    .execute(pool)
-    .await
-    .map_err(db)?;
+    // Two PostgreSQL sessions creating the table at once can both pass
+    // IF NOT EXISTS and one then fails on the catalog's unique key; the
+    // table exists by then, so the next try is a no-op.
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let created = sqlx::query(
+            "CREATE TABLE IF NOT EXISTS wma_schema (
+                version BIGINT PRIMARY KEY,
+                applied_at BIGINT NOT NULL
+            )",
+        )
+        .execute(pool)
+        .await;
+        match created {
+            Ok(_) => break,
+            Err(sqlx::Error::Database(_)) if tries < 3 => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            Err(e) => return Err(db(e)),
+        }
+    }
     loop {
         let found: i64 = sqlx::query("SELECT COALESCE(MAX(version), 0) FROM wma_schema")
             .fetch_one(pool)
