@@ -789,6 +789,20 @@ async fn over_http_a_request_only_tightens_and_untrusted_content_makes_auto_ask(
     let dir = workdir("http-tighten");
     let server = ApiServer::start(&http_config(&dir)).await;
 
+    // The agents' policies are listed with them.
+    let (_, agents) = server.get("/agents").await;
+    let guarded = agents["agents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["name"] == "guarded")
+        .unwrap();
+    assert_eq!(
+        guarded["approval"],
+        json!({"read_only": "auto", "consequential": "ask", "other": "auto",
+               "timeout_secs": 300, "tools": {"write_*": "deny"}})
+    );
+
     // `auto` in a request is refused: it would loosen.
     let refused = server
         .post(
@@ -1135,4 +1149,73 @@ async fn a_sub_agents_consequential_call_asks_the_parents_approver() {
     assert!(parts.iter().any(|p| p.agent == "buyer"
         && matches!(&p.part, AgentStreamPart::ToolError { error, .. } if error.code == ToolErrorCode::Denied)));
     runtime.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
+// The config
+
+#[test]
+fn the_approval_table_sets_the_agents_policy_and_mistakes_name_their_key() {
+    let config = Config::parse(
+        r#"
+[providers.p]
+kind = "scripted"
+replies = ["Hi."]
+
+[agents.a]
+
+[agents.a.approval]
+consequential = "deny"
+other = "ask"
+timeout_secs = 20
+tools = { "cart_*" = "ask", search = "auto" }
+
+[agents.b]
+"#,
+        "approval.toml",
+    )
+    .unwrap();
+    let a = &config.agent("a").unwrap().approval;
+    assert_eq!(a.consequential, ApprovalMode::Deny);
+    assert_eq!(a.other, ApprovalMode::Ask);
+    assert_eq!(a.read_only, ApprovalMode::Auto);
+    assert_eq!(a.timeout, Duration::from_secs(20));
+    assert_eq!(
+        a.rules,
+        vec![
+            ApprovalRule::new("cart_*", ApprovalMode::Ask),
+            ApprovalRule::new("search", ApprovalMode::Auto),
+        ]
+    );
+    // The defaults.
+    assert_eq!(
+        config.agent("b").unwrap().approval,
+        ApprovalPolicy::default()
+    );
+
+    let base = "[providers.p]\nkind = \"scripted\"\nreplies = [\"Hi.\"]\n[agents.a]\n";
+    for (table, wanted) in [
+        (
+            "[agents.a.approval]\nconsequential = \"maybe\"\n",
+            "unknown variant `maybe`",
+        ),
+        (
+            "[agents.a.approval]\ntimeout_secs = 0\n",
+            "`agents.a.approval.timeout_secs`: `timeout_secs` must be at least 1",
+        ),
+        (
+            "[agents.a.approval]\ntools = { \"cart items\" = \"ask\" }\n",
+            "`agents.a.approval.tools.cart items`",
+        ),
+        ("[agents.a.approval]\nwho = \"me\"\n", "unknown field `who`"),
+    ] {
+        let error = Config::parse(&format!("{base}{table}"), "bad.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(wanted), "{error:?} should say {wanted:?}");
+        assert!(
+            error.starts_with("bad.toml:"),
+            "{error:?} names the file and line"
+        );
+    }
 }

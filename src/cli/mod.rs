@@ -415,6 +415,19 @@ pub(crate) fn check(config: &Config) {
             line.push_str(&format!(", delegates to: {}", agent.sub_agents.join(", ")));
         }
         println!("{line}");
+        let policy = &agent.approval;
+        let mut approval = format!(
+            "    approval: read-only {}, consequential {}, other {}",
+            policy.read_only, policy.consequential, policy.other
+        );
+        for rule in &policy.rules {
+            approval.push_str(&format!(", {} {}", rule.pattern, rule.mode));
+        }
+        approval.push_str(&format!(
+            "; a question waits {} s",
+            policy.timeout.as_secs()
+        ));
+        println!("{approval}");
     }
     for remote in &config.remote_agents {
         println!("  agent {} on another node", remote.name);

@@ -540,6 +540,7 @@ fn list_agents(api: &Api) -> Response<Body> {
                 "tool_sources": config.tool_sources.clone().unwrap_or_default(),
                 "sub_agents": config.profile.sub_agents.iter().map(|s| s.name.clone()).collect::<Vec<_>>(),
                 "active_runs": agent.handle.active_runs(),
+                "approval": approval_json(&config.options.approval),
             })
         })
         .collect();
@@ -547,6 +548,22 @@ fn list_agents(api: &Api) -> Response<Body> {
         |remote| json!({"name": remote.name, "description": remote.description, "remote": true}),
     ));
     json_response(StatusCode::OK, &json!({"agents": agents}))
+}
+
+/// An agent's approval policy as `GET /v1/agents` shows it.
+fn approval_json(policy: &wma_agent::ApprovalPolicy) -> Value {
+    let tools: serde_json::Map<String, Value> = policy
+        .rules
+        .iter()
+        .map(|r| (r.pattern.clone(), Value::from(r.mode.as_str())))
+        .collect();
+    json!({
+        "read_only": policy.read_only.as_str(),
+        "consequential": policy.consequential.as_str(),
+        "other": policy.other.as_str(),
+        "timeout_secs": policy.timeout.as_secs(),
+        "tools": tools,
+    })
 }
 
 /// The body of `POST /v1/agents/{agent}/runs`: one request, or a whole
