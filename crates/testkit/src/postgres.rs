@@ -127,14 +127,14 @@ impl PostgresServer {
                 String::from_utf8_lossy(&initdb.stderr)
             ));
         }
+        // The watchdog first: a test killed while the server starts still
+        // takes the server with it.
+        server.watchdog = Some(server.start_watchdog()?);
         let mut last = String::new();
         for _ in 0..START_TRIES {
             server.port = free_port()?;
             match server.start_server() {
-                Ok(()) => {
-                    server.watchdog = server.start_watchdog().ok();
-                    return Ok(server);
-                }
+                Ok(()) => return Ok(server),
                 Err(e) => last = e,
             }
         }
@@ -273,7 +273,7 @@ impl PostgresServer {
     }
 
     /// A shell that waits for its stdin to close (this process ending, by
-    /// drop or by a kill) and then stops the server.
+    /// drop or by a kill) and then stops the server and removes its folder.
     fn start_watchdog(&self) -> Result<(Child, ChildStdin), String> {
         let pg_ctl = self.bin.join("pg_ctl");
         let stop = match self.run_as {
@@ -291,7 +291,10 @@ impl PostgresServer {
         };
         let mut child = Command::new("sh")
             .arg("-c")
-            .arg(format!("cat >/dev/null; {stop} >/dev/null 2>&1"))
+            .arg(format!(
+                "cat >/dev/null; {stop} >/dev/null 2>&1; rm -rf '{}'",
+                self.dir.path().display()
+            ))
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
