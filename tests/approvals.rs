@@ -502,6 +502,10 @@ replies = {guarded}
 kind = "scripted"
 replies = {reader}
 
+[providers.stopper]
+kind = "scripted"
+replies = {stopper}
+
 [tools.files]
 kind = "mcp-stdio"
 command = {node}
@@ -529,6 +533,10 @@ approval = {{ timeout_secs = 1 }}
 provider = "guarded"
 tools = ["files"]
 approval = {{ tools = {{ "write_*" = "deny" }} }}
+
+[agents.stopper]
+provider = "stopper"
+tools = ["files"]
 
 [agents.reader]
 provider = "reader"
@@ -562,6 +570,7 @@ approval = {{ tools = {{ write_file = "auto" }} }}
             write_call(dir, "second.txt", "2"),
             "Written.".into(),
         ]),
+        stopper = replies(&[write_call(dir, "stopped.txt", "never")]),
         node = toml_str(&node().display().to_string()),
         server = toml_str(&filesystem_server().display().to_string()),
         dir = toml_str(&dir.display().to_string()),
@@ -781,6 +790,30 @@ async fn over_http_pending_approvals_are_listed_and_answered() {
         "a timed-out question is off the list"
     );
 
+    // Stop ends a run that waits; its question goes off the list.
+    let (run, mut events) = server
+        .run("stopper", json!({"input": "Write stopped.txt"}))
+        .await;
+    until_asked(&mut events).await;
+    let (status, listed) = server
+        .get(&format!("/agents/stopper/runs/{run}/approvals"))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listed["approvals"].as_array().unwrap().len(), 1);
+    let stopped = server
+        .post(&format!("/agents/stopper/runs/{run}/stop"), json!({}))
+        .await;
+    assert_eq!(json_of(stopped).await.1, json!({"stopped": true}));
+    let parts = own(&within("the run's end", events.rest()).await);
+    assert_eq!(
+        parts.last(),
+        Some(&AgentStreamPart::Finish {
+            reason: webmcp_agents::agent::FinishReason::Aborted
+        })
+    );
+    assert!(!dir.join("stopped.txt").exists());
+    assert_eq!(server.get("/approvals").await.1["approvals"], json!([]));
+
     server.stop().await;
 }
 
@@ -982,12 +1015,18 @@ async fn wma_chat_asks_on_the_terminal_with_the_full_arguments() {
             "Written.".into(),
             write_call(&dir, "no.txt", "denied content"),
             "I could not write it.".into(),
+            write_call(&dir, "always1.txt", "a"),
+            "Written.".into(),
+            write_call(&dir, "always2.txt", "b"),
+            "Written.".into(),
         ],
     );
     let config = config.display().to_string();
     let (ok, stdout, stderr) = wma(
         &["chat", "--config", &config],
-        "Write yes.txt\ny\nWrite no.txt\nn\n/exit\n",
+        // "always" answers the third write's question, and holds for the
+        // fourth, a turn later: it is not asked.
+        "Write yes.txt\ny\nWrite no.txt\nn\nWrite always1.txt\na\nWrite always2.txt\n/exit\n",
     )
     .await;
     assert!(ok, "{stdout}\n{stderr}");
@@ -1011,6 +1050,19 @@ async fn wma_chat_asks_on_the_terminal_with_the_full_arguments() {
         "{stdout}"
     );
     assert!(stdout.contains("✗ write_file: Error [denied]"), "{stdout}");
+    assert!(
+        dir.join("always1.txt").exists() && dir.join("always2.txt").exists(),
+        "{stdout}"
+    );
+    assert_eq!(
+        stderr.matches("wants to call `write_file`").count(),
+        3,
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("✓ approved write_file (session)"),
+        "{stdout}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
