@@ -123,9 +123,25 @@ pub struct LoggedPart {
     /// 0 for the run's agent, 1 for its sub-agents, 2 for theirs.
     pub depth: u32,
     /// The part.
+    #[serde(flatten)]
     pub part: AgentStreamPart,
     /// When it was appended.
     pub at: UnixMillis,
+}
+
+impl LoggedPart {
+    /// The SSE event's data for this part, as the live stream sends it:
+    /// `{"agent": …, "depth": …, "type": …, …}` (the event's `id:` is
+    /// [`LoggedPart::seq`]).
+    pub fn event_data(&self) -> Value {
+        let mut data = serde_json::Map::new();
+        data.insert("agent".to_string(), Value::from(self.agent.as_str()));
+        data.insert("depth".to_string(), Value::from(self.depth));
+        if let Ok(Value::Object(fields)) = serde_json::to_value(&self.part) {
+            data.extend(fields);
+        }
+        Value::Object(data)
+    }
 }
 
 /// Where a consequential call stands.

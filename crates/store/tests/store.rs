@@ -347,6 +347,13 @@ async fn read_after_n_returns_exactly_the_missed_parts(kind: Kind) {
     assert_eq!(all[3].depth, 1);
     assert_eq!(all[7].depth, 0);
 
+    // Replayed as the live stream sent it.
+    assert_eq!(
+        all[3].event_data(),
+        json!({"agent": "catalog_agent", "depth": 1, "type": "tool-call", "call_id": "call_1_1",
+               "name": "search_products", "arguments": {"query": "backpack"}})
+    );
+
     let missed = store.parts_after("run-1", 6).await.unwrap();
     assert_eq!(
         missed.iter().map(|p| p.seq).collect::<Vec<_>>(),
