@@ -222,6 +222,15 @@ impl Store {
                         // returns); only a power loss can take the last
                         // commits, at a fraction of FULL's fsync per commit.
                         conn.execute("PRAGMA synchronous = NORMAL").await?;
+                    } else {
+                        // The same promise on PostgreSQL: a commit returns
+                        // once the server has it (a crash of this host loses
+                        // nothing), without waiting for its fsync (only a
+                        // crash of the server can take the last commits, up
+                        // to three WAL-writer delays). Consequential calls
+                        // and approvals wait for it all the same
+                        // (`Store::strict`).
+                        conn.execute("SET synchronous_commit = off").await?;
                     }
                     Ok(())
                 })
@@ -299,6 +308,20 @@ impl Store {
 
     pub(crate) fn pool(&self) -> &AnyPool {
         &self.inner.pool
+    }
+
+    /// Makes the transaction's commit wait until it is on disk, on
+    /// PostgreSQL (whose connections default to not waiting): for the
+    /// records a person relies on after any crash, consequential calls and
+    /// approvals. SQLite's setting is per connection, and stays NORMAL.
+    async fn strict(&self, tx: &mut sqlx::Transaction<'_, sqlx::Any>) -> Result<(), StoreError> {
+        if self.inner.backend == Backend::Postgres {
+            sqlx::query("SET LOCAL synchronous_commit = on")
+                .execute(&mut **tx)
+                .await
+                .map_err(self.db())?;
+        }
+        Ok(())
     }
 
     async fn recover(&self) -> Result<Recovery, StoreError> {
@@ -827,6 +850,8 @@ impl Store {
         };
         // Only for an open run: a call of a run that ended (or was
         // interrupted by a restart) is not to be sent at all.
+        let mut tx = self.pool().begin().await.map_err(self.db())?;
+        self.strict(&mut tx).await?;
         let inserted = sqlx::query(
             "INSERT INTO calls (idempotency_key, run_id, agent, call_id, tool, arguments, status,
                                 output, is_error, started_at, answered_at)
@@ -840,16 +865,18 @@ impl Store {
         .bind(tool)
         .bind(arguments.to_string())
         .bind(record.started_at)
-        .execute(self.pool())
+        .execute(&mut *tx)
         .await
         .map_err(self.db())?;
         if inserted.rows_affected() == 0 {
+            drop(tx);
             let run = self.existing_run(run_id).await?;
             return Err(StoreError::RunEnded {
                 run_id: run_id.to_string(),
                 status: run.status.to_string(),
             });
         }
+        tx.commit().await.map_err(self.db())?;
         Ok(record)
     }
 
@@ -862,6 +889,8 @@ impl Store {
         output: &str,
         is_error: bool,
     ) -> Result<CallRecord, StoreError> {
+        let mut tx = self.pool().begin().await.map_err(self.db())?;
+        self.strict(&mut tx).await?;
         let row = sqlx::query(&format!(
             "UPDATE calls SET status = 'answered', output = $2, is_error = $3, answered_at = $4
              WHERE idempotency_key = $1 AND status = 'in-flight'
@@ -871,9 +900,10 @@ impl Store {
         .bind(output)
         .bind(i64::from(is_error))
         .bind(now_ms())
-        .fetch_optional(self.pool())
+        .fetch_optional(&mut *tx)
         .await
         .map_err(self.db())?;
+        tx.commit().await.map_err(self.db())?;
         match row {
             Some(row) => self.call_from_row(&row),
             None => match self.call(idempotency_key).await? {
@@ -966,6 +996,7 @@ impl Store {
         let now = now_ms();
         let id = new_id();
         let mut tx = self.pool().begin().await.map_err(&db)?;
+        self.strict(&mut tx).await?;
         let waiting = sqlx::query(
             "UPDATE runs SET status = 'waiting-for-approval', updated_at = $2
              WHERE id = $1 AND status IN ('running', 'waiting-for-approval')",
@@ -1023,6 +1054,7 @@ impl Store {
         let db = self.db();
         let now = now_ms();
         let mut tx = self.pool().begin().await.map_err(&db)?;
+        self.strict(&mut tx).await?;
         let row = sqlx::query(&format!(
             "UPDATE approvals SET approved = $2, remember = $3, decided_by = $4, note = $5,
                                   decided_at = $6
