@@ -117,12 +117,32 @@ impl PendingApprovals for InMemoryApprovals {
     }
 }
 
-/// The approver of one run the server started: its questions go on the
-/// list, and the run waits for an answer over HTTP.
+/// The approver of one run the server started (and of its sub-agents'
+/// runs): its questions go on the list, and the run waits for an answer
+/// over HTTP. An answer "for the session" holds for the rest of the run,
+/// a sub-agent's later runs within it included.
 pub(crate) struct HttpApprover {
     pub(crate) run_id: String,
     pub(crate) run_agent: String,
     pub(crate) registry: Arc<dyn PendingApprovals>,
+    /// Answers for the rest of the run, by (asking agent, tool).
+    pub(crate) remembered: Mutex<HashMap<(String, String), ApprovalAnswer>>,
+}
+
+impl HttpApprover {
+    /// The approver of the run `run_id` of agent `run_agent`.
+    pub(crate) fn new(
+        run_id: String,
+        run_agent: String,
+        registry: Arc<dyn PendingApprovals>,
+    ) -> Self {
+        Self {
+            run_id,
+            run_agent,
+            registry,
+            remembered: Mutex::new(HashMap::new()),
+        }
+    }
 }
 
 /// Takes a question off the list however its wait ends.
@@ -144,6 +164,7 @@ impl Approver for HttpApprover {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let approval_id = request.approval_id.clone();
+        let key = (request.agent.clone(), request.tool.clone());
         // Before the first await: the question is listed before its part
         // reaches the client.
         let answer = self.registry.insert(PendingApproval {
@@ -156,11 +177,26 @@ impl Approver for HttpApprover {
             registry: self.registry.as_ref(),
             approval_id,
         };
-        answer.await.unwrap_or_else(|_| {
+        let answer = answer.await.unwrap_or_else(|_| {
             ApprovalAnswer::deny()
                 .by("host")
                 .with_note("the host dropped the question")
-        })
+        });
+        if answer.remember {
+            self.remembered
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, answer.clone());
+        }
+        answer
+    }
+
+    fn remembered(&self, agent: &str, tool: &str) -> Option<ApprovalAnswer> {
+        self.remembered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&(agent.to_string(), tool.to_string()))
+            .cloned()
     }
 }
 
@@ -203,6 +239,29 @@ mod tests {
             registry.answer("run-1", "a1", ApprovalAnswer::approve()),
             Err(AnswerRefused::NotPending)
         );
+    }
+
+    #[tokio::test]
+    async fn an_answer_for_the_session_is_remembered_for_the_asking_agents_tool() {
+        let registry: Arc<dyn PendingApprovals> = Arc::new(InMemoryApprovals::default());
+        let approver = Arc::new(HttpApprover::new(
+            "run-1".into(),
+            "main".into(),
+            registry.clone(),
+        ));
+        let asking = approver.clone();
+        let asked = tokio::spawn(async move { asking.ask(question("a3", "run-1").request).await });
+        while registry.list().is_empty() {
+            tokio::task::yield_now().await;
+        }
+        registry
+            .answer("run-1", "a3", ApprovalAnswer::approve().remembered())
+            .unwrap();
+        assert!(asked.await.unwrap().approved);
+        assert!(registry.list().is_empty());
+        assert!(approver.remembered("main", "write_file").unwrap().approved);
+        assert!(approver.remembered("other", "write_file").is_none());
+        assert!(approver.remembered("main", "read_file").is_none());
     }
 
     #[tokio::test]

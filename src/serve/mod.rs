@@ -635,11 +635,8 @@ async fn start_run(server: &Server, client: IpAddr, name: &str, body: RunBody) -
         Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
     // The run's questions go on the server's list under its public id.
-    let approver = approvals::HttpApprover {
-        run_id: id.clone(),
-        run_agent: name.to_string(),
-        registry: server.approvals.clone(),
-    };
+    let approver =
+        approvals::HttpApprover::new(id.clone(), name.to_string(), server.approvals.clone());
     let approvals = RunApprovals::asking(Arc::new(approver)).with_rules(rules);
     let run = match agent
         .handle

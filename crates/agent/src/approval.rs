@@ -222,17 +222,6 @@ impl ApprovalPolicy {
         self
     }
 
-    /// A policy under which every call runs without asking (nothing is
-    /// consequential enough to stop for): the loop before approvals.
-    pub fn allow_all() -> Self {
-        Self {
-            read_only: ApprovalMode::Auto,
-            consequential: ApprovalMode::Auto,
-            other: ApprovalMode::Auto,
-            ..Self::default()
-        }
-    }
-
     /// What happens to a call of `tool` (annotated `annotations`), given
     /// the rules of the run's own request and the untrusted result that
     /// entered the run, if any. See [`decide`].
