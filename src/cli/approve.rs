@@ -141,6 +141,10 @@ pub(crate) fn parse_answer(line: &str) -> Option<ApprovalAnswer> {
 #[async_trait]
 impl Approver for TerminalApprover {
     async fn ask(&self, request: ApprovalRequest) -> ApprovalAnswer {
+        // The call's own lines (its tool-call and approval-requested parts)
+        // are printed by the command's reader, on another task; a moment's
+        // wait lets them reach the terminal before the question does.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         let arguments = serde_json::to_string_pretty(&request.arguments)
             .unwrap_or_else(|_| request.arguments.to_string());
         let mut err = std::io::stderr();
