@@ -446,6 +446,8 @@ async fn load_provider(args: &ModelArgs) -> Result<EvalProvider> {
 }
 
 async fn run(args: RunArgs) -> Result<()> {
+    // Flag mistakes are reported before the model loads.
+    let approval_rules = args.approval.rules()?;
     let provider = Arc::new(UsageMeter::new(Arc::new(load_model(&args.model).await?)));
     let shop = Shop::new();
     let request = AgentRunRequest::new(
@@ -453,7 +455,7 @@ async fn run(args: RunArgs) -> Result<()> {
         Arc::new(shop.tools()),
     )
     .with_approver(cli::approve::approver(args.approval.mode(false), None))
-    .with_approval_rules(args.approval.rules()?);
+    .with_approval_rules(approval_rules);
     let cancel = request.cancel.clone();
     tokio::spawn(async move {
         if tokio::signal::ctrl_c().await.is_ok() {
