@@ -89,6 +89,10 @@ const CONTROL: &[&str] = &[
 const WORDS: &[&str] = &[
     "input",
     "messages",
+    "approval",
+    "ask",
+    "deny",
+    "auto",
     "role",
     "content",
     "user",
@@ -352,7 +356,7 @@ proptest! {
             Value::Object(object) => {
                 if run {
                     prop_assert!(
-                        object.keys().all(|k| k == "input" || k == "messages"),
+                        object.keys().all(|k| k == "input" || k == "messages" || k == "approval"),
                         "{}",
                         value
                     );
