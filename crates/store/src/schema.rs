@@ -1,7 +1,10 @@
 //! The schema, one migration a version, the same DDL for SQLite and
 //! PostgreSQL: only `TEXT` and `BIGINT` columns, composite primary keys
 //! instead of auto-increment ids (which the two spell differently), JSON
-//! kept as text, times as Unix milliseconds.
+//! kept as text, times as Unix milliseconds. Orders that times cannot
+//! give (two runs started in one millisecond) come from counters the
+//! inserts compute: `ordinal` within the parent, `activity` across
+//! sessions.
 
 use sqlx::{AnyPool, Row};
 
@@ -24,8 +27,10 @@ const MIGRATIONS: &[Migration] = &[Migration {
             agent TEXT NOT NULL,
             title TEXT NOT NULL,
             created_at BIGINT NOT NULL,
-            updated_at BIGINT NOT NULL
+            updated_at BIGINT NOT NULL,
+            activity BIGINT NOT NULL
         )",
+        "CREATE INDEX sessions_by_activity ON sessions (activity)",
         "CREATE TABLE messages (
             session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
             seq BIGINT NOT NULL,
@@ -40,10 +45,11 @@ const MIGRATIONS: &[Migration] = &[Migration {
             host TEXT NOT NULL,
             status TEXT NOT NULL,
             error TEXT,
+            ordinal BIGINT NOT NULL,
             created_at BIGINT NOT NULL,
             updated_at BIGINT NOT NULL
         )",
-        "CREATE INDEX runs_by_session ON runs (session_id, created_at)",
+        "CREATE INDEX runs_by_session ON runs (session_id, ordinal)",
         "CREATE INDEX runs_by_host_status ON runs (host, status)",
         "CREATE TABLE parts (
             run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
@@ -65,9 +71,10 @@ const MIGRATIONS: &[Migration] = &[Migration {
             output TEXT,
             is_error BIGINT NOT NULL,
             started_at BIGINT NOT NULL,
-            answered_at BIGINT
+            answered_at BIGINT,
+            ordinal BIGINT NOT NULL
         )",
-        "CREATE INDEX calls_by_run ON calls (run_id, started_at)",
+        "CREATE INDEX calls_by_run ON calls (run_id, ordinal)",
         "CREATE INDEX calls_by_status ON calls (status)",
         "CREATE TABLE approvals (
             id TEXT PRIMARY KEY,
@@ -83,9 +90,10 @@ const MIGRATIONS: &[Migration] = &[Migration {
             remember BIGINT NOT NULL,
             decided_by TEXT,
             note TEXT,
-            decided_at BIGINT
+            decided_at BIGINT,
+            ordinal BIGINT NOT NULL
         )",
-        "CREATE INDEX approvals_by_run ON approvals (run_id, requested_at)",
+        "CREATE INDEX approvals_by_run ON approvals (run_id, ordinal)",
     ],
 }];
 

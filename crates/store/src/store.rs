@@ -36,6 +36,16 @@ pub const TITLE_CHARS: usize = 80;
 /// took its sequence number (PostgreSQL, two hosts on one run).
 const APPEND_RETRIES: usize = 8;
 
+/// How long opening waits for another host's switch of a new SQLite file
+/// to WAL.
+const WAL_SWITCH_WAIT: Duration = Duration::from_secs(5);
+
+/// SQLite's "database is locked" (`SQLITE_BUSY`, 5, and its extended codes).
+fn is_busy(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(e)
+        if e.code().is_some_and(|c| c.parse::<i64>().is_ok_and(|c| c & 0xff == 5)))
+}
+
 /// Where the store keeps its data and how it names this host.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreOptions {
@@ -247,10 +257,23 @@ impl Store {
         if backend == Backend::Sqlite {
             // WAL lets readers go on while a run appends, and is a property
             // of the file: set once, it holds for every later connection.
-            sqlx::query("PRAGMA journal_mode = WAL")
-                .fetch_optional(&pool)
-                .await
-                .map_err(|e| StoreError::from_sqlx(&location, e))?;
+            // Switching a new file to WAL takes a lock that SQLite's busy
+            // timeout does not wait for: hosts opening one new file at once
+            // try again for a while.
+            let mut waited = Duration::ZERO;
+            loop {
+                match sqlx::query("PRAGMA journal_mode = WAL")
+                    .fetch_optional(&pool)
+                    .await
+                {
+                    Ok(_) => break,
+                    Err(e) if is_busy(&e) && waited < WAL_SWITCH_WAIT => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        waited += Duration::from_millis(20);
+                    }
+                    Err(e) => return Err(StoreError::from_sqlx(&location, e)),
+                }
+            }
         }
         schema::migrate(&pool, &location).await?;
         let mut store = Self {
@@ -364,11 +387,17 @@ impl Store {
         };
         let mut in_doubt_calls = in_doubt
             .iter()
-            .map(|r| self.call_from_row(r))
-            .collect::<Result<Vec<_>, _>>()?;
-        in_doubt_calls.sort_by(|a, b| {
-            (a.started_at, &a.idempotency_key).cmp(&(b.started_at, &b.idempotency_key))
+            .map(|r| {
+                Ok((
+                    r.try_get::<i64, _>(11).map_err(&db)?,
+                    self.call_from_row(r)?,
+                ))
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        in_doubt_calls.sort_by(|(a_ord, a), (b_ord, b)| {
+            (a.started_at, &a.run_id, a_ord).cmp(&(b.started_at, &b.run_id, b_ord))
         });
+        let in_doubt_calls = in_doubt_calls.into_iter().map(|(_, c)| c).collect();
         Ok(Recovery {
             interrupted_runs: ids(interrupted)?,
             in_doubt_calls,
@@ -391,8 +420,8 @@ impl Store {
             message_count: 0,
         };
         sqlx::query(
-            "INSERT INTO sessions (id, agent, title, created_at, updated_at)
-             VALUES ($1, $2, $3, $4, $4)",
+            "INSERT INTO sessions (id, agent, title, created_at, updated_at, activity)
+             SELECT $1, $2, $3, $4, $4, COALESCE((SELECT MAX(activity) FROM sessions), 0) + 1",
         )
         .bind(&session.id)
         .bind(&session.agent)
@@ -407,7 +436,7 @@ impl Store {
     /// Every session, the most recently updated first, at most `limit`.
     pub async fn list_sessions(&self, limit: u32) -> Result<Vec<Session>, StoreError> {
         let rows = sqlx::query(&format!(
-            "{SESSION_SELECT} ORDER BY s.updated_at DESC, s.id LIMIT $1"
+            "{SESSION_SELECT} ORDER BY s.activity DESC, s.id LIMIT $1"
         ))
         .bind(i64::from(limit))
         .fetch_all(self.pool())
@@ -479,6 +508,7 @@ impl Store {
         // transaction that read first could not wait for it).
         let touched = sqlx::query(
             "UPDATE sessions SET updated_at = $2,
+                 activity = (SELECT MAX(s.activity) FROM sessions s) + 1,
                  title = CASE WHEN title = '' THEN $3 ELSE title END
              WHERE id = $1",
         )
@@ -578,8 +608,12 @@ impl Store {
         let id = id.map_or_else(new_id, str::to_string);
         // One statement (one commit): the run, only in a session that exists.
         let inserted = sqlx::query(
-            "INSERT INTO runs (id, session_id, agent, host, status, error, created_at, updated_at)
-             SELECT $1, id, $2, $3, 'running', NULL, $4, $4 FROM sessions WHERE id = $5",
+            "INSERT INTO runs (id, session_id, agent, host, status, error, ordinal, created_at,
+                               updated_at)
+             SELECT $1, id, $2, $3, 'running', NULL,
+                    COALESCE((SELECT MAX(r.ordinal) FROM runs r WHERE r.session_id = $5), 0) + 1,
+                    $4, $4
+             FROM sessions WHERE id = $5",
         )
         .bind(&id)
         .bind(agent)
@@ -626,7 +660,7 @@ impl Store {
     /// The session's runs, oldest first.
     pub async fn runs_of_session(&self, session_id: &str) -> Result<Vec<Run>, StoreError> {
         let rows = sqlx::query(&format!(
-            "{RUN_SELECT} WHERE r.session_id = $1 ORDER BY r.created_at, r.id"
+            "{RUN_SELECT} WHERE r.session_id = $1 ORDER BY r.ordinal, r.id"
         ))
         .bind(session_id)
         .fetch_all(self.pool())
@@ -854,8 +888,9 @@ impl Store {
         self.strict(&mut tx).await?;
         let inserted = sqlx::query(
             "INSERT INTO calls (idempotency_key, run_id, agent, call_id, tool, arguments, status,
-                                output, is_error, started_at, answered_at)
-             SELECT $1, $2, $3, $4, $5, $6, 'in-flight', NULL, 0, $7, NULL
+                                output, is_error, started_at, answered_at, ordinal)
+             SELECT $1, $2, $3, $4, $5, $6, 'in-flight', NULL, 0, $7, NULL,
+                    COALESCE((SELECT MAX(c.ordinal) FROM calls c WHERE c.run_id = $2), 0) + 1
              FROM runs WHERE id = $2 AND status IN ('running', 'waiting-for-approval')",
         )
         .bind(&record.idempotency_key)
@@ -932,8 +967,7 @@ impl Store {
     /// host resuming a run checks these, and sends none that is in doubt.
     pub async fn calls_of_run(&self, run_id: &str) -> Result<Vec<CallRecord>, StoreError> {
         let rows = sqlx::query(&format!(
-            "SELECT {CALL_COLUMNS} FROM calls WHERE run_id = $1
-             ORDER BY started_at, idempotency_key"
+            "SELECT {CALL_COLUMNS} FROM calls WHERE run_id = $1 ORDER BY ordinal"
         ))
         .bind(run_id)
         .fetch_all(self.pool())
@@ -947,7 +981,7 @@ impl Store {
     pub async fn in_doubt_calls(&self) -> Result<Vec<CallRecord>, StoreError> {
         let rows = sqlx::query(&format!(
             "SELECT {CALL_COLUMNS} FROM calls WHERE status = 'in-doubt'
-             ORDER BY started_at, idempotency_key"
+             ORDER BY started_at, run_id, ordinal"
         ))
         .fetch_all(self.pool())
         .await
@@ -1017,8 +1051,9 @@ impl Store {
         sqlx::query(
             "INSERT INTO approvals (id, run_id, loop_approval_id, agent, call_id, tool, arguments,
                                     reason, requested_at, approved, remember, decided_by, note,
-                                    decided_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, NULL, 0, NULL, NULL, NULL)",
+                                    decided_at, ordinal)
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, NULL, 0, NULL, NULL, NULL,
+                    COALESCE((SELECT MAX(a.ordinal) FROM approvals a WHERE a.run_id = $2), 0) + 1",
         )
         .bind(&id)
         .bind(run_id)
@@ -1119,7 +1154,7 @@ impl Store {
     /// The run's approvals, pending and decided, in the order asked.
     pub async fn approvals_of_run(&self, run_id: &str) -> Result<Vec<Approval>, StoreError> {
         let rows = sqlx::query(&format!(
-            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE run_id = $1 ORDER BY requested_at, id"
+            "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE run_id = $1 ORDER BY ordinal"
         ))
         .bind(run_id)
         .fetch_all(self.pool())
@@ -1138,7 +1173,7 @@ impl Store {
             "SELECT {APPROVAL_COLUMNS} FROM approvals
              WHERE approved IS NULL
                AND ($1 = '' OR run_id IN (SELECT id FROM runs WHERE session_id = $1))
-             ORDER BY requested_at, id"
+             ORDER BY requested_at, run_id, ordinal"
         ))
         .bind(session_id.unwrap_or(""))
         .fetch_all(self.pool())
@@ -1213,8 +1248,9 @@ const RUN_SELECT: &str = "SELECT r.id, r.session_id, r.agent, r.host, r.status, 
         COALESCE((SELECT MAX(p.seq) FROM parts p WHERE p.run_id = r.id), 0)
      FROM runs r";
 
+/// A call's columns; `ordinal` last, read only to order recovered calls.
 const CALL_COLUMNS: &str = "idempotency_key, run_id, agent, call_id, tool, arguments, status, \
-                            output, is_error, started_at, answered_at";
+                            output, is_error, started_at, answered_at, ordinal";
 
 const APPROVAL_COLUMNS: &str = "id, run_id, loop_approval_id, agent, call_id, tool, arguments, \
                                 reason, requested_at, approved, remember, decided_by, note, \
