@@ -3,12 +3,14 @@
 //! 12 parts) without persistence, and with the run started in the store
 //! and every part persisted as it streams, on SQLite (a file in a temporary
 //! data folder, WAL, synchronous=NORMAL) and on a real PostgreSQL server
-//! (started here, with PostgreSQL's default settings: fsync on). Each
-//! backend two ways: `Store::append_part` awaited per part, and a `RunLog`
-//! (queued per part, group commit, flushed before the run counts as done).
+//! (started here, with PostgreSQL's default settings, fsync on; the
+//! store's connections commit with synchronous_commit off). Each backend
+//! three ways: `Store::append_part` awaited per part; a `RunLog` (queued
+//! per part, group commit) flushed before the run counts as done; and the
+//! same timed to the run's last part (the log's cost on the run's path).
 //!
 //! Two kinds of run: the scripted provider answering at once (so the run is
-//! only the loop's machinery, tens of microseconds: the harshest baseline),
+//! only the loop's machinery, under a millisecond: the harshest baseline),
 //! and the same run with each reply taking `GENERATION` (a stand-in for a
 //! model's generation, which on an on-device model takes far longer).
 //!
