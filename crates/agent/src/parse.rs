@@ -12,7 +12,8 @@
 //! earlier ones did not claim:
 //!
 //! 1. [`hermes`]: `<tool_call>…</tool_call>` blocks (Hermes, Qwen, SmolLM2),
-//!    including an unterminated last block;
+//!    including an unterminated last block, and [`xml`] elements in place
+//!    of the JSON inside one;
 //! 2. [`marker`]: calls announced by a special token, Mistral's
 //!    `[TOOL_CALLS]` and Llama's `<|python_tag|>`;
 //! 3. [`fenced`]: Markdown code fences holding a call;
@@ -45,6 +46,7 @@ mod json;
 mod marker;
 mod pythonic;
 mod shape;
+mod xml;
 
 use std::ops::Range;
 
@@ -199,7 +201,31 @@ fn prose(reply: &str, found: &[Found]) -> String {
         out.push_str(trimmed);
         last_end = start + trimmed.len();
     }
-    out
+    without_empty_fences(&out)
+}
+
+/// The text without Markdown fences that held only the calls cut from them
+/// (a json fence and its closing fence with nothing left between).
+fn without_empty_fences(text: &str) -> String {
+    let mut out = text.to_string();
+    let mut from = 0;
+    while let Some(offset) = out[from..].find("```") {
+        let open = from + offset;
+        let label_end = open
+            + 3
+            + out[open + 3..]
+                .find(|c: char| !(c.is_ascii_alphanumeric() || "_+-".contains(c)))
+                .unwrap_or(out.len() - open - 3);
+        let gap = out[label_end..].len() - out[label_end..].trim_start().len();
+        let close = label_end + gap;
+        if gap > 0 && out[close..].starts_with("```") {
+            out.replace_range(open..close + 3, "");
+            from = open;
+        } else {
+            from = open + 3;
+        }
+    }
+    out.trim().to_string()
 }
 
 /// The reply with the call syntax inside JSON strings escaped away, so that
@@ -406,6 +432,15 @@ fn read_block(reply: &str, range: Range<usize>, insist: bool) -> Option<Outcome>
             pos = next;
             continue;
         }
+        // Elements instead of JSON, only where the block is meant as calls.
+        if insist
+            && bytes[pos] == b'<'
+            && let Some((found, next)) = xml::read_call(reply, pos, end)
+        {
+            calls.push(found);
+            pos = next;
+            continue;
+        }
         match bytes[pos] {
             b'{' | b'[' => match json::read_value(reply, pos, end, true) {
                 Ok(read) => {
@@ -482,6 +517,64 @@ mod tests {
                 (got, want) => panic!("malformed of {reply:?}: got {got:?}, want {want:?}"),
             }
         }
+    }
+
+    #[test]
+    fn elements_inside_a_call_block_are_a_call() {
+        check(vec![
+            (
+                "<tool_call>\n  <name>calculate_triangle_area</name>\n  <arguments>\n    <base>10</base>\n    <height>5</height>\n    <unit>units</unit>\n  </arguments>\n</tool_call>",
+                vec![call(
+                    "calculate_triangle_area",
+                    json!({"base": 10, "height": 5, "unit": "units"}),
+                )],
+                "",
+                None,
+            ),
+            // Nested elements are an object, JSON text is JSON, entities are
+            // characters, and a call without arguments has none.
+            (
+                "<tool_call><name>book</name><arguments><when><day>2</day></when><tags>[\"a\", \"b\"]</tags><note>a &lt; b &amp; c</note><ok>true</ok></arguments></tool_call>",
+                vec![call(
+                    "book",
+                    json!({"when": {"day": 2}, "tags": ["a", "b"], "note": "a < b & c", "ok": true}),
+                )],
+                "",
+                None,
+            ),
+            (
+                "```json\n<tool_call>\n<name>list_todos</name>\n</tool_call>\n```",
+                vec![call("list_todos", json!({}))],
+                "",
+                None,
+            ),
+            (
+                "<tool_call><name>list_todos</name></tool_call>",
+                vec![call("list_todos", json!({}))],
+                "",
+                None,
+            ),
+            // Elements in prose are prose; a block of elements that are not a
+            // call is still a malformed call.
+            (
+                "Wrap it as <name>x</name> please.",
+                vec![],
+                "Wrap it as <name>x</name> please.",
+                None,
+            ),
+            (
+                "<tool_call><city>Paris</city></tool_call>",
+                vec![],
+                "",
+                Some("the tool call must be"),
+            ),
+            (
+                "<tool_call><name>bad name!</name></tool_call>",
+                vec![],
+                "",
+                Some("the tool call must be"),
+            ),
+        ]);
     }
 
     #[test]
