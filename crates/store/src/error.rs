@@ -91,6 +91,19 @@ pub enum StoreError {
         /// Its status (`answered`, `in-doubt`).
         status: String,
     },
+    /// The same call is in doubt: it may have happened, so it is not sent
+    /// again.
+    #[error(
+        "the same {tool} call of this run is in doubt (`{idempotency_key}`): it was in flight \
+         when the host went away and may have happened, so it is not sent again; a person \
+         checks it"
+    )]
+    CallInDoubt {
+        /// The call in doubt.
+        idempotency_key: String,
+        /// Its tool.
+        tool: String,
+    },
     /// No approval has this id.
     #[error("no approval `{0}`")]
     ApprovalNotFound(String),

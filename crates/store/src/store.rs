@@ -861,6 +861,10 @@ impl Store {
     /// Records a consequential call before it is sent, `in-flight`, with a
     /// fresh idempotency key (the record's key) to pass to sources that
     /// accept one. Durable when this returns: send the call only then.
+    ///
+    /// The same call (agent, call id, tool and arguments) of the same run
+    /// that is in doubt is refused with [`StoreError::CallInDoubt`]: a run
+    /// that goes on after a restart does not resend it.
     pub async fn begin_call(
         &self,
         run_id: &str,
@@ -891,7 +895,10 @@ impl Store {
                                 output, is_error, started_at, answered_at, ordinal)
              SELECT $1, $2, $3, $4, $5, $6, 'in-flight', NULL, 0, $7, NULL,
                     COALESCE((SELECT MAX(c.ordinal) FROM calls c WHERE c.run_id = $2), 0) + 1
-             FROM runs WHERE id = $2 AND status IN ('running', 'waiting-for-approval')",
+             FROM runs WHERE id = $2 AND status IN ('running', 'waiting-for-approval')
+               AND NOT EXISTS (SELECT 1 FROM calls d
+                               WHERE d.run_id = $2 AND d.status = 'in-doubt' AND d.agent = $3
+                                 AND d.call_id = $4 AND d.tool = $5 AND d.arguments = $6)",
         )
         .bind(&record.idempotency_key)
         .bind(run_id)
@@ -906,9 +913,22 @@ impl Store {
         if inserted.rows_affected() == 0 {
             drop(tx);
             let run = self.existing_run(run_id).await?;
-            return Err(StoreError::RunEnded {
-                run_id: run_id.to_string(),
-                status: run.status.to_string(),
+            if run.status.is_ended() {
+                return Err(StoreError::RunEnded {
+                    run_id: run_id.to_string(),
+                    status: run.status.to_string(),
+                });
+            }
+            let in_doubt = self.calls_of_run(run_id).await?.into_iter().find(|c| {
+                c.status == CallStatus::InDoubt
+                    && c.agent == agent
+                    && c.call_id == call_id
+                    && c.tool == tool
+                    && &c.arguments == arguments
+            });
+            return Err(StoreError::CallInDoubt {
+                idempotency_key: in_doubt.map(|c| c.idempotency_key).unwrap_or_default(),
+                tool: tool.to_string(),
             });
         }
         tx.commit().await.map_err(self.db())?;

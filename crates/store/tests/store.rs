@@ -510,6 +510,17 @@ async fn reopen_after_a_drop_marks_runs_interrupted_and_keeps_approvals(kind: Ki
         .request_approval(&waiting, &question("shopper", "call_1_1"))
         .await
         .unwrap();
+    // The waiting run also has a call in flight (one of two parallel calls).
+    let parallel = store
+        .begin_call(
+            &waiting,
+            "shopper",
+            "call_1_2",
+            "send_email",
+            &json!({"to": "a@b.c"}),
+        )
+        .await
+        .unwrap();
     assert_eq!(
         store.run(&waiting).await.unwrap().unwrap().status,
         RunStatus::WaitingForApproval
@@ -530,12 +541,14 @@ async fn reopen_after_a_drop_marks_runs_interrupted_and_keeps_approvals(kind: Ki
     let recovery = store.recovery();
     assert_eq!(recovery.interrupted_runs, vec![running.clone()]);
     assert_eq!(recovery.waiting_runs, vec![waiting.clone()]);
-    assert_eq!(recovery.in_doubt_calls.len(), 1);
-    assert_eq!(
-        recovery.in_doubt_calls[0].idempotency_key,
-        in_flight.idempotency_key
-    );
-    assert_eq!(recovery.in_doubt_calls[0].agent, "cart_agent");
+    assert_eq!(recovery.in_doubt_calls.len(), 2);
+    let in_doubt: Vec<&str> = recovery
+        .in_doubt_calls
+        .iter()
+        .map(|c| c.idempotency_key.as_str())
+        .collect();
+    assert!(in_doubt.contains(&in_flight.idempotency_key.as_str()));
+    assert!(in_doubt.contains(&parallel.idempotency_key.as_str()));
 
     assert_eq!(
         store.run(&running).await.unwrap().unwrap().status,
@@ -551,7 +564,7 @@ async fn reopen_after_a_drop_marks_runs_interrupted_and_keeps_approvals(kind: Ki
         vec![CallStatus::Answered, CallStatus::InDoubt]
     );
     assert_eq!(calls[0].output.as_deref(), Some("added"));
-    assert_eq!(store.in_doubt_calls().await.unwrap().len(), 1);
+    assert_eq!(store.in_doubt_calls().await.unwrap().len(), 2);
     // In doubt stays in doubt: no late answer, and the interrupted run
     // sends nothing more.
     assert!(matches!(
@@ -599,6 +612,32 @@ async fn reopen_after_a_drop_marks_runs_interrupted_and_keeps_approvals(kind: Ki
             .await,
         Err(StoreError::ApprovalNotFound(_))
     ));
+    // The run goes on, and the call in doubt is not sent again; another
+    // call is.
+    let resent = store
+        .begin_call(
+            &waiting,
+            "shopper",
+            "call_1_2",
+            "send_email",
+            &json!({"to": "a@b.c"}),
+        )
+        .await;
+    assert!(
+        matches!(&resent, Err(StoreError::CallInDoubt { idempotency_key, .. })
+            if *idempotency_key == parallel.idempotency_key),
+        "{resent:?}"
+    );
+    store
+        .begin_call(
+            &waiting,
+            "shopper",
+            "call_2_1",
+            "send_email",
+            &json!({"to": "d@e.f"}),
+        )
+        .await
+        .unwrap();
     assert_eq!(
         store
             .append_part(&waiting, "shopper", 0, &text("ordered"))
