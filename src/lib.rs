@@ -10,9 +10,11 @@
 //! - [`eval`]: the tool-calling evaluation behind `wma eval`.
 //! - [`config`]: TOML config files, validated as a whole, and starting what they describe.
 //! - [`serve`]: the HTTP API of `wma serve` (runs as server-sent events).
+//! - [`store`]: sessions and runs that survive a restart (SQLite or PostgreSQL).
 
 pub use wma_agent as agent;
 pub use wma_runtime as runtime;
+pub use wma_store as store;
 pub use wma_telemetry as telemetry;
 
 pub use wma_tools as tools;

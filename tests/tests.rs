@@ -13,3 +13,4 @@ mod loop_behaviour;
 mod properties;
 mod real_model;
 mod served;
+mod sessions;

@@ -16,6 +16,7 @@ use webmcp_agents::config::{Config, Hosted, StartOptions};
 use webmcp_agents::display::render_part;
 use webmcp_agents::runtime::{AgentHandle, RunApprovals, RunId, TaggedPart};
 use webmcp_agents::serve;
+use webmcp_agents::store::Store;
 
 use approve::{ApprovalArgs, Lines};
 use progress::Bars;
@@ -356,12 +357,18 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
 /// `wma serve`: the config's agents behind the HTTP API (and to the
 /// cluster), until Ctrl-C or SIGTERM.
 pub(crate) async fn serve(args: ServeArgs, config: &Config) -> Result<()> {
-    let hosted = start(config).await?;
-    let shutdown = CancellationToken::new();
-    let server = if args.no_http {
+    // The store first: one that cannot be opened stops the host before
+    // a model loads or anything listens.
+    let store = if args.no_http {
         None
     } else {
+        Some(open_store(config).await?)
+    };
+    let hosted = start(config).await?;
+    let shutdown = CancellationToken::new();
+    let server = if let Some(store) = store {
         let api = serve::Api::hosted(config.clone(), &hosted)?;
+        let api = serve::Api::with_store(api, store);
         let listen = args.listen.unwrap_or(config.server_listen);
         let started =
             serve::start_with(listen, api, config.server_options.clone(), shutdown.clone())
@@ -376,6 +383,8 @@ pub(crate) async fn serve(args: ServeArgs, config: &Config) -> Result<()> {
             );
         }
         Some(started.task)
+    } else {
+        None
     };
     std::io::stdout().flush()?;
     wait_for_stop().await;
@@ -386,6 +395,39 @@ pub(crate) async fn serve(args: ServeArgs, config: &Config) -> Result<()> {
     }
     hosted.shutdown().await;
     Ok(())
+}
+
+/// Opens the config's store and says what it recovered of the last
+/// process's work (runs it marked interrupted, calls in doubt, runs that
+/// still wait for an answer).
+pub(crate) async fn open_store(config: &Config) -> Result<Store> {
+    let options = config.store.options()?;
+    let store = Store::open(options)
+        .await
+        .context("could not open the session store (see [store] in docs/configuration.md)")?;
+    eprintln!("sessions kept in {}", store.location());
+    let recovery = store.recovery();
+    if !recovery.interrupted_runs.is_empty() {
+        eprintln!(
+            "recovered: {} run(s) this host left running are now interrupted: {}",
+            recovery.interrupted_runs.len(),
+            recovery.interrupted_runs.join(", ")
+        );
+    }
+    for call in &recovery.in_doubt_calls {
+        eprintln!(
+            "recovered: call {} of run {} ({} {}) was in flight and is in doubt: check whether it happened",
+            call.idempotency_key, call.run_id, call.tool, call.arguments
+        );
+    }
+    if !recovery.waiting_runs.is_empty() {
+        eprintln!(
+            "recovered: {} run(s) wait for an approval (GET /v1/approvals): {}",
+            recovery.waiting_runs.len(),
+            recovery.waiting_runs.join(", ")
+        );
+    }
+    Ok(store)
 }
 
 async fn wait_for_stop() {

@@ -60,6 +60,10 @@ pub enum ConfigError {
         /// What is wrong and what would be right.
         message: String,
     },
+    /// No data folder for the store: the config names none and the cache
+    /// folder cannot be found.
+    #[error("the store has no data folder: {0} (name one with `[store] data_dir`)")]
+    Store(String),
 }
 
 impl ConfigError {
@@ -67,7 +71,7 @@ impl ConfigError {
     pub fn location(&self) -> Option<&Location> {
         match self {
             Self::Parse { at, .. } | Self::Invalid { at, .. } => Some(at),
-            Self::Read { .. } => None,
+            Self::Read { .. } | Self::Store(_) => None,
         }
     }
 }

@@ -79,6 +79,41 @@ pub struct Config {
     pub server_options: crate::serve::ServerOptions,
     /// `[cluster]`, when this process is a node of a cluster.
     pub cluster: Option<ClusterSpec>,
+    /// `[store]`: where `wma serve` and `wma chat --session` keep sessions
+    /// and runs (see `docs/sessions.md`).
+    pub store: StoreSpec,
+}
+
+/// `[store]`: where sessions, runs, consequential calls and pending
+/// approvals are kept.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StoreSpec {
+    /// `data_dir`, relative to the config's folder; `None`: the cache
+    /// folder (`$WMA_CACHE_DIR`, default `~/.cache/webmcp-agents`).
+    pub data_dir: Option<PathBuf>,
+    /// `database_url`: a PostgreSQL database instead of the SQLite file.
+    pub database_url: Option<String>,
+    /// `host`: this host's name on the runs it starts; `None`: `local`.
+    pub host: Option<String>,
+}
+
+impl StoreSpec {
+    /// The store's options: the data folder (the cache folder unless the
+    /// config names one), the database URL and the host name.
+    pub fn options(&self) -> Result<wma_store::StoreOptions, ConfigError> {
+        let data_dir = match &self.data_dir {
+            Some(dir) => dir.clone(),
+            None => wma_provider_ort::cache_dir().map_err(|e| ConfigError::Store(e.to_string()))?,
+        };
+        let mut options = wma_store::StoreOptions::in_data_dir(data_dir);
+        if let Some(url) = &self.database_url {
+            options = options.with_database_url(url.clone());
+        }
+        if let Some(host) = &self.host {
+            options = options.with_host(host.clone());
+        }
+        Ok(options)
+    }
 }
 
 /// One provider.

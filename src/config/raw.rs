@@ -27,6 +27,8 @@ pub(crate) struct RawConfig {
     pub(crate) telemetry: TelemetryConfig,
     #[serde(default)]
     pub(crate) server: RawServer,
+    #[serde(default)]
+    pub(crate) store: RawStore,
     pub(crate) cluster: Option<Spanned<RawCluster>>,
 }
 
@@ -191,6 +193,15 @@ pub(crate) struct RawServer {
     pub(crate) max_connections: Option<Spanned<u64>>,
     pub(crate) connection_wait_ms: Option<Spanned<u64>>,
     pub(crate) max_runs_per_client: Option<Spanned<u64>>,
+}
+
+/// `[store]`: where sessions and runs are kept.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawStore {
+    pub(crate) data_dir: Option<Spanned<String>>,
+    pub(crate) database_url: Option<Spanned<String>>,
+    pub(crate) host: Option<Spanned<String>>,
 }
 
 /// `[cluster]`.

@@ -24,11 +24,11 @@ use super::builtin::BUILTINS;
 use super::error::{ConfigError, Source};
 use super::raw::{
     Name, ProviderKind, RawAgent, RawApproval, RawCluster, RawConfig, RawConstraints, RawMode,
-    RawProvider, RawServer, RawToolSource, ToolKind,
+    RawProvider, RawServer, RawStore, RawToolSource, ToolKind,
 };
 use super::{
     AgentSpec, ClusterSpec, Config, DEFAULT_SERVER_LISTEN, ProviderConfig, ProviderSpec,
-    RemoteAgentSpec, ScriptedSpec, ToolSourceConfig, ToolSourceSpec,
+    RemoteAgentSpec, ScriptedSpec, StoreSpec, ToolSourceConfig, ToolSourceSpec,
 };
 
 type Result<T> = std::result::Result<T, ConfigError>;
@@ -135,6 +135,7 @@ pub(crate) fn validate(
             .expect("the default listen address parses"),
     };
     let server_options = server_options(source, &raw.server)?;
+    let store = store_spec(source, &raw.store)?;
     Ok(Config {
         file: source.file.clone(),
         providers,
@@ -149,6 +150,39 @@ pub(crate) fn validate(
         server_listen,
         server_options,
         cluster,
+        store,
+    })
+}
+
+/// `[store]`: a folder relative to the config's, a URL the store checks
+/// when it opens (its own messages name the URL), a host name.
+fn store_spec(source: &Source<'_>, raw: &RawStore) -> Result<StoreSpec> {
+    let non_empty = |value: &Option<Spanned<String>>, key: &str| -> Result<Option<String>> {
+        match value {
+            Some(v) if v.get_ref().trim().is_empty() => Err(source.invalid(
+                v.span(),
+                format!("store.{key}"),
+                format!("`{key}` is empty; leave it out for the default"),
+            )),
+            Some(v) => Ok(Some(v.get_ref().clone())),
+            None => Ok(None),
+        }
+    };
+    let base = source.file.parent().unwrap_or(std::path::Path::new(""));
+    let database_url = non_empty(&raw.database_url, "database_url")?;
+    if let (Some(url), Some(value)) = (&database_url, &raw.database_url)
+        && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
+    {
+        return Err(source.invalid(
+            value.span(),
+            "store.database_url",
+            "`database_url` names a PostgreSQL database (postgres://user@host:5432/wma); leave it out for the SQLite file in `data_dir`",
+        ));
+    }
+    Ok(StoreSpec {
+        data_dir: non_empty(&raw.data_dir, "data_dir")?.map(|d| base.join(d)),
+        database_url,
+        host: non_empty(&raw.host, "host")?,
     })
 }
 

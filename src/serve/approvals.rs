@@ -127,6 +127,10 @@ pub(crate) struct HttpApprover {
     pub(crate) registry: Arc<dyn PendingApprovals>,
     /// Answers for the rest of the run, by (asking agent, tool).
     pub(crate) remembered: Mutex<HashMap<(String, String), ApprovalAnswer>>,
+    /// The host's store, when it has one: each question is persisted (the
+    /// run `waiting-for-approval`, which a restart keeps) and its answer
+    /// recorded.
+    pub(crate) store: Option<wma_store::Store>,
 }
 
 impl HttpApprover {
@@ -141,6 +145,35 @@ impl HttpApprover {
             run_agent,
             registry,
             remembered: Mutex::new(HashMap::new()),
+            store: None,
+        }
+    }
+
+    /// The same, persisting its questions and answers in `store`.
+    pub(crate) fn with_store(mut self, store: wma_store::Store) -> Self {
+        self.store = Some(store);
+        self
+    }
+}
+
+/// A persisted question whose wait ended without an answer (Stop, the
+/// time limit, the run dropped): recorded as denied by the host, so that
+/// the run does not stay `waiting-for-approval` in the store.
+struct Unanswered {
+    store: Option<(wma_store::Store, String)>,
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        if let Some((store, id)) = self.store.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(async move {
+                let answer = ApprovalAnswer::deny()
+                    .by("host")
+                    .with_note("the run stopped waiting for an answer");
+                let _ = store.decide_approval(&id, &answer).await;
+            });
         }
     }
 }
@@ -167,21 +200,40 @@ impl Approver for HttpApprover {
         let key = (request.agent.clone(), request.tool.clone());
         // Before the first await: the question is listed before its part
         // reaches the client.
+        let question = self.store.as_ref().map(|_| request.clone());
         let answer = self.registry.insert(PendingApproval {
             run_id: self.run_id.clone(),
             run_agent: self.run_agent.clone(),
             request,
             asked_at,
         });
+
         let _forget = Forget {
             registry: self.registry.as_ref(),
             approval_id,
         };
+        // Persisted after it is listed (above, before any await): a person
+        // who answers at once is answered from memory; the store learns
+        // the answer below.
+        let mut unanswered = Unanswered { store: None };
+        if let (Some(store), Some(question)) = (&self.store, &question) {
+            match store.request_approval(&self.run_id, question).await {
+                Ok(stored) => unanswered.store = Some((store.clone(), stored.id)),
+                Err(e) => {
+                    tracing::warn!(run_id = %self.run_id, error = %e, "the question was not persisted; it is kept in memory only")
+                }
+            }
+        }
         let answer = answer.await.unwrap_or_else(|_| {
             ApprovalAnswer::deny()
                 .by("host")
                 .with_note("the host dropped the question")
         });
+        if let Some((store, id)) = unanswered.store.take()
+            && let Err(e) = store.decide_approval(&id, &answer).await
+        {
+            tracing::warn!(run_id = %self.run_id, error = %e, "the answer was not recorded in the store");
+        }
         if answer.remember {
             self.remembered
                 .lock()

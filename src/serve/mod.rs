@@ -11,6 +11,10 @@
 //! | `GET /v1/approvals` | the calls of every run that wait for approval |
 //! | `GET /v1/agents/{agent}/runs/{run}/approvals` | the calls of one run that wait |
 //! | `POST /v1/agents/{agent}/runs/{run}/approvals/{approval}` | approves or denies one |
+//! | `POST /v1/sessions`, `GET /v1/sessions` | starts a session, lists them (with a store) |
+//! | `GET /v1/sessions/{session}`, `DELETE /v1/sessions/{session}` | reads one with its messages and runs, deletes it |
+//! | `POST /v1/sessions/{session}/runs` | continues it: a run whose history is the session's |
+//! | `GET /v1/runs/{run}/events` | a run's parts after `Last-Event-ID`, then the live rest |
 //!
 //! Only the operator gets in: every request but a bare health check needs
 //! the bearer token, pages of other origins and requests for other host
@@ -25,6 +29,7 @@ mod conn;
 mod guard;
 mod health;
 mod options;
+mod sessions;
 mod token;
 
 use std::collections::{BTreeMap, HashMap};
@@ -59,6 +64,7 @@ pub use options::{
     DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_RUNS_PER_CLIENT, MIN_TOKEN_CHARS,
     ServerOptions, TOKEN_FILE_NAME, TokenSource,
 };
+pub use sessions::{ContinueBody, SESSION_ID_HEADER, SESSIONS_LISTED, SessionBody, turn_messages};
 pub use token::{Token, TokenOrigin};
 
 /// The header that carries a new run's id (it is also the first event).
@@ -90,6 +96,9 @@ pub struct Api {
     /// in the health check.
     tool_sets: Vec<(String, Arc<wma_tools::ToolSet>)>,
     started: Instant,
+    /// Where sessions, runs' logs and pending approvals are kept; without
+    /// one, runs stream from memory only and `/v1/sessions` answers 503.
+    store: Option<wma_store::Store>,
 }
 
 impl Api {
@@ -114,7 +123,23 @@ impl Api {
             providers,
             tool_sets: Vec::new(),
             started: Instant::now(),
+            store: None,
         }))
+    }
+
+    /// The same API keeping its sessions, runs and pending approvals in
+    /// `store` (call it before the server starts, while the API is not
+    /// shared yet; a shared one is returned unchanged).
+    pub fn with_store(mut api: Arc<Self>, store: wma_store::Store) -> Arc<Self> {
+        if let Some(inner) = Arc::get_mut(&mut api) {
+            inner.store = Some(store);
+        }
+        api
+    }
+
+    /// The store, when the API has one.
+    pub fn store(&self) -> Option<&wma_store::Store> {
+        self.store.as_ref()
     }
 
     /// The API over a started config, its tool sources' health included.
@@ -205,6 +230,8 @@ pub(crate) struct Server {
     runs: Arc<RunBook>,
     /// The questions of its runs that wait for a person.
     approvals: Arc<dyn PendingApprovals>,
+    /// The runs with a durable log this process drives.
+    live: Arc<sessions::LiveRuns>,
 }
 
 impl Server {
@@ -213,6 +240,7 @@ impl Server {
             guard: guard::Guard::new(token, listen, &options),
             runs: Arc::new(RunBook::default()),
             approvals: Arc::new(InMemoryApprovals::default()),
+            live: Arc::new(sessions::LiveRuns::default()),
             api,
             options,
         }
@@ -395,23 +423,68 @@ async fn route(server: &Server, peer: SocketAddr, request: Request<Incoming>) ->
         (&Method::POST, ["v1", "agents", agent, "runs", run, "stop"]) => {
             stop_run(server, agent, run).await
         }
-        (&Method::GET, ["v1", "approvals"]) => list_approvals(server, None),
+        (&Method::GET, ["v1", "approvals"]) => list_approvals(server, None).await,
         (&Method::GET, ["v1", "agents", agent, "runs", run, "approvals"]) => {
             match find_run(server, agent, run) {
-                Ok(run) => list_approvals(server, Some(&run)),
+                Ok(run) => list_approvals(server, Some(&run)).await,
+                // A run of the last process that waits for an answer.
+                Err((StatusCode::NOT_FOUND, _)) if stored_run_of(server, agent, run).await => {
+                    list_approvals(server, Some(&run.to_ascii_lowercase())).await
+                }
                 Err((status, message)) => error(status, message),
             }
         }
         (&Method::POST, ["v1", "agents", agent, "runs", run, "approvals", approval]) => {
-            let run = match find_run(server, agent, run) {
+            let (agent, approval) = (agent.to_string(), approval.to_string());
+            let found = find_run(server, &agent, run);
+            let stored = matches!(&found, Err((StatusCode::NOT_FOUND, _)))
+                && stored_run_of(server, &agent, run).await;
+            let run = match found {
                 Ok(run) => run,
+                Err(_) if stored => run.to_ascii_lowercase(),
                 Err((status, message)) => return error(status, message),
             };
-            let approval = approval.to_string();
-            match read_json::<DecisionBody>(&server.options, request).await {
-                Ok(body) => decide(server, &run, &approval, body),
+            let body = match read_json::<DecisionBody>(&server.options, request).await {
+                Ok(body) => body,
+                Err(response) => return response,
+            };
+            if stored {
+                let answer = body.answer();
+                return match sessions::decide_stored(server, &agent, &run, &approval, &answer).await
+                {
+                    Some(response) => response,
+                    None => error(
+                        StatusCode::NOT_FOUND,
+                        format!(
+                            "no call of run `{run}` waits for approval `{approval}` (answered already, stopped, or timed out)"
+                        ),
+                    ),
+                };
+            }
+            decide(server, &run, &approval, body)
+        }
+        (&Method::POST, ["v1", "sessions"]) => {
+            match read_json::<SessionBody>(&server.options, request).await {
+                Ok(body) => sessions::create(server, body).await,
                 Err(response) => response,
             }
+        }
+        (&Method::GET, ["v1", "sessions"]) => sessions::list(server).await,
+        (&Method::GET, ["v1", "sessions", id]) => sessions::read(server, id).await,
+        (&Method::DELETE, ["v1", "sessions", id]) => sessions::delete(server, id).await,
+        (&Method::POST, ["v1", "sessions", id, "runs"]) => {
+            let id = id.to_string();
+            match read_json::<ContinueBody>(&server.options, request).await {
+                Ok(body) => sessions::continue_session(server, peer.ip(), &id, body).await,
+                Err(response) => response,
+            }
+        }
+        (&Method::GET, ["v1", "runs", run, "events"]) => {
+            let last = request
+                .headers()
+                .get("last-event-id")
+                .and_then(|v| v.to_str().ok());
+            sessions::events(server, run, last).await
         }
         (&Method::PUT, ["v1", "agents", agent, "provider"]) => {
             let agent = agent.to_string();
@@ -425,7 +498,11 @@ async fn route(server: &Server, peer: SocketAddr, request: Request<Incoming>) ->
         | (_, ["v1", "agents", _, "runs", _, "stop"])
         | (_, ["v1", "approvals"])
         | (_, ["v1", "agents", _, "runs", _, "approvals"])
-        | (_, ["v1", "agents", _, "runs", _, "approvals", _]) => error(
+        | (_, ["v1", "agents", _, "runs", _, "approvals", _])
+        | (_, ["v1", "sessions"])
+        | (_, ["v1", "sessions", _])
+        | (_, ["v1", "sessions", _, "runs"])
+        | (_, ["v1", "runs", _, "events"]) => error(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("{method} is not allowed on {path}"),
         ),
@@ -621,6 +698,9 @@ async fn start_run(server: &Server, client: IpAddr, name: &str, body: RunBody) -
             );
         }
     };
+    if server.api.store.is_some() {
+        return sessions::start_in_new_session(server, client, name, messages, rules).await;
+    }
     let limit = server.options.max_runs_per_client;
     let Some(mut ticket) = server.runs.admit(client, limit) else {
         return error(
@@ -694,14 +774,29 @@ fn find_run(server: &Server, name: &str, run: &str) -> Result<String, (StatusCod
     }
 }
 
-/// `GET /v1/approvals`, or one run's.
-fn list_approvals(server: &Server, run: Option<&str>) -> Response<Body> {
-    let list: Vec<PendingApproval> = server
+/// Whether the store has a run `run` of agent `name` that this process
+/// does not drive (one the last process left).
+async fn stored_run_of(server: &Server, name: &str, run: &str) -> bool {
+    let Some(store) = &server.api.store else {
+        return false;
+    };
+    let run = run.to_ascii_lowercase();
+    !server.live.is_live(&run)
+        && matches!(store.run(&run).await, Ok(Some(stored)) if stored.agent == name)
+}
+
+/// `GET /v1/approvals`, or one run's: the questions of the runs this
+/// process drives, then those the store kept of runs that waited when the
+/// last process went away (`"live": false`).
+async fn list_approvals(server: &Server, run: Option<&str>) -> Response<Body> {
+    let mut list: Vec<Value> = server
         .approvals
         .list()
         .into_iter()
         .filter(|p| run.is_none_or(|r| p.run_id == r))
+        .map(|p| serde_json::to_value(p).unwrap_or(Value::Null))
         .collect();
+    list.extend(sessions::stored_pending(server, run).await);
     json_response(StatusCode::OK, &json!({"approvals": list}))
 }
 
@@ -720,18 +815,26 @@ pub struct DecisionBody {
     pub note: Option<String>,
 }
 
+impl DecisionBody {
+    /// The answer this body gives.
+    pub fn answer(&self) -> ApprovalAnswer {
+        let mut answer = if self.approve {
+            ApprovalAnswer::approve()
+        } else {
+            ApprovalAnswer::deny()
+        };
+        if self.for_session {
+            answer = answer.remembered();
+        }
+        if let Some(note) = &self.note {
+            answer = answer.with_note(note.clone());
+        }
+        answer
+    }
+}
+
 fn decide(server: &Server, run: &str, approval: &str, body: DecisionBody) -> Response<Body> {
-    let mut answer = if body.approve {
-        ApprovalAnswer::approve()
-    } else {
-        ApprovalAnswer::deny()
-    };
-    if body.for_session {
-        answer = answer.remembered();
-    }
-    if let Some(note) = body.note {
-        answer = answer.with_note(note);
-    }
+    let answer = body.answer();
     match server.approvals.answer(run, approval, answer) {
         Ok(pending) => json_response(
             StatusCode::OK,

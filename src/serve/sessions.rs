@@ -1,0 +1,699 @@
+//! Sessions and durable runs of `wma serve`, on the host's [`Store`]:
+//! the `/v1/sessions` endpoints, runs whose parts are appended to the
+//! store's log as they stream (the part's sequence number is the SSE
+//! event's `id:`), reconnecting to a run's events with `Last-Event-ID`,
+//! and pending approvals that a restart keeps.
+//!
+//! A run started with a store is driven by a task of its own, not by the
+//! client's connection: a client that goes away does not stop it (Stop
+//! does), and reconnecting gets what it missed and then the live rest.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::StreamExt;
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::{Bytes, Frame};
+use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
+use hyper::{Response, StatusCode};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use wma_agent::{AgentStreamPart, ApprovalAnswer, ChatMessage, ToolCall};
+use wma_runtime::{RunApprovals, TaggedPart};
+use wma_store::{Approval, RunLog, RunStatus, Store, StoreError};
+
+use super::{
+    Body, RUN_ID_BYTES, RUN_ID_HEADER, RunBody, RunTicket, Server, approvals, error, json_response,
+    runtime_error, token,
+};
+
+/// The header that carries the session a run belongs to.
+pub const SESSION_ID_HEADER: &str = "x-session-id";
+
+/// Most sessions `GET /v1/sessions` lists (the newest).
+pub const SESSIONS_LISTED: u32 = 200;
+
+/// The events of one run this process drives: every event so far (the
+/// live part of the log, for clients that join late) and a signal for
+/// each new one.
+pub(crate) struct Feed {
+    state: Mutex<FeedState>,
+    signal: watch::Sender<usize>,
+}
+
+#[derive(Default)]
+struct FeedState {
+    /// (sequence number, the SSE event) in order.
+    events: Vec<(u64, Bytes)>,
+    done: bool,
+}
+
+impl Feed {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(FeedState::default()),
+            signal: watch::channel(0).0,
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, FeedState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn push(&self, seq: u64, event: Bytes) {
+        self.state().events.push((seq, event));
+        self.signal.send_modify(|n| *n += 1);
+    }
+
+    fn finish(&self) {
+        self.state().done = true;
+        self.signal.send_modify(|n| *n += 1);
+    }
+
+    /// The events numbered above `after`, then each new one until the run
+    /// ends.
+    fn follow(self: &Arc<Self>, after: u64) -> impl futures::Stream<Item = Bytes> + use<> {
+        // Subscribed before the first read: nothing pushed in between is
+        // missed.
+        let signal = self.signal.subscribe();
+        let feed = self.clone();
+        futures::stream::unfold(
+            (feed, signal, after, Vec::<Bytes>::new()),
+            |(feed, mut signal, mut after, mut ready)| async move {
+                loop {
+                    if !ready.is_empty() {
+                        let event = ready.remove(0);
+                        return Some((event, (feed, signal, after, ready)));
+                    }
+                    let done = {
+                        let state = feed.state();
+                        let from = after;
+                        for (seq, event) in state.events.iter().filter(|(s, _)| *s > from) {
+                            ready.push(event.clone());
+                            after = *seq;
+                        }
+                        state.done
+                    };
+                    if !ready.is_empty() {
+                        continue;
+                    }
+                    if done || signal.changed().await.is_err() {
+                        return None;
+                    }
+                }
+            },
+        )
+    }
+}
+
+/// The runs this process drives, by public id.
+#[derive(Default)]
+pub(crate) struct LiveRuns {
+    runs: Mutex<HashMap<String, LiveRun>>,
+}
+
+#[derive(Clone)]
+struct LiveRun {
+    session_id: String,
+    feed: Arc<Feed>,
+}
+
+impl LiveRuns {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, LiveRun>> {
+        self.runs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn get(&self, run: &str) -> Option<LiveRun> {
+        self.lock().get(run).cloned()
+    }
+
+    fn in_session(&self, session: &str) -> bool {
+        self.lock().values().any(|r| r.session_id == session)
+    }
+
+    /// Whether this process drives the run.
+    pub(crate) fn is_live(&self, run: &str) -> bool {
+        self.lock().contains_key(run)
+    }
+}
+
+fn store_error(e: &StoreError) -> Response<Body> {
+    let status = match e {
+        StoreError::SessionNotFound(_)
+        | StoreError::RunNotFound(_)
+        | StoreError::ApprovalNotFound(_) => StatusCode::NOT_FOUND,
+        StoreError::RunEnded { .. } | StoreError::AlreadyDecided { .. } => StatusCode::CONFLICT,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    error(status, e.to_string())
+}
+
+fn no_store() -> Response<Body> {
+    error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "this server keeps no sessions (it was started without a store)",
+    )
+}
+
+fn is_id(id: &str) -> bool {
+    id.len() == 2 * RUN_ID_BYTES && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The body of `POST /v1/sessions`. Public so that the property tests
+/// parse bodies as the server does.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionBody {
+    /// The agent the conversation is with (one hosted here).
+    pub agent: String,
+    /// A title; default: the start of the first request.
+    pub title: Option<String>,
+}
+
+/// The body of `POST /v1/sessions/{session}/runs`: the next request; the
+/// history is the session's. Public so that the property tests parse
+/// bodies as the server does.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContinueBody {
+    /// The person's next request.
+    pub input: String,
+    /// The run's own approval rules, as in a run's body.
+    pub approval: Option<std::collections::BTreeMap<String, wma_agent::ApprovalMode>>,
+}
+
+/// `POST /v1/sessions`.
+pub(crate) async fn create(server: &Server, body: SessionBody) -> Response<Body> {
+    let Some(store) = &server.api.store else {
+        return no_store();
+    };
+    if server.api.agent(&body.agent).is_none() {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("there is no agent named `{}`", body.agent),
+        );
+    }
+    match store
+        .create_session(&body.agent, body.title.as_deref().unwrap_or(""))
+        .await
+    {
+        Ok(session) => json_response(
+            StatusCode::CREATED,
+            &serde_json::to_value(session).unwrap_or(Value::Null),
+        ),
+        Err(e) => store_error(&e),
+    }
+}
+
+/// `GET /v1/sessions`.
+pub(crate) async fn list(server: &Server) -> Response<Body> {
+    let Some(store) = &server.api.store else {
+        return no_store();
+    };
+    match store.list_sessions(SESSIONS_LISTED).await {
+        Ok(sessions) => json_response(StatusCode::OK, &json!({"sessions": sessions})),
+        Err(e) => store_error(&e),
+    }
+}
+
+/// `GET /v1/sessions/{session}`: the session, its messages and its runs.
+pub(crate) async fn read(server: &Server, id: &str) -> Response<Body> {
+    let Some(store) = &server.api.store else {
+        return no_store();
+    };
+    if !is_id(id) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("`{id}` is not a session id"),
+        );
+    }
+    let id = id.to_ascii_lowercase();
+    let session = match store.session_with_messages(&id).await {
+        Ok(Some(session)) => session,
+        Ok(None) => return error(StatusCode::NOT_FOUND, format!("no session `{id}`")),
+        Err(e) => return store_error(&e),
+    };
+    let runs = match store.runs_of_session(&id).await {
+        Ok(runs) => runs,
+        Err(e) => return store_error(&e),
+    };
+    let mut body = serde_json::to_value(session).unwrap_or(Value::Null);
+    body["runs"] = serde_json::to_value(runs).unwrap_or(Value::Null);
+    json_response(StatusCode::OK, &body)
+}
+
+/// `DELETE /v1/sessions/{session}`: refused while one of its runs runs here.
+pub(crate) async fn delete(server: &Server, id: &str) -> Response<Body> {
+    let Some(store) = &server.api.store else {
+        return no_store();
+    };
+    if !is_id(id) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("`{id}` is not a session id"),
+        );
+    }
+    let id = id.to_ascii_lowercase();
+    if server.live.in_session(&id) {
+        return error(
+            StatusCode::CONFLICT,
+            format!("a run of session `{id}` is running; stop it first"),
+        );
+    }
+    match store.delete_session(&id).await {
+        Ok(true) => json_response(StatusCode::OK, &json!({"deleted": true})),
+        Ok(false) => error(StatusCode::NOT_FOUND, format!("no session `{id}`")),
+        Err(e) => store_error(&e),
+    }
+}
+
+/// `POST /v1/sessions/{session}/runs`: a run of the session's agent whose
+/// history is the session's messages and the new request.
+pub(crate) async fn continue_session(
+    server: &Server,
+    client: IpAddr,
+    id: &str,
+    body: ContinueBody,
+) -> Response<Body> {
+    let Some(store) = &server.api.store else {
+        return no_store();
+    };
+    if !is_id(id) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            format!("`{id}` is not a session id"),
+        );
+    }
+    let id = id.to_ascii_lowercase();
+    let session = match store.session_with_messages(&id).await {
+        Ok(Some(session)) => session,
+        Ok(None) => return error(StatusCode::NOT_FOUND, format!("no session `{id}`")),
+        Err(e) => return store_error(&e),
+    };
+    let run_body = RunBody {
+        input: None,
+        messages: None,
+        approval: body.approval,
+    };
+    let rules = match run_body.approval_rules() {
+        Ok(rules) => rules,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    let mut history = session.messages;
+    let new = vec![ChatMessage::user(body.input)];
+    history.extend(new.iter().cloned());
+    let agent = session.session.agent;
+    start_durable(server, client, &agent, &id, history, new, rules).await
+}
+
+/// `POST /v1/agents/{agent}/runs` on a server with a store: the run gets a
+/// session of its own holding the conversation it was given.
+pub(crate) async fn start_in_new_session(
+    server: &Server,
+    client: IpAddr,
+    agent: &str,
+    messages: Vec<ChatMessage>,
+    rules: Vec<wma_agent::ApprovalRule>,
+) -> Response<Body> {
+    let Some(store) = &server.api.store else {
+        return no_store();
+    };
+    let session = match store.create_session(agent, "").await {
+        Ok(session) => session,
+        Err(e) => return store_error(&e),
+    };
+    start_durable(
+        server,
+        client,
+        agent,
+        &session.id,
+        messages.clone(),
+        messages,
+        rules,
+    )
+    .await
+}
+
+/// Starts a run in a session: `new` is appended to the session first,
+/// `history` (the session's messages and `new`) is what the loop sees.
+/// The run is driven by a task of its own; the response follows its feed.
+async fn start_durable(
+    server: &Server,
+    client: IpAddr,
+    name: &str,
+    session_id: &str,
+    history: Vec<ChatMessage>,
+    new: Vec<ChatMessage>,
+    rules: Vec<wma_agent::ApprovalRule>,
+) -> Response<Body> {
+    let Some(store) = server.api.store.clone() else {
+        return no_store();
+    };
+    let Some(agent) = server.api.agent(name) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("there is no agent named `{name}`"),
+        );
+    };
+    let limit = server.options.max_runs_per_client;
+    let Some(mut ticket) = server.runs.admit(client, limit) else {
+        return error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "this client already has {limit} runs streaming (the server's limit); try again when one finishes"
+            ),
+        );
+    };
+    let id = match token::random_hex(RUN_ID_BYTES) {
+        Ok(id) => id,
+        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    };
+    if let Err(e) = store.append_messages(session_id, &new).await {
+        return store_error(&e);
+    }
+    let stored = match store.start_run(session_id, name, Some(&id)).await {
+        Ok(run) => run,
+        Err(e) => return store_error(&e),
+    };
+    let log = RunLog::for_run(&store, &stored);
+    let approver =
+        approvals::HttpApprover::new(id.clone(), name.to_string(), server.approvals.clone())
+            .with_store(store.clone());
+    let approvals = RunApprovals::asking(Arc::new(approver)).with_rules(rules);
+    let run = match agent
+        .handle
+        .run_with(history, CancellationToken::new(), approvals)
+        .await
+    {
+        Ok(run) => run,
+        Err(e) => {
+            // The run never started: its row says so.
+            let _ = store.set_run_status(&id, RunStatus::Interrupted).await;
+            return runtime_error(&e);
+        }
+    };
+    ticket.register(&id, name, run.id());
+    let feed = Feed::new();
+    server.live.lock().insert(
+        id.clone(),
+        LiveRun {
+            session_id: session_id.to_string(),
+            feed: feed.clone(),
+        },
+    );
+    tokio::spawn(drive(
+        DriveRun {
+            store,
+            log,
+            feed: feed.clone(),
+            live: server.live.clone(),
+            ticket,
+            id: id.clone(),
+            session_id: session_id.to_string(),
+        },
+        run.tagged(),
+    ));
+    let first = super::sse_event(
+        "run",
+        &json!({"agent": name, "run_id": id, "session_id": session_id}),
+    );
+    let events = futures::stream::once(async move { first })
+        .chain(feed.follow(0))
+        .map(|event| Ok::<_, Infallible>(Frame::data(event)));
+    event_stream(events, Some((&id, session_id)))
+}
+
+fn event_stream(
+    events: impl futures::Stream<Item = Result<Frame<Bytes>, Infallible>> + Send + 'static,
+    ids: Option<(&str, &str)>,
+) -> Response<Body> {
+    let mut response = Response::new(BodyExt::boxed_unsync(StreamBody::new(events)));
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    if let Some((run, session)) = ids {
+        if let Ok(value) = HeaderValue::from_str(run) {
+            headers.insert(RUN_ID_HEADER, value);
+        }
+        if let Ok(value) = HeaderValue::from_str(session) {
+            headers.insert(SESSION_ID_HEADER, value);
+        }
+    }
+    response
+}
+
+/// A part as an SSE event whose id is its sequence number in the log.
+fn part_event(seq: u64, data: &Value) -> Bytes {
+    Bytes::from(format!("id: {seq}\nevent: part\ndata: {data}\n\n"))
+}
+
+struct DriveRun {
+    store: Store,
+    log: RunLog,
+    feed: Arc<Feed>,
+    live: Arc<LiveRuns>,
+    ticket: RunTicket,
+    id: String,
+    session_id: String,
+}
+
+/// Reads the run to its end: each part into the log and onto the feed;
+/// then the log flushed, the answer appended to the session, a run that
+/// ended without its terminal part marked interrupted.
+async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
+    let mut own = Vec::new();
+    while let Some(part) = parts.next().await {
+        let part: TaggedPart = part;
+        let seq = run.log.append(&part.agent, part.depth, part.part.clone());
+        let data = serde_json::to_value(&part).unwrap_or(Value::Null);
+        run.feed.push(seq, part_event(seq, &data));
+        if part.depth == 0 {
+            own.push(part.part);
+        }
+    }
+    if let Err(e) = run.log.flush().await {
+        tracing::warn!(run_id = %run.id, error = %e, "the run's log is incomplete");
+    }
+    let answer = turn_messages(&own);
+    if let Err(e) = run.store.append_messages(&run.session_id, &answer).await {
+        tracing::warn!(run_id = %run.id, error = %e, "the run's answer was not added to its session");
+    }
+    match run.store.run(&run.id).await {
+        Ok(Some(stored)) if !stored.status.is_ended() => {
+            let _ = run
+                .store
+                .set_run_status(&run.id, RunStatus::Interrupted)
+                .await;
+        }
+        _ => {}
+    }
+    run.live.lock().remove(&run.id);
+    run.feed.finish();
+    drop(run.ticket);
+}
+
+/// `GET /v1/runs/{run}/events`: the parts numbered above `Last-Event-ID`
+/// (all without it), then the live rest while the run runs here.
+pub(crate) async fn events(
+    server: &Server,
+    run: &str,
+    last_event_id: Option<&str>,
+) -> Response<Body> {
+    let Some(store) = &server.api.store else {
+        return no_store();
+    };
+    if !is_id(run) {
+        return error(StatusCode::BAD_REQUEST, format!("`{run}` is not a run id"));
+    }
+    let after = match last_event_id.map(str::trim) {
+        None | Some("") => 0,
+        Some(value) => match value.parse::<u64>() {
+            Ok(n) => n,
+            Err(_) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    format!("`Last-Event-ID: {value}` is not a part's sequence number"),
+                );
+            }
+        },
+    };
+    let run = run.to_ascii_lowercase();
+    let stored = match store.run(&run).await {
+        Ok(Some(stored)) => stored,
+        Ok(None) => return error(StatusCode::NOT_FOUND, format!("no run `{run}`")),
+        Err(e) => return store_error(&e),
+    };
+    if let Some(live) = server.live.get(&run) {
+        let events = live
+            .feed
+            .follow(after)
+            .map(|event| Ok::<_, Infallible>(Frame::data(event)));
+        return event_stream(events, Some((&run, &stored.session_id)));
+    }
+    let parts = match store.parts_after(&run, after).await {
+        Ok(parts) => parts,
+        Err(e) => return store_error(&e),
+    };
+    let events: Vec<Result<Frame<Bytes>, Infallible>> = parts
+        .iter()
+        .map(|p| Ok(Frame::data(part_event(p.seq, &p.event_data()))))
+        .collect();
+    event_stream(
+        futures::stream::iter(events),
+        Some((&run, &stored.session_id)),
+    )
+}
+
+/// The pending approvals the store keeps of runs this process does not
+/// drive (a run that waited when the last process went away), as the
+/// list shows them: `"live": false` and the run's stored status.
+pub(crate) async fn stored_pending(server: &Server, run: Option<&str>) -> Vec<Value> {
+    let Some(store) = &server.api.store else {
+        return Vec::new();
+    };
+    let pending = match run {
+        Some(run) => store.approvals_of_run(run).await.map(|all| {
+            all.into_iter()
+                .filter(Approval::is_pending)
+                .collect::<Vec<_>>()
+        }),
+        None => store.pending_approvals(None).await,
+    };
+    let pending = match pending {
+        Ok(pending) => pending,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not read the stored approvals");
+            return Vec::new();
+        }
+    };
+    let mut listed = Vec::new();
+    for approval in pending {
+        if server.live.is_live(&approval.run_id) {
+            continue;
+        }
+        // A run that ended (stopped while it waited) asks nothing any more.
+        let Ok(Some(stored)) = store.run(&approval.run_id).await else {
+            continue;
+        };
+        if stored.status != RunStatus::WaitingForApproval {
+            continue;
+        }
+        let mut value = serde_json::to_value(super::PendingApproval {
+            run_id: approval.run_id.clone(),
+            run_agent: stored.agent.clone(),
+            request: approval.request.clone(),
+            asked_at: u64::try_from(approval.requested_at / 1000).unwrap_or(0),
+        })
+        .unwrap_or(Value::Null);
+        value["live"] = Value::Bool(false);
+        value["run_status"] = Value::from(stored.status.as_str());
+        value["session_id"] = Value::from(stored.session_id.as_str());
+        listed.push(value);
+    }
+    listed
+}
+
+/// Answers a stored question of a run this process does not drive: the
+/// decision is recorded, and since the run's loop went away with the last
+/// process, the run is then `interrupted` (the session goes on with a new
+/// run). `None` when the store has no such pending question.
+pub(crate) async fn decide_stored(
+    server: &Server,
+    agent: &str,
+    run: &str,
+    approval: &str,
+    answer: &ApprovalAnswer,
+) -> Option<Response<Body>> {
+    let store = server.api.store.as_ref()?;
+    let run = run.to_ascii_lowercase();
+    let stored = store.run(&run).await.ok()??;
+    if stored.agent != agent || server.live.is_live(&run) {
+        return None;
+    }
+    let all = store.approvals_of_run(&run).await.ok()?;
+    let found = all
+        .into_iter()
+        .find(|a| a.is_pending() && a.request.approval_id == approval)?;
+    let decided = match store.decide_approval(&found.id, answer).await {
+        Ok(decided) => decided,
+        Err(e) => return Some(store_error(&e)),
+    };
+    let status = match store.set_run_status(&run, RunStatus::Interrupted).await {
+        Ok(run) => run.status,
+        Err(_) => store
+            .run(&run)
+            .await
+            .ok()
+            .flatten()
+            .map_or(RunStatus::Interrupted, |r| r.status),
+    };
+    Some(json_response(
+        StatusCode::OK,
+        &json!({
+            "approval_id": decided.request.approval_id,
+            "tool": decided.request.tool,
+            "approved": answer.approved,
+            "for_session": answer.remember,
+            "run_status": status.as_str(),
+            "resumed": false,
+        }),
+    ))
+}
+
+/// The messages a run adds to its conversation, from its own (depth 0)
+/// parts: each step's text and calls as an assistant message, followed by
+/// the calls' results. Rules and approvals are about the run, not the
+/// conversation (a denied call's error is).
+pub fn turn_messages(parts: &[AgentStreamPart]) -> Vec<ChatMessage> {
+    let mut out = Vec::new();
+    let mut text = String::new();
+    let mut calls = Vec::new();
+    let mut results = Vec::new();
+    let mut flush =
+        |text: &mut String, calls: &mut Vec<ToolCall>, results: &mut Vec<ChatMessage>| {
+            if !text.is_empty() || !calls.is_empty() {
+                out.push(ChatMessage::assistant_calls(
+                    std::mem::take(text),
+                    std::mem::take(calls),
+                ));
+                out.append(results);
+            }
+        };
+    for part in parts {
+        match part {
+            AgentStreamPart::Rule { .. }
+            | AgentStreamPart::ApprovalRequested { .. }
+            | AgentStreamPart::ApprovalDecided { .. } => {}
+            AgentStreamPart::MessageStart { .. }
+            | AgentStreamPart::Finish { .. }
+            | AgentStreamPart::Error { .. } => flush(&mut text, &mut calls, &mut results),
+            AgentStreamPart::Text { text: t } => {
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                text.push_str(t);
+            }
+            AgentStreamPart::ToolCall {
+                call_id,
+                name,
+                arguments,
+            } => calls.push(ToolCall::new(call_id, name, arguments.clone())),
+            AgentStreamPart::ToolResult {
+                call_id,
+                name,
+                output,
+            } => results.push(ChatMessage::tool_result(call_id, name, output)),
+            AgentStreamPart::ToolError {
+                call_id,
+                name,
+                error,
+            } => results.push(ChatMessage::tool_error(call_id, name, error.to_string())),
+        }
+    }
+    flush(&mut text, &mut calls, &mut results);
+    out
+}

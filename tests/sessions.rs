@@ -1,0 +1,705 @@
+//! Sessions and runs that survive a restart, through `wma serve`'s HTTP
+//! API on the host's store: a session created, continued twice (the loop
+//! sees the first run's request and answer in the second's history), read
+//! and deleted, on SQLite and on a real PostgreSQL server; reconnecting to
+//! a run's events with `Last-Event-ID`; and a real `wma serve` process
+//! killed with SIGKILL mid-conversation and started again on the same
+//! store. Scripted providers stand in for models.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+use reqwest::{Client, Response, StatusCode};
+use serde_json::{Value, json};
+use tokio::io::AsyncBufReadExt;
+use tokio_util::sync::CancellationToken;
+use webmcp_agents::agent::{LocalLoopOptions, PromptRole, ScriptedProvider, ScriptedReply};
+use webmcp_agents::config::Config;
+use webmcp_agents::runtime::{AgentConfig, ProviderSource, Runtime};
+use webmcp_agents::serve::{self, ServerOptions, TokenSource};
+use webmcp_agents::store::{Store, StoreOptions};
+
+const TOKEN: &str = "sessions-token-0123456789abcdef0123456789abcdef";
+/// How long a test waits for what must happen before it calls it a hang.
+const HANG: Duration = Duration::from_secs(30);
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "wma-sessions-{name}-{}-{:?}",
+        std::process::id(),
+        std::time::SystemTime::now()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn client(token: &str) -> Client {
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        AUTHORIZATION,
+        HeaderValue::from_str(&format!("Bearer {token}")).unwrap(),
+    );
+    Client::builder().default_headers(headers).build().unwrap()
+}
+
+async fn json_of(response: Response) -> (StatusCode, Value) {
+    let status = response.status();
+    let text = response.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or_else(|_| panic!("not JSON: {text}")),
+    )
+}
+
+/// One server-sent event: its id (a part's sequence number), name, data.
+#[derive(Debug, Clone, PartialEq)]
+struct Event {
+    id: Option<u64>,
+    name: String,
+    data: Value,
+}
+
+struct Events {
+    response: Response,
+    buffer: String,
+}
+
+impl Events {
+    fn new(response: Response) -> Self {
+        Self {
+            response,
+            buffer: String::new(),
+        }
+    }
+
+    async fn next(&mut self) -> Option<Event> {
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let raw: String = self.buffer.drain(..end + 2).collect();
+                let mut event = Event {
+                    id: None,
+                    name: String::new(),
+                    data: Value::Null,
+                };
+                for line in raw.lines() {
+                    if let Some(v) = line.strip_prefix("id: ") {
+                        event.id = Some(v.parse().expect("an event id is a number"));
+                    } else if let Some(v) = line.strip_prefix("event: ") {
+                        event.name = v.to_string();
+                    } else if let Some(v) = line.strip_prefix("data: ") {
+                        event.data = serde_json::from_str(v).expect("event data is JSON");
+                    }
+                }
+                return Some(event);
+            }
+            let chunk = tokio::time::timeout(HANG, self.response.chunk())
+                .await
+                .expect("an event in time")
+                .expect("the stream reads")?;
+            self.buffer
+                .push_str(std::str::from_utf8(&chunk).expect("UTF-8"));
+        }
+    }
+
+    async fn rest(&mut self) -> Vec<Event> {
+        let mut events = Vec::new();
+        while let Some(event) = self.next().await {
+            events.push(event);
+        }
+        events
+    }
+
+    /// Events up to the first part of this type (included).
+    async fn until(&mut self, kind: &str) -> Vec<Event> {
+        let mut events = Vec::new();
+        loop {
+            let event = self.next().await.expect("the run goes on");
+            let found = event.data["type"] == kind;
+            events.push(event);
+            if found {
+                return events;
+            }
+        }
+    }
+}
+
+/// A client of one server.
+struct Api {
+    base: String,
+    client: Client,
+}
+
+impl Api {
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        json_of(
+            self.client
+                .get(format!("{}{path}", self.base))
+                .timeout(HANG)
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Response {
+        self.client
+            .post(format!("{}{path}", self.base))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        json_of(
+            self.client
+                .delete(format!("{}{path}", self.base))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await
+    }
+
+    /// `GET /v1/runs/{run}/events` with `Last-Event-ID: after`.
+    async fn events_after(&self, run: &str, after: u64) -> Events {
+        let response = self
+            .client
+            .get(format!("{}/v1/runs/{run}/events", self.base))
+            .header("Last-Event-ID", after.to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        Events::new(response)
+    }
+
+    async fn new_session(&self, agent: &str) -> String {
+        let (status, session) =
+            json_of(self.post("/v1/sessions", json!({"agent": agent})).await).await;
+        assert_eq!(status, StatusCode::CREATED, "{session}");
+        session["id"].as_str().unwrap().to_string()
+    }
+
+    /// Continues a session; returns the run's id and its events after the
+    /// first (`run`) one.
+    async fn continue_session(&self, session: &str, input: &str) -> (String, Events) {
+        let response = self
+            .post(
+                &format!("/v1/sessions/{session}/runs"),
+                json!({"input": input}),
+            )
+            .await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()[serve::SESSION_ID_HEADER], session);
+        let mut events = Events::new(response);
+        let first = events.next().await.unwrap();
+        assert_eq!(first.name, "run");
+        assert_eq!(first.data["session_id"], session);
+        (first.data["run_id"].as_str().unwrap().to_string(), events)
+    }
+}
+
+/// An in-process server over a runtime of one agent, `clerk`, answering
+/// from `model`, keeping its sessions in `store`.
+struct InProcess {
+    api: Api,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+    runtime: Runtime,
+}
+
+impl InProcess {
+    async fn start(model: &ScriptedProvider, store: Store) -> Self {
+        let script = model.clone();
+        let runtime = Runtime::builder(ProviderSource::new(move || script.clone()))
+            .agent(AgentConfig::new("clerk").with_options(LocalLoopOptions {
+                tools_inline: true,
+                ..LocalLoopOptions::default()
+            }))
+            .start()
+            .await
+            .unwrap();
+        let config = Config::parse(
+            "[providers.p]\nkind = \"scripted\"\nreplies = [\"-\"]\n[agents.clerk]\nprovider = \"p\"\n",
+            "sessions-test.toml",
+        )
+        .unwrap();
+        let api = serve::Api::with_store(serve::Api::new(config, &runtime).unwrap(), store);
+        let stop = CancellationToken::new();
+        let started = serve::start_with(
+            "127.0.0.1:0".parse().unwrap(),
+            api,
+            ServerOptions {
+                token: TokenSource::Given(TOKEN.to_string()),
+                ..ServerOptions::default()
+            },
+            stop.clone(),
+        )
+        .await
+        .unwrap();
+        Self {
+            api: Api {
+                base: format!("http://{}", started.addr),
+                client: client(TOKEN),
+            },
+            stop,
+            task: started.task,
+            runtime,
+        }
+    }
+
+    async fn stop(self) {
+        self.stop.cancel();
+        self.task.await.unwrap().unwrap();
+        self.runtime.shutdown().await;
+    }
+}
+
+fn part_types(events: &[Event]) -> Vec<String> {
+    events
+        .iter()
+        .map(|e| e.data["type"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// Create, continue twice, read, delete: the body both backends run.
+async fn a_session_round_trip(store: Store) {
+    let model = ScriptedProvider::new(["Tents are in aisle 3.", "The blue one costs $120."]);
+    let server = InProcess::start(&model, store).await;
+    let api = &server.api;
+    let session = api.new_session("clerk").await;
+
+    let (first_run, mut events) = api.continue_session(&session, "Where are the tents?").await;
+    let first = events.rest().await;
+    assert_eq!(part_types(&first), ["message-start", "text", "finish"]);
+    // Each part's event id is its sequence number in the run's log.
+    let ids: Vec<Option<u64>> = first.iter().map(|e| e.id).collect();
+    assert_eq!(ids, [Some(1), Some(2), Some(3)]);
+
+    let (second_run, mut events) = api
+        .continue_session(&session, "How much is the blue one?")
+        .await;
+    let second = events.rest().await;
+    assert_eq!(second.last().unwrap().data["type"], "finish");
+    assert_ne!(first_run, second_run);
+
+    // The loop's history for the second run: the first's request and
+    // answer, then the new request.
+    let history: Vec<(PromptRole, String)> = model.requests()[1]
+        .messages
+        .iter()
+        .filter(|m| m.role != PromptRole::System)
+        .map(|m| (m.role, m.content.clone()))
+        .collect();
+    let expected = [
+        (PromptRole::User, "Where are the tents?"),
+        (PromptRole::Assistant, "Tents are in aisle 3."),
+        (PromptRole::User, "How much is the blue one?"),
+    ];
+    let mut at = 0;
+    for (role, text) in expected {
+        let found = history[at..]
+            .iter()
+            .position(|(r, c)| *r == role && c.contains(text))
+            .unwrap_or_else(|| panic!("{role:?} `{text}` in order in {history:?}"));
+        at += found + 1;
+    }
+
+    // Read: its messages in order and both runs, finished.
+    let (status, read) = api.get(&format!("/v1/sessions/{session}")).await;
+    assert_eq!(status, StatusCode::OK);
+    let messages: Vec<&str> = read["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        messages,
+        [
+            "Where are the tents?",
+            "Tents are in aisle 3.",
+            "How much is the blue one?",
+            "The blue one costs $120."
+        ]
+    );
+    assert_eq!(read["title"], "Where are the tents?");
+    let runs: Vec<(&str, &str)> = read["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["id"].as_str().unwrap(), r["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        runs,
+        [
+            (first_run.as_str(), "finished"),
+            (second_run.as_str(), "finished")
+        ]
+    );
+    let (_, listed) = api.get("/v1/sessions").await;
+    assert!(
+        listed["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["id"] == session.as_str() && s["message_count"] == 4),
+        "{listed}"
+    );
+
+    // A mistake is named; an agent that is not hosted has no session.
+    let (status, body) = json_of(api.post("/v1/sessions", json!({"agent": "nobody"})).await).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, _) = api.get("/v1/sessions/not-an-id").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // Delete: gone, with its runs' logs.
+    let (status, _) = api.delete(&format!("/v1/sessions/{session}")).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _) = api.get(&format!("/v1/sessions/{session}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = api.delete(&format!("/v1/sessions/{session}")).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let gone = api
+        .client
+        .get(format!("{}/v1/runs/{first_run}/events", api.base))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(gone.status(), StatusCode::NOT_FOUND);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_over_http_on_sqlite() {
+    let dir = scratch("sqlite");
+    let store = Store::open(StoreOptions::in_data_dir(&dir)).await.unwrap();
+    a_session_round_trip(store.clone()).await;
+    store.close().await;
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_over_http_on_postgres() {
+    let server = wma_testkit::PostgresServer::start().unwrap_or_else(|e| panic!("{e}"));
+    let url = server.create_database().unwrap();
+    let dir = scratch("postgres");
+    let store = Store::open(StoreOptions::in_data_dir(&dir).with_database_url(url))
+        .await
+        .unwrap();
+    assert_eq!(store.backend(), webmcp_agents::store::Backend::Postgres);
+    a_session_round_trip(store.clone()).await;
+    store.close().await;
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconnecting_with_last_event_id_gets_exactly_the_missed_parts() {
+    let dir = scratch("reconnect");
+    let store = Store::open(StoreOptions::in_data_dir(&dir)).await.unwrap();
+    // The answer takes its time, so the client goes away mid-run.
+    let model =
+        ScriptedProvider::new([ScriptedReply::text("Done.").delayed(Duration::from_millis(500))]);
+    let server = InProcess::start(&model, store.clone()).await;
+    let api = &server.api;
+    let session = api.new_session("clerk").await;
+    let (run, mut events) = api.continue_session(&session, "Try it").await;
+    let seen = events.until("message-start").await;
+    let last_seen = seen.last().unwrap().id.unwrap();
+    // The client goes away; the run goes on without it.
+    drop(events);
+
+    let mut again = api.events_after(&run, last_seen).await;
+    let missed = again.rest().await;
+    assert!(!missed.is_empty());
+    assert_eq!(missed[0].id, Some(last_seen + 1), "{missed:?}");
+    assert_eq!(missed.last().unwrap().data["type"], "finish");
+
+    // What the first connection saw and what the second got is the whole
+    // log, each part once, as the store replays it after the run.
+    let mut whole = seen.clone();
+    whole.extend(missed.iter().cloned());
+    let replayed = api.events_after(&run, 0).await.rest().await;
+    assert_eq!(replayed, whole);
+    let ids: Vec<u64> = replayed.iter().map(|e| e.id.unwrap()).collect();
+    assert_eq!(ids, (1..=replayed.len() as u64).collect::<Vec<_>>());
+
+    // From the middle, after the run: exactly the parts after that one.
+    let tail = api.events_after(&run, 1).await.rest().await;
+    assert_eq!(tail, whole[1..]);
+    let nothing = api
+        .events_after(&run, whole.len() as u64)
+        .await
+        .rest()
+        .await;
+    assert!(nothing.is_empty());
+
+    // A bad id is named.
+    let bad = api
+        .client
+        .get(format!("{}/v1/runs/{run}/events", api.base))
+        .header("Last-Event-ID", "soon")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
+    server.stop().await;
+    store.close().await;
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// A real `wma serve`, killed and started again
+
+/// `clerk` asks before `add_to_cart`; `slow` takes a minute to answer.
+fn kill_config(dir: &Path) -> PathBuf {
+    let text = format!(
+        r#"
+[providers.clerk]
+kind = "scripted"
+replies = [
+    "Hello! What can I find for you?",
+    '{{"name": "add_to_cart", "arguments": {{"product_id": "p-17"}}}}',
+    "Added.",
+    "Nothing else is in your cart.",
+]
+
+[providers.slow]
+kind = "scripted"
+delay_ms = 60000
+replies = ["Too late."]
+
+[tools.cart]
+kind = "demo-shop"
+allow = ["add_to_cart", "view_cart"]
+
+[agents.clerk]
+provider = "clerk"
+tools = ["cart"]
+approval = {{ tools = {{ add_to_cart = "ask" }} }}
+
+[agents.slow]
+provider = "slow"
+
+[server]
+token_file = "token"
+
+[store]
+data_dir = {data}
+"#,
+        data = toml_str(&dir.join("data").display().to_string()),
+    );
+    let file = dir.join("wma.toml");
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+fn toml_str(s: &str) -> String {
+    serde_json::to_string(s).unwrap()
+}
+
+/// `wma serve` as a process of its own.
+struct Process {
+    child: tokio::process::Child,
+    api: Api,
+    stderr: Vec<String>,
+}
+
+async fn serve_process(config: &Path, dir: &Path) -> Process {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_wma"))
+        .args(["serve", "--config"])
+        .arg(config)
+        .args(["--listen", "127.0.0.1:0"])
+        .env("WMA_CACHE_DIR", dir)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = tokio::time::timeout(HANG, async {
+        while let Some(line) = stdout.next_line().await.unwrap() {
+            if let Some(addr) = line.strip_prefix("http listening on http://") {
+                return addr.to_string();
+            }
+        }
+        panic!("`wma serve` ended before it listened");
+    })
+    .await
+    .expect("`wma serve` starts");
+    // Everything it said on stderr before it listened.
+    let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut said = Vec::new();
+    while let Ok(Ok(Some(line))) =
+        tokio::time::timeout(Duration::from_millis(300), stderr.next_line()).await
+    {
+        said.push(line);
+    }
+    tokio::spawn(async move { while let Ok(Some(_)) = stderr.next_line().await {} });
+    let token = std::fs::read_to_string(dir.join("token")).unwrap();
+    Process {
+        child,
+        api: Api {
+            base: format!("http://{addr}"),
+            client: client(token.trim()),
+        },
+        stderr: said,
+    }
+}
+
+/// Polls the session until its run `index` has `status`.
+async fn wait_for_status(api: &Api, session: &str, index: usize, status: &str) {
+    tokio::time::timeout(HANG, async {
+        loop {
+            let (_, read) = api.get(&format!("/v1/sessions/{session}")).await;
+            if read["runs"][index]["status"] == status {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("run {index} of {session} never became {status}"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_server_restarts_with_its_sessions_and_pending_approvals() {
+    let dir = scratch("kill");
+    let config = kill_config(&dir);
+    let mut first = serve_process(&config, &dir).await;
+    let api = &first.api;
+
+    // A conversation: one exchange, then a request whose call waits for a
+    // person.
+    let chat = api.new_session("clerk").await;
+    let (_, mut events) = api.continue_session(&chat, "Hi").await;
+    events.rest().await;
+    let (asking, mut events) = api.continue_session(&chat, "Add p-17 to my cart").await;
+    let seen = events.until("approval-requested").await;
+    let question = seen.last().unwrap().data["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_for_status(api, &chat, 1, "waiting-for-approval").await;
+    // Another conversation whose run is in flight when the host dies.
+    let other = api.new_session("slow").await;
+    let (cut, mut slow_events) = api.continue_session(&other, "Take your time").await;
+    slow_events.until("message-start").await;
+    wait_for_status(api, &other, 0, "running").await;
+
+    first.child.kill().await.unwrap();
+    drop(events);
+    drop(slow_events);
+
+    let second = serve_process(&config, &dir).await;
+    let api = &second.api;
+    let said = second.stderr.join("\n");
+    assert!(
+        said.contains("recovered: 1 run(s)") && said.contains(&cut),
+        "{said}"
+    );
+    assert!(said.contains(&asking), "{said}");
+
+    // The conversation is there with its history.
+    let (status, read) = api.get(&format!("/v1/sessions/{chat}")).await;
+    assert_eq!(status, StatusCode::OK);
+    let messages: Vec<&str> = read["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        messages,
+        [
+            "Hi",
+            "Hello! What can I find for you?",
+            "Add p-17 to my cart"
+        ]
+    );
+    assert_eq!(read["runs"][1]["status"], "waiting-for-approval");
+    // The run in flight reads as interrupted.
+    let (_, read) = api.get(&format!("/v1/sessions/{other}")).await;
+    assert_eq!(read["runs"][0]["id"], cut.as_str());
+    assert_eq!(read["runs"][0]["status"], "interrupted");
+    // The asking run's log is what its client saw, up to where the host
+    // died (no part twice, none made up).
+    let replayed = api.events_after(&asking, 0).await.rest().await;
+    assert!(!replayed.is_empty());
+    assert_eq!(replayed[..], seen[..replayed.len()]);
+
+    // The question is listed, with its arguments, and can be answered once.
+    let (_, listed) = api.get("/v1/approvals").await;
+    let listed = listed["approvals"].as_array().unwrap().clone();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["approval_id"], question.as_str());
+    assert_eq!(listed[0]["run_id"], asking.as_str());
+    assert_eq!(listed[0]["tool"], "add_to_cart");
+    assert_eq!(listed[0]["arguments"], json!({"product_id": "p-17"}));
+    assert_eq!(listed[0]["live"], false);
+    let (_, of_run) = api
+        .get(&format!("/v1/agents/clerk/runs/{asking}/approvals"))
+        .await;
+    assert_eq!(of_run["approvals"].as_array().unwrap().len(), 1);
+    let path = format!("/v1/agents/clerk/runs/{asking}/approvals/{question}");
+    let (status, answered) = json_of(api.post(&path, json!({"approve": true})).await).await;
+    assert_eq!(status, StatusCode::OK, "{answered}");
+    assert_eq!(answered["approved"], true);
+    // Its loop went away with the last process: the decision is recorded
+    // and the run reads as interrupted, not resumed.
+    assert_eq!(answered["run_status"], "interrupted");
+    assert_eq!(answered["resumed"], false);
+    let (status, _) = json_of(api.post(&path, json!({"approve": false})).await).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (_, listed) = api.get("/v1/approvals").await;
+    assert_eq!(listed["approvals"], json!([]));
+    let (_, read) = api.get(&format!("/v1/sessions/{chat}")).await;
+    assert_eq!(read["runs"][1]["status"], "interrupted");
+
+    // The conversation goes on from its history.
+    let (_, mut events) = api.continue_session(&chat, "Anything else?").await;
+    let rest = events.rest().await;
+    assert_eq!(rest.last().unwrap().data["type"], "finish");
+    let (_, read) = api.get(&format!("/v1/sessions/{chat}")).await;
+    assert_eq!(read["message_count"], 5);
+
+    let mut second = second;
+    second.child.kill().await.unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn store_settings_are_checked_and_a_typo_is_named() {
+    let agent =
+        "[providers.p]\nkind = \"scripted\"\nreplies = [\"-\"]\n[agents.a]\nprovider = \"p\"\n";
+    let dir = std::env::temp_dir().join("wma-sessions-config");
+    let file = dir.join("wma.toml");
+    let config = Config::parse(
+        &format!("{agent}[store]\ndata_dir = \"data\"\nhost = \"host-a\"\n"),
+        &file,
+    )
+    .unwrap();
+    assert_eq!(config.store.data_dir, Some(dir.join("data")));
+    let options = config.store.options().unwrap();
+    assert_eq!(options.data_dir, dir.join("data"));
+    assert_eq!(options.host, "host-a");
+    assert_eq!(options.database_url, None);
+
+    let typo =
+        Config::parse(&format!("{agent}[store]\ndata_dirr = \"data\"\n"), &file).unwrap_err();
+    assert!(typo.to_string().contains("data_dirr"), "{typo}");
+    let other = Config::parse(
+        &format!("{agent}[store]\ndatabase_url = \"mysql://db/wma\"\n"),
+        &file,
+    )
+    .unwrap_err();
+    assert_eq!(other.location().unwrap().key, "store.database_url");
+    assert!(other.to_string().contains("PostgreSQL"), "{other}");
+    let empty = Config::parse(&format!("{agent}[store]\nhost = \"\"\n"), &file).unwrap_err();
+    assert_eq!(empty.location().unwrap().key, "store.host");
+}
