@@ -703,3 +703,121 @@ fn store_settings_are_checked_and_a_typo_is_named() {
     let empty = Config::parse(&format!("{agent}[store]\nhost = \"\"\n"), &file).unwrap_err();
     assert_eq!(empty.location().unwrap().key, "store.host");
 }
+
+/// Runs `wma ARGS` with `stdin` piped in; returns (success, stdout, stderr).
+async fn wma(args: &[&str], stdin: &str, cache: &Path) -> (bool, String, String) {
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_wma"))
+        .args(args)
+        .env("WMA_CACHE_DIR", cache)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    let out = tokio::time::timeout(HANG, child.wait_with_output())
+        .await
+        .expect("wma ends in time")
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wma_chat_keeps_a_session_and_continues_it_from_the_store() {
+    let dir = scratch("chat");
+    let config = kill_config(&dir).display().to_string();
+    let (ok, _, said) = wma(
+        &[
+            "chat",
+            "--config",
+            &config,
+            "--agent",
+            "clerk",
+            "--new-session",
+        ],
+        "Hi\n/exit\n",
+        &dir,
+    )
+    .await;
+    assert!(ok, "{said}");
+    let id = said
+        .lines()
+        .find_map(|l| l.strip_prefix("session "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("the new session's id is printed: {said}"))
+        .to_string();
+
+    // Continued in a new process: its history comes from the store.
+    let (ok, out, said) = wma(
+        &["chat", "--config", &config, "--session", &id],
+        "Again\n/exit\n",
+        &dir,
+    )
+    .await;
+    assert!(ok, "{said}");
+    assert!(
+        said.contains(&format!("continuing session {id} (2 messages)")),
+        "{said}"
+    );
+    assert!(out.contains("Hello! What can I find for you?"), "{out}");
+
+    let (ok, listed, said) = wma(&["chat", "--config", &config, "--sessions"], "", &dir).await;
+    assert!(ok, "{said}");
+    assert!(
+        listed.contains(&format!("{id}  clerk  4 messages  Hi")),
+        "{listed}"
+    );
+
+    let store = Store::open(StoreOptions::in_data_dir(dir.join("data")))
+        .await
+        .unwrap();
+    let messages: Vec<String> = store
+        .messages(&id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| {
+            serde_json::to_value(m).unwrap()["content"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        messages,
+        [
+            "Hi",
+            "Hello! What can I find for you?",
+            "Again",
+            "Hello! What can I find for you?"
+        ]
+    );
+    // Each turn is a run with its log, finished.
+    let runs = store.runs_of_session(&id).await.unwrap();
+    assert_eq!(runs.len(), 2);
+    assert!(
+        runs.iter()
+            .all(|r| r.status == webmcp_agents::store::RunStatus::Finished && r.last_seq >= 3),
+        "{runs:?}"
+    );
+    store.close().await;
+
+    // An id the store does not have is named before any model loads.
+    let (ok, _, said) = wma(
+        &["chat", "--config", &config, "--session", "nope"],
+        "",
+        &dir,
+    )
+    .await;
+    assert!(!ok);
+    assert!(said.contains("no session `nope`"), "{said}");
+    std::fs::remove_dir_all(dir).unwrap();
+}

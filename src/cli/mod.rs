@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use tokio_util::sync::CancellationToken;
-use webmcp_agents::agent::{AgentStreamPart, ChatMessage, ToolCall};
+use webmcp_agents::agent::{AgentStreamPart, ChatMessage};
 use webmcp_agents::config::{Config, Hosted, StartOptions};
 use webmcp_agents::display::render_part;
 use webmcp_agents::runtime::{AgentHandle, RunApprovals, RunId, TaggedPart};
 use webmcp_agents::serve;
-use webmcp_agents::store::Store;
+use webmcp_agents::store::{RunLog, RunStatus, Store};
 
 use approve::{ApprovalArgs, Lines};
 use progress::Bars;
@@ -38,6 +38,17 @@ pub(crate) struct ChatArgs {
     pub(crate) json: bool,
     #[command(flatten)]
     pub(crate) approval: ApprovalArgs,
+    /// Continue this session of the store (`[store]`): its messages are
+    /// the history, and each turn is added to it.
+    #[arg(long, conflicts_with_all = ["new_session", "sessions"])]
+    pub(crate) session: Option<String>,
+    /// Start a new session in the store and keep the conversation there
+    /// (its id is printed, for `--session` later).
+    #[arg(long, conflicts_with = "sessions")]
+    pub(crate) new_session: bool,
+    /// List the store's sessions and exit.
+    #[arg(long)]
+    pub(crate) sessions: bool,
 }
 
 /// `wma serve`.
@@ -191,6 +202,7 @@ async fn ask(
     json: bool,
     interrupt: &Interrupt,
     approvals: &RunApprovals,
+    log: Option<&RunLog>,
 ) -> Result<Vec<AgentStreamPart>> {
     let mut run = agent
         .run_with(messages, CancellationToken::new(), approvals.clone())
@@ -198,6 +210,9 @@ async fn ask(
     interrupt.set(Some((agent.clone(), run.id())));
     let mut own = Vec::new();
     while let Some(part) = run.next_tagged().await {
+        if let Some(log) = log {
+            log.append(&part.agent, part.depth, part.part.clone());
+        }
         print_part(&part, json)?;
         if part.depth == 0 {
             own.push(part.part);
@@ -244,6 +259,7 @@ pub(crate) async fn run(
         json,
         &interrupt,
         &approvals,
+        None,
     )
     .await;
     eprintln!("\n{:.1} s in all", started.elapsed().as_secs_f64());
@@ -255,63 +271,46 @@ pub(crate) async fn run(
     Ok(())
 }
 
-/// The messages a finished turn adds to the conversation: each step's
-/// prose and calls, then the calls' results.
-pub(crate) fn turn_messages(parts: &[AgentStreamPart]) -> Vec<ChatMessage> {
-    let mut out = Vec::new();
-    let mut text = String::new();
-    let mut calls = Vec::new();
-    let mut results = Vec::new();
-    let mut flush =
-        |text: &mut String, calls: &mut Vec<ToolCall>, results: &mut Vec<ChatMessage>| {
-            if !text.is_empty() || !calls.is_empty() {
-                out.push(ChatMessage::assistant_calls(
-                    std::mem::take(text),
-                    std::mem::take(calls),
-                ));
-                out.append(results);
-            }
-        };
-    for part in parts {
-        match part {
-            // A fired rule or an approval is about the run, not the
-            // conversation (a denied call's error is).
-            AgentStreamPart::Rule { .. }
-            | AgentStreamPart::ApprovalRequested { .. }
-            | AgentStreamPart::ApprovalDecided { .. } => {}
-            AgentStreamPart::MessageStart { .. }
-            | AgentStreamPart::Finish { .. }
-            | AgentStreamPart::Error { .. } => flush(&mut text, &mut calls, &mut results),
-            AgentStreamPart::Text { text: t } => {
-                if !text.is_empty() {
-                    text.push('\n');
-                }
-                text.push_str(t);
-            }
-            AgentStreamPart::ToolCall {
-                call_id,
-                name,
-                arguments,
-            } => calls.push(ToolCall::new(call_id, name, arguments.clone())),
-            AgentStreamPart::ToolResult {
-                call_id,
-                name,
-                output,
-            } => results.push(ChatMessage::tool_result(call_id, name, output)),
-            AgentStreamPart::ToolError {
-                call_id,
-                name,
-                error,
-            } => results.push(ChatMessage::tool_error(call_id, name, error.to_string())),
-        }
-    }
-    flush(&mut text, &mut calls, &mut results);
-    out
-}
-
 /// `wma chat`: a conversation on the terminal, one request per line.
 pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
-    let name = pick_agent(config, args.agent.as_deref())?;
+    if args.sessions {
+        return list_sessions(config).await;
+    }
+    // The store and the session before the model loads: a wrong id is
+    // said at once.
+    let mut kept: Option<(Store, String)> = None;
+    let mut history: Vec<ChatMessage> = Vec::new();
+    let name = if let Some(id) = &args.session {
+        let store = open_store(config).await?;
+        let Some(session) = store.session_with_messages(id).await? else {
+            bail!("the store has no session `{id}` (`wma chat --sessions` lists them)");
+        };
+        let agent = session.session.agent.clone();
+        if let Some(named) = &args.agent
+            && named != &agent
+        {
+            bail!("session `{id}` is with `{agent}`, not `{named}`");
+        }
+        pick_agent(config, Some(&agent))?;
+        eprintln!(
+            "continuing session {id} ({} messages)",
+            session.messages.len()
+        );
+        history = session.messages;
+        kept = Some((store, id.clone()));
+        agent
+    } else {
+        pick_agent(config, args.agent.as_deref())?
+    };
+    if args.new_session {
+        let store = open_store(config).await?;
+        let session = store.create_session(&name, "").await?;
+        eprintln!(
+            "session {} (continue it with --session {})",
+            session.id, session.id
+        );
+        kept = Some((store, session.id));
+    }
     // The person's requests and their answers to approval questions come
     // in on the same stdin, one per line.
     let lines = Lines::stdin();
@@ -325,7 +324,6 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
     let interrupt = Interrupt::default();
     interrupt.install();
     eprintln!("talking to `{name}`; Ctrl-C stops a reply, Ctrl-D or /exit ends the chat");
-    let mut history: Vec<ChatMessage> = Vec::new();
     loop {
         if !args.json {
             print!("you> ");
@@ -342,15 +340,73 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
         if line.is_empty() {
             continue;
         }
-        history.push(ChatMessage::user(line));
-        let parts = ask(&agent, history.clone(), args.json, &interrupt, &approvals).await?;
-        history.extend(turn_messages(&parts));
+        let request = ChatMessage::user(line);
+        history.push(request.clone());
+        let logged = match &kept {
+            Some((store, session)) => {
+                store
+                    .append_messages(session, std::slice::from_ref(&request))
+                    .await?;
+                let run = store.start_run(session, &name, None).await?;
+                Some((store, RunLog::for_run(store, &run)))
+            }
+            None => None,
+        };
+        let log = logged.as_ref().map(|(_, log)| log);
+        let parts = ask(
+            &agent,
+            history.clone(),
+            args.json,
+            &interrupt,
+            &approvals,
+            log,
+        )
+        .await?;
+        let answer = serve::turn_messages(&parts);
+        if let (Some((store, log)), Some((_, session))) = (&logged, &kept) {
+            keep_turn(store, log, session, &answer).await;
+        }
+        history.extend(answer);
     }
     if !args.json {
         println!();
     }
     print_carts(&hosted);
     hosted.shutdown().await;
+    Ok(())
+}
+
+/// After a turn of a kept conversation: the run's log flushed (a run that
+/// ended without its terminal part marked interrupted) and its answer
+/// added to the session. A store that fails here is reported and the
+/// chat goes on: the conversation is still in memory.
+async fn keep_turn(store: &Store, log: &RunLog, session: &str, answer: &[ChatMessage]) {
+    if let Err(e) = log.flush().await {
+        eprintln!("warning: the turn's parts were not all kept: {e}");
+    }
+    if let Ok(Some(run)) = store.run(log.run_id()).await
+        && !run.status.is_ended()
+    {
+        let _ = store.set_run_status(&run.id, RunStatus::Interrupted).await;
+    }
+    if let Err(e) = store.append_messages(session, answer).await {
+        eprintln!("warning: the answer was not added to session {session}: {e}");
+    }
+}
+
+/// `wma chat --sessions`: the store's sessions, newest first.
+async fn list_sessions(config: &Config) -> Result<()> {
+    let store = open_store(config).await?;
+    let sessions = store.list_sessions(serve::SESSIONS_LISTED).await?;
+    if sessions.is_empty() {
+        eprintln!("no sessions yet (`wma chat --new-session` starts one)");
+    }
+    for session in sessions {
+        println!(
+            "{}  {}  {} messages  {}",
+            session.id, session.agent, session.message_count, session.title
+        );
+    }
     Ok(())
 }
 
