@@ -821,3 +821,86 @@ async fn wma_chat_keeps_a_session_and_continues_it_from_the_store() {
     assert!(said.contains("no session `nope`"), "{said}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_runs_finish_within_the_grace_period_and_marks_the_rest_interrupted() {
+    let dir = scratch("sigterm");
+    let config = dir.join("wma.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[providers.brief]
+kind = "scripted"
+delay_ms = 700
+replies = ["Just in time."]
+
+[providers.slow]
+kind = "scripted"
+delay_ms = 60000
+replies = ["Too late."]
+
+[agents.brief]
+provider = "brief"
+
+[agents.slow]
+provider = "slow"
+
+[server]
+token_file = "token"
+shutdown_grace_secs = 3
+
+[store]
+data_dir = {data}
+"#,
+            data = toml_str(&dir.join("data").display().to_string()),
+        ),
+    )
+    .unwrap();
+    let mut server = serve_process(&config, &dir).await;
+    let api = &server.api;
+    let quick = api.new_session("brief").await;
+    let (finishing, mut quick_events) = api.continue_session(&quick, "Quick one").await;
+    quick_events.until("message-start").await;
+    let long = api.new_session("slow").await;
+    let (cut, mut slow_events) = api.continue_session(&long, "Long one").await;
+    slow_events.until("message-start").await;
+
+    let pid = server.child.id().unwrap().to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    // The quick run's client still gets its answer.
+    let rest = quick_events.rest().await;
+    assert_eq!(rest.last().unwrap().data["type"], "finish");
+    let status = tokio::time::timeout(HANG, server.child.wait())
+        .await
+        .expect("wma serve ends after its grace period")
+        .unwrap();
+    assert!(status.success(), "{status}");
+    drop(slow_events);
+
+    let store = Store::open(StoreOptions::in_data_dir(dir.join("data")))
+        .await
+        .unwrap();
+    // Nothing was left running for the next start to recover.
+    assert!(
+        store.recovery().interrupted_runs.is_empty(),
+        "{:?}",
+        store.recovery()
+    );
+    let finished = store.run(&finishing).await.unwrap().unwrap();
+    assert_eq!(finished.status, webmcp_agents::store::RunStatus::Finished);
+    let interrupted = store.run(&cut).await.unwrap().unwrap();
+    assert_eq!(
+        interrupted.status,
+        webmcp_agents::store::RunStatus::Interrupted
+    );
+    let messages = store.messages(&quick).await.unwrap();
+    assert_eq!(messages.len(), 2, "{messages:?}");
+    store.close().await;
+    std::fs::remove_dir_all(dir).unwrap();
+}

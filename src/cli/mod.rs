@@ -426,10 +426,14 @@ pub(crate) async fn serve(args: ServeArgs, config: &Config) -> Result<()> {
         let api = serve::Api::hosted(config.clone(), &hosted)?;
         let api = serve::Api::with_store(api, store);
         let listen = args.listen.unwrap_or(config.server_listen);
-        let started =
-            serve::start_with(listen, api, config.server_options.clone(), shutdown.clone())
-                .await
-                .with_context(|| format!("could not start the HTTP API on {listen}"))?;
+        let started = serve::start_with(
+            listen,
+            api.clone(),
+            config.server_options.clone(),
+            shutdown.clone(),
+        )
+        .await
+        .with_context(|| format!("could not start the HTTP API on {listen}"))?;
         eprintln!("{}", started.token_notice());
         println!("http listening on http://{}", started.addr);
         if !started.addr.ip().is_loopback() {
@@ -438,18 +442,54 @@ pub(crate) async fn serve(args: ServeArgs, config: &Config) -> Result<()> {
                 started.addr
             );
         }
-        Some(started.task)
+        Some((started, api))
     } else {
         None
     };
     std::io::stdout().flush()?;
     wait_for_stop().await;
-    eprintln!("stopping");
+    // Stop accepting; the runs going on get the grace period to finish.
     shutdown.cancel();
-    if let Some(task) = server {
-        let _ = task.await;
+    if let Some((started, api)) = server {
+        let grace = config.server_options.shutdown_grace;
+        let going = started.runs.ids().len();
+        if going > 0 {
+            eprintln!(
+                "stopping: waiting up to {:.0} s for {going} run(s) to finish",
+                grace.as_secs_f64()
+            );
+        } else {
+            eprintln!("stopping");
+        }
+        if !started.runs.drained(grace).await
+            && let Some(store) = api.store()
+        {
+            // Marked before they are stopped: their stopped ends are
+            // not theirs (nothing more is appended to an interrupted run).
+            let cut = started.runs.ids();
+            for run in &cut {
+                let _ = store
+                    .set_run_status(run, webmcp_agents::store::RunStatus::Interrupted)
+                    .await;
+            }
+            eprintln!(
+                "stopping: {} run(s) did not finish in time and are marked interrupted: {}",
+                cut.len(),
+                cut.join(", ")
+            );
+        }
+        hosted.shutdown().await;
+        // Their drivers end once the runtime stopped them; the server's
+        // task once their connections have sent the last events.
+        started.runs.drained(Duration::from_secs(5)).await;
+        let _ = started.task.await;
+        if let Some(store) = api.store() {
+            store.close().await;
+        }
+    } else {
+        eprintln!("stopping");
+        hosted.shutdown().await;
     }
-    hosted.shutdown().await;
     Ok(())
 }
 

@@ -262,6 +262,13 @@ fn server_options(source: &Source<'_>, raw: &RawServer) -> Result<ServerOptions>
             "max_runs_per_client",
             defaults.max_runs_per_client,
         )?,
+        // 0 is a choice too: give up on every run at once.
+        shutdown_grace: raw
+            .shutdown_grace_secs
+            .as_ref()
+            .map_or(defaults.shutdown_grace, |s| {
+                Duration::from_secs(*s.get_ref())
+            }),
     })
 }
 

@@ -33,8 +33,9 @@ pub const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// The shortest interval at which a connection's timeouts are checked.
 const MIN_CHECK_INTERVAL: Duration = Duration::from_millis(10);
 
-/// Accepts connections until `shutdown` is cancelled. No accept error ends
-/// it: each is logged and retried after a pause.
+/// Accepts connections until `shutdown` is cancelled (then, on a server
+/// with a store, waits for the open ones to finish; see [`closed`]). No
+/// accept error ends it: each is logged and retried after a pause.
 pub(crate) async fn accept_loop(
     listener: TcpListener,
     server: Arc<Server>,
@@ -44,7 +45,7 @@ pub(crate) async fn accept_loop(
     let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
         let accepted = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
+            _ = shutdown.cancelled() => break,
             accepted = listener.accept() => accepted,
         };
         let (stream, peer) = match accepted {
@@ -65,7 +66,7 @@ pub(crate) async fn accept_loop(
                     "accepting a connection failed; the server keeps listening and retries"
                 );
                 tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = shutdown.cancelled() => break,
                     _ = tokio::time::sleep(backoff) => {}
                 }
                 backoff = (backoff * 2).min(ACCEPT_BACKOFF_MAX);
@@ -76,7 +77,7 @@ pub(crate) async fn accept_loop(
             Ok(slot) => slot,
             Err(_) => {
                 let waited = tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
+                    _ = shutdown.cancelled() => break,
                     waited = tokio::time::timeout(
                         server.options.connection_wait,
                         slots.clone().acquire_owned(),
@@ -103,7 +104,28 @@ pub(crate) async fn accept_loop(
             shutdown.clone(),
         ));
     }
+    // Nothing more is accepted: new connections are refused at once.
+    drop(listener);
+    closed(&slots, &server).await;
+    Ok(())
 }
+
+/// Once the server stops accepting: a server with a store lets its open
+/// connections finish what they stream (a run's events go on until the
+/// host ends the run), for at most its grace period and a little more;
+/// without one they were dropped at once, and their runs with them.
+async fn closed(slots: &Arc<Semaphore>, server: &Server) {
+    if server.api.store.is_none() {
+        return;
+    }
+    let all = u32::try_from(server.options.max_connections.max(1)).unwrap_or(u32::MAX);
+    let wait = server.options.shutdown_grace + CLOSE_WAIT;
+    let _ = tokio::time::timeout(wait, slots.acquire_many(all)).await;
+}
+
+/// How long after the grace period the server waits for its connections
+/// to close: the host needs a moment to end the runs it gave up on.
+const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn about_one_connection(error: &io::Error) -> bool {
     matches!(
@@ -132,6 +154,7 @@ async fn connection(
         tracing::debug!(%peer, %error, "could not turn off Nagle's algorithm");
     }
     let activity = Arc::new(Activity::new());
+    let server_has_store = server.api.store.is_some();
     let header_timeout = server.options.header_timeout;
     let idle_timeout = server.options.idle_timeout;
     let io = TokioIo::new(Watched {
@@ -164,6 +187,8 @@ async fn connection(
     let every = (header_timeout.min(idle_timeout) / 4).max(MIN_CHECK_INTERVAL);
     let mut check = tokio::time::interval(every);
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let graceful = server_has_store;
+    let mut closing = false;
     loop {
         tokio::select! {
             result = connection.as_mut() => {
@@ -179,9 +204,17 @@ async fn connection(
                     return;
                 }
             }
-            // Dropping the connection drops its open event streams, which
-            // stops their runs.
-            _ = shutdown.cancelled() => return,
+            // Without a store, dropping the connection drops its open
+            // event streams, which stops their runs. With one, the runs
+            // go on without their connections: the response in progress
+            // is finished, then the connection closes.
+            _ = shutdown.cancelled(), if !closing => {
+                if !graceful {
+                    return;
+                }
+                connection.as_mut().graceful_shutdown();
+                closing = true;
+            }
         }
     }
 }

@@ -61,8 +61,8 @@ pub use conn::{ACCEPT_BACKOFF_MAX, ACCEPT_BACKOFF_MIN};
 pub use health::HEALTH_PROBE_TIMEOUT;
 pub use options::{
     DEFAULT_BODY_TIMEOUT, DEFAULT_CONNECTION_WAIT, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
-    DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_RUNS_PER_CLIENT, MIN_TOKEN_CHARS,
-    ServerOptions, TOKEN_FILE_NAME, TokenSource,
+    DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_RUNS_PER_CLIENT,
+    DEFAULT_SHUTDOWN_GRACE, MIN_TOKEN_CHARS, ServerOptions, TOKEN_FILE_NAME, TokenSource,
 };
 pub use sessions::{ContinueBody, SESSION_ID_HEADER, SESSIONS_LISTED, SessionBody, turn_messages};
 pub use token::{Token, TokenOrigin};
@@ -176,6 +176,46 @@ pub struct Started {
     pub token: Token,
     /// Where the token came from.
     pub token_origin: TokenOrigin,
+    /// The runs it drives with a durable log, for a graceful shutdown.
+    pub runs: RunsInFlight,
+}
+
+/// The runs a server drives with a durable log (a server with a store):
+/// what a host waits for when it shuts down.
+#[derive(Clone)]
+pub struct RunsInFlight {
+    live: Arc<sessions::LiveRuns>,
+}
+
+impl std::fmt::Debug for RunsInFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunsInFlight")
+            .field("runs", &self.ids().len())
+            .finish()
+    }
+}
+
+impl RunsInFlight {
+    /// The public ids of the runs still going.
+    pub fn ids(&self) -> Vec<String> {
+        self.live.ids()
+    }
+
+    /// Waits until no run is going, or `within` passed; true when none is.
+    pub async fn drained(&self, within: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if self.live.ids().is_empty() {
+                return true;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            // A run's end is rare next to this wait: polling keeps the
+            // run's driver free of shutdown bookkeeping.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
 }
 
 impl Started {
@@ -201,7 +241,11 @@ pub async fn start_with(
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let server = Arc::new(Server::new(api, token.clone(), bound, options));
+    let runs = RunsInFlight {
+        live: server.live.clone(),
+    };
     Ok(Started {
+        runs,
         addr: bound,
         task: tokio::spawn(conn::accept_loop(listener, server, shutdown)),
         token,

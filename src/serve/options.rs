@@ -39,6 +39,10 @@ pub const DEFAULT_CONNECTION_WAIT: Duration = Duration::from_millis(500);
 /// keeps a single client from taking every agent's slots.
 pub const DEFAULT_MAX_RUNS_PER_CLIENT: usize = 4;
 
+/// How long `wma serve`, by default, lets its runs finish after SIGTERM or
+/// Ctrl-C before it gives up on the rest (they are marked interrupted).
+pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
 /// Name of the file in the cache folder that holds the generated token.
 pub const TOKEN_FILE_NAME: &str = "http-token";
 
@@ -106,6 +110,8 @@ pub struct ServerOptions {
     pub connection_wait: Duration,
     /// See [`DEFAULT_MAX_RUNS_PER_CLIENT`]; one more is answered with 429.
     pub max_runs_per_client: usize,
+    /// See [`DEFAULT_SHUTDOWN_GRACE`].
+    pub shutdown_grace: Duration,
 }
 
 impl Default for ServerOptions {
@@ -121,6 +127,7 @@ impl Default for ServerOptions {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             connection_wait: DEFAULT_CONNECTION_WAIT,
             max_runs_per_client: DEFAULT_MAX_RUNS_PER_CLIENT,
+            shutdown_grace: DEFAULT_SHUTDOWN_GRACE,
         }
     }
 }

@@ -139,6 +139,11 @@ impl LiveRuns {
     pub(crate) fn is_live(&self, run: &str) -> bool {
         self.lock().contains_key(run)
     }
+
+    /// The runs this process drives.
+    pub(crate) fn ids(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
 }
 
 fn store_error(e: &StoreError) -> Response<Body> {
