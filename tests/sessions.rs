@@ -904,3 +904,59 @@ data_dir = {data}
     store.close().await;
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_call_is_recorded_before_it_is_sent_and_answered_after() {
+    let dir = scratch("calls");
+    let config = kill_config(&dir);
+    let mut server = serve_process(&config, &dir).await;
+    let api = &server.api;
+    let chat = api.new_session("clerk").await;
+    let (_, mut events) = api.continue_session(&chat, "Hi").await;
+    events.rest().await;
+    let (run, mut events) = api.continue_session(&chat, "Add p-17 to my cart").await;
+    let asked = events.until("approval-requested").await;
+    let question = asked.last().unwrap().data["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Not recorded while it waits: nothing was sent.
+    let (_, read) = api.get(&format!("/v1/sessions/{chat}")).await;
+    assert_eq!(read["runs"][1]["calls"], json!([]));
+    let path = format!("/v1/agents/clerk/runs/{run}/approvals/{question}");
+    let (status, _) = json_of(api.post(&path, json!({"approve": true})).await).await;
+    assert_eq!(status, StatusCode::OK);
+    let rest = events.rest().await;
+    let result = rest
+        .iter()
+        .find(|e| e.data["type"] == "tool-result")
+        .expect("the approved call ran");
+    assert_eq!(rest.last().unwrap().data["type"], "finish");
+
+    // Its answer is recorded off the run's path: wait for it.
+    let call = tokio::time::timeout(HANG, async {
+        loop {
+            let (_, read) = api.get(&format!("/v1/sessions/{chat}")).await;
+            let call = read["runs"][1]["calls"][0].clone();
+            if call["status"] == "answered" {
+                return call;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the call's answer is recorded");
+    assert_eq!(call["tool"], "add_to_cart");
+    assert_eq!(call["agent"], "clerk");
+    assert_eq!(call["arguments"], json!({"product_id": "p-17"}));
+    assert_eq!(call["call_id"], result.data["call_id"]);
+    assert_eq!(call["output"], result.data["output"]);
+    assert_eq!(call["is_error"], false);
+    let key = call["idempotency_key"].as_str().unwrap();
+    assert!(
+        key.len() == 32 && key.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{key}"
+    );
+    server.child.kill().await.unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}

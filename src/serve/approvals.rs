@@ -131,7 +131,15 @@ pub(crate) struct HttpApprover {
     /// run `waiting-for-approval`, which a restart keeps) and its answer
     /// recorded.
     pub(crate) store: Option<wma_store::Store>,
+    /// The consequential calls approved in this run whose answer the
+    /// run's driver records, by (asking agent, call id): their
+    /// idempotency keys.
+    pub(crate) calls: CallKeys,
 }
+
+/// The idempotency keys of approved calls that have not answered yet, by
+/// (asking agent, call id).
+pub(crate) type CallKeys = Arc<Mutex<HashMap<(String, String), String>>>;
 
 impl HttpApprover {
     /// The approver of the run `run_id` of agent `run_agent`.
@@ -146,12 +154,16 @@ impl HttpApprover {
             registry,
             remembered: Mutex::new(HashMap::new()),
             store: None,
+            calls: CallKeys::default(),
         }
     }
 
-    /// The same, persisting its questions and answers in `store`.
-    pub(crate) fn with_store(mut self, store: wma_store::Store) -> Self {
+    /// The same, persisting its questions and answers in `store`, and
+    /// recording each approved call there before it is sent (its key goes
+    /// into `calls`, for the run's driver to record the answer).
+    pub(crate) fn with_store(mut self, store: wma_store::Store, calls: CallKeys) -> Self {
         self.store = Some(store);
+        self.calls = calls;
         self
     }
 }
@@ -234,6 +246,28 @@ impl Approver for HttpApprover {
         {
             tracing::warn!(run_id = %self.run_id, error = %e, "the answer was not recorded in the store");
         }
+        // An approved call is recorded before the loop sends it (it does
+        // once this returns); one that cannot be recorded is not sent.
+        let answer = match (&self.store, &question) {
+            (Some(store), Some(q)) if answer.approved => {
+                match store
+                    .begin_call(&self.run_id, &q.agent, &q.call_id, &q.tool, &q.arguments)
+                    .await
+                {
+                    Ok(record) => {
+                        self.calls
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .insert((q.agent.clone(), q.call_id.clone()), record.idempotency_key);
+                        answer
+                    }
+                    Err(e) => ApprovalAnswer::deny().by("host").with_note(format!(
+                        "the host could not record the call before sending it: {e}"
+                    )),
+                }
+            }
+            _ => answer,
+        };
         if answer.remember {
             self.remembered
                 .lock()

@@ -246,8 +246,20 @@ pub(crate) async fn read(server: &Server, id: &str) -> Response<Body> {
         Ok(runs) => runs,
         Err(e) => return store_error(&e),
     };
+    let mut listed = Vec::new();
+    for run in runs {
+        // The consequential calls recorded before they were sent: a
+        // person checks one `in-doubt` after a crash here.
+        let calls = match store.calls_of_run(&run.id).await {
+            Ok(calls) => calls,
+            Err(e) => return store_error(&e),
+        };
+        let mut value = serde_json::to_value(run).unwrap_or(Value::Null);
+        value["calls"] = serde_json::to_value(calls).unwrap_or(Value::Null);
+        listed.push(value);
+    }
     let mut body = serde_json::to_value(session).unwrap_or(Value::Null);
-    body["runs"] = serde_json::to_value(runs).unwrap_or(Value::Null);
+    body["runs"] = Value::Array(listed);
     json_response(StatusCode::OK, &body)
 }
 
@@ -385,9 +397,10 @@ async fn start_durable(
         Err(e) => return store_error(&e),
     };
     let log = RunLog::for_run(&store, &stored);
+    let calls = approvals::CallKeys::default();
     let approver =
         approvals::HttpApprover::new(id.clone(), name.to_string(), server.approvals.clone())
-            .with_store(store.clone());
+            .with_store(store.clone(), calls.clone());
     let approvals = RunApprovals::asking(Arc::new(approver)).with_rules(rules);
     let run = match agent
         .handle
@@ -419,6 +432,7 @@ async fn start_durable(
             ticket,
             id: id.clone(),
             session_id: session_id.to_string(),
+            calls,
         },
         run.tagged(),
     ));
@@ -464,6 +478,8 @@ struct DriveRun {
     ticket: RunTicket,
     id: String,
     session_id: String,
+    /// Approved calls recorded before they were sent, awaiting their answer.
+    calls: approvals::CallKeys,
 }
 
 /// Reads the run to its end: each part into the log and onto the feed;
@@ -476,6 +492,7 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
         let seq = run.log.append(&part.agent, part.depth, part.part.clone());
         let data = serde_json::to_value(&part).unwrap_or(Value::Null);
         run.feed.push(seq, part_event(seq, &data));
+        record_answer(&run, &part);
         if part.depth == 0 {
             own.push(part.part);
         }
@@ -499,6 +516,32 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
     run.live.lock().remove(&run.id);
     run.feed.finish();
     drop(run.ticket);
+}
+
+/// The answer of a call that was recorded before it was sent (an approved
+/// one), written off the run's path.
+fn record_answer(run: &DriveRun, part: &TaggedPart) {
+    let (call_id, output, is_error) = match &part.part {
+        AgentStreamPart::ToolResult {
+            call_id, output, ..
+        } => (call_id, output.clone(), false),
+        AgentStreamPart::ToolError { call_id, error, .. } => (call_id, error.to_string(), true),
+        _ => return,
+    };
+    let key = run
+        .calls
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(&(part.agent.clone(), call_id.clone()));
+    if let Some(key) = key {
+        let store = run.store.clone();
+        let run_id = run.id.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.finish_call(&key, &output, is_error).await {
+                tracing::warn!(run_id = %run_id, error = %e, "the call's answer was not recorded");
+            }
+        });
+    }
 }
 
 /// `GET /v1/runs/{run}/events`: the parts numbered above `Last-Event-ID`
