@@ -389,9 +389,6 @@ async fn start_durable(
         Ok(id) => id,
         Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
-    if let Err(e) = store.append_messages(session_id, &new).await {
-        return store_error(&e);
-    }
     let stored = match store.start_run(session_id, name, Some(&id)).await {
         Ok(run) => run,
         Err(e) => return store_error(&e),
@@ -414,6 +411,13 @@ async fn start_durable(
             return runtime_error(&e);
         }
     };
+    // The request joins the session once the run has started (a refused
+    // run leaves no request without an answer), before its answer can.
+    if let Err(e) = store.append_messages(session_id, &new).await {
+        run.stop();
+        let _ = store.set_run_status(&id, RunStatus::Interrupted).await;
+        return store_error(&e);
+    }
     ticket.register(&id, name, run.id());
     let feed = Feed::new();
     server.live.lock().insert(
