@@ -960,3 +960,38 @@ async fn an_approved_call_is_recorded_before_it_is_sent_and_answered_after() {
     server.child.kill().await.unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_cannot_be_opened_stops_wma_serve_before_it_listens() {
+    let dir = scratch("unreachable");
+    // A port nothing listens on: the store's database cannot be reached.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = dir.join("wma.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[providers.p]\nkind = \"scripted\"\nreplies = [\"-\"]\n[agents.a]\nprovider = \"p\"\n\
+             [server]\ntoken_file = \"token\"\n\
+             [store]\ndatabase_url = \"postgres://wma:secret@127.0.0.1:{port}/wma\"\n"
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
+    let (ok, out, said) = wma(
+        &["serve", "--config", &config, "--listen", "127.0.0.1:0"],
+        "",
+        &dir,
+    )
+    .await;
+    assert!(!ok);
+    assert!(!out.contains("http listening"), "{out}");
+    assert!(said.contains("could not open the session store"), "{said}");
+    assert!(said.contains("cannot be reached"), "{said}");
+    // The password is not repeated.
+    assert!(!said.contains("secret"), "{said}");
+    std::fs::remove_dir_all(dir).unwrap();
+}
