@@ -650,23 +650,42 @@ async fn a_killed_server_restarts_with_its_sessions_and_pending_approvals() {
     let (status, answered) = json_of(api.post(&path, json!({"approve": true})).await).await;
     assert_eq!(status, StatusCode::OK, "{answered}");
     assert_eq!(answered["approved"], true);
-    // Its loop went away with the last process: the decision is recorded
-    // and the run reads as interrupted, not resumed.
-    assert_eq!(answered["run_status"], "interrupted");
-    assert_eq!(answered["resumed"], false);
+    // The run goes on here under its id: the call runs, and a new loop
+    // answers from the session's history.
+    assert_eq!(answered["resumed"], true, "{answered}");
+    assert_eq!(answered["run_status"], "running");
     let (status, _) = json_of(api.post(&path, json!({"approve": false})).await).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     let (_, listed) = api.get("/v1/approvals").await;
     assert_eq!(listed["approvals"], json!([]));
-    let (_, read) = api.get(&format!("/v1/sessions/{chat}")).await;
-    assert_eq!(read["runs"][1]["status"], "interrupted");
-
-    // The conversation goes on from its history.
-    let (_, mut events) = api.continue_session(&chat, "Anything else?").await;
-    let rest = events.rest().await;
+    // A client reconnecting after what it saw before the crash gets the
+    // rest, numbered on from there.
+    let last_seen = seen.last().unwrap().id.unwrap();
+    let rest = api.events_after(&asking, last_seen).await.rest().await;
+    assert_eq!(rest[0].id, Some(last_seen + 1), "{rest:?}");
+    assert_eq!(
+        part_types(&rest)[..2],
+        ["approval-decided", "tool-result"],
+        "{rest:?}"
+    );
+    assert_eq!(rest[0].data["approved"], true);
+    assert_eq!(rest[1].data["name"], "add_to_cart");
     assert_eq!(rest.last().unwrap().data["type"], "finish");
+    let ids: Vec<u64> = rest.iter().map(|e| e.id.unwrap()).collect();
+    assert_eq!(
+        ids,
+        (last_seen + 1..=last_seen + rest.len() as u64).collect::<Vec<_>>()
+    );
+    wait_for_status(api, &chat, 1, "finished").await;
     let (_, read) = api.get(&format!("/v1/sessions/{chat}")).await;
-    assert_eq!(read["message_count"], 5);
+    let messages = read["messages"].as_array().unwrap();
+    // The request, the call and its result, then the new loop's answer.
+    assert_eq!(messages.len(), 6, "{read}");
+    assert_eq!(messages[3]["tool_calls"][0]["name"], "add_to_cart");
+    assert_eq!(messages[4]["role"], "tool");
+    assert_eq!(messages[5]["content"], "Hello! What can I find for you?");
+    // The call was recorded before it was sent, and answered.
+    assert_eq!(read["runs"][1]["calls"][0]["status"], "answered", "{read}");
 
     let mut second = second;
     second.child.kill().await.unwrap();

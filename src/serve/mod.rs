@@ -494,7 +494,15 @@ async fn route(server: &Server, peer: SocketAddr, request: Request<Incoming>) ->
             };
             if stored {
                 let answer = body.answer();
-                return match sessions::decide_stored(server, &agent, &run, &approval, &answer).await
+                return match sessions::decide_stored(
+                    server,
+                    peer.ip(),
+                    &agent,
+                    &run,
+                    &approval,
+                    &answer,
+                )
+                .await
                 {
                     Some(response) => response,
                     None => error(

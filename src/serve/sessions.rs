@@ -419,7 +419,44 @@ async fn start_durable(
         return store_error(&e);
     }
     ticket.register(&id, name, run.id());
+    let feed = launch(
+        server,
+        store,
+        (log, Vec::new()),
+        ticket,
+        session_id,
+        calls,
+        run,
+    );
+    let first = super::sse_event(
+        "run",
+        &json!({"agent": name, "run_id": id, "session_id": session_id}),
+    );
+    let events = futures::stream::once(async move { first })
+        .chain(feed.follow(0))
+        .map(|event| Ok::<_, Infallible>(Frame::data(event)));
+    event_stream(events, Some((&id, session_id)))
+}
+
+/// Files a started run as live and spawns its driver; returns its feed.
+/// `earlier`: the events of parts already in `log` that the feed starts
+/// with.
+fn launch(
+    server: &Server,
+    store: Store,
+    (log, earlier): (RunLog, Vec<(u64, Bytes)>),
+    ticket: RunTicket,
+    session_id: &str,
+    calls: approvals::CallKeys,
+    run: wma_runtime::RunStream,
+) -> Arc<Feed> {
+    let id = log.run_id().to_string();
     let feed = Feed::new();
+    // Parts appended before this loop started (a resumed run's decision
+    // and call): a client that joins gets them too.
+    for (seq, event) in earlier {
+        feed.push(seq, event);
+    }
     server.live.lock().insert(
         id.clone(),
         LiveRun {
@@ -434,20 +471,13 @@ async fn start_durable(
             feed: feed.clone(),
             live: server.live.clone(),
             ticket,
-            id: id.clone(),
+            id,
             session_id: session_id.to_string(),
             calls,
         },
         run.tagged(),
     ));
-    let first = super::sse_event(
-        "run",
-        &json!({"agent": name, "run_id": id, "session_id": session_id}),
-    );
-    let events = futures::stream::once(async move { first })
-        .chain(feed.follow(0))
-        .map(|event| Ok::<_, Infallible>(Frame::data(event)));
-    event_stream(events, Some((&id, session_id)))
+    feed
 }
 
 fn event_stream(
@@ -649,12 +679,18 @@ pub(crate) async fn stored_pending(server: &Server, run: Option<&str>) -> Vec<Va
     listed
 }
 
-/// Answers a stored question of a run this process does not drive: the
-/// decision is recorded, and since the run's loop went away with the last
-/// process, the run is then `interrupted` (the session goes on with a new
-/// run). `None` when the store has no such pending question.
+/// Answers a stored question of a run this process does not drive (one
+/// that waited when the last process went away). The decision is
+/// recorded; when the question was the run's own agent's and nothing else
+/// of the run waits, the run goes on here under its id: the call runs (or
+/// its denial is the model's `Error [denied]`), both appended to its log,
+/// and a new loop continues from the session's history with them. A run
+/// that cannot go on (a sub-agent's question, the agent gone, the
+/// client's run cap) is `interrupted`, and the answer says why. `None`
+/// when the store has no such pending question.
 pub(crate) async fn decide_stored(
     server: &Server,
+    client: IpAddr,
     agent: &str,
     run: &str,
     approval: &str,
@@ -674,26 +710,213 @@ pub(crate) async fn decide_stored(
         Ok(decided) => decided,
         Err(e) => return Some(store_error(&e)),
     };
-    let status = match store.set_run_status(&run, RunStatus::Interrupted).await {
-        Ok(run) => run.status,
-        Err(_) => store
-            .run(&run)
-            .await
-            .ok()
-            .flatten()
-            .map_or(RunStatus::Interrupted, |r| r.status),
+    let again = store.run(&run).await.ok().flatten();
+    let not_resumed = match again {
+        Some(now) if now.status == RunStatus::Running && decided.request.agent == now.agent => {
+            resume(server, client, &now, &decided, answer).await.err()
+        }
+        Some(now) if now.status == RunStatus::WaitingForApproval => {
+            Some("another of its questions still waits".to_string())
+        }
+        Some(_) if decided.request.agent != agent => Some(format!(
+            "the question was sub-agent `{}`'s, whose run went away with the last process",
+            decided.request.agent
+        )),
+        _ => Some("the run ended".to_string()),
     };
-    Some(json_response(
-        StatusCode::OK,
-        &json!({
-            "approval_id": decided.request.approval_id,
-            "tool": decided.request.tool,
-            "approved": answer.approved,
-            "for_session": answer.remember,
-            "run_status": status.as_str(),
-            "resumed": false,
-        }),
-    ))
+    let mut body = json!({
+        "approval_id": decided.request.approval_id,
+        "tool": decided.request.tool,
+        "approved": answer.approved,
+        "for_session": answer.remember,
+        "resumed": not_resumed.is_none(),
+    });
+    let status = match &not_resumed {
+        None => RunStatus::Running,
+        Some(reason) => {
+            body["not_resumed"] = Value::from(reason.as_str());
+            // Another question of it still waiting keeps it listed.
+            match store.run(&run).await.ok().flatten() {
+                Some(now) if now.status == RunStatus::WaitingForApproval => now.status,
+                _ => match store.set_run_status(&run, RunStatus::Interrupted).await {
+                    Ok(now) => now.status,
+                    Err(_) => RunStatus::Interrupted,
+                },
+            }
+        }
+    };
+    body["run_status"] = Value::from(status.as_str());
+    Some(json_response(StatusCode::OK, &body))
+}
+
+/// Goes on with a run the last process left waiting for `approval`, now
+/// decided: the decision and the call's outcome are appended to the run's
+/// log (its numbering goes on), the interrupted step's messages to the
+/// session, and a new loop of the run's agent starts from the session's
+/// history under the run's id.
+async fn resume(
+    server: &Server,
+    client: IpAddr,
+    stored: &wma_store::Run,
+    approval: &Approval,
+    answer: &ApprovalAnswer,
+) -> Result<(), String> {
+    let store = server.api.store.clone().ok_or("no store")?;
+    let agent = server
+        .api
+        .agent(&stored.agent)
+        .ok_or_else(|| format!("agent `{}` is not hosted here", stored.agent))?;
+    let limit = server.options.max_runs_per_client;
+    let mut ticket = server
+        .runs
+        .admit(client, limit)
+        .ok_or_else(|| format!("this client already has {limit} runs (the server's limit)"))?;
+    let log = RunLog::open(&store, &stored.id)
+        .await
+        .map_err(|e| e.to_string())?;
+    let q = &approval.request;
+    let decided = AgentStreamPart::ApprovalDecided {
+        approval_id: q.approval_id.clone(),
+        call_id: q.call_id.clone(),
+        name: q.tool.clone(),
+        approved: answer.approved,
+        by: answer.by.clone(),
+        remember: answer.remember,
+    };
+    let outcome = if answer.approved {
+        call_once(&store, &stored.id, agent, q).await
+    } else {
+        let message = match &answer.note {
+            Some(note) => format!("the call was not approved: {note}"),
+            None => "the person did not approve this call".to_string(),
+        };
+        AgentStreamPart::ToolError {
+            call_id: q.call_id.clone(),
+            name: q.tool.clone(),
+            error: wma_agent::ToolError::new(wma_agent::ToolErrorCode::Denied, message),
+        }
+    };
+    // The interrupted step as the session keeps it: what the run's agent
+    // said and called before it waited (its call even if that part was
+    // not stored yet), then the outcome.
+    let logged = store
+        .parts_after(&stored.id, 0)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut own: Vec<AgentStreamPart> = logged
+        .into_iter()
+        .filter(|p| p.depth == 0)
+        .map(|p| p.part)
+        .collect();
+    let has_call = own
+        .iter()
+        .any(|p| matches!(p, AgentStreamPart::ToolCall { call_id, .. } if *call_id == q.call_id));
+    if !has_call {
+        own.push(AgentStreamPart::ToolCall {
+            call_id: q.call_id.clone(),
+            name: q.tool.clone(),
+            arguments: q.arguments.clone(),
+        });
+    }
+    own.push(outcome.clone());
+    let mut earlier = Vec::new();
+    for part in [decided, outcome] {
+        let seq = log.append(&stored.agent, 0, part.clone());
+        let tagged = TaggedPart::new(stored.agent.clone(), 0, part);
+        let data = serde_json::to_value(&tagged).unwrap_or(Value::Null);
+        earlier.push((seq, part_event(seq, &data)));
+    }
+    store
+        .append_messages(&stored.session_id, &turn_messages(&own))
+        .await
+        .map_err(|e| e.to_string())?;
+    let history = store
+        .messages(&stored.session_id)
+        .await
+        .map_err(|e| e.to_string())?;
+    let calls = approvals::CallKeys::default();
+    let approver = approvals::HttpApprover::new(
+        stored.id.clone(),
+        stored.agent.clone(),
+        server.approvals.clone(),
+    )
+    .with_store(store.clone(), calls.clone());
+    let approvals = RunApprovals::asking(Arc::new(approver));
+    let run = agent
+        .handle
+        .run_with(history, CancellationToken::new(), approvals)
+        .await
+        .map_err(|e| e.to_string())?;
+    ticket.register(&stored.id, &stored.agent, run.id());
+    launch(
+        server,
+        store,
+        (log, earlier),
+        ticket,
+        &stored.session_id,
+        calls,
+        run,
+    );
+    Ok(())
+}
+
+/// Runs an approved call of a resumed run once, recorded before it is
+/// sent and when it answered, through the agent's tool bridge.
+async fn call_once(
+    store: &Store,
+    run_id: &str,
+    agent: &super::Agent,
+    q: &wma_agent::ApprovalRequest,
+) -> AgentStreamPart {
+    use wma_agent::{ToolError, ToolErrorCode, ToolHost};
+    let failed = |code, message: String| AgentStreamPart::ToolError {
+        call_id: q.call_id.clone(),
+        name: q.tool.clone(),
+        error: ToolError::new(code, message),
+    };
+    let Some(tools) = &agent.tools else {
+        return failed(
+            ToolErrorCode::Unavailable,
+            "the agent has no tools on this host".to_string(),
+        );
+    };
+    let record = match store
+        .begin_call(run_id, &q.agent, &q.call_id, &q.tool, &q.arguments)
+        .await
+    {
+        Ok(record) => record,
+        Err(e) => {
+            return failed(
+                ToolErrorCode::Denied,
+                format!("the host could not record the call before sending it: {e}"),
+            );
+        }
+    };
+    let (part, output, is_error) = match tools
+        .call_tool(&q.tool, q.arguments.clone(), CancellationToken::new())
+        .await
+    {
+        Ok(output) => (
+            AgentStreamPart::ToolResult {
+                call_id: q.call_id.clone(),
+                name: q.tool.clone(),
+                output: output.clone(),
+            },
+            output,
+            false,
+        ),
+        Err(error) => {
+            let text = error.to_string();
+            (failed(error.code, error.message.clone()), text, true)
+        }
+    };
+    if let Err(e) = store
+        .finish_call(&record.idempotency_key, &output, is_error)
+        .await
+    {
+        tracing::warn!(run_id, error = %e, "the call's answer was not recorded");
+    }
+    part
 }
 
 /// The messages a run adds to its conversation, from its own (depth 0)
