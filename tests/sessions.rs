@@ -1014,3 +1014,64 @@ async fn a_store_that_cannot_be_opened_stops_wma_serve_before_it_listens() {
     assert!(!said.contains("secret"), "{said}");
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_question_denied_after_a_restart_reaches_the_model_as_denied() {
+    let dir = scratch("deny");
+    let config = kill_config(&dir);
+    let mut first = serve_process(&config, &dir).await;
+    let api = &first.api;
+    let chat = api.new_session("clerk").await;
+    let (_, mut events) = api.continue_session(&chat, "Hi").await;
+    events.rest().await;
+    let (asking, mut events) = api.continue_session(&chat, "Add p-17 to my cart").await;
+    let seen = events.until("approval-requested").await;
+    let question = seen.last().unwrap().data["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_for_status(api, &chat, 1, "waiting-for-approval").await;
+    first.child.kill().await.unwrap();
+    drop(events);
+
+    let mut second = serve_process(&config, &dir).await;
+    let api = &second.api;
+    let path = format!("/v1/agents/clerk/runs/{asking}/approvals/{question}");
+    let (status, answered) = json_of(
+        api.post(&path, json!({"approve": false, "note": "not now"}))
+            .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{answered}");
+    assert_eq!(answered["resumed"], true, "{answered}");
+    // The decision and the denial come first on the run's log, numbered
+    // on from what the client saw; a new loop goes on after them.
+    let mut follow = api
+        .events_after(&asking, seen.last().unwrap().id.unwrap())
+        .await;
+    let decided = follow.next().await.unwrap();
+    assert_eq!(decided.id, Some(seen.last().unwrap().id.unwrap() + 1));
+    assert_eq!(decided.data["type"], "approval-decided");
+    assert_eq!(decided.data["approved"], false);
+    let denied = follow.next().await.unwrap();
+    assert_eq!(denied.data["type"], "tool-error");
+    assert_eq!(denied.data["error"]["code"], "denied");
+    assert_eq!(
+        denied.data["error"]["message"],
+        "the call was not approved: not now"
+    );
+    let next = follow.next().await.unwrap();
+    assert_eq!(next.data["type"], "message-start");
+    // The denial is in the history as the call's error; nothing was sent.
+    let (_, read) = api.get(&format!("/v1/sessions/{chat}")).await;
+    assert_eq!(read["messages"][3]["tool_calls"][0]["name"], "add_to_cart");
+    assert_eq!(read["messages"][4]["role"], "tool", "{read}");
+    assert_eq!(read["messages"][4]["is_error"], true);
+    assert_eq!(
+        read["messages"][4]["content"],
+        "Error [denied]: the call was not approved: not now"
+    );
+    assert_eq!(read["runs"][1]["calls"], json!([]));
+    second.child.kill().await.unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
