@@ -860,6 +860,19 @@ kind = "scripted"
 delay_ms = 60000
 replies = ["Too late."]
 
+[providers.clerk]
+kind = "scripted"
+replies = ['{{"name": "add_to_cart", "arguments": {{"product_id": "p-17"}}}}', "Added."]
+
+[tools.cart]
+kind = "demo-shop"
+allow = ["add_to_cart"]
+
+[agents.clerk]
+provider = "clerk"
+tools = ["cart"]
+approval = {{ tools = {{ add_to_cart = "ask" }} }}
+
 [agents.brief]
 provider = "brief"
 
@@ -879,6 +892,11 @@ data_dir = {data}
     .unwrap();
     let mut server = serve_process(&config, &dir).await;
     let api = &server.api;
+    // A run that waits for a person when the host is told to stop.
+    let asking_session = api.new_session("clerk").await;
+    let (asking, mut asking_events) = api.continue_session(&asking_session, "Add p-17").await;
+    asking_events.until("approval-requested").await;
+    wait_for_status(api, &asking_session, 0, "waiting-for-approval").await;
     let quick = api.new_session("brief").await;
     let (finishing, mut quick_events) = api.continue_session(&quick, "Quick one").await;
     quick_events.until("message-start").await;
@@ -901,6 +919,7 @@ data_dir = {data}
         .unwrap();
     assert!(status.success(), "{status}");
     drop(slow_events);
+    drop(asking_events);
 
     let store = Store::open(StoreOptions::in_data_dir(dir.join("data")))
         .await
@@ -920,6 +939,19 @@ data_dir = {data}
     );
     let messages = store.messages(&quick).await.unwrap();
     assert_eq!(messages.len(), 2, "{messages:?}");
+    // The run that waited still does, its question still pending, for the
+    // next start to go on with.
+    let waiting = store.run(&asking).await.unwrap().unwrap();
+    assert_eq!(
+        waiting.status,
+        webmcp_agents::store::RunStatus::WaitingForApproval
+    );
+    let pending = store
+        .pending_approvals(Some(&asking_session))
+        .await
+        .unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert_eq!(pending[0].request.tool, "add_to_cart");
     store.close().await;
     std::fs::remove_dir_all(dir).unwrap();
 }

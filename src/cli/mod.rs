@@ -464,19 +464,35 @@ pub(crate) async fn serve(args: ServeArgs, config: &Config) -> Result<()> {
         if !started.runs.drained(grace).await
             && let Some(store) = api.store()
         {
-            // Marked before they are stopped: their stopped ends are
-            // not theirs (nothing more is appended to an interrupted run).
-            let cut = started.runs.ids();
-            for run in &cut {
-                let _ = store
-                    .set_run_status(run, webmcp_agents::store::RunStatus::Interrupted)
-                    .await;
+            // Given up on before they are stopped: their stopped ends are
+            // not theirs. A run that waits for a person stays waiting, for
+            // the next start to go on with; the others are interrupted.
+            use webmcp_agents::store::RunStatus;
+            started.runs.give_up();
+            let (mut cut, mut waiting) = (Vec::new(), Vec::new());
+            for run in started.runs.ids() {
+                match store.run(&run).await {
+                    Ok(Some(r)) if r.status == RunStatus::WaitingForApproval => waiting.push(run),
+                    _ => {
+                        let _ = store.set_run_status(&run, RunStatus::Interrupted).await;
+                        cut.push(run);
+                    }
+                }
             }
-            eprintln!(
-                "stopping: {} run(s) did not finish in time and are marked interrupted: {}",
-                cut.len(),
-                cut.join(", ")
-            );
+            if !cut.is_empty() {
+                eprintln!(
+                    "stopping: {} run(s) did not finish in time and are marked interrupted: {}",
+                    cut.len(),
+                    cut.join(", ")
+                );
+            }
+            if !waiting.is_empty() {
+                eprintln!(
+                    "stopping: {} run(s) wait for an approval and go on after the next start: {}",
+                    waiting.len(),
+                    waiting.join(", ")
+                );
+            }
         }
         hosted.shutdown().await;
         // Their drivers end once the runtime stopped them; the server's

@@ -135,6 +135,9 @@ pub(crate) struct HttpApprover {
     /// run's driver records, by (asking agent, call id): their
     /// idempotency keys.
     pub(crate) calls: CallKeys,
+    /// Set when the host gives up on its runs at shutdown: a question
+    /// whose wait ends then stays pending in the store, for the next start.
+    pub(crate) stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The idempotency keys of approved calls that have not answered yet, by
@@ -155,15 +158,22 @@ impl HttpApprover {
             remembered: Mutex::new(HashMap::new()),
             store: None,
             calls: CallKeys::default(),
+            stopping: Arc::default(),
         }
     }
 
     /// The same, persisting its questions and answers in `store`, and
     /// recording each approved call there before it is sent (its key goes
     /// into `calls`, for the run's driver to record the answer).
-    pub(crate) fn with_store(mut self, store: wma_store::Store, calls: CallKeys) -> Self {
+    pub(crate) fn with_store(
+        mut self,
+        store: wma_store::Store,
+        calls: CallKeys,
+        stopping: Arc<std::sync::atomic::AtomicBool>,
+    ) -> Self {
         self.store = Some(store);
         self.calls = calls;
+        self.stopping = stopping;
         self
     }
 }
@@ -173,10 +183,15 @@ impl HttpApprover {
 /// the run does not stay `waiting-for-approval` in the store.
 struct Unanswered {
     store: Option<(wma_store::Store, String)>,
+    stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Drop for Unanswered {
     fn drop(&mut self) {
+        if self.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+            // The host is going away: the question survives it.
+            return;
+        }
         if let Some((store, id)) = self.store.take()
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
@@ -227,7 +242,10 @@ impl Approver for HttpApprover {
         // Persisted after it is listed (above, before any await): a person
         // who answers at once is answered from memory; the store learns
         // the answer below.
-        let mut unanswered = Unanswered { store: None };
+        let mut unanswered = Unanswered {
+            store: None,
+            stopping: self.stopping.clone(),
+        };
         if let (Some(store), Some(question)) = (&self.store, &question) {
             match store.request_approval(&self.run_id, question).await {
                 Ok(stored) => unanswered.store = Some((store.clone(), stored.id)),

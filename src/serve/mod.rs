@@ -201,6 +201,16 @@ impl RunsInFlight {
         self.live.ids()
     }
 
+    /// Gives up on the runs still going: from now on what they stream (the
+    /// stop that follows) is not logged, and their questions stay pending
+    /// in the store. The host then marks them (`interrupted`, or leaves
+    /// those waiting for approval to the next start) and stops them.
+    pub fn give_up(&self) {
+        self.live
+            .stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
     /// Waits until no run is going, or `within` passed; true when none is.
     pub async fn drained(&self, within: std::time::Duration) -> bool {
         let deadline = tokio::time::Instant::now() + within;

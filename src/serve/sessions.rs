@@ -114,6 +114,11 @@ impl Feed {
 #[derive(Default)]
 pub(crate) struct LiveRuns {
     runs: Mutex<HashMap<String, LiveRun>>,
+    /// Set when the host gives up on the runs still going at shutdown:
+    /// what they stream from then on (their stop) is neither logged nor
+    /// sent, so that a run waiting for approval stays so in the store for
+    /// the next start, and a client reconnects to it there.
+    pub(crate) stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 #[derive(Clone)]
@@ -397,7 +402,7 @@ async fn start_durable(
     let calls = approvals::CallKeys::default();
     let approver =
         approvals::HttpApprover::new(id.clone(), name.to_string(), server.approvals.clone())
-            .with_store(store.clone(), calls.clone());
+            .with_store(store.clone(), calls.clone(), server.live.stopping.clone());
     let approvals = RunApprovals::asking(Arc::new(approver)).with_rules(rules);
     let run = match agent
         .handle
@@ -521,8 +526,13 @@ struct DriveRun {
 /// ended without its terminal part marked interrupted.
 async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
     let mut own = Vec::new();
+    let stopping = || run.live.stopping.load(std::sync::atomic::Ordering::SeqCst);
     while let Some(part) = parts.next().await {
         let part: TaggedPart = part;
+        if stopping() {
+            // The host's stop, not the run's own end.
+            continue;
+        }
         let seq = run.log.append(&part.agent, part.depth, part.part.clone());
         let data = serde_json::to_value(&part).unwrap_or(Value::Null);
         run.feed.push(seq, part_event(seq, &data));
@@ -534,18 +544,23 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
     if let Err(e) = run.log.flush().await {
         tracing::warn!(run_id = %run.id, error = %e, "the run's log is incomplete");
     }
-    let answer = turn_messages(&own);
-    if let Err(e) = run.store.append_messages(&run.session_id, &answer).await {
-        tracing::warn!(run_id = %run.id, error = %e, "the run's answer was not added to its session");
-    }
-    match run.store.run(&run.id).await {
-        Ok(Some(stored)) if !stored.status.is_ended() => {
-            let _ = run
-                .store
-                .set_run_status(&run.id, RunStatus::Interrupted)
-                .await;
+    // A run the host gave up on keeps what its log holds; the host marked
+    // it (interrupted, or still waiting for approval: a next start goes on
+    // with it from the log).
+    if !stopping() {
+        let answer = turn_messages(&own);
+        if let Err(e) = run.store.append_messages(&run.session_id, &answer).await {
+            tracing::warn!(run_id = %run.id, error = %e, "the run's answer was not added to its session");
         }
-        _ => {}
+        match run.store.run(&run.id).await {
+            Ok(Some(stored)) if !stored.status.is_ended() => {
+                let _ = run
+                    .store
+                    .set_run_status(&run.id, RunStatus::Interrupted)
+                    .await;
+            }
+            _ => {}
+        }
     }
     run.live.lock().remove(&run.id);
     run.feed.finish();
@@ -840,7 +855,7 @@ async fn resume(
         stored.agent.clone(),
         server.approvals.clone(),
     )
-    .with_store(store.clone(), calls.clone());
+    .with_store(store.clone(), calls.clone(), server.live.stopping.clone());
     let approvals = RunApprovals::asking(Arc::new(approver));
     let run = agent
         .handle
