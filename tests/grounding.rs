@@ -318,17 +318,22 @@ async fn a_prose_reply_to_a_request_naming_a_tool_gets_the_calls_only_retry() {
 
 #[tokio::test]
 async fn the_retry_needs_two_named_words_and_the_models_own_weight_on_a_call() {
-    // (request, call probability the model gave): one named word only; the
-    // model all but sure it should not call; no tool named at all.
-    for (request, p) in [
-        ("What is in my cart?", 0.5),
-        ("View my cart, please.", retry_probability() / 10.0),
-        ("What is the capital of France?", 0.5),
+    // (request, call probability the model gave, the policy's least
+    // probability): one named word only; no tool named at all; a gate set
+    // above the model's own weight on a call.
+    for (request, p, gate) in [
+        ("What is in my cart?", 0.5, retry_probability()),
+        ("What is the capital of France?", 0.5, retry_probability()),
+        ("View my cart, please.", 0.0001, 0.001),
     ] {
         let provider = ScriptedProvider::new(["Some prose."])
             .with_constraints(true)
             .with_call_probability(p);
-        let parts = run_all(provider.clone(), ask(request, annotated_shop()), inline()).await;
+        let mut options = inline();
+        let mut policy = Policy::small_model();
+        policy.named_tool_retry = Some(gate);
+        options.policy = Some(policy);
+        let parts = run_all(provider.clone(), ask(request, annotated_shop()), options).await;
         assert_eq!(provider.requests().len(), 1, "no retry for {request:?}");
         assert_eq!(texts(&parts), ["Some prose."]);
     }
