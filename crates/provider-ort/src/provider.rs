@@ -438,9 +438,13 @@ impl Loaded {
         if let Ok(handle) = tokio::runtime::Handle::try_current() {
             let cancel = cancel.clone();
             handle.spawn(async move {
+                // The caller cancels its token when it returns, just after
+                // the generation finished: a watcher woken by both must see
+                // the finish, or it terminates the next pass on this model.
                 tokio::select! {
-                    _ = cancel.cancelled() => terminator.terminate(),
+                    biased;
                     _ = finished.cancelled() => {}
+                    _ = cancel.cancelled() => terminator.terminate(),
                 }
             });
         }
