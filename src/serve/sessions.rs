@@ -162,15 +162,32 @@ fn store_error(e: &StoreError) -> Response<Body> {
     error(status, e.to_string())
 }
 
+const NO_STORE: &str = "this server keeps no sessions (it was started without a store)";
+
 fn no_store() -> Response<Body> {
-    error(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "this server keeps no sessions (it was started without a store)",
-    )
+    error(StatusCode::SERVICE_UNAVAILABLE, NO_STORE)
 }
 
 fn is_id(id: &str) -> bool {
     id.len() == 2 * RUN_ID_BYTES && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// The store and the session id of a `/v1/sessions/{session}` request, or
+/// the status and message that refuse it: no store, or an id that is not one.
+fn store_and_session<'a>(
+    server: &'a Server,
+    id: &str,
+) -> Result<(&'a Store, String), (StatusCode, String)> {
+    let Some(store) = &server.api.store else {
+        return Err((StatusCode::SERVICE_UNAVAILABLE, NO_STORE.to_string()));
+    };
+    if !is_id(id) {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            format!("`{id}` is not a session id"),
+        ));
+    }
+    Ok((store, id.to_ascii_lowercase()))
 }
 
 /// The body of `POST /v1/sessions`. Public so that the property tests
@@ -232,16 +249,10 @@ pub(crate) async fn list(server: &Server) -> Response<Body> {
 
 /// `GET /v1/sessions/{session}`: the session, its messages and its runs.
 pub(crate) async fn read(server: &Server, id: &str) -> Response<Body> {
-    let Some(store) = &server.api.store else {
-        return no_store();
+    let (store, id) = match store_and_session(server, id) {
+        Ok(found) => found,
+        Err((status, message)) => return error(status, message),
     };
-    if !is_id(id) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("`{id}` is not a session id"),
-        );
-    }
-    let id = id.to_ascii_lowercase();
     let session = match store.session_with_messages(&id).await {
         Ok(Some(session)) => session,
         Ok(None) => return error(StatusCode::NOT_FOUND, format!("no session `{id}`")),
@@ -270,16 +281,10 @@ pub(crate) async fn read(server: &Server, id: &str) -> Response<Body> {
 
 /// `DELETE /v1/sessions/{session}`: refused while one of its runs runs here.
 pub(crate) async fn delete(server: &Server, id: &str) -> Response<Body> {
-    let Some(store) = &server.api.store else {
-        return no_store();
+    let (store, id) = match store_and_session(server, id) {
+        Ok(found) => found,
+        Err((status, message)) => return error(status, message),
     };
-    if !is_id(id) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("`{id}` is not a session id"),
-        );
-    }
-    let id = id.to_ascii_lowercase();
     if server.live.in_session(&id) {
         return error(
             StatusCode::CONFLICT,
@@ -301,16 +306,10 @@ pub(crate) async fn continue_session(
     id: &str,
     body: ContinueBody,
 ) -> Response<Body> {
-    let Some(store) = &server.api.store else {
-        return no_store();
+    let (store, id) = match store_and_session(server, id) {
+        Ok(found) => found,
+        Err((status, message)) => return error(status, message),
     };
-    if !is_id(id) {
-        return error(
-            StatusCode::BAD_REQUEST,
-            format!("`{id}` is not a session id"),
-        );
-    }
-    let id = id.to_ascii_lowercase();
     let session = match store.session_with_messages(&id).await {
         Ok(Some(session)) => session,
         Ok(None) => return error(StatusCode::NOT_FOUND, format!("no session `{id}`")),
