@@ -8,14 +8,12 @@
 //! Compiled into the end-to-end binary from `tests/http_api.rs`.
 
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use webmcp_agents::agent::{
@@ -981,28 +979,7 @@ async fn wma(args: &[&str], stdin: &str) -> (bool, String, String) {
 
 /// [`wma`] with these environment variables set.
 async fn wma_with(args: &[&str], stdin: &str, env: &[(&str, &str)]) -> (bool, String, String) {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_wma"))
-        .args(args)
-        .envs(env.iter().copied())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("the wma binary starts");
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin.as_bytes()).await.unwrap();
-    // Closed: a command that reads past the answers sees the input end.
-    drop(input);
-    let out = tokio::time::timeout(HANG, child.wait_with_output())
-        .await
-        .expect("wma ends in time")
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
+    crate::support::run_wma(args, stdin, env.iter().copied(), HANG).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

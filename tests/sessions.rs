@@ -723,30 +723,10 @@ fn store_settings_are_checked_and_a_typo_is_named() {
     assert_eq!(empty.location().unwrap().key, "store.host");
 }
 
-/// Runs `wma ARGS` with `stdin` piped in; returns (success, stdout, stderr).
+/// Runs `wma ARGS` with `stdin` piped in and `cache` as its cache folder;
+/// returns (success, stdout, stderr).
 async fn wma(args: &[&str], stdin: &str, cache: &Path) -> (bool, String, String) {
-    use tokio::io::AsyncWriteExt;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_wma"))
-        .args(args)
-        .env("WMA_CACHE_DIR", cache)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin.as_bytes()).await.unwrap();
-    drop(input);
-    let out = tokio::time::timeout(HANG, child.wait_with_output())
-        .await
-        .expect("wma ends in time")
-        .unwrap();
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).to_string(),
-        String::from_utf8_lossy(&out.stderr).to_string(),
-    )
+    crate::support::run_wma(args, stdin, [("WMA_CACHE_DIR", cache)], HANG).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

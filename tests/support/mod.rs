@@ -146,3 +146,42 @@ pub(crate) fn shop() -> Arc<InMemoryToolHost> {
 pub(crate) fn call(name: &str, arguments: Value) -> String {
     json!({"name": name, "arguments": arguments}).to_string()
 }
+
+/// Runs the `wma` binary with `args` and these environment variables,
+/// `stdin` piped in and then closed (a command that reads past the answers
+/// sees the input end); `limit` is how long it may take. Gives (success,
+/// stdout, stderr).
+pub(crate) async fn run_wma<K, V>(
+    args: &[&str],
+    stdin: &str,
+    env: impl IntoIterator<Item = (K, V)>,
+    limit: std::time::Duration,
+) -> (bool, String, String)
+where
+    K: AsRef<std::ffi::OsStr>,
+    V: AsRef<std::ffi::OsStr>,
+{
+    use std::process::Stdio;
+    use tokio::io::AsyncWriteExt;
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_wma"))
+        .args(args)
+        .envs(env)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("the wma binary starts");
+    let mut input = child.stdin.take().unwrap();
+    input.write_all(stdin.as_bytes()).await.unwrap();
+    drop(input);
+    let out = tokio::time::timeout(limit, child.wait_with_output())
+        .await
+        .expect("wma ends in time")
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
