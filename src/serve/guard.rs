@@ -106,12 +106,19 @@ impl Guard {
 
     /// A request from a page carries its `Origin`; only allowed ones pass.
     /// Requests without one (curl, scripts, same-origin navigation) pass
-    /// to the token check. Returns the allowed origin, for CORS headers.
+    /// to the token check. The server's own page (`GET /`) sends the
+    /// origin it was loaded from, which is the `Host` the request names
+    /// (already checked by [`Guard::check_host`]): that one passes too,
+    /// without CORS headers, since it needs none. Returns an allowed other
+    /// origin, for CORS headers.
     pub(crate) fn check_origin(&self, request: &Parts) -> Result<Option<HeaderValue>, Refusal> {
         let Some(origin) = request.headers.get(ORIGIN) else {
             return Ok(None);
         };
         let text = String::from_utf8_lossy(origin.as_bytes()).to_ascii_lowercase();
+        if is_own_origin(&text, request) {
+            return Ok(None);
+        }
         if self.origins.contains(&text) {
             Ok(Some(origin.clone()))
         } else {
@@ -135,6 +142,21 @@ impl Guard {
             Auth::Wrong
         }
     }
+}
+
+/// Whether `origin` (lowercase) is the origin the request reached the
+/// server as: `http://` (or `https://`, behind a proxy that ends TLS)
+/// followed by exactly the request's `Host`. A page of another site sends
+/// its own origin, and a rebound name fails the `Host` check before this.
+fn is_own_origin(origin: &str, request: &Parts) -> bool {
+    let Some(host) = request.headers.get(HOST) else {
+        return false;
+    };
+    let host = String::from_utf8_lossy(host.as_bytes()).to_ascii_lowercase();
+    let authority = origin
+        .strip_prefix("http://")
+        .or_else(|| origin.strip_prefix("https://"));
+    !host.is_empty() && authority == Some(host.as_str())
 }
 
 /// Whether a `Content-Type` says JSON (`application/json`, any parameters).
@@ -220,6 +242,44 @@ mod tests {
             );
         }
         assert_eq!(guard.check_host(&parts(&[])), Err(Refusal::NoHost));
+    }
+
+    #[test]
+    fn the_servers_own_origin_passes_without_cors_and_other_sites_do_not() {
+        let guard = guard(&ServerOptions {
+            allowed_origins: vec!["https://app.example.com".to_string()],
+            ..ServerOptions::default()
+        });
+        let check = |host: &str, origin: &str| {
+            guard.check_origin(&parts(&[("host", host), ("origin", origin)]))
+        };
+        // The page the server itself serves, reached by either name.
+        assert_eq!(check("127.0.0.1:8080", "http://127.0.0.1:8080"), Ok(None));
+        assert_eq!(check("localhost:8080", "http://LOCALHOST:8080"), Ok(None));
+        // A configured origin gets CORS headers.
+        assert!(matches!(
+            check("127.0.0.1:8080", "https://app.example.com"),
+            Ok(Some(_))
+        ));
+        // Another site, another port of this machine, a name the request
+        // was not sent to, an opaque origin: refused.
+        for (host, origin) in [
+            ("127.0.0.1:8080", "http://evil.example"),
+            ("127.0.0.1:8080", "http://127.0.0.1:8081"),
+            ("127.0.0.1:8080", "http://localhost:8080"),
+            ("127.0.0.1:8080", "http://127.0.0.1:8080.evil.example"),
+            ("127.0.0.1:8080", "null"),
+        ] {
+            assert!(
+                matches!(check(host, origin), Err(Refusal::Origin(_))),
+                "{host} {origin}"
+            );
+        }
+        assert!(
+            guard
+                .check_origin(&parts(&[("origin", "http://127.0.0.1:8080")]))
+                .is_err()
+        );
     }
 
     #[test]

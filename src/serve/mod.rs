@@ -31,6 +31,7 @@ mod health;
 mod options;
 mod sessions;
 mod token;
+pub mod ui;
 
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
@@ -398,6 +399,11 @@ async fn handle(server: &Server, peer: SocketAddr, request: Request<Incoming>) -
 /// A request from an accepted host and origin: the token, the media type,
 /// then the endpoint.
 async fn checked(server: &Server, peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
+    // The web page (`/`, `/ui/…`) holds no secret: it is served without
+    // the token, and sends the token with each API call it makes.
+    if let Some(response) = ui::respond(request.method(), request.uri().path()) {
+        return response;
+    }
     let is_health =
         request.method() == Method::GET && request.uri().path().trim_matches('/') == "v1/health";
     match server.guard.authorize(request.headers()) {
