@@ -14,3 +14,4 @@ mod properties;
 mod real_model;
 mod served;
 mod sessions;
+mod web_ui;
