@@ -509,7 +509,8 @@
         await readEvents(response, onEvent, controller.signal);
       } catch (e) {
         if (controller.signal.aborted || e.status === 401) return;
-        if (e.status === 404 || e.status === 400) {
+        // No such run, or a server that keeps no log to read it from.
+        if (e.status === 404 || e.status === 400 || e.status === 503) {
           finishRun(run, `The run cannot be followed: ${e.message}`, true);
           return;
         }
@@ -707,8 +708,9 @@
         deny.disabled = false;
       }
       refreshApprovals();
-      // A question of a run an earlier process left goes on here now.
-      if (!p.live && p.live !== undefined && yes !== null) refreshSessions();
+      // A question of a run an earlier process left: the run goes on here
+      // now, and its conversation's list entry changes.
+      if (p.live === false) refreshSessions();
     };
     approve.addEventListener('click', () => answer(true));
     deny.addEventListener('click', () => answer(false));
