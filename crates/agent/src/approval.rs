@@ -382,6 +382,53 @@ pub trait Approver: Send + Sync {
         let _ = (agent, tool);
         None
     }
+
+    /// Records a call the loop is about to send, before it is sent: called
+    /// for every call whose tool is consequential (by its annotations), and
+    /// every call a person was asked about, once it may run, whatever let
+    /// it run (the policy's `auto`, an answer given for the session, a
+    /// person's yes). Read-only and other tools are not recorded (see
+    /// [`needs_record`]).
+    ///
+    /// `Ok(Some(key))`: recorded; the key goes with the call to its source
+    /// ([`CallContext::idempotency_key`](crate::CallContext)). `Ok(None)`:
+    /// this host keeps no record (the default). `Err(why)`: the call is not
+    /// sent, and the model reads `Error [denied]: the host could not record
+    /// the call before sending it: why`. Not raced against Stop: an
+    /// implementation bounds its own wait (a store's timeouts).
+    async fn before_call(&self, call: &CallRecordRequest) -> Result<Option<String>, String> {
+        let _ = call;
+        Ok(None)
+    }
+}
+
+/// A call the loop is about to send, as [`Approver::before_call`] gets it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallRecordRequest {
+    /// The agent whose run makes the call.
+    pub agent: String,
+    /// The call, as its tool-call part names it.
+    pub call_id: String,
+    /// The tool.
+    pub tool: String,
+    /// The call's full arguments, validated against the tool's schema.
+    pub arguments: Value,
+    /// What the tool says of itself.
+    pub annotations: ToolAnnotations,
+    /// A person (or an answer standing for one: an unattended host's, one
+    /// given for the session) was asked about the call and approved it.
+    pub asked: bool,
+}
+
+/// Whether a call that may run is recorded before it is sent
+/// ([`Approver::before_call`]): its tool is consequential, or the policy
+/// made it ask (a rule said a person decides about it). A read-only call
+/// changes nothing when it runs twice or not at all, and a tool that says
+/// neither has no effect its source calls worth a person's attention; a
+/// record for each would cost a durable commit per call for nothing a
+/// person checks after a crash.
+pub fn needs_record(annotations: &ToolAnnotations, asked: bool) -> bool {
+    annotations.consequential || asked
 }
 
 /// A fresh approval id: unique in this process, so an answer meant for a

@@ -28,6 +28,23 @@ pub trait ToolHost: Send + Sync {
         cancel: CancellationToken,
     ) -> Result<String, ToolError>;
 
+    /// Runs one tool with what the host knows of the call besides its
+    /// arguments: the idempotency key it was recorded under before it was
+    /// sent, for sources that accept one. The loop calls this; the default
+    /// is [`call_tool`](Self::call_tool), for hosts whose sources take no
+    /// key. A host that passes calls on to other hosts passes the context
+    /// on with them.
+    async fn call_tool_with(
+        &self,
+        name: &str,
+        arguments: Value,
+        context: &CallContext,
+        cancel: CancellationToken,
+    ) -> Result<String, ToolError> {
+        let _ = context;
+        self.call_tool(name, arguments, cancel).await
+    }
+
     /// The page the person is on, when the tools belong to a page.
     async fn page_context(&self) -> Option<PageContext> {
         None
@@ -47,8 +64,53 @@ impl<H: ToolHost + ?Sized> ToolHost for Arc<H> {
     ) -> Result<String, ToolError> {
         (**self).call_tool(name, arguments, cancel).await
     }
+    async fn call_tool_with(
+        &self,
+        name: &str,
+        arguments: Value,
+        context: &CallContext,
+        cancel: CancellationToken,
+    ) -> Result<String, ToolError> {
+        (**self)
+            .call_tool_with(name, arguments, context, cancel)
+            .await
+    }
     async fn page_context(&self) -> Option<PageContext> {
         (**self).page_context().await
+    }
+}
+
+/// What goes with one call to its source besides the tool's name and
+/// arguments.
+///
+/// Made with [`CallContext::new`] and the `with_` methods (more may come,
+/// so it cannot be written as a literal outside this crate).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CallContext {
+    /// The key the host recorded the call under before sending it
+    /// ([`Approver::before_call`]): a source that accepts one can tell a
+    /// call sent twice from two calls. `None` for calls nobody recorded
+    /// (read-only and other tools that need no record, hosts that keep
+    /// none).
+    pub idempotency_key: Option<String>,
+}
+
+impl CallContext {
+    /// A context with nothing in it.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The same context carrying the call's idempotency key.
+    pub fn with_idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// The call's idempotency key, when the host recorded it.
+    pub fn idempotency_key(&self) -> Option<&str> {
+        self.idempotency_key.as_deref()
     }
 }
 

@@ -33,13 +33,14 @@ mod validate;
 pub use adapter::{AgentAdapter, LocalAdapter, LocalAdapterOptions, create_local_adapter};
 pub use approval::{
     ApprovalAnswer, ApprovalMode, ApprovalPolicy, ApprovalRequest, ApprovalRule, Approver,
-    DEFAULT_APPROVAL_TIMEOUT, FixedApprover, Reason, Verdict, decide, glob_matches,
+    CallRecordRequest, DEFAULT_APPROVAL_TIMEOUT, FixedApprover, Reason, Verdict, decide,
+    glob_matches, needs_record,
 };
 pub use error::{AgentError, ProviderError, ToolError, ToolErrorCode};
 pub use ground::{
     Identifiers, MAX_COPY_PHRASES, MAX_PHRASE_WORDS, copy_phrases, ground_tool, is_identifier_key,
 };
-pub use host::{AgentRunRequest, ToolHost};
+pub use host::{AgentRunRequest, CallContext, ToolHost};
 pub use message::{ChatMessage, ToolCall};
 pub use parse::{ParsedCall, ParsedReply, parse_tool_calls};
 pub use part::{AgentStreamPart, FinishReason};

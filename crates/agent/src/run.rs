@@ -14,12 +14,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span, field};
 
 use crate::approval::{
-    ApprovalAnswer, ApprovalPolicy, ApprovalRequest, ApprovalRule, Approver, Reason, Verdict,
-    decide, next_approval_id,
+    ApprovalAnswer, ApprovalPolicy, ApprovalRequest, ApprovalRule, Approver, CallRecordRequest,
+    Reason, Verdict, decide, needs_record, next_approval_id,
 };
 use crate::error::{ProviderError, ToolError, ToolErrorCode};
 use crate::ground::{ACTION_VERBS, copy_phrases};
-use crate::host::{AgentRunRequest, ToolHost};
+use crate::host::{AgentRunRequest, CallContext, ToolHost};
 use crate::message::{ChatMessage, ToolCall};
 use crate::messages;
 use crate::parse::{ParsedReply, parse_tool_calls};
@@ -224,6 +224,12 @@ struct Run<P> {
     /// Approvals: the agent's policy, the request's own rules, the host's
     /// approver, and what the run learnt on the way.
     approvals: Approvals,
+    /// The highest step number in the ids of the calls the conversation
+    /// already holds after the person's last message (a run that goes on
+    /// after an approval given to a run of an earlier process): this run's
+    /// calls are numbered after them (`call_2_1` after `call_1_1`), so that
+    /// no two calls of one run share an id.
+    call_steps_before: u32,
 }
 
 /// What the run needs to decide and ask about approvals.
@@ -247,7 +253,9 @@ impl<P: Provider + 'static> Run<P> {
         tx: mpsc::UnboundedSender<AgentStreamPart>,
     ) -> Self {
         let profile = request.agent.unwrap_or_default();
+        let call_steps_before = call_steps_before(&request.messages);
         Self {
+            call_steps_before,
             max_steps: profile.max_steps.unwrap_or(options.max_steps).max(1),
             instructions: profile.instructions.or(options.instructions),
             sub_agents: profile.sub_agents,
@@ -825,7 +833,10 @@ impl<P: Provider + 'static> Run<P> {
             .calls
             .into_iter()
             .enumerate()
-            .map(|(i, c)| ToolCall::new(format!("call_{step}_{}", i + 1), c.name, c.arguments))
+            .map(|(i, c)| {
+                let step = self.call_steps_before + step;
+                ToolCall::new(format!("call_{step}_{}", i + 1), c.name, c.arguments)
+            })
             .collect();
         if !reply.text.is_empty() {
             self.emit(AgentStreamPart::Text {
@@ -854,9 +865,15 @@ impl<P: Provider + 'static> Run<P> {
                     span.record("error.type", denied.code.as_str());
                     Err(denied)
                 }
-                Some(Ok(())) => match self.call_tool(&call, span).await {
-                    Some(outcome) => outcome,
-                    None => return Some(End::Finish(FinishReason::Aborted)),
+                Some(Ok(asked)) => match self.before_send(&call, asked, &span).await {
+                    Err(unrecorded) => {
+                        span.record("error.type", unrecorded.code.as_str());
+                        Err(unrecorded)
+                    }
+                    Ok(context) => match self.call_tool(&call, &context, span).await {
+                        Some(outcome) => outcome,
+                        None => return Some(End::Finish(FinishReason::Aborted)),
+                    },
                 },
             };
             if outcome.is_ok()
@@ -957,10 +974,11 @@ impl<P: Provider + 'static> Run<P> {
     }
 
     /// Whether a validated call may run, by the approval policy and, when
-    /// it says ask, the host's approver: `Some(Ok)` runs it, `Some(Err)` is
-    /// the `denied` error the model gets, `None` means the run was stopped
+    /// it says ask, the host's approver: `Some(Ok(asked))` runs it (`asked`:
+    /// the policy said ask, and the call was approved), `Some(Err)` is the
+    /// `denied` error the model gets, `None` means the run was stopped
     /// while it waited. Each decision is an event on the call's span.
-    async fn approve(&mut self, call: &ToolCall, span: &Span) -> Option<Result<(), ToolError>> {
+    async fn approve(&mut self, call: &ToolCall, span: &Span) -> Option<Result<bool, ToolError>> {
         let a = &self.approvals;
         let annotations = a.annotations.get(&call.name).cloned().unwrap_or_default();
         let verdict = decide(
@@ -971,7 +989,7 @@ impl<P: Provider + 'static> Run<P> {
             a.untrusted_seen.as_deref(),
         );
         let reason = match verdict {
-            Verdict::Run => return Some(Ok(())),
+            Verdict::Run => return Some(Ok(false)),
             Verdict::Deny(reason) => {
                 let why = reason.describe(&call.name);
                 tracing::info!(
@@ -990,7 +1008,7 @@ impl<P: Provider + 'static> Run<P> {
         };
         // Nobody to ask: the loop as it was before approvals.
         let Some(approver) = a.approver.clone() else {
-            return Some(Ok(()));
+            return Some(Ok(true));
         };
         let untrusted = matches!(reason, Reason::Untrusted { .. });
         let why = reason.describe(&call.name);
@@ -1076,7 +1094,7 @@ impl<P: Provider + 'static> Run<P> {
             remember: answer.remember,
         });
         if answer.approved {
-            return Some(Ok(()));
+            return Some(Ok(true));
         }
         let message = match (answer.by.as_str(), answer.note) {
             (_, Some(note)) => format!("the call was not approved: {note}"),
@@ -1088,9 +1106,62 @@ impl<P: Provider + 'static> Run<P> {
         Some(Err(ToolError::new(ToolErrorCode::Denied, message)))
     }
 
+    /// Records a call that may run with the host before it is sent, when
+    /// it needs a record ([`needs_record`]: a consequential tool, or a call
+    /// that asked) and the run has an approver: what goes with the call to
+    /// its source (the record's idempotency key), or the error the model
+    /// gets instead of the call when it could not be recorded (the call is
+    /// never sent unrecorded).
+    async fn before_send(
+        &self,
+        call: &ToolCall,
+        asked: bool,
+        span: &Span,
+    ) -> Result<CallContext, ToolError> {
+        let annotations = self
+            .approvals
+            .annotations
+            .get(&call.name)
+            .cloned()
+            .unwrap_or_default();
+        let Some(approver) = &self.approvals.approver else {
+            return Ok(CallContext::new());
+        };
+        if !needs_record(&annotations, asked) {
+            return Ok(CallContext::new());
+        }
+        let request = CallRecordRequest {
+            agent: self.agent_name.clone(),
+            call_id: call.id.clone(),
+            tool: call.name.clone(),
+            arguments: call.arguments.clone(),
+            annotations,
+            asked,
+        };
+        match approver.before_call(&request).await {
+            Ok(Some(key)) => {
+                tracing::info!(parent: span, wma.idempotency_key = %key, "call-recorded");
+                Ok(CallContext::new().with_idempotency_key(key))
+            }
+            Ok(None) => Ok(CallContext::new()),
+            Err(why) => {
+                tracing::warn!(parent: span, tool = %call.name, error = %why, "the call could not be recorded; it is not sent");
+                Err(ToolError::new(
+                    ToolErrorCode::Denied,
+                    format!("the host could not record the call before sending it: {why}"),
+                ))
+            }
+        }
+    }
+
     /// One call, raced against Stop, in its `execute_tool` span. `None`
     /// means the run was stopped.
-    async fn call_tool(&self, call: &ToolCall, span: Span) -> Option<Result<String, ToolError>> {
+    async fn call_tool(
+        &self,
+        call: &ToolCall,
+        context: &CallContext,
+        span: Span,
+    ) -> Option<Result<String, ToolError>> {
         let token = self.cancel.child_token();
         // Cancels the call however this function ends, the run's stream
         // being dropped included.
@@ -1099,7 +1170,7 @@ impl<P: Provider + 'static> Run<P> {
             tokio::select! {
                 biased;
                 _ = self.cancel.cancelled() => None,
-                result = self.tools.call_tool(&call.name, call.arguments.clone(), token.clone()) => Some(result),
+                result = self.tools.call_tool_with(&call.name, call.arguments.clone(), context, token.clone()) => Some(result),
             }
         }
         .instrument(span.clone())
@@ -1143,6 +1214,31 @@ impl<P: Provider + 'static> Run<P> {
                 .skip(1),
         );
     }
+}
+
+/// The highest step of the loop's call ids (`call_{step}_{n}`) among the
+/// calls after the last user message; 0 when there are none.
+fn call_steps_before(messages: &[ChatMessage]) -> u32 {
+    let start = messages
+        .iter()
+        .rposition(ChatMessage::is_user)
+        .map_or(0, |i| i + 1);
+    let step_of = |id: &str| -> Option<u32> {
+        let (step, n) = id.strip_prefix("call_")?.split_once('_')?;
+        n.parse::<u32>().ok()?;
+        step.parse().ok()
+    };
+    messages[start..]
+        .iter()
+        .flat_map(|m| match m {
+            ChatMessage::Assistant { tool_calls, .. } => {
+                tool_calls.iter().filter_map(|c| step_of(&c.id)).collect()
+            }
+            ChatMessage::Tool { call_id, .. } => step_of(call_id).into_iter().collect(),
+            _ => Vec::new(),
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// The `execute_tool` span of one call; its approval events and the

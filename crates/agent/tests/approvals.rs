@@ -12,9 +12,9 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
     AgentRunRequest, AgentStreamPart, ApprovalAnswer, ApprovalMode, ApprovalPolicy,
-    ApprovalRequest, ApprovalRule, Approver, ChatMessage, FinishReason, LocalLoopOptions,
-    ScriptedProvider, ToolAnnotations, ToolDefinition, ToolError, ToolErrorCode, ToolHost,
-    run_local_agent,
+    ApprovalRequest, ApprovalRule, Approver, CallContext, CallRecordRequest, ChatMessage,
+    FinishReason, LocalLoopOptions, ScriptedProvider, ToolAnnotations, ToolCall, ToolDefinition,
+    ToolError, ToolErrorCode, ToolHost, run_local_agent,
 };
 
 /// Tools with the annotations of a real server's: a read-only lookup, a
@@ -508,6 +508,253 @@ async fn an_answer_for_the_session_holds_for_the_rest_of_the_run() {
         decided,
         vec![(true, "person".to_string()), (true, "session".to_string())]
     );
+}
+
+/// What a host with a store sees of a run, in order: each record made
+/// before a call is sent, and each call its source got, with its key.
+type Ledger = Arc<Mutex<Vec<String>>>;
+
+/// The tools of [`Files`], whose calls go in the ledger with the key each
+/// came with.
+struct Keyed {
+    files: Files,
+    ledger: Ledger,
+}
+
+#[async_trait]
+impl ToolHost for Keyed {
+    async fn list_tools(&self) -> Vec<ToolDefinition> {
+        self.files.list_tools().await
+    }
+
+    async fn call_tool(
+        &self,
+        name: &str,
+        arguments: Value,
+        cancel: CancellationToken,
+    ) -> Result<String, ToolError> {
+        self.call_tool_with(name, arguments, &CallContext::new(), cancel)
+            .await
+    }
+
+    async fn call_tool_with(
+        &self,
+        name: &str,
+        arguments: Value,
+        context: &CallContext,
+        cancel: CancellationToken,
+    ) -> Result<String, ToolError> {
+        self.ledger.lock().unwrap().push(format!(
+            "send {name} {}",
+            context.idempotency_key().unwrap_or("-")
+        ));
+        self.files.call_tool(name, arguments, cancel).await
+    }
+}
+
+/// An approver that approves what asks and records each call it is told
+/// of in the ledger (or refuses to, as a store that is away would).
+struct Recorder {
+    ledger: Ledger,
+    requests: Mutex<Vec<CallRecordRequest>>,
+    refuse: Option<String>,
+}
+
+#[async_trait]
+impl Approver for Recorder {
+    async fn ask(&self, _request: ApprovalRequest) -> ApprovalAnswer {
+        ApprovalAnswer::approve()
+    }
+
+    async fn before_call(&self, call: &CallRecordRequest) -> Result<Option<String>, String> {
+        self.requests.lock().unwrap().push(call.clone());
+        if let Some(why) = &self.refuse {
+            return Err(why.clone());
+        }
+        let key = format!("key-{}", call.call_id);
+        self.ledger
+            .lock()
+            .unwrap()
+            .push(format!("record {} {key}", call.tool));
+        Ok(Some(key))
+    }
+}
+
+fn keyed(refuse: Option<&str>) -> (Arc<Keyed>, Arc<Recorder>, Ledger) {
+    let ledger = Ledger::default();
+    let host = Arc::new(Keyed {
+        files: Files::default(),
+        ledger: ledger.clone(),
+    });
+    let recorder = Arc::new(Recorder {
+        ledger: ledger.clone(),
+        requests: Mutex::new(Vec::new()),
+        refuse: refuse.map(str::to_string),
+    });
+    (host, recorder, ledger)
+}
+
+#[tokio::test]
+async fn every_consequential_call_is_recorded_before_it_is_sent_whatever_let_it_run() {
+    let (host, recorder, ledger) = keyed(None);
+    let model = ScriptedProvider::new([
+        call("read_file", "notes.txt"),
+        call("write_file", "notes.txt"),
+        call("touch_file", "notes.txt"),
+        call("touch_file", "other.txt"),
+        "Done.".into(),
+    ]);
+    // `write_file` runs without asking; `touch_file` (neither read-only nor
+    // consequential) asks because a rule says so; `read_file` is read-only.
+    let policy = ApprovalPolicy {
+        consequential: ApprovalMode::Auto,
+        ..ApprovalPolicy::default()
+    }
+    .with_rules([ApprovalRule::new("touch_file", ApprovalMode::Ask)]);
+    let request = AgentRunRequest::new(vec![ChatMessage::user("Tidy notes.txt")], host.clone())
+        .with_approver(recorder.clone());
+    let parts = run(model, request, policy).await;
+    assert_eq!(
+        parts.last(),
+        Some(&AgentStreamPart::Finish {
+            reason: FinishReason::Stop
+        }),
+        "{parts:#?}"
+    );
+    assert_eq!(
+        *ledger.lock().unwrap(),
+        [
+            // Read-only: no record, no key.
+            "send read_file -",
+            // Consequential under `auto`: recorded first, sent with its key.
+            "record write_file key-call_2_1",
+            "send write_file key-call_2_1",
+            // Asked and approved: recorded too.
+            "record touch_file key-call_3_1",
+            "send touch_file key-call_3_1",
+            "record touch_file key-call_4_1",
+            "send touch_file key-call_4_1",
+        ]
+    );
+    let requests = recorder.requests.lock().unwrap().clone();
+    assert_eq!(requests[0].agent, "agent");
+    assert_eq!(requests[0].call_id, "call_2_1");
+    assert_eq!(requests[0].tool, "write_file");
+    assert_eq!(requests[0].arguments, json!({"path": "notes.txt"}));
+    assert!(requests[0].annotations.consequential);
+    assert!(!requests[0].asked);
+    assert!(requests[1].asked && !requests[1].annotations.consequential);
+}
+
+#[tokio::test]
+async fn a_call_that_cannot_be_recorded_is_not_sent() {
+    let (host, recorder, ledger) = keyed(Some("the store's database cannot be reached"));
+    let model = ScriptedProvider::new([
+        call("write_file", "notes.txt"),
+        call("read_file", "notes.txt"),
+        "I could not write it.".into(),
+    ]);
+    let policy = ApprovalPolicy {
+        consequential: ApprovalMode::Auto,
+        ..ApprovalPolicy::default()
+    };
+    let request = AgentRunRequest::new(vec![ChatMessage::user("Write notes.txt")], host.clone())
+        .with_approver(recorder.clone());
+    let parts = run(model.clone(), request, policy).await;
+    let denied = denied_errors(&parts);
+    assert_eq!(denied.len(), 1, "{parts:#?}");
+    assert_eq!(
+        denied[0].message,
+        "the host could not record the call before sending it: the store's database cannot be reached"
+    );
+    // The write never reached its source; the read that needs no record did.
+    assert_eq!(*ledger.lock().unwrap(), ["send read_file -"]);
+    assert_eq!(recorder.requests.lock().unwrap().len(), 1);
+    assert!(
+        prompt(&model, 1).contains("Error [denied]: the host could not record the call"),
+        "{}",
+        prompt(&model, 1)
+    );
+}
+
+#[tokio::test]
+async fn a_run_that_goes_on_numbers_its_calls_after_the_turns_calls() {
+    let (host, recorder, ledger) = keyed(None);
+    // The turn so far, as a host that resumes a run keeps it: the call
+    // approved after a restart and its result.
+    let history = vec![
+        ChatMessage::user("Write a.txt, then b.txt"),
+        ChatMessage::assistant_calls(
+            "",
+            vec![ToolCall::new(
+                "call_1_1",
+                "write_file",
+                json!({"path": "a.txt"}),
+            )],
+        ),
+        ChatMessage::tool_result("call_1_1", "write_file", "write_file done with \"a.txt\""),
+    ];
+    let model = ScriptedProvider::new([call("write_file", "b.txt"), "Both written.".into()]);
+    let policy = ApprovalPolicy {
+        consequential: ApprovalMode::Auto,
+        ..ApprovalPolicy::default()
+    };
+    let request = AgentRunRequest::new(history, host.clone()).with_approver(recorder.clone());
+    let parts = run(model, request, policy.clone()).await;
+    let ids: Vec<&str> = parts
+        .iter()
+        .filter_map(|p| match p {
+            AgentStreamPart::ToolCall { call_id, .. } => Some(call_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids, ["call_2_1"], "{parts:#?}");
+    assert_eq!(
+        *ledger.lock().unwrap(),
+        [
+            "record write_file key-call_2_1",
+            "send write_file key-call_2_1"
+        ]
+    );
+    // A new turn starts at 1 again: the numbering is the run's.
+    let model = ScriptedProvider::new([call("write_file", "c.txt"), "Written.".into()]);
+    let mut history = recorder_history(&parts);
+    history.insert(0, ChatMessage::user("Write a.txt, then b.txt"));
+    history.push(ChatMessage::user("Now c.txt"));
+    let request = AgentRunRequest::new(history, host.clone()).with_approver(recorder.clone());
+    let parts = run(model, request, policy).await;
+    assert!(
+        parts.iter().any(
+            |p| matches!(p, AgentStreamPart::ToolCall { call_id, .. } if call_id == "call_1_1")
+        ),
+        "{parts:#?}"
+    );
+}
+
+/// The messages a run's parts add to its conversation (its calls, their
+/// results and its text).
+fn recorder_history(parts: &[AgentStreamPart]) -> Vec<ChatMessage> {
+    let mut out = Vec::new();
+    for part in parts {
+        match part {
+            AgentStreamPart::ToolCall {
+                call_id,
+                name,
+                arguments,
+            } => out.push(ChatMessage::assistant_calls(
+                "",
+                vec![ToolCall::new(call_id, name, arguments.clone())],
+            )),
+            AgentStreamPart::ToolResult {
+                call_id,
+                name,
+                output,
+            } => out.push(ChatMessage::tool_result(call_id, name, output)),
+            AgentStreamPart::Text { text } => out.push(ChatMessage::assistant(text)),
+            _ => {}
+        }
+    }
+    out
 }
 
 #[test]

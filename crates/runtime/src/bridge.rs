@@ -13,7 +13,8 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, Span};
 use wma_agent::{
-    ArgsError, PageContext, ToolDefinition, ToolError, ToolErrorCode, ToolHost, validate_args,
+    ArgsError, CallContext, PageContext, ToolDefinition, ToolError, ToolErrorCode, ToolHost,
+    validate_args,
 };
 
 use crate::panic_message;
@@ -148,10 +149,12 @@ pub(crate) enum BridgeMsg {
         routes: HashMap<String, Route>,
         reply: RpcReplyPort<Vec<ToolDefinition>>,
     },
-    /// Run one tool. `span` is the loop's `execute_tool` span.
+    /// Run one tool. `span` is the loop's `execute_tool` span; `context`
+    /// goes to the source with the call (its idempotency key).
     Call {
         name: String,
         arguments: Value,
+        context: CallContext,
         cancel: CancellationToken,
         span: Span,
         reply: RpcReplyPort<Result<String, ToolError>>,
@@ -227,6 +230,7 @@ impl Actor for BridgeActor {
             BridgeMsg::Call {
                 name,
                 arguments,
+                context,
                 cancel,
                 span,
                 reply,
@@ -236,8 +240,13 @@ impl Actor for BridgeActor {
                 let shared = state.shared.clone();
                 tokio::spawn(
                     async move {
-                        let result =
-                            call(&myself, &shared, &hosts, route, &name, arguments, cancel).await;
+                        let request = CallRequest {
+                            name: &name,
+                            arguments,
+                            context: &context,
+                            cancel,
+                        };
+                        let result = call(&myself, &shared, &hosts, route, request).await;
                         let _ = reply.send(result);
                     }
                     .instrument(span),
@@ -332,16 +341,28 @@ async fn merged(
     (tools, routes)
 }
 
+/// One call as the bridge got it.
+struct CallRequest<'a> {
+    name: &'a str,
+    arguments: Value,
+    context: &'a CallContext,
+    cancel: CancellationToken,
+}
+
 /// One call: route, validate, run with the time limit, contain a panic.
 async fn call(
     myself: &ActorRef<BridgeMsg>,
     shared: &BridgeShared,
     hosts: &[Arc<dyn ToolHost>],
     route: Option<Route>,
-    name: &str,
-    arguments: Value,
-    cancel: CancellationToken,
+    request: CallRequest<'_>,
 ) -> Result<String, ToolError> {
+    let CallRequest {
+        name,
+        arguments,
+        context,
+        cancel,
+    } = request;
     let route = match route {
         Some(route) => route,
         // Called without a fresh listing (or the tool just appeared).
@@ -378,7 +399,8 @@ async fn call(
     // set inside passes it on) instead of running on unseen.
     let source_cancel = cancel.child_token();
     let run =
-        AssertUnwindSafe(host.call_tool(name, arguments, source_cancel.clone())).catch_unwind();
+        AssertUnwindSafe(host.call_tool_with(name, arguments, context, source_cancel.clone()))
+            .catch_unwind();
     tokio::pin!(run);
     let outcome = tokio::select! {
         biased;
@@ -479,12 +501,26 @@ impl ToolHost for ToolBridgeHandle {
         arguments: Value,
         cancel: CancellationToken,
     ) -> Result<String, ToolError> {
+        self.call_tool_with(name, arguments, &CallContext::new(), cancel)
+            .await
+    }
+
+    /// The context goes to the source that answers for the tool (an MCP
+    /// server sends the idempotency key in the request's `_meta`).
+    async fn call_tool_with(
+        &self,
+        name: &str,
+        arguments: Value,
+        context: &CallContext,
+        cancel: CancellationToken,
+    ) -> Result<String, ToolError> {
         let span = Span::current();
         self.slot
             .call(
                 |reply| BridgeMsg::Call {
                     name: name.to_string(),
                     arguments: arguments.clone(),
+                    context: context.clone(),
                     cancel: cancel.clone(),
                     span: span.clone(),
                     reply,

@@ -18,8 +18,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 use wma_agent::{
-    AgentStreamPart, ChatMessage, FinishReason, PageContext, SubAgentInfo, ToolDefinition,
-    ToolError, ToolErrorCode, ToolHost,
+    AgentStreamPart, CallContext, ChatMessage, FinishReason, PageContext, SubAgentInfo,
+    ToolDefinition, ToolError, ToolErrorCode, ToolHost,
 };
 
 use crate::agent::{AgentHandle, RunApprovals};
@@ -557,8 +557,24 @@ impl ToolHost for RunTools {
         arguments: Value,
         cancel: CancellationToken,
     ) -> Result<String, ToolError> {
+        self.call_tool_with(name, arguments, &CallContext::new(), cancel)
+            .await
+    }
+
+    /// A source's tool gets the call's context (its idempotency key); a
+    /// sub-agent takes none: its run records its own calls.
+    async fn call_tool_with(
+        &self,
+        name: &str,
+        arguments: Value,
+        context: &CallContext,
+        cancel: CancellationToken,
+    ) -> Result<String, ToolError> {
         let Some(scope) = self.sub_agent(name) else {
-            return self.bridge.call_tool(name, arguments, cancel).await;
+            return self
+                .bridge
+                .call_tool_with(name, arguments, context, cancel)
+                .await;
         };
         let Some(task) = arguments
             .get("task")

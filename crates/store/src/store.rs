@@ -971,6 +971,26 @@ impl Store {
         }
     }
 
+    /// Marks a call still in flight `in-doubt` without waiting for a
+    /// restart: its run ended (Stop while it ran) before the call answered,
+    /// so whether it happened is for a person to check, as after a crash.
+    /// A call that answered meanwhile keeps its answer; `false` when the
+    /// call was not in flight.
+    pub async fn abandon_call(&self, idempotency_key: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool().begin().await.map_err(self.db())?;
+        self.strict(&mut tx).await?;
+        let updated = sqlx::query(
+            "UPDATE calls SET status = 'in-doubt'
+             WHERE idempotency_key = $1 AND status = 'in-flight'",
+        )
+        .bind(idempotency_key)
+        .execute(&mut *tx)
+        .await
+        .map_err(self.db())?;
+        tx.commit().await.map_err(self.db())?;
+        Ok(updated.rows_affected() == 1)
+    }
+
     /// The consequential call; `None` when there is none with this key.
     pub async fn call(&self, idempotency_key: &str) -> Result<Option<CallRecord>, StoreError> {
         let row = sqlx::query(&format!(

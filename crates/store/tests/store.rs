@@ -99,7 +99,66 @@ on_both!(
     a_writer_killed_mid_write_leaves_a_whole_log,
     migrations_run_once_and_a_newer_schema_is_refused,
     a_run_log_commits_in_the_background_in_order,
+    a_call_its_run_gave_up_on_is_in_doubt_at_once,
 );
+
+/// A host whose run stopped while a call was in flight marks the call in
+/// doubt then, not at its next start; an answered call keeps its answer.
+async fn a_call_its_run_gave_up_on_is_in_doubt_at_once(kind: Kind) {
+    let db = Db::new(kind);
+    let store = db.open().await;
+    let session = store.create_session("shopper", "").await.unwrap();
+    let run = store.start_run(&session.id, "shopper", None).await.unwrap();
+    let answered = store
+        .begin_call(
+            &run.id,
+            "shopper",
+            "call_1_1",
+            "place_order",
+            &json!({"n": 1}),
+        )
+        .await
+        .unwrap();
+    store
+        .finish_call(&answered.idempotency_key, "placed", false)
+        .await
+        .unwrap();
+    let cut = store
+        .begin_call(
+            &run.id,
+            "shopper",
+            "call_2_1",
+            "place_order",
+            &json!({"n": 2}),
+        )
+        .await
+        .unwrap();
+    assert!(store.abandon_call(&cut.idempotency_key).await.unwrap());
+    assert!(!store.abandon_call(&answered.idempotency_key).await.unwrap());
+    assert!(!store.abandon_call("no-such-key").await.unwrap());
+    let calls = store.calls_of_run(&run.id).await.unwrap();
+    let statuses: Vec<CallStatus> = calls.iter().map(|c| c.status).collect();
+    assert_eq!(statuses, [CallStatus::Answered, CallStatus::InDoubt]);
+    assert_eq!(calls[0].output.as_deref(), Some("placed"));
+    // In doubt, it is answered by nobody and not sent again.
+    assert!(matches!(
+        store.finish_call(&cut.idempotency_key, "late", false).await,
+        Err(StoreError::CallNotInFlight { .. })
+    ));
+    assert!(matches!(
+        store
+            .begin_call(
+                &run.id,
+                "shopper",
+                "call_2_1",
+                "place_order",
+                &json!({"n": 2})
+            )
+            .await,
+        Err(StoreError::CallInDoubt { .. })
+    ));
+    store.close().await;
+}
 
 fn text(t: &str) -> AgentStreamPart {
     AgentStreamPart::Text {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
-use wma_agent::{PageContext, ToolDefinition, ToolError, ToolErrorCode, ToolHost};
+use wma_agent::{CallContext, PageContext, ToolDefinition, ToolError, ToolErrorCode, ToolHost};
 
 /// A tool's body.
 pub type ToolFn = Arc<dyn Fn(Value) -> Result<String, ToolError> + Send + Sync>;
@@ -18,6 +18,8 @@ pub struct RecordedCall {
     pub name: String,
     /// Its arguments.
     pub arguments: Value,
+    /// The idempotency key it came with ([`CallContext`]), if any.
+    pub idempotency_key: Option<String>,
 }
 
 struct Tool {
@@ -111,11 +113,23 @@ impl ToolHost for InMemoryToolHost {
         arguments: Value,
         cancel: CancellationToken,
     ) -> Result<String, ToolError> {
+        self.call_tool_with(name, arguments, &CallContext::new(), cancel)
+            .await
+    }
+
+    async fn call_tool_with(
+        &self,
+        name: &str,
+        arguments: Value,
+        context: &CallContext,
+        cancel: CancellationToken,
+    ) -> Result<String, ToolError> {
         let (body, delay) = {
             let mut inner = self.lock();
             inner.calls.push(RecordedCall {
                 name: name.to_string(),
                 arguments: arguments.clone(),
+                idempotency_key: context.idempotency_key.clone(),
             });
             match inner.tools.iter().find(|t| t.definition.name == name) {
                 Some(tool) => (tool.body.clone(), tool.delay),

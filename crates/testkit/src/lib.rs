@@ -7,6 +7,9 @@
 //!   a page context and a log of the calls made.
 //! - [`OtlpReceiver`]: a real OTLP/HTTP traces endpoint on loopback that
 //!   decodes what an exporter sends, for tests of the exported span tree.
+//! - [`McpTestServer`]: an MCP server over streamable HTTP on loopback that
+//!   keeps each call it gets with the request's `_meta` (and echoes it),
+//!   with a tool that answers only when the test lets it.
 //! - [`PostgresServer`]: a real, throwaway PostgreSQL server (initdb into a
 //!   temporary folder), stopped on drop, for tests of the store.
 //!
@@ -27,12 +30,14 @@
 mod host;
 mod llamacpp;
 mod logs;
+mod mcp;
 mod otlp;
 pub mod postgres;
 
 pub use host::{InMemoryToolHost, RecordedCall, ToolFn};
 pub use llamacpp::{LlamaServer, cache_dir, default_gguf};
 pub use logs::{CapturedLogs, capture_logs};
+pub use mcp::{McpTestServer, ReceivedCall};
 pub use otlp::{AttrValue, CapturedEvent, CapturedSpan, OtlpReceiver, SpanStatus};
 pub use postgres::PostgresServer;
 // The scripted provider is part of the product (configs name it); tests

@@ -69,7 +69,9 @@ pub use health::{
     DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW, Monitored, SourceHealth, SourceState,
     SourceStatus,
 };
-pub use mcp::{DEFAULT_CONNECT_TIMEOUT, McpServer, McpServerOptions, McpTransport};
+pub use mcp::{
+    DEFAULT_CONNECT_TIMEOUT, IDEMPOTENCY_KEY_META, McpServer, McpServerOptions, McpTransport,
+};
 pub use native::{DEFAULT_CALL_TIMEOUT, NativeTools, input_schema};
 pub use set::{
     DEFAULT_MAX_RESULT_CHARS, DEFAULT_SOURCE_CALL_TIMEOUT, LIST_TIMEOUT, MAX_DESCRIPTION_CHARS,

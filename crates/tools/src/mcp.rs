@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rmcp::model::{
-    CallToolRequestParams, ClientCapabilities, ClientConfig, ErrorCode, Implementation,
-    ProtocolVersion,
+    CallToolRequestParams, ClientCapabilities, ClientConfig, ErrorCode, Implementation, MetaObject,
+    ProtocolVersion, RequestMetaObject,
 };
 use rmcp::service::{MaybeSendFuture, NotificationContext, RunningService};
 use rmcp::transport::common::client_side_sse::ExponentialBackoff;
@@ -22,7 +22,7 @@ use serde_json::{Map, Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use wma_agent::{ToolAnnotations, ToolDefinition, ToolError, ToolErrorCode, ToolHost};
+use wma_agent::{CallContext, ToolAnnotations, ToolDefinition, ToolError, ToolErrorCode, ToolHost};
 
 use crate::error::ToolsError;
 use crate::health::{
@@ -566,6 +566,13 @@ impl Drop for InFlight<'_> {
     }
 }
 
+/// The key of a `tools/call` request's `_meta` under which an MCP server
+/// gets the call's idempotency key (when the host recorded the call before
+/// sending it): a server that keeps the keys it has seen can answer a call
+/// sent twice once. Namespaced with a reverse domain name, as MCP asks of
+/// `_meta` keys that are not the protocol's own.
+pub const IDEMPOTENCY_KEY_META: &str = "io.webmcp-agents/idempotency-key";
+
 /// A server's tool as the loop sees it.
 fn tool_definition(tool: &Value) -> ToolDefinition {
     let hints = &tool["annotations"];
@@ -676,6 +683,19 @@ impl ToolHost for McpServer {
         arguments: Value,
         cancel: CancellationToken,
     ) -> Result<String, ToolError> {
+        self.call_tool_with(name, arguments, &CallContext::new(), cancel)
+            .await
+    }
+
+    /// The call's idempotency key goes in the request's `_meta`, under
+    /// [`IDEMPOTENCY_KEY_META`].
+    async fn call_tool_with(
+        &self,
+        name: &str,
+        arguments: Value,
+        context: &CallContext,
+        cancel: CancellationToken,
+    ) -> Result<String, ToolError> {
         let arguments = match arguments {
             Value::Object(map) => map,
             Value::Null => Map::new(),
@@ -687,7 +707,12 @@ impl ToolHost for McpServer {
             }
         };
         let connection = self.connection().await?;
-        let params = CallToolRequestParams::new(name.to_string()).with_arguments(arguments);
+        let mut params = CallToolRequestParams::new(name.to_string()).with_arguments(arguments);
+        if let Some(key) = context.idempotency_key() {
+            let mut meta = Map::new();
+            meta.insert(IDEMPOTENCY_KEY_META.to_string(), Value::from(key));
+            params.meta = Some(RequestMetaObject(MetaObject(meta)));
+        }
         let peer = connection.service.peer().clone();
         let _in_flight = InFlight::enter(&self.inner.in_flight);
         // Dropping the request on cancellation makes rmcp send

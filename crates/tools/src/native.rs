@@ -12,13 +12,15 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
-    ArgsError, ToolAnnotations, ToolDefinition, ToolError, ToolErrorCode, ToolHost, validate_args,
+    ArgsError, CallContext, ToolAnnotations, ToolDefinition, ToolError, ToolErrorCode, ToolHost,
+    validate_args,
 };
 
 /// Time limit of one call unless [`NativeTools::with_timeout`] says otherwise.
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-type Handler = Arc<dyn Fn(Value) -> BoxFuture<'static, Result<String, ToolError>> + Send + Sync>;
+type Handler =
+    Arc<dyn Fn(Value, CallContext) -> BoxFuture<'static, Result<String, ToolError>> + Send + Sync>;
 
 struct NativeTool {
     definition: ToolDefinition,
@@ -73,7 +75,7 @@ impl NativeTools {
         let f = Arc::new(f);
         self.insert(NativeTool {
             definition,
-            handler: Arc::new(move |args| {
+            handler: Arc::new(move |args, _| {
                 let f = f.clone();
                 async move { f(args) }.boxed()
             }),
@@ -89,7 +91,57 @@ impl NativeTools {
     {
         self.insert(NativeTool {
             definition,
-            handler: Arc::new(move |args| f(args).boxed()),
+            handler: Arc::new(move |args, _| f(args).boxed()),
+        });
+        self
+    }
+
+    /// Adds an asynchronous tool that also gets the call's
+    /// [`CallContext`]: its idempotency key, when the host recorded the
+    /// call before sending it (a consequential tool's call, in a host with
+    /// a store). A tool with effects keeps the keys it has acted on, and
+    /// answers a key it has seen without acting twice.
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    /// use std::sync::{Arc, Mutex};
+    /// use serde_json::json;
+    /// use wma_agent::{CallContext, ToolDefinition, ToolHost};
+    /// use wma_tools::NativeTools;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let orders: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+    /// let placed = orders.clone();
+    /// let mut tools = NativeTools::new();
+    /// tools.add_with_context(
+    ///     ToolDefinition::new("place_order", "Place the order.", json!({"type": "object"})),
+    ///     move |_args, context: CallContext| {
+    ///         let placed = placed.clone();
+    ///         async move {
+    ///             let key = context.idempotency_key().unwrap_or("unrecorded").to_string();
+    ///             let mut placed = placed.lock().unwrap();
+    ///             let n = placed.len() as u32 + 1;
+    ///             let order = *placed.entry(key).or_insert(n);
+    ///             Ok(format!("order {order}"))
+    ///         }
+    ///     },
+    /// );
+    /// let context = CallContext::new().with_idempotency_key("k1");
+    /// for _ in 0..2 {
+    ///     let out = tools.call_tool_with("place_order", json!({}), &context, Default::default());
+    ///     assert_eq!(out.await.unwrap(), "order 1"); // sent twice, placed once
+    /// }
+    /// assert_eq!(orders.lock().unwrap().len(), 1);
+    /// # }
+    /// ```
+    pub fn add_with_context<F, Fut>(&mut self, definition: ToolDefinition, f: F) -> &mut Self
+    where
+        F: Fn(Value, CallContext) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<String, ToolError>> + Send + 'static,
+    {
+        self.insert(NativeTool {
+            definition,
+            handler: Arc::new(move |args, context| f(args, context).boxed()),
         });
         self
     }
@@ -222,6 +274,19 @@ impl ToolHost for NativeTools {
         arguments: Value,
         cancel: CancellationToken,
     ) -> Result<String, ToolError> {
+        self.call_tool_with(name, arguments, &CallContext::new(), cancel)
+            .await
+    }
+
+    /// The context reaches tools added with
+    /// [`NativeTools::add_with_context`].
+    async fn call_tool_with(
+        &self,
+        name: &str,
+        arguments: Value,
+        context: &CallContext,
+        cancel: CancellationToken,
+    ) -> Result<String, ToolError> {
         let Some(tool) = self.tools.iter().find(|t| t.definition.name == name) else {
             return Err(ToolError::new(
                 ToolErrorCode::UnknownTool,
@@ -241,7 +306,7 @@ impl ToolHost for NativeTools {
                 ));
             }
         }
-        let run = AssertUnwindSafe((tool.handler)(arguments)).catch_unwind();
+        let run = AssertUnwindSafe((tool.handler)(arguments, context.clone())).catch_unwind();
         tokio::select! {
             biased;
             _ = cancel.cancelled() => Err(ToolError::new(ToolErrorCode::Cancelled, "the call was cancelled")),

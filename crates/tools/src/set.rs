@@ -11,7 +11,8 @@ use futures::FutureExt;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
-    ArgsError, PageContext, ToolDefinition, ToolError, ToolErrorCode, ToolHost, validate_args,
+    ArgsError, CallContext, PageContext, ToolDefinition, ToolError, ToolErrorCode, ToolHost,
+    validate_args,
 };
 
 use crate::health::{
@@ -735,6 +736,18 @@ impl ToolHost for ToolSet {
         arguments: Value,
         cancel: CancellationToken,
     ) -> Result<String, ToolError> {
+        self.call_tool_with(name, arguments, &CallContext::new(), cancel)
+            .await
+    }
+
+    /// The context goes to the source that answers for the tool.
+    async fn call_tool_with(
+        &self,
+        name: &str,
+        arguments: Value,
+        context: &CallContext,
+        cancel: CancellationToken,
+    ) -> Result<String, ToolError> {
         let known = self
             .listing
             .lock()
@@ -792,8 +805,13 @@ impl ToolHost for ToolSet {
         // cancelled in the source too (a page cancels the invocation)
         // instead of running on unseen.
         let source_cancel = cancel.child_token();
-        let run = AssertUnwindSafe(host.call_tool(&route.tool, arguments, source_cancel.clone()))
-            .catch_unwind();
+        let run = AssertUnwindSafe(host.call_tool_with(
+            &route.tool,
+            arguments,
+            context,
+            source_cancel.clone(),
+        ))
+        .catch_unwind();
         tokio::pin!(run);
         let outcome = tokio::select! {
             biased;
