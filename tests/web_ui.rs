@@ -4,7 +4,8 @@
 //! server (the reference filesystem server's `write_file`) approved and
 //! denied from the page, its arguments shown; a reload in the middle of a
 //! run that reconnects to it and shows each part once; a past conversation
-//! reopened and continued; the token prompt, and a wrong token. And, over
+//! reopened and continued; the token prompt, and a wrong token; markup in a
+//! model's text shown as text. And, over
 //! plain HTTP, what the page's files are served with, and that the guard
 //! lets the page's own origin through while other sites stay refused.
 //!
@@ -411,7 +412,7 @@ async fn a_conversation_streams_the_agents_and_its_sub_agents_parts() {
     ]);
     let helper = replies(&[
         json!({"name": "view_cart", "arguments": {}}).to_string(),
-        "One Summit 30L.".into(),
+        "One <b>Summit</b> 30L <img src=x onerror=\"document.title='pwned'\">.".into(),
     ]);
     let server = Serve::start(
         &dir,
@@ -482,11 +483,21 @@ tools = ["shop"]
     );
     assert!(shown_parts[delegated].text.contains("Look at the cart"));
     assert!(
-        shown_parts
-            .iter()
-            .any(|p| sub(p) && p.kind == "text" && p.text == "One Summit 30L."),
+        shown_parts.iter().any(|p| sub(p)
+            && p.kind == "text"
+            && p.text == "One <b>Summit</b> 30L <img src=x onerror=\"document.title='pwned'\">."),
         "{shown_parts:#?}"
     );
+    // What the model wrote is shown as text, never run as markup.
+    assert_eq!(
+        eval(
+            &page,
+            "document.querySelectorAll('#transcript b, #transcript img').length"
+        )
+        .await,
+        0
+    );
+    assert_ne!(eval(&page, "document.title").await, "pwned");
     // Each part once, numbered as the server's log numbers them.
     let seqs: Vec<u64> = shown_parts.iter().filter_map(|p| p.seq).collect();
     assert_eq!(seqs, (1..=shown_parts.len() as u64).collect::<Vec<_>>());

@@ -32,6 +32,8 @@
     // Aborts the stream being read.
     reading: null,
     pollTimer: null,
+    // Ends the wait before the run's events are read again.
+    wake: null,
   };
 
   // -------------------------------------------------------------------
@@ -494,6 +496,7 @@
       }
       addItem({ kind: 'part', seq: Number.isFinite(seq) ? seq : null, run: run.id, part });
       if (Number.isFinite(seq)) run.lastId = seq;
+      setStatus('Running…');
       if (part.type === 'approval-requested' || part.type === 'approval-decided') refreshApprovals();
       if ((part.type === 'finish' || part.type === 'error') && Number(part.depth) === 0) ended = true;
       saveView();
@@ -525,8 +528,14 @@
         finishRun(run, `The run is ${status}.`, true);
         return;
       }
-      setStatus('Reconnecting…');
-      await new Promise((resolve) => setTimeout(resolve, Math.min(RECONNECT_MS * (attempt + 1), 10000)));
+      // A run an earlier process left waiting for a person has no live
+      // stream until its question is answered (which wakes this up).
+      setStatus(status === 'waiting-for-approval' ? 'Waiting for approval…' : 'Reconnecting…');
+      await new Promise((resolve) => {
+        state.wake = resolve;
+        setTimeout(resolve, Math.min(RECONNECT_MS * (attempt + 1), 10000));
+      });
+      state.wake = null;
     }
     if (ended && state.reading === controller) finishRun(run, '', false);
   }
@@ -591,7 +600,7 @@
       button.type = 'button';
       button.appendChild(el('span', 'title', s.title || '(untitled)'));
       const when = new Date(s.updated_at).toLocaleString();
-      button.appendChild(el('span', 'meta', `${s.agent} · ${s.message_count} messages · ${when}`));
+      button.appendChild(el('span', 'meta', `${s.agent} · ${s.message_count} ${s.message_count === 1 ? 'message' : 'messages'} · ${when}`));
       button.addEventListener('click', () => openSession(s.id));
       item.appendChild(button);
       list.appendChild(item);
@@ -696,11 +705,21 @@
       const body = { approve: yes, for_session: box.checked };
       if (note.value.trim()) body.note = note.value.trim();
       try {
-        await callJson(
+        const reply = await callJson(
           'POST',
           `/v1/agents/${encodeURIComponent(p.run_agent)}/runs/${encodeURIComponent(p.run_id)}/approvals/${encodeURIComponent(p.approval_id)}`,
           body,
         );
+        // A run an earlier process left that cannot go on says why.
+        if (reply && reply.resumed === false && reply.not_resumed) {
+          const why = `The run did not go on: ${reply.not_resumed}`;
+          if (state.view && state.view.run && state.view.run.id === p.run_id) {
+            addItem({ kind: 'note', text: why });
+            saveView();
+          } else {
+            setStatus(why, true);
+          }
+        }
       } catch (e) {
         if (e.status === 401) return;
         message.textContent = e.message;
@@ -709,8 +728,11 @@
       }
       refreshApprovals();
       // A question of a run an earlier process left: the run goes on here
-      // now, and its conversation's list entry changes.
-      if (p.live === false) refreshSessions();
+      // now, so a page that follows it reads its events again at once.
+      if (p.live === false) {
+        refreshSessions();
+        if (state.wake) state.wake();
+      }
     };
     approve.addEventListener('click', () => answer(true));
     deny.addEventListener('click', () => answer(false));
