@@ -5,9 +5,9 @@
 //! denied from the page, its arguments shown; a reload in the middle of a
 //! run that reconnects to it and shows each part once; a past conversation
 //! reopened and continued; the token prompt, and a wrong token; markup in a
-//! model's text shown as text. And, over
-//! plain HTTP, what the page's files are served with, and that the guard
-//! lets the page's own origin through while other sites stay refused.
+//! model's text shown as text. And, over plain HTTP, what the page's files
+//! are served with, and that the guard lets the page's own origin through
+//! while other sites stay refused.
 //!
 //! Chromium and Node (for the MCP server) come from
 //! `scripts/install-peers.sh`; a test fails with that hint when they are
