@@ -992,6 +992,158 @@ async fn an_approved_call_is_recorded_before_it_is_sent_and_answered_after() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// `buyer` calls a read-only tool and a consequential one without asking
+/// (`consequential = "auto"`), then, in its second run, a consequential
+/// call its MCP server holds until the test lets it answer.
+fn auto_config(dir: &Path, mcp_url: &str) -> PathBuf {
+    let text = format!(
+        r#"
+[providers.buyer]
+kind = "scripted"
+replies = [
+    '{{"name": "order_status", "arguments": {{}}}}',
+    '{{"name": "place_order", "arguments": {{"item": "tent"}}}}',
+    "Ordered.",
+    '{{"name": "hold_order", "arguments": {{"item": "stove"}}}}',
+    "Ordered too.",
+]
+
+[tools.orders]
+kind = "mcp-http"
+url = {url}
+
+[agents.buyer]
+provider = "buyer"
+tools = ["orders"]
+approval = {{ consequential = "auto" }}
+
+[server]
+token_file = "token"
+
+[store]
+data_dir = {data}
+"#,
+        url = toml_str(mcp_url),
+        data = toml_str(&dir.join("data").display().to_string()),
+    );
+    let file = dir.join("wma.toml");
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+/// The session's run `index`'s recorded calls once `done` holds for them.
+async fn calls_once(
+    api: &Api,
+    session: &str,
+    index: usize,
+    done: impl Fn(&[Value]) -> bool,
+) -> Vec<Value> {
+    tokio::time::timeout(HANG, async {
+        loop {
+            let (_, read) = api.get(&format!("/v1/sessions/{session}")).await;
+            let calls = read["runs"][index]["calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if done(&calls) {
+                return calls;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the calls of run {index} of {session} never got there"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auto_consequential_call_is_recorded_before_it_is_sent_and_in_doubt_after_a_crash() {
+    use webmcp_agents::tools::IDEMPOTENCY_KEY_META;
+    let dir = scratch("auto-calls");
+    let orders = wma_testkit::McpTestServer::start().unwrap();
+    let config = auto_config(&dir, &orders.url());
+    let mut first = serve_process(&config, &dir).await;
+    let api = &first.api;
+    let chat = api.new_session("buyer").await;
+
+    // Run 1: neither call asks; the consequential one is recorded with the
+    // key its server got in `_meta`, and answered; the read-only one is
+    // not recorded and carries no key.
+    let (_, mut events) = api.continue_session(&chat, "Buy a tent").await;
+    let parts = events.rest().await;
+    assert!(
+        !part_types(&parts).contains(&"approval-requested".to_string()),
+        "{parts:?}"
+    );
+    let calls = calls_once(api, &chat, 0, |c| {
+        c.first().is_some_and(|c| c["status"] == "answered")
+    })
+    .await;
+    assert_eq!(calls.len(), 1, "only the consequential call: {calls:?}");
+    assert_eq!(calls[0]["tool"], "place_order");
+    assert_eq!(calls[0]["call_id"], "call_2_1");
+    assert_eq!(calls[0]["arguments"], json!({"item": "tent"}));
+    let received = orders.calls();
+    assert_eq!(received.len(), 2, "{received:?}");
+    assert_eq!(received[0].tool, "order_status");
+    assert!(
+        received[0].meta.get(IDEMPOTENCY_KEY_META).is_none(),
+        "{received:?}"
+    );
+    assert_eq!(received[1].tool, "place_order");
+    let key = calls[0]["idempotency_key"].as_str().unwrap();
+    assert_eq!(received[1].meta[IDEMPOTENCY_KEY_META], key, "{received:?}");
+    // The answer recorded is what the server said (it echoes its `_meta`).
+    let output = calls[0]["output"].as_str().unwrap();
+    assert!(
+        output.starts_with("placed tent") && output.contains(key),
+        "{output}"
+    );
+
+    // Run 2: the call is recorded in flight before its source answers…
+    let (held, mut events) = api.continue_session(&chat, "Buy a stove").await;
+    events.until("tool-call").await;
+    tokio::time::timeout(HANG, async {
+        while orders.calls().len() < 3 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the held call reaches its server");
+    let calls = calls_once(api, &chat, 1, |c| !c.is_empty()).await;
+    assert_eq!(calls[0]["status"], "in-flight", "{calls:?}");
+    assert_eq!(calls[0]["tool"], "hold_order");
+    let held_key = calls[0]["idempotency_key"].as_str().unwrap().to_string();
+    assert_eq!(
+        orders.calls()[2].meta[IDEMPOTENCY_KEY_META],
+        held_key.as_str()
+    );
+
+    // …and the host dies before it answers.
+    first.child.kill().await.unwrap();
+    drop(events);
+    let mut second = serve_process(&config, &dir).await;
+    let said = second.stderr.join("\n");
+    assert!(
+        said.contains(&format!("recovered: call {held_key} of run {held}")),
+        "{said}"
+    );
+    let api = &second.api;
+    let (_, read) = api.get(&format!("/v1/sessions/{chat}")).await;
+    assert_eq!(read["runs"][1]["status"], "interrupted", "{read}");
+    let calls = read["runs"][1]["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0]["status"], "in-doubt");
+    assert_eq!(calls[0]["idempotency_key"], held_key.as_str());
+    assert_eq!(calls[0]["arguments"], json!({"item": "stove"}));
+    // Never sent again.
+    assert_eq!(orders.calls().len(), 3);
+    // The first run's call stays as it answered.
+    assert_eq!(read["runs"][0]["calls"][0]["status"], "answered");
+
+    second.child.kill().await.unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_cannot_be_opened_stops_wma_serve_before_it_listens() {
     let dir = scratch("unreachable");

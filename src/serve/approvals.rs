@@ -14,7 +14,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use serde::Serialize;
 use tokio::sync::oneshot;
-use wma_agent::{ApprovalAnswer, ApprovalRequest, Approver};
+use wma_agent::{ApprovalAnswer, ApprovalRequest, Approver, CallRecordRequest};
 
 /// One question waiting for its answer.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -131,8 +131,8 @@ pub(crate) struct HttpApprover {
     /// run `waiting-for-approval`, which a restart keeps) and its answer
     /// recorded.
     pub(crate) store: Option<wma_store::Store>,
-    /// The consequential calls approved in this run whose answer the
-    /// run's driver records, by (asking agent, call id): their
+    /// The calls of this run recorded before they were sent whose answer
+    /// the run's driver records, by (calling agent, call id): their
     /// idempotency keys.
     pub(crate) calls: CallKeys,
     /// Set when the host gives up on its runs at shutdown: a question
@@ -140,8 +140,8 @@ pub(crate) struct HttpApprover {
     pub(crate) stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// The idempotency keys of approved calls that have not answered yet, by
-/// (asking agent, call id).
+/// The idempotency keys of recorded calls that have not answered yet, by
+/// (calling agent, call id).
 pub(crate) type CallKeys = Arc<Mutex<HashMap<(String, String), String>>>;
 
 impl HttpApprover {
@@ -163,8 +163,8 @@ impl HttpApprover {
     }
 
     /// The same, persisting its questions and answers in `store`, and
-    /// recording each approved call there before it is sent (its key goes
-    /// into `calls`, for the run's driver to record the answer).
+    /// recording each call that needs it there before it is sent (its key
+    /// goes into `calls`, for the run's driver to record the answer).
     pub(crate) fn with_store(
         mut self,
         store: wma_store::Store,
@@ -264,28 +264,8 @@ impl Approver for HttpApprover {
         {
             tracing::warn!(run_id = %self.run_id, error = %e, "the answer was not recorded in the store");
         }
-        // An approved call is recorded before the loop sends it (it does
-        // once this returns); one that cannot be recorded is not sent.
-        let answer = match (&self.store, &question) {
-            (Some(store), Some(q)) if answer.approved => {
-                match store
-                    .begin_call(&self.run_id, &q.agent, &q.call_id, &q.tool, &q.arguments)
-                    .await
-                {
-                    Ok(record) => {
-                        self.calls
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert((q.agent.clone(), q.call_id.clone()), record.idempotency_key);
-                        answer
-                    }
-                    Err(e) => ApprovalAnswer::deny().by("host").with_note(format!(
-                        "the host could not record the call before sending it: {e}"
-                    )),
-                }
-            }
-            _ => answer,
-        };
+        // An approved call is recorded by `before_call`, which the loop
+        // calls next, before it sends the call.
         if answer.remember {
             self.remembered
                 .lock()
@@ -301,6 +281,32 @@ impl Approver for HttpApprover {
             .unwrap_or_else(|e| e.into_inner())
             .get(&(agent.to_string(), tool.to_string()))
             .cloned()
+    }
+
+    /// Each call that needs a record (a consequential tool's, whatever let
+    /// it run, and every approved one) is recorded `in-flight` with
+    /// `begin_call`, committed before the loop sends it; its key goes with
+    /// the call to the source and into `calls`, where the run's driver
+    /// finds it to record the answer. Without a store nothing is recorded.
+    async fn before_call(&self, call: &CallRecordRequest) -> Result<Option<String>, String> {
+        let Some(store) = &self.store else {
+            return Ok(None);
+        };
+        let record = store
+            .begin_call(
+                &self.run_id,
+                &call.agent,
+                &call.call_id,
+                &call.tool,
+                &call.arguments,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            (call.agent.clone(), call.call_id.clone()),
+            record.idempotency_key.clone(),
+        );
+        Ok(Some(record.idempotency_key))
     }
 }
 
@@ -366,6 +372,74 @@ mod tests {
         assert!(approver.remembered("main", "write_file").unwrap().approved);
         assert!(approver.remembered("other", "write_file").is_none());
         assert!(approver.remembered("main", "read_file").is_none());
+    }
+
+    fn order(call_id: &str) -> CallRecordRequest {
+        CallRecordRequest {
+            agent: "main".into(),
+            call_id: call_id.into(),
+            tool: "place_order".into(),
+            arguments: json!({"item": "tent"}),
+            annotations: wma_agent::ToolAnnotations {
+                consequential: true,
+                ..Default::default()
+            },
+            asked: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_call_is_recorded_before_it_is_sent_or_refused_when_it_cannot_be() {
+        let dir = std::env::temp_dir().join(format!(
+            "wma-before-call-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        let store = wma_store::Store::open(wma_store::StoreOptions::in_data_dir(&dir))
+            .await
+            .unwrap();
+        let session = store.create_session("main", "").await.unwrap();
+        let run = store.start_run(&session.id, "main", None).await.unwrap();
+        let calls = CallKeys::default();
+        let registry: Arc<dyn PendingApprovals> = Arc::new(InMemoryApprovals::default());
+        let approver = HttpApprover::new(run.id.clone(), "main".into(), registry.clone())
+            .with_store(store.clone(), calls.clone(), Arc::default());
+        let key = approver
+            .before_call(&order("call_1_1"))
+            .await
+            .unwrap()
+            .expect("a key");
+        let recorded = store.call(&key).await.unwrap().unwrap();
+        assert_eq!(recorded.status, wma_store::CallStatus::InFlight);
+        assert_eq!(recorded.call_id, "call_1_1");
+        assert_eq!(recorded.arguments, json!({"item": "tent"}));
+        assert_eq!(
+            calls
+                .lock()
+                .unwrap()
+                .get(&("main".into(), "call_1_1".into())),
+            Some(&key)
+        );
+        // A store that refuses the record (the run ended): the call is not
+        // to be sent, and nothing waits for its answer.
+        store
+            .set_run_status(&run.id, wma_store::RunStatus::Finished)
+            .await
+            .unwrap();
+        let refused = approver.before_call(&order("call_2_1")).await.unwrap_err();
+        assert!(refused.contains("finished"), "{refused}");
+        assert!(
+            !calls
+                .lock()
+                .unwrap()
+                .contains_key(&("main".into(), "call_2_1".into()))
+        );
+        assert_eq!(store.calls_of_run(&run.id).await.unwrap().len(), 1);
+        // Without a store, nothing is recorded and nothing refused.
+        let plain = HttpApprover::new(run.id.clone(), "main".into(), registry);
+        assert_eq!(plain.before_call(&order("call_3_1")).await, Ok(None));
+        store.close().await;
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[tokio::test]

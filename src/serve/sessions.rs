@@ -516,7 +516,7 @@ struct DriveRun {
     ticket: RunTicket,
     id: String,
     session_id: String,
-    /// Approved calls recorded before they were sent, awaiting their answer.
+    /// Calls recorded before they were sent, awaiting their answer.
     calls: approvals::CallKeys,
 }
 
@@ -547,6 +547,19 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
     // it (interrupted, or still waiting for approval: a next start goes on
     // with it from the log).
     if !stopping() {
+        // A call recorded before it was sent whose answer never came (the
+        // run stopped while it ran) may or may not have happened: in doubt
+        // now, as after a crash. At shutdown they stay in flight, and the
+        // next start marks them.
+        let unanswered: Vec<String> =
+            std::mem::take(&mut *run.calls.lock().unwrap_or_else(|e| e.into_inner()))
+                .into_values()
+                .collect();
+        for key in unanswered {
+            if let Err(e) = run.store.abandon_call(&key).await {
+                tracing::warn!(run_id = %run.id, error = %e, "a call cut short was not marked in doubt");
+            }
+        }
         let answer = turn_messages(&own);
         if let Err(e) = run.store.append_messages(&run.session_id, &answer).await {
             tracing::warn!(run_id = %run.id, error = %e, "the run's answer was not added to its session");
@@ -566,8 +579,8 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
     drop(run.ticket);
 }
 
-/// The answer of a call that was recorded before it was sent (an approved
-/// one), written off the run's path.
+/// The answer of a call that was recorded before it was sent (a
+/// consequential or approved one), written off the run's path.
 fn record_answer(run: &DriveRun, part: &TaggedPart) {
     let (call_id, output, is_error) = match &part.part {
         AgentStreamPart::ToolResult {
@@ -882,7 +895,7 @@ async fn call_once(
     agent: &super::Agent,
     q: &wma_agent::ApprovalRequest,
 ) -> AgentStreamPart {
-    use wma_agent::{ToolError, ToolErrorCode, ToolHost};
+    use wma_agent::{CallContext, ToolError, ToolErrorCode, ToolHost};
     let failed = |code, message: String| AgentStreamPart::ToolError {
         call_id: q.call_id.clone(),
         name: q.tool.clone(),
@@ -906,8 +919,15 @@ async fn call_once(
             );
         }
     };
+    // The key goes with the call to sources that take one.
+    let context = CallContext::new().with_idempotency_key(record.idempotency_key.clone());
     let (part, output, is_error) = match tools
-        .call_tool(&q.tool, q.arguments.clone(), CancellationToken::new())
+        .call_tool_with(
+            &q.tool,
+            q.arguments.clone(),
+            &context,
+            CancellationToken::new(),
+        )
         .await
     {
         Ok(output) => (
