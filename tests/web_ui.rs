@@ -367,8 +367,9 @@ async fn listed_approvals(page: &WebMcpPage) -> Vec<(String, Value)> {
 }
 
 /// Clicks the approve or deny button of the first waiting call, with a
-/// note when given.
-async fn answer(page: &WebMcpPage, approve: bool, note: Option<&str>) {
+/// note when given, and "the same for the rest of the run" ticked when
+/// `for_session`.
+async fn answer(page: &WebMcpPage, approve: bool, note: Option<&str>, for_session: bool) {
     until(
         page,
         "a call listed as waiting",
@@ -382,6 +383,7 @@ async fn answer(page: &WebMcpPage, approve: bool, note: Option<&str>) {
         &format!(
             "(() => {{ const li = document.querySelector('#approvals li.approval'); \
              li.querySelector('input.note').value = {note:?}; \
+             li.querySelector('input.for-session').checked = {for_session}; \
              li.querySelector('button.{button}').click(); return true; }})()"
         ),
     )
@@ -515,8 +517,8 @@ tools = ["shop"]
     server.stop().await;
 }
 
-/// A config with the filesystem server and two agents that write with it:
-/// `writer` and `denier`. `write_file` says it is destructive, so it asks
+/// A config with the filesystem server and three agents that write with
+/// it: `writer`, `denier`, and `twice` (two writes in one run). `write_file` says it is destructive, so it asks
 /// in `wma serve` by default.
 fn files_config(dir: &Path) -> String {
     format!(
@@ -538,11 +540,24 @@ tools = ["files"]
 [agents.denier]
 provider = "denier"
 tools = ["files"]
+
+[providers.twice]
+kind = "scripted"
+replies = {twice}
+
+[agents.twice]
+provider = "twice"
+tools = ["files"]
 "#,
         writer = replies(&[write_call(dir, "approved.txt", "yes"), "Written.".into()]),
         denier = replies(&[
             write_call(dir, "denied.txt", "no"),
             "I could not write it.".into()
+        ]),
+        twice = replies(&[
+            write_call(dir, "one.txt", "1"),
+            write_call(dir, "two.txt", "2"),
+            "Both written.".into()
         ]),
         files = files_source(dir),
     )
@@ -578,7 +593,7 @@ async fn a_consequential_call_waits_with_its_arguments_and_runs_only_once_approv
         !dir.join("approved.txt").exists(),
         "nothing runs before the answer"
     );
-    answer(&page, true, None).await;
+    answer(&page, true, None, false).await;
     until_ended(&page).await;
     let done = parts(&page).await;
     let kinds: Vec<&str> = done.iter().map(|p| p.kind.as_str()).collect();
@@ -608,7 +623,7 @@ async fn a_consequential_call_waits_with_its_arguments_and_runs_only_once_approv
     .await;
     pick_agent(&page, "denier").await;
     say(&page, "Write no into denied.txt").await;
-    answer(&page, false, Some("not that file")).await;
+    answer(&page, false, Some("not that file"), false).await;
     until_ended(&page).await;
     let done = parts(&page).await;
     let error = done
@@ -632,6 +647,38 @@ async fn a_consequential_call_waits_with_its_arguments_and_runs_only_once_approv
         2,
         "{sessions}"
     );
+
+    // Approved for the rest of the run: the second write asks nobody.
+    eval(
+        &page,
+        "document.getElementById('new-session').click(), true",
+    )
+    .await;
+    pick_agent(&page, "twice").await;
+    say(&page, "Write 1 and 2").await;
+    answer(&page, true, None, true).await;
+    until_ended(&page).await;
+    let done = parts(&page).await;
+    let asked = done
+        .iter()
+        .filter(|p| p.kind == "approval-requested")
+        .count();
+    assert_eq!(asked, 1, "{done:#?}");
+    let decided: Vec<&Part> = done
+        .iter()
+        .filter(|p| p.kind == "approval-decided")
+        .collect();
+    assert_eq!(decided.len(), 2, "{done:#?}");
+    assert!(
+        decided[0].text.contains("for the rest of the run"),
+        "{decided:?}"
+    );
+    assert!(
+        decided[1].text.contains("approved by session"),
+        "{decided:?}"
+    );
+    assert_eq!(std::fs::read_to_string(dir.join("one.txt")).unwrap(), "1");
+    assert_eq!(std::fs::read_to_string(dir.join("two.txt")).unwrap(), "2");
 
     drop(page);
     browser.close().await;
@@ -677,7 +724,7 @@ async fn a_reload_during_a_run_reconnects_and_shows_each_part_once() {
         "the page knows the run still goes"
     );
 
-    answer(&page, true, None).await;
+    answer(&page, true, None, false).await;
     until_ended(&page).await;
     let after = parts(&page).await;
     let shown: Vec<(u64, String)> = after
