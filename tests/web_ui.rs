@@ -366,25 +366,26 @@ async fn listed_approvals(page: &WebMcpPage) -> Vec<(String, Value)> {
         .collect()
 }
 
-/// Clicks the approve or deny button of the first waiting call, with a
-/// note when given, and "the same for the rest of the run" ticked when
-/// `for_session`.
+/// Clicks the approve or deny button of the call the run on screen asks
+/// about (once the list shows it), with a note when given, and "the same
+/// for the rest of the run" ticked when `for_session`.
 async fn answer(page: &WebMcpPage, approve: bool, note: Option<&str>, for_session: bool) {
-    until(
-        page,
-        "a call listed as waiting",
-        "document.querySelector('#approvals li.approval') !== null",
-    )
-    .await;
     let button = if approve { "approve" } else { "deny" };
     let note = note.unwrap_or_default();
-    eval(
+    until(
         page,
+        "the run's question listed as waiting",
         &format!(
-            "(() => {{ const li = document.querySelector('#approvals li.approval'); \
-             li.querySelector('input.note').value = {note:?}; \
-             li.querySelector('input.for-session').checked = {for_session}; \
-             li.querySelector('button.{button}').click(); return true; }})()"
+            "(() => {{ \
+               const asked = Array.from(document.querySelectorAll('#transcript .part.approval-requested')).pop(); \
+               if (!asked) return false; \
+               const li = Array.from(document.querySelectorAll('#approvals li.approval')) \
+                 .find(li => li.dataset.approvalId === asked.dataset.approvalId); \
+               if (!li) return false; \
+               li.querySelector('input.note').value = {note:?}; \
+               li.querySelector('input.for-session').checked = {for_session}; \
+               li.querySelector('button.{button}').click(); \
+               return true; }})()"
         ),
     )
     .await;

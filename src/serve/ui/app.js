@@ -365,6 +365,7 @@
         break;
       }
       case 'approval-requested':
+        node.dataset.approvalId = String(part.approval_id);
         head(node, 'asks to run', part.name);
         node.appendChild(el('div', 'reason', part.reason));
         node.appendChild(el('pre', 'args', pretty(part.arguments)));
