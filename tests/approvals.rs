@@ -1108,6 +1108,132 @@ async fn wma_run_asks_only_when_told_to_read_answers_and_never_waits_otherwise()
 }
 
 // ---------------------------------------------------------------------------
+// Records before sending, and the idempotency key in `_meta`
+
+/// An approver that lets every call run and records each one it is told
+/// of before it is sent, noting how many calls its MCP server had then;
+/// or refuses to record, as a store that is away does.
+struct Recording {
+    server: Arc<wma_testkit::McpTestServer>,
+    /// (tool, call id, calls the server had received when it was recorded).
+    recorded: std::sync::Mutex<Vec<(String, String, usize)>>,
+    refuse: bool,
+}
+
+#[async_trait]
+impl Approver for Recording {
+    async fn ask(&self, _request: ApprovalRequest) -> ApprovalAnswer {
+        ApprovalAnswer::approve()
+    }
+
+    async fn before_call(
+        &self,
+        call: &webmcp_agents::agent::CallRecordRequest,
+    ) -> Result<Option<String>, String> {
+        if self.refuse {
+            return Err("the store's database cannot be reached".to_string());
+        }
+        self.recorded.lock().unwrap().push((
+            call.tool.clone(),
+            call.call_id.clone(),
+            self.server.calls().len(),
+        ));
+        Ok(Some(format!("key-of-{}", call.call_id)))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auto_consequential_mcp_call_is_recorded_first_and_its_server_gets_the_key() {
+    use webmcp_agents::tools::IDEMPOTENCY_KEY_META;
+    let server = Arc::new(wma_testkit::McpTestServer::start().unwrap());
+    let status = json!({"name": "order_status", "arguments": {}}).to_string();
+    let order = json!({"name": "place_order", "arguments": {"item": "tent"}}).to_string();
+    let model = ScriptedProvider::new([
+        status,
+        order.clone(),
+        "Ordered.".to_string(),
+        order,
+        "I could not order it.".to_string(),
+    ]);
+    let script = model.clone();
+    let url = server.url();
+    let runtime = Runtime::builder(ProviderSource::new(move || script.clone()))
+        .tool_source(ToolSource::new("orders", move || {
+            McpServer::lazy(McpServerOptions::http("orders", url.clone()))
+        }))
+        .agent(AgentConfig::new("buyer").with_options(LocalLoopOptions {
+            tools_inline: true,
+            approval: ApprovalPolicy {
+                consequential: ApprovalMode::Auto,
+                ..ApprovalPolicy::default()
+            },
+            ..LocalLoopOptions::default()
+        }))
+        .start()
+        .await
+        .unwrap();
+    let agent = runtime.agent("buyer").unwrap();
+    let recording = Arc::new(Recording {
+        server: server.clone(),
+        recorded: std::sync::Mutex::new(Vec::new()),
+        refuse: false,
+    });
+    let run = agent
+        .run_with(
+            vec![ChatMessage::user("What did I order? Then order a tent")],
+            CancellationToken::new(),
+            RunApprovals::asking(recording.clone()),
+        )
+        .await
+        .unwrap();
+    let parts = within("the run's end", run.collect_parts()).await;
+    assert!(asked(&parts).is_empty(), "nothing asks: {parts:#?}");
+    // Only the consequential call was recorded, while its server had seen
+    // only the read before it.
+    assert_eq!(
+        *recording.recorded.lock().unwrap(),
+        [("place_order".to_string(), "call_2_1".to_string(), 1)]
+    );
+    let received = server.calls();
+    assert_eq!(received.len(), 2, "{received:?}");
+    assert_eq!(received[0].tool, "order_status");
+    assert!(
+        received[0].meta.get(IDEMPOTENCY_KEY_META).is_none(),
+        "{received:?}"
+    );
+    assert_eq!(received[1].tool, "place_order");
+    assert_eq!(received[1].arguments, json!({"item": "tent"}));
+    assert_eq!(received[1].meta[IDEMPOTENCY_KEY_META], "key-of-call_2_1");
+
+    // A record that cannot be made: the call never reaches its server.
+    let refusing = Arc::new(Recording {
+        server: server.clone(),
+        recorded: std::sync::Mutex::new(Vec::new()),
+        refuse: true,
+    });
+    let run = agent
+        .run_with(
+            vec![ChatMessage::user("Order a tent")],
+            CancellationToken::new(),
+            RunApprovals::asking(refusing),
+        )
+        .await
+        .unwrap();
+    let parts = within("the run's end", run.collect_parts()).await;
+    let errors = tool_errors(&parts);
+    assert_eq!(errors.len(), 1, "{parts:#?}");
+    assert_eq!(errors[0].1, ToolErrorCode::Denied);
+    assert!(
+        errors[0]
+            .2
+            .contains("the host could not record the call before sending it: the store's database cannot be reached"),
+        "{errors:?}"
+    );
+    assert_eq!(server.calls().len(), 2, "not sent: {:?}", server.calls());
+    runtime.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------
 // Sub-agents
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
