@@ -1144,6 +1144,118 @@ async fn an_auto_consequential_call_is_recorded_before_it_is_sent_and_in_doubt_a
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// `again` asks before `add_to_cart`; a new process's model starts its
+/// replies afresh, so the run it resumes calls `add_to_cart` once more.
+fn resume_config(dir: &Path) -> PathBuf {
+    let text = format!(
+        r#"
+[providers.again]
+kind = "scripted"
+replies = [
+    '{{"name": "add_to_cart", "arguments": {{"product_id": "p-17"}}}}',
+    '{{"name": "view_cart", "arguments": {{}}}}',
+    "Your cart has p-17.",
+]
+
+[tools.cart]
+kind = "demo-shop"
+allow = ["add_to_cart", "view_cart"]
+
+[agents.again]
+provider = "again"
+tools = ["cart"]
+approval = {{ tools = {{ add_to_cart = "ask" }} }}
+
+[server]
+token_file = "token"
+
+[store]
+data_dir = {data}
+"#,
+        data = toml_str(&dir.join("data").display().to_string()),
+    );
+    let file = dir.join("wma.toml");
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+/// The question waiting in this process for `run`, once there is one.
+async fn live_question(api: &Api, run: &str) -> Value {
+    tokio::time::timeout(HANG, async {
+        loop {
+            let (_, listed) = api.get("/v1/approvals").await;
+            let found = listed["approvals"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|a| a["run_id"] == run && a["live"] != false)
+                .cloned();
+            if let Some(found) = found {
+                return found;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("run {run} never asked"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_resumed_after_a_restart_numbers_its_calls_after_those_it_holds() {
+    let dir = scratch("numbering");
+    let config = resume_config(&dir);
+    let mut first = serve_process(&config, &dir).await;
+    let chat = first.api.new_session("again").await;
+    let (run, mut events) = first.api.continue_session(&chat, "Add p-17").await;
+    let asked = events.until("approval-requested").await;
+    assert_eq!(asked.last().unwrap().data["call_id"], "call_1_1");
+    let question = asked.last().unwrap().data["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_for_status(&first.api, &chat, 0, "waiting-for-approval").await;
+    first.child.kill().await.unwrap();
+    drop(events);
+
+    let mut second = serve_process(&config, &dir).await;
+    let api = &second.api;
+    let path = format!("/v1/agents/again/runs/{run}/approvals/{question}");
+    let (status, answered) = json_of(api.post(&path, json!({"approve": true})).await).await;
+    assert_eq!(status, StatusCode::OK, "{answered}");
+    assert_eq!(answered["resumed"], true, "{answered}");
+    // The new loop's first call is numbered after the run's `call_1_1`.
+    let again = live_question(api, &run).await;
+    assert_eq!(again["call_id"], "call_2_1", "{again}");
+    let path = format!(
+        "/v1/agents/again/runs/{run}/approvals/{}",
+        again["approval_id"].as_str().unwrap()
+    );
+    let (status, _) = json_of(api.post(&path, json!({"approve": false})).await).await;
+    assert_eq!(status, StatusCode::OK);
+    wait_for_status(api, &chat, 0, "finished").await;
+    let (_, read) = api.get(&format!("/v1/sessions/{chat}")).await;
+    let mut called = Vec::new();
+    let mut answered = Vec::new();
+    for message in read["messages"].as_array().unwrap() {
+        for call in message["tool_calls"].as_array().into_iter().flatten() {
+            called.push(call["id"].as_str().unwrap().to_string());
+        }
+        if message["role"] == "tool" {
+            answered.push(message["call_id"].as_str().unwrap().to_string());
+        }
+    }
+    assert_eq!(called, ["call_1_1", "call_2_1", "call_3_1"], "{read}");
+    assert_eq!(answered, called, "each call answered once: {read}");
+    // The approved call was recorded under its own id, once.
+    let calls = read["runs"][0]["calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0]["call_id"], "call_1_1");
+    assert_eq!(calls[0]["status"], "answered");
+
+    second.child.kill().await.unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_cannot_be_opened_stops_wma_serve_before_it_listens() {
     let dir = scratch("unreachable");
