@@ -992,21 +992,25 @@ async fn an_approved_call_is_recorded_before_it_is_sent_and_answered_after() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// `buyer` calls a read-only tool and a consequential one without asking
-/// (`consequential = "auto"`), then, in its second run, a consequential
-/// call its MCP server holds until the test lets it answer.
-fn auto_config(dir: &Path, mcp_url: &str) -> PathBuf {
+/// The buyer's replies in [`auto_config`]: a read-only call and a
+/// consequential one, then, in a second run, a consequential call its MCP
+/// server holds until the test lets it answer.
+const BUYER: &[&str] = &[
+    r#"{"name": "order_status", "arguments": {}}"#,
+    r#"{"name": "place_order", "arguments": {"item": "tent"}}"#,
+    "Ordered.",
+    r#"{"name": "hold_order", "arguments": {"item": "stove"}}"#,
+    "Ordered too.",
+];
+
+/// `buyer` answers with `replies` and calls consequential tools of the MCP
+/// server at `mcp_url` without asking (`consequential = "auto"`).
+fn auto_config(dir: &Path, mcp_url: &str, replies: &[&str]) -> PathBuf {
     let text = format!(
         r#"
 [providers.buyer]
 kind = "scripted"
-replies = [
-    '{{"name": "order_status", "arguments": {{}}}}',
-    '{{"name": "place_order", "arguments": {{"item": "tent"}}}}',
-    "Ordered.",
-    '{{"name": "hold_order", "arguments": {{"item": "stove"}}}}',
-    "Ordered too.",
-]
+replies = {replies}
 
 [tools.orders]
 kind = "mcp-http"
@@ -1024,6 +1028,7 @@ token_file = "token"
 data_dir = {data}
 "#,
         url = toml_str(mcp_url),
+        replies = serde_json::to_string(replies).unwrap(),
         data = toml_str(&dir.join("data").display().to_string()),
     );
     let file = dir.join("wma.toml");
@@ -1060,7 +1065,7 @@ async fn an_auto_consequential_call_is_recorded_before_it_is_sent_and_in_doubt_a
     use webmcp_agents::tools::IDEMPOTENCY_KEY_META;
     let dir = scratch("auto-calls");
     let orders = wma_testkit::McpTestServer::start().unwrap();
-    let config = auto_config(&dir, &orders.url());
+    let config = auto_config(&dir, &orders.url(), BUYER);
     let mut first = serve_process(&config, &dir).await;
     let api = &first.api;
     let chat = api.new_session("buyer").await;
@@ -1141,6 +1146,43 @@ async fn an_auto_consequential_call_is_recorded_before_it_is_sent_and_in_doubt_a
     assert_eq!(read["runs"][0]["calls"][0]["status"], "answered");
 
     second.child.kill().await.unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_its_run_stopped_in_the_middle_of_is_in_doubt_at_once() {
+    let dir = scratch("stopped-call");
+    let orders = wma_testkit::McpTestServer::start().unwrap();
+    let config = auto_config(
+        &dir,
+        &orders.url(),
+        &[BUYER[3], "I stopped before it answered."],
+    );
+    let mut server = serve_process(&config, &dir).await;
+    let api = &server.api;
+    let chat = api.new_session("buyer").await;
+    let (run, mut events) = api.continue_session(&chat, "Buy a stove").await;
+    events.until("tool-call").await;
+    let calls = calls_once(api, &chat, 0, |c| !c.is_empty()).await;
+    assert_eq!(calls[0]["status"], "in-flight", "{calls:?}");
+    tokio::time::timeout(HANG, async {
+        while orders.calls().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the held call reaches its server");
+    let stop = api
+        .post(&format!("/v1/agents/buyer/runs/{run}/stop"), json!({}))
+        .await;
+    assert!(stop.status().is_success(), "{}", stop.status());
+    let rest = events.rest().await;
+    assert_eq!(rest.last().unwrap().data["reason"], "aborted", "{rest:?}");
+    // It may have happened: in doubt now, without waiting for a restart.
+    let calls = calls_once(api, &chat, 0, |c| c[0]["status"] != "in-flight").await;
+    assert_eq!(calls[0]["status"], "in-doubt", "{calls:?}");
+    assert_eq!(calls[0]["tool"], "hold_order");
+    server.child.kill().await.unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }
 
