@@ -689,7 +689,19 @@ async fn a_consequential_call_waits_with_its_arguments_and_runs_only_once_approv
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_during_a_run_reconnects_and_shows_each_part_once() {
     let dir = scratch("reload");
-    let server = Serve::start(&dir, &files_config(&dir)).await;
+    // `slow` takes 1.5 s per step: its parts keep coming while the page
+    // reloads.
+    let slow = replies(&[
+        json!({"name": "view_cart", "arguments": {}}).to_string(),
+        "Your cart is empty.".into(),
+    ]);
+    let config = format!(
+        "{}\n[providers.slow]\nkind = \"scripted\"\ndelay_ms = 1500\nreplies = {slow}\n\n\
+         [tools.shop]\nkind = \"demo-shop\"\nallow = [\"view_cart\"]\n\n\
+         [agents.slow]\nprovider = \"slow\"\ntools = [\"shop\"]\n",
+        files_config(&dir)
+    );
+    let server = Serve::start(&dir, &config).await;
     let browser = browser().await;
     let page = open(&browser, &server.page_url()).await;
     pick_agent(&page, "writer").await;
@@ -754,6 +766,44 @@ async fn a_reload_during_a_run_reconnects_and_shows_each_part_once() {
     assert_eq!(
         std::fs::read_to_string(dir.join("approved.txt")).unwrap(),
         "yes"
+    );
+
+    // A run that is generating: reloaded between its steps, the page shows
+    // what came while it was away, and what comes after, each once.
+    eval(
+        &page,
+        "document.getElementById('new-session').click(), true",
+    )
+    .await;
+    pick_agent(&page, "slow").await;
+    say(&page, "What is in my cart?").await;
+    until(
+        &page,
+        "the first call shown",
+        "document.querySelector('#transcript .part.tool-call') !== null",
+    )
+    .await;
+    let before = parts(&page).await;
+    let run = eval(
+        &page,
+        "JSON.parse(sessionStorage.getItem('wma.view')).run.id",
+    )
+    .await;
+    let run = run.as_str().unwrap().to_string();
+    page.navigate(&format!("{}/", server.base)).await.unwrap();
+    until_ended(&page).await;
+    let after = parts(&page).await;
+    assert_eq!(after[..before.len()], before[..]);
+    let shown: Vec<(u64, String)> = after
+        .iter()
+        .map(|p| (p.seq.expect("a part of the run"), p.kind.clone()))
+        .collect();
+    assert_eq!(shown, server.logged_parts(&run).await);
+    assert!(
+        after
+            .iter()
+            .any(|p| p.kind == "text" && p.text == "Your cart is empty."),
+        "{after:#?}"
     );
 
     drop(page);
