@@ -435,6 +435,7 @@ pub(crate) async fn serve(args: ServeArgs, config: &Config) -> Result<()> {
         .await
         .with_context(|| format!("could not start the HTTP API on {listen}"))?;
         eprintln!("{}", started.token_notice());
+        eprintln!("{}", serve::ui::page_notice(&started));
         println!("http listening on http://{}", started.addr);
         if !started.addr.ip().is_loopback() {
             eprintln!(

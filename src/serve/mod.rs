@@ -274,6 +274,7 @@ pub async fn start(
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<std::io::Result<()>>)> {
     let started = start_with(addr, api, ServerOptions::default(), shutdown).await?;
     eprintln!("{}", started.token_notice());
+    eprintln!("{}", ui::page_notice(&started));
     Ok((started.addr, started.task))
 }
 
