@@ -1142,9 +1142,11 @@ impl Approver for Recording {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+// On the test's thread, so that the captured logs see the run's events.
+#[tokio::test(flavor = "current_thread")]
 async fn an_auto_consequential_mcp_call_is_recorded_first_and_its_server_gets_the_key() {
     use webmcp_agents::tools::IDEMPOTENCY_KEY_META;
+    let (logs, _capturing) = wma_testkit::capture_logs();
     let server = Arc::new(wma_testkit::McpTestServer::start().unwrap());
     let status = json!({"name": "order_status", "arguments": {}}).to_string();
     let order = json!({"name": "place_order", "arguments": {"item": "tent"}}).to_string();
@@ -1204,6 +1206,18 @@ async fn an_auto_consequential_mcp_call_is_recorded_first_and_its_server_gets_th
     assert_eq!(received[1].tool, "place_order");
     assert_eq!(received[1].arguments, json!({"item": "tent"}));
     assert_eq!(received[1].meta[IDEMPOTENCY_KEY_META], "key-of-call_2_1");
+    // The key is an event on the call's span, for a trace to lead to it.
+    let logged = logs.text();
+    let recorded: Vec<&str> = logged
+        .lines()
+        .filter(|l| l.contains("call-recorded"))
+        .collect();
+    assert_eq!(recorded.len(), 1, "{logged}");
+    assert!(
+        recorded[0].contains("execute_tool")
+            && recorded[0].contains("wma.idempotency_key=key-of-call_2_1"),
+        "{logged}"
+    );
 
     // A record that cannot be made: the call never reaches its server.
     let refusing = Arc::new(Recording {

@@ -385,10 +385,11 @@ pub trait Approver: Send + Sync {
 
     /// Records a call the loop is about to send, before it is sent: called
     /// for every call whose tool is consequential (by its annotations), and
-    /// every call a person was asked about, once it may run, whatever let
-    /// it run (the policy's `auto`, an answer given for the session, a
-    /// person's yes). Read-only and other tools are not recorded (see
-    /// [`needs_record`]).
+    /// every call the policy said to ask about, once it may run, whatever
+    /// let it run (the policy's `auto`, an answer given for the session, a
+    /// person's yes). Calls of read-only and other tools that did not ask
+    /// are not recorded (see [`needs_record`]). Called only on a run that
+    /// has an approver.
     ///
     /// `Ok(Some(key))`: recorded; the key goes with the call to its source
     /// ([`CallContext::idempotency_key`](crate::CallContext)). `Ok(None)`:
@@ -415,8 +416,9 @@ pub struct CallRecordRequest {
     pub arguments: Value,
     /// What the tool says of itself.
     pub annotations: ToolAnnotations,
-    /// A person (or an answer standing for one: an unattended host's, one
-    /// given for the session) was asked about the call and approved it.
+    /// The policy said to ask about the call, and it was approved (by a
+    /// person, an unattended host's fixed answer, or an answer given for
+    /// the session); `false` when the policy let it run without asking.
     pub asked: bool,
 }
 
