@@ -834,7 +834,8 @@ impl<P: Provider + 'static> Run<P> {
             .into_iter()
             .enumerate()
             .map(|(i, c)| {
-                let step = self.call_steps_before + step;
+                // Saturating: the history is the host's, whatever ids it holds.
+                let step = self.call_steps_before.saturating_add(step);
                 ToolCall::new(format!("call_{step}_{}", i + 1), c.name, c.arguments)
             })
             .collect();
@@ -1457,6 +1458,34 @@ fn echoes_a_result(reply: &str, results: &[String]) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn calls_are_numbered_after_those_of_the_turn_so_far() {
+        let call =
+            |id: &str| ChatMessage::assistant_calls("", vec![ToolCall::new(id, "t", json!({}))]);
+        let result = |id: &str| ChatMessage::tool_result(id, "t", "ok");
+        // An earlier turn's calls do not count; this turn's do.
+        let history = vec![
+            ChatMessage::user("first"),
+            call("call_5_1"),
+            result("call_5_1"),
+            ChatMessage::user("second"),
+            call("call_1_1"),
+            call("call_2_3"),
+            result("call_2_3"),
+        ];
+        assert_eq!(call_steps_before(&history), 2);
+        assert_eq!(call_steps_before(&history[..4]), 0);
+        // Ids the loop did not make are not its numbering.
+        let foreign = vec![
+            ChatMessage::user("go"),
+            call("toolu_01"),
+            call("call_x_1"),
+            result("call_7"),
+        ];
+        assert_eq!(call_steps_before(&foreign), 0);
+        assert_eq!(call_steps_before(&[]), 0);
+    }
 
     #[test]
     fn call_key_ignores_key_order() {
