@@ -1393,3 +1393,289 @@ async fn a_question_denied_after_a_restart_reaches_the_model_as_denied() {
     second.child.kill().await.unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+// `wma chat --session` records its calls before it sends them
+
+/// `wma chat ARGS` as a process of its own, its stdin open for the test to
+/// write to, its stderr lines collected as they come.
+struct ChatProcess {
+    child: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    stderr: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl ChatProcess {
+    fn start(args: &[&str], cache: &Path) -> Self {
+        let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_wma"))
+            .args(args)
+            .env("WMA_CACHE_DIR", cache)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stderr = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let said = stderr.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                said.lock().unwrap().push(line);
+            }
+        });
+        Self {
+            child,
+            stdin,
+            stderr,
+        }
+    }
+
+    async fn say(&mut self, line: &str) {
+        use tokio::io::AsyncWriteExt;
+        self.stdin
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+        self.stdin.flush().await.unwrap();
+    }
+
+    /// The first line of stderr that `find` accepts, once it came.
+    async fn said<T>(&self, find: impl Fn(&str) -> Option<T>) -> T {
+        tokio::time::timeout(HANG, async {
+            loop {
+                if let Some(found) = self.stderr.lock().unwrap().iter().find_map(|l| find(l)) {
+                    return found;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| {
+            panic!(
+                "`wma chat` never said it: {:?}",
+                self.stderr.lock().unwrap()
+            )
+        })
+    }
+}
+
+/// The id a `wma chat --new-session` prints for its session.
+fn new_session_id(line: &str) -> Option<String> {
+    let rest = line.strip_prefix("session ")?;
+    Some(rest.split_whitespace().next()?.to_string())
+}
+
+/// Waits until the MCP server got `count` calls.
+async fn server_got(orders: &wma_testkit::McpTestServer, count: usize) {
+    tokio::time::timeout(HANG, async {
+        while orders.calls().len() < count {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("the server got {:?}, not {count} calls", orders.calls()));
+}
+
+/// The store of `dir`, opened under another host's name: its recovery
+/// leaves the chat's runs and calls as the chat left them.
+async fn reader_store(dir: &Path) -> Store {
+    Store::open(StoreOptions::in_data_dir(dir.join("data")).with_host("test-reader"))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wma_chat_records_its_consequential_calls_with_the_key_their_server_got() {
+    use webmcp_agents::store::CallStatus;
+    use webmcp_agents::tools::IDEMPOTENCY_KEY_META;
+    let dir = scratch("chat-calls");
+    let orders = wma_testkit::McpTestServer::start().unwrap();
+    let config = auto_config(&dir, &orders.url(), &BUYER[..3]);
+    let config = config.display().to_string();
+    let (ok, out, said) = wma(
+        &["chat", "--config", &config, "--new-session"],
+        "Buy a tent\n/exit\n",
+        &dir,
+    )
+    .await;
+    assert!(ok, "{said}");
+    assert!(out.contains("Ordered."), "{out}");
+    let id = said
+        .lines()
+        .find_map(new_session_id)
+        .unwrap_or_else(|| panic!("the new session's id is printed: {said}"));
+
+    let store = reader_store(&dir).await;
+    let runs = store.runs_of_session(&id).await.unwrap();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    // Only the consequential call is recorded; the read-only one is not,
+    // and its server got no key with it.
+    let calls = store.calls_of_run(&runs[0].id).await.unwrap();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    let call = &calls[0];
+    assert_eq!(call.tool, "place_order");
+    assert_eq!(call.agent, "buyer");
+    assert_eq!(call.call_id, "call_2_1");
+    assert_eq!(call.arguments, json!({"item": "tent"}));
+    let received = orders.calls();
+    assert_eq!(received.len(), 2, "{received:?}");
+    assert_eq!(received[0].tool, "order_status");
+    assert!(
+        received[0].meta.get(IDEMPOTENCY_KEY_META).is_none(),
+        "{received:?}"
+    );
+    assert_eq!(received[1].tool, "place_order");
+    assert_eq!(
+        received[1].meta[IDEMPOTENCY_KEY_META],
+        call.idempotency_key.as_str(),
+        "the server got the recorded key: {received:?}"
+    );
+    // Finished after with what the server answered (which echoes the key).
+    assert_eq!(call.status, CallStatus::Answered, "{call:?}");
+    assert!(!call.is_error);
+    let output = call.output.as_deref().unwrap();
+    assert!(
+        output.starts_with("placed tent") && output.contains(&call.idempotency_key),
+        "{output}"
+    );
+    assert!(call.answered_at.is_some_and(|t| t >= call.started_at));
+    store.close().await;
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_ctrl_c_stops_in_wma_chat_is_in_doubt_at_once() {
+    use webmcp_agents::store::CallStatus;
+    let dir = scratch("chat-stopped");
+    let orders = wma_testkit::McpTestServer::start().unwrap();
+    let config = auto_config(&dir, &orders.url(), &[BUYER[3], "Nothing held."]);
+    let config = config.display().to_string();
+    let mut chat = ChatProcess::start(&["chat", "--config", &config, "--new-session"], &dir);
+    let id = chat.said(new_session_id).await;
+    chat.say("Buy a stove").await;
+    server_got(&orders, 1).await;
+    // Ctrl-C stops the reply in the middle of the call; the chat goes on.
+    let pid = chat.child.id().unwrap().to_string();
+    let sent = std::process::Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+    chat.said(|l| {
+        l.contains("is in doubt; check whether it happened")
+            .then_some(())
+    })
+    .await;
+    let store = reader_store(&dir).await;
+    let runs = store.runs_of_session(&id).await.unwrap();
+    let calls = store.calls_of_run(&runs[0].id).await.unwrap();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].tool, "hold_order");
+    assert_eq!(calls[0].status, CallStatus::InDoubt, "{calls:?}");
+    // A late answer cannot change that.
+    orders.release();
+    chat.say("/exit").await;
+    let status = tokio::time::timeout(HANG, chat.child.wait())
+        .await
+        .expect("the chat ends")
+        .unwrap();
+    assert!(status.success(), "{:?}", chat.stderr.lock().unwrap());
+    let calls = store.calls_of_run(&runs[0].id).await.unwrap();
+    assert_eq!(calls[0].status, CallStatus::InDoubt, "{calls:?}");
+    assert_eq!(orders.calls().len(), 1);
+    store.close().await;
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_wma_chat_leaves_its_call_in_doubt_and_never_sends_it_again() {
+    use webmcp_agents::store::{CallStatus, RunStatus};
+    use webmcp_agents::tools::IDEMPOTENCY_KEY_META;
+    let dir = scratch("chat-killed");
+    let orders = wma_testkit::McpTestServer::start().unwrap();
+    let config = auto_config(&dir, &orders.url(), &[BUYER[3], "Ordered."]);
+    let config = config.display().to_string();
+    let mut chat = ChatProcess::start(&["chat", "--config", &config, "--new-session"], &dir);
+    let id = chat.said(new_session_id).await;
+    chat.say("Buy a stove").await;
+    server_got(&orders, 1).await;
+
+    // Recorded in flight, with the key its server got, before it answered.
+    let store = reader_store(&dir).await;
+    let runs = store.runs_of_session(&id).await.unwrap();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let run = runs[0].id.clone();
+    let calls = store.calls_of_run(&run).await.unwrap();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].status, CallStatus::InFlight);
+    let key = calls[0].idempotency_key.clone();
+    assert_eq!(orders.calls()[0].meta[IDEMPOTENCY_KEY_META], key.as_str());
+    store.close().await;
+
+    // The chat dies in the middle of the call.
+    chat.child.kill().await.unwrap();
+
+    // Continued with a model that now only talks: the chat says the call
+    // is in doubt, the session holds it as such, and it is not sent again.
+    let config = auto_config(&dir, &orders.url(), &["It may have gone through."]);
+    let config = config.display().to_string();
+    let (ok, out, said) = wma(
+        &["chat", "--config", &config, "--session", &id],
+        "Did it go through?\n/exit\n",
+        &dir,
+    )
+    .await;
+    assert!(ok, "{said}");
+    assert!(out.contains("It may have gone through."), "{out}");
+    assert!(
+        said.contains(&format!("recovered: call {key} of run {run}")),
+        "{said}"
+    );
+    assert!(
+        said.contains(&format!("call call_1_1 of the last turn (hold_order {{\"item\":\"stove\"}}) is in doubt (key {key})")),
+        "{said}"
+    );
+    assert_eq!(orders.calls().len(), 1, "never sent again");
+
+    let store = reader_store(&dir).await;
+    let stored = store.run(&run).await.unwrap().unwrap();
+    assert_eq!(stored.status, RunStatus::Interrupted);
+    let calls = store.calls_of_run(&run).await.unwrap();
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].status, CallStatus::InDoubt);
+    assert_eq!(calls[0].idempotency_key, key);
+    // The cut turn is in the history the model read: the call, and an
+    // error saying it is in doubt; then the new turn.
+    let messages: Vec<Value> = store
+        .messages(&id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| serde_json::to_value(m).unwrap())
+        .collect();
+    assert_eq!(messages.len(), 5, "{messages:?}");
+    assert_eq!(messages[0]["content"], "Buy a stove");
+    assert_eq!(messages[1]["tool_calls"][0]["name"], "hold_order");
+    assert_eq!(messages[1]["tool_calls"][0]["id"], "call_1_1");
+    assert_eq!(messages[2]["role"], "tool");
+    assert_eq!(messages[2]["call_id"], "call_1_1");
+    assert_eq!(messages[2]["is_error"], true);
+    let content = messages[2]["content"].as_str().unwrap();
+    assert!(
+        content.starts_with("Error [cancelled]: ")
+            && content.contains("in doubt")
+            && content.contains(&key),
+        "{content}"
+    );
+    assert_eq!(messages[3]["content"], "Did it go through?");
+    assert_eq!(messages[4]["content"], "It may have gone through.");
+    // The new turn is a run of its own, which made no call.
+    let runs = store.runs_of_session(&id).await.unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(runs[1].status, RunStatus::Finished);
+    assert!(store.calls_of_run(&runs[1].id).await.unwrap().is_empty());
+    store.close().await;
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -1,5 +1,7 @@
 //! Approvals on the terminal: `wma run` and `wma chat` show a call that
 //! needs approval with its full arguments and read the answer from stdin.
+//! A chat that keeps its conversation in the store also records there each
+//! call that needs it before it is sent ([`RecordingApprover`]).
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
@@ -10,8 +12,11 @@ use async_trait::async_trait;
 use clap::{Args, ValueEnum};
 use tokio::sync::mpsc;
 use webmcp_agents::agent::{
-    ApprovalAnswer, ApprovalMode, ApprovalRequest, ApprovalRule, Approver, FixedApprover,
+    AgentStreamPart, ApprovalAnswer, ApprovalMode, ApprovalRequest, ApprovalRule, Approver,
+    CallRecordRequest, FixedApprover,
 };
+use webmcp_agents::runtime::TaggedPart;
+use webmcp_agents::store::Store;
 
 /// How calls that need approval are answered.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -203,6 +208,141 @@ pub(crate) fn approver(mode: ApproveMode, lines: Option<Lines>) -> Arc<dyn Appro
             };
             Arc::new(FixedApprover::deny_all("--approve none", note))
         }
+    }
+}
+
+/// The approver of a chat kept in the store (`--session`, `--new-session`):
+/// questions go to the chat's own approver, and each call that needs a
+/// record (a consequential tool's, however it was let run, and every one
+/// that asked) is recorded `in-flight` in the turn's run with `begin_call`
+/// before the loop sends it, as `wma serve` does (docs/sessions.md). Its
+/// key goes with the call to its source. The chat hands each part to
+/// [`record_answer`](Self::record_answer), which records the call's result
+/// or error with `finish_call`, and ends each turn with
+/// [`end_turn`](Self::end_turn), which marks the calls that never answered
+/// (the turn was stopped in the middle of one) in doubt.
+pub(crate) struct RecordingApprover {
+    inner: Arc<dyn Approver>,
+    store: Store,
+    /// The run of the turn going on; `None` between turns.
+    run: Mutex<Option<String>>,
+    /// The idempotency keys of the turn's recorded calls that have not
+    /// answered yet, by (calling agent, call id).
+    in_flight: Mutex<HashMap<(String, String), String>>,
+    /// The answers being recorded, off the turn's path; awaited when the
+    /// turn ends.
+    answers: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl RecordingApprover {
+    /// Asks through `inner` and records in `store`.
+    pub(crate) fn new(inner: Arc<dyn Approver>, store: Store) -> Self {
+        Self {
+            inner,
+            store,
+            run: Mutex::new(None),
+            in_flight: Mutex::new(HashMap::new()),
+            answers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The turn going on is the store's run `run_id`: its calls are
+    /// recorded under it.
+    pub(crate) fn begin_turn(&self, run_id: &str) {
+        *self.run.lock().unwrap_or_else(|e| e.into_inner()) = Some(run_id.to_string());
+    }
+
+    /// A part of the turn: when it is the result or the error of a call
+    /// recorded before it was sent, its answer is recorded (off the
+    /// turn's path; [`end_turn`](Self::end_turn) waits for it).
+    pub(crate) fn record_answer(&self, part: &TaggedPart) {
+        let (call_id, output, is_error) = match &part.part {
+            AgentStreamPart::ToolResult {
+                call_id, output, ..
+            } => (call_id, output.clone(), false),
+            AgentStreamPart::ToolError { call_id, error, .. } => (call_id, error.to_string(), true),
+            _ => return,
+        };
+        let key = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&(part.agent.clone(), call_id.clone()));
+        let Some(key) = key else { return };
+        let store = self.store.clone();
+        let recording = tokio::spawn(async move {
+            if let Err(e) = store.finish_call(&key, &output, is_error).await {
+                eprintln!("warning: the answer of call {key} was not recorded: {e}");
+            }
+        });
+        self.answers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(recording);
+    }
+
+    /// The turn ended: its answers are recorded, and a recorded call that
+    /// never answered (the turn was stopped while it ran) may or may not
+    /// have happened, so it is marked in doubt now, as a restart would.
+    pub(crate) async fn end_turn(&self) {
+        let answers = std::mem::take(&mut *self.answers.lock().unwrap_or_else(|e| e.into_inner()));
+        for recording in answers {
+            let _ = recording.await;
+        }
+        let unanswered =
+            std::mem::take(&mut *self.in_flight.lock().unwrap_or_else(|e| e.into_inner()));
+        for ((_, call_id), key) in unanswered {
+            match self.store.abandon_call(&key).await {
+                Ok(true) => eprintln!(
+                    "call {call_id} (key {key}) did not answer before the turn ended: it is in doubt; check whether it happened"
+                ),
+                Ok(false) => {}
+                Err(e) => eprintln!("warning: call {key}, cut short, was not marked in doubt: {e}"),
+            }
+        }
+        *self.run.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+}
+
+#[async_trait]
+impl Approver for RecordingApprover {
+    async fn ask(&self, request: ApprovalRequest) -> ApprovalAnswer {
+        self.inner.ask(request).await
+    }
+
+    fn remembered(&self, agent: &str, tool: &str) -> Option<ApprovalAnswer> {
+        self.inner.remembered(agent, tool)
+    }
+
+    /// Recorded in the turn's run, committed before the call is sent; an
+    /// error (the store cannot be reached, no turn is going on) means the
+    /// call is not sent, and the model reads why.
+    async fn before_call(&self, call: &CallRecordRequest) -> Result<Option<String>, String> {
+        let run = self
+            .run
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or("no turn of the chat is going on to record it in")?;
+        let record = self
+            .store
+            .begin_call(
+                &run,
+                &call.agent,
+                &call.call_id,
+                &call.tool,
+                &call.arguments,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        self.in_flight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                (call.agent.clone(), call.call_id.clone()),
+                record.idempotency_key.clone(),
+            );
+        Ok(Some(record.idempotency_key))
     }
 }
 

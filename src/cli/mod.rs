@@ -18,7 +18,7 @@ use webmcp_agents::runtime::{AgentHandle, RunApprovals, RunId, TaggedPart};
 use webmcp_agents::serve;
 use webmcp_agents::store::{RunLog, RunStatus, Store};
 
-use approve::{ApprovalArgs, Lines};
+use approve::{ApprovalArgs, Lines, RecordingApprover};
 use progress::Bars;
 
 /// How long a command waits for the nodes that host its remote sub-agents.
@@ -195,7 +195,9 @@ impl Interrupt {
 }
 
 /// One request against an agent; prints the parts as they come and
-/// returns the run's own parts.
+/// returns the run's own parts. A kept chat's parts go into the run's
+/// `log`, and each to the `recorder`, which records the answers of the
+/// calls it recorded before they were sent.
 async fn ask(
     agent: &AgentHandle,
     messages: Vec<ChatMessage>,
@@ -203,6 +205,7 @@ async fn ask(
     interrupt: &Interrupt,
     approvals: &RunApprovals,
     log: Option<&RunLog>,
+    recorder: Option<&RecordingApprover>,
 ) -> Result<Vec<AgentStreamPart>> {
     let mut run = agent
         .run_with(messages, CancellationToken::new(), approvals.clone())
@@ -212,6 +215,9 @@ async fn ask(
     while let Some(part) = run.next_tagged().await {
         if let Some(log) = log {
             log.append(&part.agent, part.depth, part.part.clone());
+        }
+        if let Some(recorder) = recorder {
+            recorder.record_answer(&part);
         }
         print_part(&part, json)?;
         if part.depth == 0 {
@@ -260,6 +266,7 @@ pub(crate) async fn run(
         &interrupt,
         &approvals,
         None,
+        None,
     )
     .await;
     eprintln!("\n{:.1} s in all", started.elapsed().as_secs_f64());
@@ -297,6 +304,10 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
             session.messages.len()
         );
         history = session.messages;
+        match mend_cut_turn(&store, id, &history).await {
+            Ok(added) => history.extend(added),
+            Err(e) => eprintln!("warning: the last turn of session {id} was not checked: {e}"),
+        }
         kept = Some((store, id.clone()));
         agent
     } else {
@@ -314,11 +325,18 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
     // The person's requests and their answers to approval questions come
     // in on the same stdin, one per line.
     let lines = Lines::stdin();
-    let approvals = RunApprovals::asking(approve::approver(
-        args.approval.mode(true),
-        Some(lines.clone()),
-    ))
-    .with_rules(args.approval.rules()?);
+    let asking = approve::approver(args.approval.mode(true), Some(lines.clone()));
+    // A kept chat records its calls that need it before they are sent, in
+    // the turn's run, as `wma serve` does; a chat without a store keeps
+    // nothing.
+    let recorder = kept
+        .as_ref()
+        .map(|(store, _)| Arc::new(RecordingApprover::new(asking.clone(), store.clone())));
+    let approver: Arc<dyn webmcp_agents::agent::Approver> = match &recorder {
+        Some(recorder) => recorder.clone(),
+        None => asking,
+    };
+    let approvals = RunApprovals::asking(approver).with_rules(args.approval.rules()?);
     let hosted = start(config).await?;
     let agent = hosted.runtime.agent(&name)?;
     let interrupt = Interrupt::default();
@@ -348,6 +366,9 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
                     .append_messages(session, std::slice::from_ref(&request))
                     .await?;
                 let run = store.start_run(session, &name, None).await?;
+                if let Some(recorder) = &recorder {
+                    recorder.begin_turn(&run.id);
+                }
                 Some((store, RunLog::for_run(store, &run)))
             }
             None => None,
@@ -360,8 +381,15 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
             &interrupt,
             &approvals,
             log,
+            recorder.as_deref(),
         )
-        .await?;
+        .await;
+        // The turn's calls answered, or in doubt, before anything else
+        // (an error of the terminal included) ends the chat.
+        if let Some(recorder) = &recorder {
+            recorder.end_turn().await;
+        }
+        let parts = parts?;
         let answer = serve::turn_messages(&parts);
         if let (Some((store, log)), Some((_, session))) = (&logged, &kept) {
             keep_turn(store, log, session, &answer).await;
@@ -392,6 +420,101 @@ async fn keep_turn(store: &Store, log: &RunLog, session: &str, answer: &[ChatMes
     if let Err(e) = store.append_messages(session, answer).await {
         eprintln!("warning: the answer was not added to session {session}: {e}");
     }
+}
+
+/// A session whose last turn was cut short (its host went away in the
+/// middle: a crash, `kill -9`) holds that turn's request without its
+/// answer. The answer, as far as the run's log and call records have it,
+/// is added to the session, each call that never answered with an error
+/// that says so, and the ones recorded before they were sent as in doubt:
+/// the model then reads what may have happened instead of a request
+/// nobody answered, and is told not to send such a call again before the
+/// person checked (the host never resends it). Returns the messages added.
+async fn mend_cut_turn(
+    store: &Store,
+    session: &str,
+    messages: &[ChatMessage],
+) -> Result<Vec<ChatMessage>> {
+    use webmcp_agents::agent::{ToolError, ToolErrorCode};
+    use webmcp_agents::store::CallStatus;
+    if !matches!(messages.last(), Some(ChatMessage::User { .. })) {
+        return Ok(Vec::new());
+    }
+    let Some(run) = store.runs_of_session(session).await?.pop() else {
+        return Ok(Vec::new());
+    };
+    if run.status != RunStatus::Interrupted {
+        return Ok(Vec::new());
+    }
+    let mut own: Vec<AgentStreamPart> = store
+        .parts_after(&run.id, 0)
+        .await?
+        .into_iter()
+        .filter(|p| p.depth == 0)
+        .map(|p| p.part)
+        .collect();
+    let calls = store.calls_of_run(&run.id).await?;
+    // A call recorded before it was sent whose part the log did not keep
+    // (the log commits in bursts) is still one the model made.
+    for call in calls.iter().filter(|c| c.agent == run.agent) {
+        let logged = own.iter().any(
+            |p| matches!(p, AgentStreamPart::ToolCall { call_id, .. } if *call_id == call.call_id),
+        );
+        if !logged {
+            own.push(AgentStreamPart::ToolCall {
+                call_id: call.call_id.clone(),
+                name: call.tool.clone(),
+                arguments: call.arguments.clone(),
+            });
+        }
+    }
+    let answered = |id: &str| {
+        own.iter().any(|p| {
+            matches!(p, AgentStreamPart::ToolResult { call_id, .. }
+                | AgentStreamPart::ToolError { call_id, .. } if call_id == id)
+        })
+    };
+    let mut cut = Vec::new();
+    for part in &own {
+        let AgentStreamPart::ToolCall { call_id, name, .. } = part else {
+            continue;
+        };
+        if answered(call_id) {
+            continue;
+        }
+        let record = calls
+            .iter()
+            .find(|c| c.agent == run.agent && c.call_id == *call_id);
+        let message = match record {
+            Some(c) if c.status == CallStatus::InDoubt || c.status == CallStatus::InFlight => {
+                eprintln!(
+                    "call {call_id} of the last turn ({name} {}) is in doubt (key {}): check whether it happened; it is not sent again",
+                    c.arguments, c.idempotency_key
+                );
+                format!(
+                    "the host went away while this call was in flight: it may or may not have happened (in doubt, key {}); do not call it again before the person checked",
+                    c.idempotency_key
+                )
+            }
+            _ => "the host went away before this call answered".to_string(),
+        };
+        cut.push(AgentStreamPart::ToolError {
+            call_id: call_id.clone(),
+            name: name.clone(),
+            error: ToolError::new(ToolErrorCode::Cancelled, message),
+        });
+    }
+    own.extend(cut);
+    let added = serve::turn_messages(&own);
+    if !added.is_empty() {
+        store.append_messages(session, &added).await?;
+        eprintln!(
+            "the last turn (run {}) was cut short: {} message(s) of it are added to the session",
+            run.id,
+            added.len()
+        );
+    }
+    Ok(added)
 }
 
 /// `wma chat --sessions`: the store's sessions, newest first.
