@@ -350,6 +350,86 @@ impl Approver for RecordingApprover {
 mod tests {
     use super::*;
 
+    fn order(call_id: &str) -> CallRecordRequest {
+        CallRecordRequest {
+            agent: "main".into(),
+            call_id: call_id.into(),
+            tool: "place_order".into(),
+            arguments: serde_json::json!({"item": "tent"}),
+            annotations: webmcp_agents::agent::ToolAnnotations {
+                consequential: true,
+                ..Default::default()
+            },
+            asked: false,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_kept_chat_records_each_call_before_it_is_sent_and_refuses_one_it_cannot_record() {
+        use webmcp_agents::agent::{ToolError, ToolErrorCode};
+        use webmcp_agents::store::{CallStatus, RunStatus, StoreOptions};
+        let dir = std::env::temp_dir().join(format!(
+            "wma-chat-record-{}-{:?}",
+            std::process::id(),
+            std::time::SystemTime::now()
+        ));
+        let store = Store::open(StoreOptions::in_data_dir(&dir)).await.unwrap();
+        let session = store.create_session("main", "").await.unwrap();
+        let run = store.start_run(&session.id, "main", None).await.unwrap();
+        let asking: Arc<dyn Approver> = Arc::new(FixedApprover::approve_all("test"));
+        let recorder = RecordingApprover::new(asking, store.clone());
+        // Between turns there is no run to record a call in: not sent.
+        let refused = recorder.before_call(&order("call_1_1")).await.unwrap_err();
+        assert!(refused.contains("no turn"), "{refused}");
+
+        recorder.begin_turn(&run.id);
+        let answered = recorder
+            .before_call(&order("call_1_1"))
+            .await
+            .unwrap()
+            .expect("a key");
+        let cut = recorder
+            .before_call(&order("call_2_1"))
+            .await
+            .unwrap()
+            .expect("a key");
+        assert_ne!(answered, cut);
+        let recorded = store.call(&answered).await.unwrap().unwrap();
+        assert_eq!(recorded.status, CallStatus::InFlight);
+        assert_eq!(recorded.run_id, run.id);
+        // A result of another agent's call of the same id answers nothing.
+        let failed = AgentStreamPart::ToolError {
+            call_id: "call_1_1".into(),
+            name: "place_order".into(),
+            error: ToolError::new(ToolErrorCode::ToolFailed, "out of tents"),
+        };
+        recorder.record_answer(&TaggedPart::new("helper".to_string(), 1, failed.clone()));
+        recorder.record_answer(&TaggedPart::new("main".to_string(), 0, failed));
+        recorder.end_turn().await;
+        let recorded = store.call(&answered).await.unwrap().unwrap();
+        assert_eq!(recorded.status, CallStatus::Answered);
+        assert!(recorded.is_error);
+        assert_eq!(
+            recorded.output.as_deref(),
+            Some("Error [tool_failed]: out of tents")
+        );
+        // The call that never answered is in doubt once its turn ended.
+        let recorded = store.call(&cut).await.unwrap().unwrap();
+        assert_eq!(recorded.status, CallStatus::InDoubt);
+
+        // A store that refuses the record (the run ended): not sent.
+        recorder.begin_turn(&run.id);
+        store
+            .set_run_status(&run.id, RunStatus::Finished)
+            .await
+            .unwrap();
+        let refused = recorder.before_call(&order("call_3_1")).await.unwrap_err();
+        assert!(refused.contains("finished"), "{refused}");
+        assert_eq!(store.calls_of_run(&run.id).await.unwrap().len(), 2);
+        store.close().await;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
     #[test]
     fn answers_as_typed() {
         assert!(parse_answer(" Y ").unwrap().approved);
