@@ -1574,8 +1574,9 @@ async fn a_call_that_ctrl_c_stops_in_wma_chat_is_in_doubt_at_once() {
     assert_eq!(calls.len(), 1, "{calls:?}");
     assert_eq!(calls[0].tool, "hold_order");
     assert_eq!(calls[0].status, CallStatus::InDoubt, "{calls:?}");
-    // A late answer cannot change that.
+    // A late answer cannot change that; the chat goes on.
     orders.release();
+    chat.say("Is it held?").await;
     chat.say("/exit").await;
     let status = tokio::time::timeout(HANG, chat.child.wait())
         .await
@@ -1585,6 +1586,26 @@ async fn a_call_that_ctrl_c_stops_in_wma_chat_is_in_doubt_at_once() {
     let calls = store.calls_of_run(&runs[0].id).await.unwrap();
     assert_eq!(calls[0].status, CallStatus::InDoubt, "{calls:?}");
     assert_eq!(orders.calls().len(), 1);
+    // The history answers the stopped call: in doubt, with its key.
+    let messages: Vec<Value> = store
+        .messages(&id)
+        .await
+        .unwrap()
+        .iter()
+        .map(|m| serde_json::to_value(m).unwrap())
+        .collect();
+    assert_eq!(messages.len(), 5, "{messages:?}");
+    assert_eq!(messages[1]["tool_calls"][0]["name"], "hold_order");
+    assert_eq!(messages[2]["call_id"], messages[1]["tool_calls"][0]["id"]);
+    let content = messages[2]["content"].as_str().unwrap();
+    assert!(
+        content.starts_with(
+            "Error [cancelled]: the person stopped the reply while this call was in flight"
+        ) && content.contains(&calls[0].idempotency_key),
+        "{content}"
+    );
+    assert_eq!(messages[3]["content"], "Is it held?");
+    assert_eq!(messages[4]["content"], "Nothing held.");
     store.close().await;
     std::fs::remove_dir_all(dir).unwrap();
 }

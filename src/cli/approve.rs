@@ -284,15 +284,16 @@ impl RecordingApprover {
     /// The turn ended: its answers are recorded, and a recorded call that
     /// never answered (the turn was stopped while it ran) may or may not
     /// have happened, so it is marked in doubt now, as a restart would.
-    pub(crate) async fn end_turn(&self) {
+    /// Returns those calls' keys by (calling agent, call id).
+    pub(crate) async fn end_turn(&self) -> HashMap<(String, String), String> {
         let answers = std::mem::take(&mut *self.answers.lock().unwrap_or_else(|e| e.into_inner()));
         for recording in answers {
             let _ = recording.await;
         }
         let unanswered =
             std::mem::take(&mut *self.in_flight.lock().unwrap_or_else(|e| e.into_inner()));
-        for ((_, call_id), key) in unanswered {
-            match self.store.abandon_call(&key).await {
+        for ((_, call_id), key) in &unanswered {
+            match self.store.abandon_call(key).await {
                 Ok(true) => eprintln!(
                     "call {call_id} (key {key}) did not answer before the turn ended: it is in doubt; check whether it happened"
                 ),
@@ -301,6 +302,7 @@ impl RecordingApprover {
             }
         }
         *self.run.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        unanswered
     }
 }
 
@@ -405,7 +407,11 @@ mod tests {
         };
         recorder.record_answer(&TaggedPart::new("helper".to_string(), 1, failed.clone()));
         recorder.record_answer(&TaggedPart::new("main".to_string(), 0, failed));
-        recorder.end_turn().await;
+        let cut_short = recorder.end_turn().await;
+        assert_eq!(
+            cut_short,
+            HashMap::from([(("main".to_string(), "call_2_1".to_string()), cut.clone())])
+        );
         let recorded = store.call(&answered).await.unwrap().unwrap();
         assert_eq!(recorded.status, CallStatus::Answered);
         assert!(recorded.is_error);

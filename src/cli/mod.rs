@@ -3,6 +3,7 @@
 pub(crate) mod approve;
 pub(crate) mod progress;
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -386,10 +387,19 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
         .await;
         // The turn's calls answered, or in doubt, before anything else
         // (an error of the terminal included) ends the chat.
-        if let Some(recorder) = &recorder {
-            recorder.end_turn().await;
-        }
-        let parts = parts?;
+        let in_doubt = match &recorder {
+            Some(recorder) => recorder.end_turn().await,
+            None => HashMap::new(),
+        };
+        let mut parts = parts?;
+        // A reply stopped in the middle of a call (Ctrl-C) leaves the call
+        // without an answer: the history says what became of it.
+        let in_doubt: HashMap<String, String> = in_doubt
+            .into_iter()
+            .filter(|((agent, _), _)| *agent == name)
+            .map(|((_, call_id), key)| (call_id, key))
+            .collect();
+        answer_cut_calls(&mut parts, &in_doubt, "the person stopped the reply");
         let answer = serve::turn_messages(&parts);
         if let (Some((store, log)), Some((_, session))) = (&logged, &kept) {
             keep_turn(store, log, session, &answer).await;
@@ -435,7 +445,6 @@ async fn mend_cut_turn(
     session: &str,
     messages: &[ChatMessage],
 ) -> Result<Vec<ChatMessage>> {
-    use webmcp_agents::agent::{ToolError, ToolErrorCode};
     use webmcp_agents::store::CallStatus;
     if !matches!(messages.last(), Some(ChatMessage::User { .. })) {
         return Ok(Vec::new());
@@ -454,9 +463,10 @@ async fn mend_cut_turn(
         .map(|p| p.part)
         .collect();
     let calls = store.calls_of_run(&run.id).await?;
-    // A call recorded before it was sent whose part the log did not keep
-    // (the log commits in bursts) is still one the model made.
+    let mut in_doubt = HashMap::new();
     for call in calls.iter().filter(|c| c.agent == run.agent) {
+        // A call recorded before it was sent whose part the log did not
+        // keep (the log commits in bursts) is still one the model made.
         let logged = own.iter().any(
             |p| matches!(p, AgentStreamPart::ToolCall { call_id, .. } if *call_id == call.call_id),
         );
@@ -467,44 +477,22 @@ async fn mend_cut_turn(
                 arguments: call.arguments.clone(),
             });
         }
-    }
-    let answered = |id: &str| {
-        own.iter().any(|p| {
-            matches!(p, AgentStreamPart::ToolResult { call_id, .. }
-                | AgentStreamPart::ToolError { call_id, .. } if call_id == id)
-        })
-    };
-    let mut cut = Vec::new();
-    for part in &own {
-        let AgentStreamPart::ToolCall { call_id, name, .. } = part else {
-            continue;
-        };
-        if answered(call_id) {
-            continue;
+        if matches!(call.status, CallStatus::InDoubt | CallStatus::InFlight) {
+            in_doubt.insert(call.call_id.clone(), call);
         }
-        let record = calls
-            .iter()
-            .find(|c| c.agent == run.agent && c.call_id == *call_id);
-        let message = match record {
-            Some(c) if c.status == CallStatus::InDoubt || c.status == CallStatus::InFlight => {
-                eprintln!(
-                    "call {call_id} of the last turn ({name} {}) is in doubt (key {}): check whether it happened; it is not sent again",
-                    c.arguments, c.idempotency_key
-                );
-                format!(
-                    "the host went away while this call was in flight: it may or may not have happened (in doubt, key {}); do not call it again before the person checked",
-                    c.idempotency_key
-                )
-            }
-            _ => "the host went away before this call answered".to_string(),
-        };
-        cut.push(AgentStreamPart::ToolError {
-            call_id: call_id.clone(),
-            name: name.clone(),
-            error: ToolError::new(ToolErrorCode::Cancelled, message),
-        });
     }
-    own.extend(cut);
+    let keys = in_doubt
+        .iter()
+        .map(|(id, c)| (id.clone(), c.idempotency_key.clone()))
+        .collect();
+    for (call_id, name) in answer_cut_calls(&mut own, &keys, "the host went away") {
+        if let Some(c) = in_doubt.get(&call_id) {
+            eprintln!(
+                "call {call_id} of the last turn ({name} {}) is in doubt (key {}): check whether it happened; it is not sent again",
+                c.arguments, c.idempotency_key
+            );
+        }
+    }
     let added = serve::turn_messages(&own);
     if !added.is_empty() {
         store.append_messages(session, &added).await?;
@@ -515,6 +503,56 @@ async fn mend_cut_turn(
         );
     }
     Ok(added)
+}
+
+/// Gives each call among a turn's own parts that never answered (the turn
+/// was stopped or its host went away in the middle) a `cancelled` error
+/// saying `why`, so that the history the model reads answers every call it
+/// made. A call recorded before it was sent (its key in `in_doubt`, by
+/// call id) may have happened: its error says so, and not to call it
+/// again before the person checked. The errors go before the turn's
+/// terminal part, in the step the calls were made in. Returns the calls
+/// answered so, as (call id, tool).
+fn answer_cut_calls(
+    own: &mut Vec<AgentStreamPart>,
+    in_doubt: &HashMap<String, String>,
+    why: &str,
+) -> Vec<(String, String)> {
+    use webmcp_agents::agent::{ToolError, ToolErrorCode};
+    let answered = |own: &[AgentStreamPart], id: &str| {
+        own.iter().any(|p| {
+            matches!(p, AgentStreamPart::ToolResult { call_id, .. }
+                | AgentStreamPart::ToolError { call_id, .. } if call_id == id)
+        })
+    };
+    let cut: Vec<(String, String)> = own
+        .iter()
+        .filter_map(|p| match p {
+            AgentStreamPart::ToolCall { call_id, name, .. } if !answered(own, call_id) => {
+                Some((call_id.clone(), name.clone()))
+            }
+            _ => None,
+        })
+        .collect();
+    let at = match own.last() {
+        Some(last) if last.is_terminal() => own.len() - 1,
+        _ => own.len(),
+    };
+    let errors = cut.iter().map(|(call_id, name)| {
+        let message = match in_doubt.get(call_id) {
+            Some(key) => format!(
+                "{why} while this call was in flight: it may or may not have happened (in doubt, key {key}); do not call it again before the person checked"
+            ),
+            None => format!("{why} before this call answered"),
+        };
+        AgentStreamPart::ToolError {
+            call_id: call_id.clone(),
+            name: name.clone(),
+            error: ToolError::new(ToolErrorCode::Cancelled, message),
+        }
+    });
+    own.splice(at..at, errors.collect::<Vec<_>>());
+    cut
 }
 
 /// `wma chat --sessions`: the store's sessions, newest first.
@@ -723,5 +761,71 @@ pub(crate) fn check(config: &Config) {
         if let Some(warning) = wma_runtime::listen_warning(cluster.listen) {
             println!("  warning: cluster.listen: {warning}");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use webmcp_agents::agent::FinishReason;
+
+    fn call(id: &str, tool: &str) -> AgentStreamPart {
+        AgentStreamPart::ToolCall {
+            call_id: id.into(),
+            name: tool.into(),
+            arguments: json!({}),
+        }
+    }
+
+    #[test]
+    fn a_stopped_turns_calls_are_each_answered_in_its_history() {
+        let mut own = vec![
+            AgentStreamPart::MessageStart { step: 1 },
+            call("call_1_1", "order_status"),
+            call("call_1_2", "place_order"),
+            call("call_1_3", "view_cart"),
+            AgentStreamPart::ToolResult {
+                call_id: "call_1_1".into(),
+                name: "order_status".into(),
+                output: "none".into(),
+            },
+            AgentStreamPart::Finish {
+                reason: FinishReason::Aborted,
+            },
+        ];
+        let in_doubt = HashMap::from([("call_1_2".to_string(), "k3y".to_string())]);
+        let cut = answer_cut_calls(&mut own, &in_doubt, "the person stopped the reply");
+        assert_eq!(
+            cut,
+            [
+                ("call_1_2".to_string(), "place_order".to_string()),
+                ("call_1_3".to_string(), "view_cart".to_string())
+            ]
+        );
+        assert!(own.last().unwrap().is_terminal(), "{own:?}");
+        let messages: Vec<serde_json::Value> = serve::turn_messages(&own)
+            .iter()
+            .map(|m| serde_json::to_value(m).unwrap())
+            .collect();
+        assert_eq!(messages.len(), 4, "{messages:?}");
+        assert_eq!(messages[0]["tool_calls"].as_array().unwrap().len(), 3);
+        assert_eq!(messages[1]["content"], "none");
+        assert_eq!(messages[2]["call_id"], "call_1_2");
+        let doubt = messages[2]["content"].as_str().unwrap();
+        assert!(
+            doubt.starts_with(
+                "Error [cancelled]: the person stopped the reply while this call was in flight"
+            ) && doubt.contains("in doubt, key k3y"),
+            "{doubt}"
+        );
+        assert_eq!(
+            messages[3]["content"],
+            "Error [cancelled]: the person stopped the reply before this call answered"
+        );
+        // A turn whose calls all answered is left as it was.
+        let before = own.clone();
+        assert!(answer_cut_calls(&mut own, &HashMap::new(), "-").is_empty());
+        assert_eq!(own, before);
     }
 }
