@@ -388,18 +388,21 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
         // The turn's calls answered, or in doubt, before anything else
         // (an error of the terminal included) ends the chat.
         let in_doubt = match &recorder {
-            Some(recorder) => recorder.end_turn().await,
-            None => HashMap::new(),
+            Some(recorder) => Some(recorder.end_turn().await),
+            None => None,
         };
         let mut parts = parts?;
-        // A reply stopped in the middle of a call (Ctrl-C) leaves the call
-        // without an answer: the history says what became of it.
-        let in_doubt: HashMap<String, String> = in_doubt
-            .into_iter()
-            .filter(|((agent, _), _)| *agent == name)
-            .map(|((_, call_id), key)| (call_id, key))
-            .collect();
-        answer_cut_calls(&mut parts, &in_doubt, "the person stopped the reply");
+        // A kept reply stopped in the middle of a call (Ctrl-C) leaves the
+        // call without an answer: the session's history says what became
+        // of it.
+        if let Some(in_doubt) = in_doubt {
+            let in_doubt: HashMap<String, String> = in_doubt
+                .into_iter()
+                .filter(|((agent, _), _)| *agent == name)
+                .map(|((_, call_id), key)| (call_id, key))
+                .collect();
+            answer_cut_calls(&mut parts, &in_doubt, "the person stopped the reply");
+        }
         let answer = serve::turn_messages(&parts);
         if let (Some((store, log)), Some((_, session))) = (&logged, &kept) {
             keep_turn(store, log, session, &answer).await;
