@@ -4,7 +4,10 @@
 //! and deleted, on SQLite and on a real PostgreSQL server; reconnecting to
 //! a run's events with `Last-Event-ID`; and a real `wma serve` process
 //! killed with SIGKILL mid-conversation and started again on the same
-//! store. Scripted providers stand in for models.
+//! store; and `wma chat` keeping its session there, recording its
+//! consequential calls before it sends them (an MCP server of the test's
+//! own gets the key), stopped with Ctrl-C and killed in the middle of a
+//! call. Scripted providers stand in for models.
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
