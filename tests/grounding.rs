@@ -642,3 +642,126 @@ async fn a_delegated_run_starts_with_a_call() {
         Some(Constraint::TextOrCalls { .. })
     ));
 }
+
+/// The calls a run made, as `name arguments`.
+fn calls_made(parts: &[AgentStreamPart]) -> Vec<String> {
+    parts
+        .iter()
+        .filter_map(|p| match p {
+            AgentStreamPart::ToolCall {
+                name, arguments, ..
+            } => Some(format!("{name} {arguments}")),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_call_written_in_prose_is_held_to_the_steps_offer() {
+    // The call comes inside a Markdown fence, where no constraint shapes
+    // it, with an id nobody has shown.
+    let prose_call = format!(
+        "Sure, here it is:\n```json\n{}\n```",
+        call("add_to_cart", json!({"product_id": "p-99"}))
+    );
+    let provider = ScriptedProvider::new([
+        prose_call.clone(),
+        call("search_products", json!({"query": "tent"})),
+        call("add_to_cart", json!({"product_id": "p-4"})),
+        "Added the Trail Tent.".to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(
+        provider.clone(),
+        ask("Find a tent and add it to my cart", annotated_shop()),
+        inline(),
+    )
+    .await;
+    assert_finish(&parts, FinishReason::Stop);
+    assert!(fired(&parts).contains(&"calls-within-offer".to_string()));
+    assert_eq!(
+        calls_made(&parts),
+        [
+            r#"search_products {"query":"tent"}"#,
+            r#"add_to_cart {"product_id":"p-4"}"#
+        ],
+        "the invented id never reached the tool"
+    );
+    let requests = provider.requests();
+    assert!(matches!(
+        requests[1].constraint,
+        Some(Constraint::CallsOnly { .. })
+    ));
+    let repair = prompt_text(&requests[1]);
+    assert!(
+        repair.contains("add_to_cart needs an id that no tool has shown yet"),
+        "{repair}"
+    );
+    // The reference runs what the model wrote.
+    let provider = ScriptedProvider::new([prose_call, "Added.".to_string()]).with_constraints(true);
+    let parts = run_all(
+        provider,
+        ask("Find a tent and add it to my cart", annotated_shop()),
+        LocalLoopOptions {
+            policy: Some(Policy::reference()),
+            ..inline()
+        },
+    )
+    .await;
+    assert_eq!(calls_made(&parts), [r#"add_to_cart {"product_id":"p-99"}"#]);
+}
+
+#[tokio::test]
+async fn an_answer_that_only_repeats_the_prompt_becomes_the_last_results_gist() {
+    let provider = ScriptedProvider::new([
+        call("search_products", json!({"query": "tent"})),
+        messages::restate("Which tents do you have?")
+            .lines()
+            .last()
+            .unwrap()
+            .to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(
+        provider.clone(),
+        ask("Which tents do you have?", annotated_shop()),
+        inline(),
+    )
+    .await;
+    assert_finish(&parts, FinishReason::Stop);
+    let answer = texts(&parts).join("\n");
+    assert!(answer.contains("Trail Tent"), "{answer}");
+    assert!(!answer.contains("next step"), "{answer}");
+    assert!(fired(&parts).contains(&"no-prompt-echo-answers".to_string()));
+}
+
+#[tokio::test]
+async fn a_prose_reply_to_a_request_for_a_change_gets_the_calls_only_retry() {
+    // "Put" asks for a change, and add_to_cart is not marked read-only;
+    // no two words of the request are in a tool's name.
+    let request = "Put a tent in my basket";
+    let provider = ScriptedProvider::new([
+        "I put a tent in your basket.".to_string(),
+        call("search_products", json!({"query": "tent"})),
+        call("add_to_cart", json!({"product_id": "p-4"})),
+        "Added the Trail Tent.".to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(provider.clone(), ask(request, annotated_shop()), inline()).await;
+    assert_finish(&parts, FinishReason::Stop);
+    assert!(fired(&parts).contains(&"change-request-retry".to_string()));
+    assert!(matches!(
+        provider.requests()[1].constraint,
+        Some(Constraint::CallsOnly { .. })
+    ));
+    assert_eq!(texts(&parts), ["Added the Trail Tent."]);
+    // A tool set that marks nothing read-only says nothing of what its
+    // tools change (BFCL's): the prose stands, as does a question's.
+    for (request, host) in [(request, shop()), ("Do you have tents?", annotated_shop())] {
+        let provider =
+            ScriptedProvider::new(["We have tents."]).with_constraints(true);
+        let parts = run_all(provider.clone(), ask(request, host), inline()).await;
+        assert_eq!(provider.requests().len(), 1, "{request}");
+        assert_eq!(texts(&parts), ["We have tents."]);
+    }
+}

@@ -197,15 +197,45 @@ pub fn is_identifier_key(key: &str) -> bool {
 /// Whether a word the person wrote looks like an identifier: it carries a
 /// digit (`p-17`, `ORD-2231`, `42`) or joins parts with `_` (`john_doe`).
 /// Hyphens alone do not make one: "two-person" is English; nor does a bare
-/// number of one or two digits, which is a count ("add 2 of them").
+/// number of one or two digits, which is a count ("add 2 of them"), nor a
+/// date or a time of day, which says when, not which.
 fn is_identifier_word(word: &str) -> bool {
     if word.len() <= 2 && word.chars().all(|c| c.is_ascii_digit()) {
+        return false;
+    }
+    if is_date_or_time(word) {
         return false;
     }
     let has_alnum = word.chars().any(|c| c.is_alphanumeric());
     let has_digit = word.chars().any(|c| c.is_ascii_digit());
     let joined = word.trim_matches('_').contains('_');
     has_alnum && (has_digit || joined) && word.chars().count() <= MAX_IDENTIFIER_CHARS
+}
+
+/// Whether a word is an ISO date (`2026-03-13`), a time of day (`14:30`,
+/// `9:05:00`) or both (`2026-03-13T14:30:00Z`). Asked to "move the yoga
+/// class on 2026-03-13", a small model otherwise passed the date as the
+/// event's id, and grounding let it, since the person wrote it.
+fn is_date_or_time(word: &str) -> bool {
+    fn digits(part: &str, min: usize, max: usize) -> bool {
+        (min..=max).contains(&part.len()) && part.chars().all(|c| c.is_ascii_digit())
+    }
+    let date = |d: &str| {
+        let parts: Vec<&str> = d.split('-').collect();
+        parts.len() == 3 && digits(parts[0], 4, 4) && digits(parts[1], 1, 2) && digits(parts[2], 1, 2)
+    };
+    let time = |t: &str| {
+        let t = t.trim_end_matches('Z');
+        let t = t.split(['+', '.']).next().unwrap_or(t);
+        let parts: Vec<&str> = t.split(':').collect();
+        (2..=3).contains(&parts.len())
+            && digits(parts[0], 1, 2)
+            && parts[1..].iter().all(|p| digits(p, 2, 2))
+    };
+    match word.split_once(['T', 't']) {
+        Some((d, t)) => date(d) && time(t),
+        None => date(word) || time(word),
+    }
 }
 
 /// Whether a word inside a result's text names an id (`ORD-7`, `p-17`,
@@ -717,6 +747,21 @@ mod tests {
         assert!(!p.contains(&"0.5".to_string()), "half of what? {p:?}");
         let p = copy_phrases(["Add the tent"], &[]);
         assert!(p.iter().all(|w| w.parse::<f64>().is_err()), "{p:?}");
+    }
+
+    #[test]
+    fn dates_and_times_are_not_identifiers() {
+        let mut ids = Identifiers::new();
+        let new = ids.add_user_text("Move my 14:30 yoga class from 2026-03-13 to 2026-3-14T09:00:00Z, event e-5");
+        assert_eq!(new, 1, "{:?}", ids.values());
+        assert_eq!(ids.values(), [json!("e-5")]);
+        for word in ["ORD-2231", "2026-0001", "p-17", "v1.2:3"] {
+            assert!(!is_date_or_time(word), "{word}");
+        }
+        // In a result's text too.
+        let mut ids = Identifiers::new();
+        ids.add_result("Budget review (e-1) on 2026-03-10 at 15:00");
+        assert_eq!(ids.values(), [json!("e-1")]);
     }
 
     #[test]

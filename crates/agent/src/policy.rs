@@ -22,9 +22,12 @@ use serde_json::Value;
 use crate::ground::{
     Identifiers, ground_number_values, ground_tool, takes_free_text, takes_identifier,
 };
-use crate::provider::Decoding;
+use crate::error::{ToolError, ToolErrorCode};
+use crate::parse::ParsedCall;
+use crate::provider::{Decoding, PromptMessage, PromptRole};
 use crate::rank::score_tools;
 use crate::tool::ToolDefinition;
+use crate::validate::{ArgsError, ValidatorCache};
 
 /// The named policies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -174,6 +177,30 @@ pub struct Policy {
     /// words of its prompt (`read_text_file {"path": "write_file.txt"}`,
     /// `{"query": "<query_1_2>"}`). Default: on.
     pub no_prompt_names_in_values: bool,
+    /// A call is held to the step's offer however the model wrote it: one
+    /// written inside prose, which no constraint shapes, that calls a tool
+    /// the offer withheld or gives an argument the offer does not allow (an
+    /// id nobody has shown) goes back as a repair, with what to do instead.
+    /// Without it every narrowing rule above has a way around it: a model
+    /// that writes its call in a Markdown fence (Qwen2.5-Coder does, as
+    /// `<tool_call><name>…`) returned a book by the example id of the
+    /// instructions before searching for it. Default: on.
+    pub calls_within_offer: bool,
+    /// A plain answer whose every line repeats the prompt (the restated
+    /// request, a correction, a line of the system prompt, the person's own
+    /// words) says nothing: it is replaced by the gist of the last result,
+    /// as the reference does for a reply that echoes a result. Without it a
+    /// 0.5B model answered "Do the next step for it, or answer me if it is
+    /// done." after its search had found the books asked for. Default: on.
+    pub no_prompt_echo_answers: bool,
+    /// The calls-only retry of a prose reply on the first step, also when
+    /// the request asks for a change (a common verb of change, or the verb
+    /// a shown tool that changes things starts its name with) and a shown
+    /// tool is annotated as changing things: words cannot add, move or
+    /// delete anything, so a prose reply to such a request only claims what
+    /// it did not do. Tool sets that annotate nothing (BFCL's) are never
+    /// retried by it. Default: on.
+    pub change_request_retry: bool,
 }
 
 impl Default for Policy {
@@ -210,6 +237,9 @@ impl Policy {
             copy_bias: 0.0,
             greedy_calls: false,
             no_prompt_names_in_values: false,
+            calls_within_offer: false,
+            no_prompt_echo_answers: false,
+            change_request_retry: false,
         }
     }
 
@@ -240,6 +270,9 @@ impl Policy {
             copy_bias: 3.0,
             greedy_calls: true,
             no_prompt_names_in_values: true,
+            calls_within_offer: true,
+            no_prompt_echo_answers: true,
+            change_request_retry: true,
         }
     }
 
@@ -392,6 +425,12 @@ pub enum Rule {
     CallNowGate,
     /// See [`Policy::done_on_repeated_lookup`].
     DoneOnRepeatedLookup,
+    /// See [`Policy::calls_within_offer`].
+    CallsWithinOffer,
+    /// See [`Policy::no_prompt_echo_answers`].
+    NoPromptEchoAnswers,
+    /// See [`Policy::change_request_retry`].
+    ChangeRequestRetry,
 }
 
 impl Rule {
@@ -412,6 +451,9 @@ impl Rule {
             Self::NamedToolRetry => "named-tool-retry",
             Self::CallNowGate => "call-now-gate",
             Self::DoneOnRepeatedLookup => "done-on-repeated-lookup",
+            Self::CallsWithinOffer => "calls-within-offer",
+            Self::NoPromptEchoAnswers => "no-prompt-echo-answers",
+            Self::ChangeRequestRetry => "change-request-retry",
         }
     }
 }
@@ -632,8 +674,136 @@ pub(crate) struct Offer {
     pub(crate) ranked: Vec<ToolDefinition>,
     /// The tools a constraint may call (grounded schemas), by name.
     pub(crate) callable: Vec<ToolDefinition>,
+    /// The ranked tools it may not call, each with the rule that held it.
+    pub(crate) held: Vec<(String, Rule)>,
     /// The rules that fired deciding it.
     pub(crate) fired: Vec<Fired>,
+}
+
+impl Offer {
+    /// The first of `calls` this offer does not allow, as the tool error
+    /// that sends the reply back and the note of the rule (see
+    /// [`Policy::calls_within_offer`]). `offered` is what the step's
+    /// constraint offers: the shown tools the offer lets be called, in
+    /// their grounded form. A call of a tool the step did not rank is left
+    /// to the reference's own checks, and with nothing offered there is no
+    /// other call to ask for.
+    pub(crate) fn outside(
+        &self,
+        calls: &[ParsedCall],
+        offered: &[ToolDefinition],
+        validators: &ValidatorCache,
+    ) -> Option<(Fired, ToolError)> {
+        if offered.is_empty() {
+            return None;
+        }
+        let names: Vec<&str> = offered.iter().map(|t| t.name.as_str()).collect();
+        let names = names.join(", ");
+        for call in calls {
+            if let Some((_, rule)) = self.held.iter().find(|(n, _)| *n == call.name) {
+                let why = why_held(*rule, &call.name);
+                return Some((
+                    Fired {
+                        rule: Rule::CallsWithinOffer,
+                        detail: format!("sent back a call of {}: {why}", call.name),
+                    },
+                    ToolError::new(
+                        ToolErrorCode::Unavailable,
+                        format!("{why}. Call one of {names} instead, or answer."),
+                    ),
+                ));
+            }
+            let Some(tool) = offered.iter().find(|t| t.name == call.name) else {
+                continue;
+            };
+            // A grounded schema that does not compile leaves the call to the
+            // tool's own schema, which the reply was checked against.
+            if let Err(ArgsError::Invalid(message)) =
+                validators.validate(&tool.input_schema, &call.arguments)
+            {
+                return Some((
+                    Fired {
+                        rule: Rule::CallsWithinOffer,
+                        detail: format!("sent back a call of {}: {message}", call.name),
+                    },
+                    ToolError::new(
+                        ToolErrorCode::InvalidArguments,
+                        format!(
+                            "{message} for {}: an id or number must be one the conversation has shown",
+                            call.name
+                        ),
+                    ),
+                ));
+            }
+        }
+        None
+    }
+}
+
+/// A plain answer without the lines that only repeat the prompt (see
+/// [`Policy::no_prompt_echo_answers`]): `Some` with the lines left when
+/// some were cut, `Some("")` when every line was an echo or the markup
+/// around one (a fence, a lone tag), `None` when nothing was. A line
+/// repeats the system or a user turn when it is part of one of their
+/// lines, and a failed call's turn (`Error [code]: …`, the loop's own
+/// words to the model) when it is one of its lines whole; a result's lines
+/// are the answer's to quote. A line of one word, or an answer of fewer than three, is
+/// never an echo: "Yes." or "Done." can be both.
+pub(crate) fn without_prompt_echoes(answer: &str, prompt: &[PromptMessage]) -> Option<String> {
+    fn norm(text: &str) -> String {
+        text.split(|c: char| !c.is_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .map(str::to_lowercase)
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+    fn is_markup(line: &str) -> bool {
+        let line = line.trim();
+        line.starts_with("```") || (line.starts_with('<') && line.ends_with('>'))
+    }
+    if answer.split_whitespace().count() < 3 {
+        return None;
+    }
+    let lines_of = |tool: bool| -> Vec<String> {
+        prompt
+            .iter()
+            .filter(|m| (m.role == PromptRole::Tool) == tool && m.role != PromptRole::Assistant)
+            .flat_map(|m| m.content.lines().map(norm).collect::<Vec<_>>())
+            .filter(|l| l.contains(' ') && (!tool || l.starts_with("error ")))
+            .collect()
+    };
+    let (said, returned) = (lines_of(false), lines_of(true));
+    let echoes = |line: &str| {
+        let line = norm(line);
+        line.contains(' ')
+            && (said.iter().any(|s| s.contains(&line)) || returned.contains(&line))
+    };
+    let lines: Vec<&str> = answer.lines().collect();
+    if !lines.iter().any(|l| echoes(l)) {
+        return None;
+    }
+    let kept: Vec<&str> = lines
+        .into_iter()
+        .filter(|l| !echoes(l) && !is_markup(l))
+        .collect();
+    Some(kept.join("\n").trim().to_string())
+}
+
+/// Why the offer held a tool back, in words for the model.
+fn why_held(rule: Rule, tool: &str) -> String {
+    match rule {
+        Rule::ReadOnlyQuestions => {
+            format!("the request asks for information, and {tool} changes things")
+        }
+        Rule::MoveOn => format!("{tool} was just called: use what it returned"),
+        Rule::SkipUsedIds => format!("{tool} was already called with each id shown"),
+        Rule::GroundIdentifiers | Rule::GroundDelegation => {
+            format!("{tool} needs an id that no tool has shown yet: find it first")
+        }
+        Rule::OfferAppeared => format!("new tools just appeared for the next step, not {tool}"),
+        Rule::OfferIdTakers => format!("the ids just found are for a tool that takes an id, not {tool}"),
+        _ => format!("{tool} is not the next step"),
+    }
 }
 
 impl PolicyState {
@@ -649,6 +819,16 @@ impl PolicyState {
             Some(before) => listed.into_iter().filter(|n| !before.contains(n)).collect(),
             None => Vec::new(),
         };
+    }
+
+    /// Whether the request asks for a change that a shown tool annotated
+    /// as changing things could make (see [`Policy::change_request_retry`]);
+    /// false for a tool set that annotates no tool read-only, whose tools
+    /// say nothing of what they change.
+    pub(crate) fn asks_a_change_of(&self, request: &str, shown: &[ToolDefinition]) -> bool {
+        !self.read_only.is_empty()
+            && shown.iter().any(|t| !self.is_read_only(&t.name))
+            && (asks_for_change(request) || names_a_change(request, shown, &self.read_only))
     }
 
     /// Whether the tool was annotated read-only this step.
@@ -669,6 +849,7 @@ impl PolicyState {
             return Offer {
                 callable: ranked.clone(),
                 ranked,
+                held: Vec::new(),
                 fired,
             };
         }
@@ -763,6 +944,10 @@ impl PolicyState {
         }
         let mut withheld: Vec<(Rule, Vec<String>)> = withheld.into_iter().collect();
         withheld.sort();
+        let mut held: Vec<(String, Rule)> = withheld
+            .iter()
+            .flat_map(|(rule, names)| names.iter().map(|n| (n.clone(), *rule)))
+            .collect();
         for (rule, names) in withheld {
             fired.push(Fired {
                 rule,
@@ -775,6 +960,7 @@ impl PolicyState {
             let (keep, drop): (Vec<_>, Vec<_>) = callable
                 .into_iter()
                 .partition(|t| self.appeared.contains(&t.name));
+            held.extend(drop.iter().map(|t| (t.name.clone(), Rule::OfferAppeared)));
             if !drop.is_empty() {
                 fired.push(Fired {
                     rule: Rule::OfferAppeared,
@@ -793,6 +979,7 @@ impl PolicyState {
             && callable.iter().any(takes_identifier)
         {
             let (keep, drop): (Vec<_>, Vec<_>) = callable.into_iter().partition(takes_identifier);
+            held.extend(drop.iter().map(|t| (t.name.clone(), Rule::OfferIdTakers)));
             if !drop.is_empty() {
                 fired.push(Fired {
                     rule: Rule::OfferIdTakers,
@@ -820,6 +1007,7 @@ impl PolicyState {
         Offer {
             ranked,
             callable,
+            held,
             fired,
         }
     }
@@ -1067,6 +1255,153 @@ mod tests {
             facts("Could you renew my library book?", true, true, false),
         );
         assert_eq!(o.callable.len(), 2, "renew is the tool's own word");
+    }
+
+    fn call(name: &str, arguments: Value) -> ParsedCall {
+        ParsedCall {
+            name: name.into(),
+            arguments,
+        }
+    }
+
+    #[test]
+    fn a_call_written_in_prose_is_held_to_the_offer() {
+        let tools = vec![
+            tool(
+                "search_books",
+                json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}),
+                true,
+            ),
+            tool(
+                "return_book",
+                json!({"type": "object", "properties": {"book_id": {"type": "string"}}, "required": ["book_id"]}),
+                false,
+            ),
+            tool(
+                "renew_loan",
+                json!({"type": "object", "properties": {"book_id": {"type": "string"}}, "required": ["book_id"]}),
+                false,
+            ),
+        ];
+        let validators = ValidatorCache::default();
+        let mut state = PolicyState::default();
+        state.observe_tools(&tools);
+        let request = "Please return Stars Over the Desert";
+        let o = state.offer(
+            &Policy::small_model(),
+            tools.clone(),
+            facts(request, true, true, true),
+        );
+        // No id shown yet: the id takers are held, with the reason.
+        let (fired, error) = o
+            .outside(&[call("return_book", json!({"book_id": "b-1"}))], &o.callable, &validators)
+            .expect("an invented id before any search");
+        assert_eq!(fired.rule, Rule::CallsWithinOffer);
+        assert_eq!(error.code, ToolErrorCode::Unavailable);
+        assert!(error.message.contains("find it first"), "{}", error.message);
+        assert!(error.message.contains("search_books"), "{}", error.message);
+        assert!(
+            o.outside(&[call("search_books", json!({"query": "stars"}))], &o.callable, &validators)
+                .is_none()
+        );
+        // After the search found b-7, only b-7 may be returned.
+        let new = state.identifiers.add_result(r#"[{"id": "b-7", "title": "Stars Over the Desert"}]"#);
+        state.called("search_books", &json!({"query": "stars"}), "[]", new);
+        state.step_done();
+        state.observe_tools(&tools);
+        let o = state.offer(
+            &Policy::small_model(),
+            tools.clone(),
+            facts(request, true, false, true),
+        );
+        let (_, error) = o
+            .outside(&[call("return_book", json!({"book_id": "b-4"}))], &o.callable, &validators)
+            .expect("an id no tool returned");
+        assert_eq!(error.code, ToolErrorCode::InvalidArguments);
+        assert!(
+            o.outside(&[call("return_book", json!({"book_id": "b-7"}))], &o.callable, &validators)
+                .is_none()
+        );
+        // A tool the step did not rank is left to the reference's checks,
+        // and with nothing offered there is nothing else to ask for.
+        assert!(
+            o.outside(&[call("send_mail", json!({}))], &o.callable, &validators)
+                .is_none()
+        );
+        assert!(
+            o.outside(&[call("return_book", json!({"book_id": "b-4"}))], &[], &validators)
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn a_question_is_not_answered_by_a_write_written_in_prose() {
+        let mut state = PolicyState::default();
+        state.observe_tools(&files());
+        let (o, _) = offer(&Policy::small_model(), &state, "What is in notes.txt?");
+        let written = call("write_file", json!({"path": "notes.txt", "content": ""}));
+        let (_, error) = o
+            .outside(std::slice::from_ref(&written), &o.callable, &ValidatorCache::default())
+            .expect("a write for a question");
+        assert!(error.message.contains("asks for information"), "{}", error.message);
+        // The reference holds nothing back.
+        let (o, _) = offer(&Policy::reference(), &state, "What is in notes.txt?");
+        assert!(o.held.is_empty());
+        assert!(
+            o.outside(&[written], &o.callable, &ValidatorCache::default())
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn answers_lose_the_lines_that_repeat_the_prompt() {
+        let prompt = vec![
+            PromptMessage {
+                role: PromptRole::System,
+                content: "You have these tools.\nTo call search_books, reply with:\n{}".into(),
+            },
+            PromptMessage {
+                role: PromptRole::User,
+                content: "Which books by Mira Castell do you have?".into(),
+            },
+            PromptMessage {
+                role: PromptRole::Tool,
+                content: "The Salt Road, by Mira Castell".into(),
+            },
+            PromptMessage {
+                role: PromptRole::User,
+                content: "My request: Which books by Mira Castell do you have?\nDo the next step for it, or answer me if it is done.".into(),
+            },
+        ];
+        let echo = |a: &str| without_prompt_echoes(a, &prompt);
+        assert_eq!(
+            echo("Do the next step for it, or answer me if it is done.").as_deref(),
+            Some("")
+        );
+        assert_eq!(
+            echo("To call search_books, reply with:\nThe library has The Salt Road.").as_deref(),
+            Some("The library has The Salt Road.")
+        );
+        // The error the loop wrote back, in the markup the model wraps it in.
+        let mut with_error = prompt.clone();
+        with_error.push(PromptMessage {
+            role: PromptRole::Tool,
+            content: "Error [unavailable]: return_book needs an id. Try again.".into(),
+        });
+        assert_eq!(
+            without_prompt_echoes(
+                "```json\n<tool_response>\nError [unavailable]: return_book needs an id. Try again.\n</tool_response>\n```",
+                &with_error
+            )
+            .as_deref(),
+            Some("")
+        );
+        // An answer with something of its own, one that quotes part of a
+        // result, a result it repeats whole (another rule's business), and
+        // short answers are left alone.
+        assert_eq!(echo("The library has The Salt Road by Mira Castell."), None);
+        assert_eq!(echo("The Salt Road by Mira Castell\nis on the shelf."), None);
+        assert_eq!(echo("Do it."), None);
     }
 
     #[test]

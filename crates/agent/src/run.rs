@@ -24,12 +24,16 @@ use crate::message::{ChatMessage, ToolCall};
 use crate::messages;
 use crate::parse::{ParsedReply, parse_tool_calls};
 use crate::part::{AgentStreamPart, FinishReason};
-use crate::policy::{Fired, Policy, PolicyState, Rule, StepFacts, names_a_tool};
+use crate::policy::{
+    Fired, Policy, PolicyState, Rule, StepFacts, names_a_tool, without_prompt_echoes,
+};
 use crate::prompt::{
     HISTORY_TURNS, RESULT_CHARS, SystemPromptInput, Turn, compact_schema, gist, history_turns,
     prompt_messages, system_prompt, truncate_chars, window,
 };
-use crate::provider::{Constraint, GenerateRequest, Generation, PromptRole, Provider};
+use crate::provider::{
+    Constraint, GenerateRequest, Generation, PromptMessage, PromptRole, Provider,
+};
 use crate::rank::rank_tools;
 use crate::tool::{PageContext, SubAgentInfo, ToolAnnotations, ToolDefinition};
 use crate::validate::{ArgsError, ValidatorCache};
@@ -505,13 +509,22 @@ impl<P: Provider + 'static> Run<P> {
                 Err(end) => return Some(end),
             };
             let reply = parse_tool_calls(&generation.text);
-            if let Some(problem) = check_reply(
+            let problem = check_reply(
                 &generation.text,
                 &reply,
                 &all_tools,
                 &shown,
                 &self.validators,
-            ) {
+            )
+            .or_else(|| {
+                if !(self.policy.calls_within_offer && self.constrains(&shown)) {
+                    return None;
+                }
+                let (fired, problem) = offer.outside(&reply.calls, &offered, &self.validators)?;
+                self.report(vec![fired]);
+                Some(problem)
+            });
+            if let Some(problem) = problem {
                 if repaired {
                     Span::current().record("wma.outcome", "apology");
                     self.emit(AgentStreamPart::Text {
@@ -584,19 +597,32 @@ impl<P: Provider + 'static> Run<P> {
                     // since a call where none fits is always wrong: the
                     // request names the tool, and the model itself gave a
                     // call some weight.
-                    if let Some(min) = self.policy.named_tool_retry
-                        && first_step
-                        && !offered.is_empty()
-                        && self.constrains(&shown)
+                    let retry = if !(first_step && !offered.is_empty() && self.constrains(&shown))
+                    {
+                        None
+                    } else if let Some(min) = self.policy.named_tool_retry
                         && generation.call_probability.is_some_and(|p| p >= min)
                         && names_a_tool(&self.request_text, &shown)
                     {
-                        corrected = true;
-                        self.report(vec![Fired {
+                        Some(Fired {
                             rule: Rule::NamedToolRetry,
                             detail: "retried a prose reply as calls only: the request names a tool"
                                 .to_string(),
-                        }]);
+                        })
+                    } else if self.policy.change_request_retry
+                        && self.rules.asks_a_change_of(&self.request_text, &shown)
+                    {
+                        Some(Fired {
+                            rule: Rule::ChangeRequestRetry,
+                            detail: "retried a prose reply as calls only: the request asks for a change a tool makes"
+                                .to_string(),
+                        })
+                    } else {
+                        None
+                    };
+                    if let Some(fired) = retry {
+                        corrected = true;
+                        self.report(vec![fired]);
                         self.push_turn(PromptRole::Assistant, text.clone());
                         self.push_turn(
                             PromptRole::User,
@@ -611,6 +637,11 @@ impl<P: Provider + 'static> Run<P> {
                     Some(last) if echoes_a_result(&text, &self.results) => gist(last),
                     _ => text,
                 };
+                let text = if self.policy.no_prompt_echo_answers {
+                    self.without_prompt_echoes(text, &request.messages)
+                } else {
+                    text
+                };
                 Span::current().record("wma.outcome", "answer");
                 self.emit(AgentStreamPart::Text { text });
                 return Some(End::Finish(FinishReason::Stop));
@@ -618,6 +649,27 @@ impl<P: Provider + 'static> Run<P> {
             Span::current().record("wma.outcome", "calls");
             return self.run_calls(step, reply).await;
         }
+    }
+
+    /// An answer without its lines that repeat the prompt; one that was
+    /// nothing else becomes the gist of the last result, when there is one.
+    fn without_prompt_echoes(&self, text: String, prompt: &[PromptMessage]) -> String {
+        let Some(kept) = without_prompt_echoes(&text, prompt) else {
+            return text;
+        };
+        let (text, detail) = match (&self.last_result, kept.is_empty()) {
+            (_, false) => (kept, "cut the answer's lines that repeat the prompt"),
+            (Some(last), true) => (
+                gist(last),
+                "an answer that repeats the prompt became the last result's gist",
+            ),
+            (None, true) => return text,
+        };
+        self.report(vec![Fired {
+            rule: Rule::NoPromptEchoAnswers,
+            detail: detail.to_string(),
+        }]);
+        text
     }
 
     /// Picks the most tools (max_tools, then 4, 2, 1) and then the most
