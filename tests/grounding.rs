@@ -758,8 +758,7 @@ async fn a_prose_reply_to_a_request_for_a_change_gets_the_calls_only_retry() {
     // A tool set that marks nothing read-only says nothing of what its
     // tools change (BFCL's): the prose stands, as does a question's.
     for (request, host) in [(request, shop()), ("Do you have tents?", annotated_shop())] {
-        let provider =
-            ScriptedProvider::new(["We have tents."]).with_constraints(true);
+        let provider = ScriptedProvider::new(["We have tents."]).with_constraints(true);
         let parts = run_all(provider.clone(), ask(request, host), inline()).await;
         assert_eq!(provider.requests().len(), 1, "{request}");
         assert_eq!(texts(&parts), ["We have tents."]);

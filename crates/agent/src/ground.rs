@@ -222,7 +222,10 @@ fn is_date_or_time(word: &str) -> bool {
     }
     let date = |d: &str| {
         let parts: Vec<&str> = d.split('-').collect();
-        parts.len() == 3 && digits(parts[0], 4, 4) && digits(parts[1], 1, 2) && digits(parts[2], 1, 2)
+        parts.len() == 3
+            && digits(parts[0], 4, 4)
+            && digits(parts[1], 1, 2)
+            && digits(parts[2], 1, 2)
     };
     let time = |t: &str| {
         let t = t.trim_end_matches('Z');
@@ -752,7 +755,9 @@ mod tests {
     #[test]
     fn dates_and_times_are_not_identifiers() {
         let mut ids = Identifiers::new();
-        let new = ids.add_user_text("Move my 14:30 yoga class from 2026-03-13 to 2026-3-14T09:00:00Z, event e-5");
+        let new = ids.add_user_text(
+            "Move my 14:30 yoga class from 2026-03-13 to 2026-3-14T09:00:00Z, event e-5",
+        );
         assert_eq!(new, 1, "{:?}", ids.values());
         assert_eq!(ids.values(), [json!("e-5")]);
         for word in ["ORD-2231", "2026-0001", "p-17", "v1.2:3"] {

@@ -19,10 +19,10 @@ use std::collections::HashMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::error::{ToolError, ToolErrorCode};
 use crate::ground::{
     Identifiers, ground_number_values, ground_tool, takes_free_text, takes_identifier,
 };
-use crate::error::{ToolError, ToolErrorCode};
 use crate::parse::ParsedCall;
 use crate::provider::{Decoding, PromptMessage, PromptRole};
 use crate::rank::score_tools;
@@ -775,8 +775,7 @@ pub(crate) fn without_prompt_echoes(answer: &str, prompt: &[PromptMessage]) -> O
     let (said, returned) = (lines_of(false), lines_of(true));
     let echoes = |line: &str| {
         let line = norm(line);
-        line.contains(' ')
-            && (said.iter().any(|s| s.contains(&line)) || returned.contains(&line))
+        line.contains(' ') && (said.iter().any(|s| s.contains(&line)) || returned.contains(&line))
     };
     let lines: Vec<&str> = answer.lines().collect();
     if !lines.iter().any(|l| echoes(l)) {
@@ -801,7 +800,9 @@ fn why_held(rule: Rule, tool: &str) -> String {
             format!("{tool} needs an id that no tool has shown yet: find it first")
         }
         Rule::OfferAppeared => format!("new tools just appeared for the next step, not {tool}"),
-        Rule::OfferIdTakers => format!("the ids just found are for a tool that takes an id, not {tool}"),
+        Rule::OfferIdTakers => {
+            format!("the ids just found are for a tool that takes an id, not {tool}")
+        }
         _ => format!("{tool} is not the next step"),
     }
 }
@@ -1294,18 +1295,28 @@ mod tests {
         );
         // No id shown yet: the id takers are held, with the reason.
         let (fired, error) = o
-            .outside(&[call("return_book", json!({"book_id": "b-1"}))], &o.callable, &validators)
+            .outside(
+                &[call("return_book", json!({"book_id": "b-1"}))],
+                &o.callable,
+                &validators,
+            )
             .expect("an invented id before any search");
         assert_eq!(fired.rule, Rule::CallsWithinOffer);
         assert_eq!(error.code, ToolErrorCode::Unavailable);
         assert!(error.message.contains("find it first"), "{}", error.message);
         assert!(error.message.contains("search_books"), "{}", error.message);
         assert!(
-            o.outside(&[call("search_books", json!({"query": "stars"}))], &o.callable, &validators)
-                .is_none()
+            o.outside(
+                &[call("search_books", json!({"query": "stars"}))],
+                &o.callable,
+                &validators
+            )
+            .is_none()
         );
         // After the search found b-7, only b-7 may be returned.
-        let new = state.identifiers.add_result(r#"[{"id": "b-7", "title": "Stars Over the Desert"}]"#);
+        let new = state
+            .identifiers
+            .add_result(r#"[{"id": "b-7", "title": "Stars Over the Desert"}]"#);
         state.called("search_books", &json!({"query": "stars"}), "[]", new);
         state.step_done();
         state.observe_tools(&tools);
@@ -1315,12 +1326,20 @@ mod tests {
             facts(request, true, false, true),
         );
         let (_, error) = o
-            .outside(&[call("return_book", json!({"book_id": "b-4"}))], &o.callable, &validators)
+            .outside(
+                &[call("return_book", json!({"book_id": "b-4"}))],
+                &o.callable,
+                &validators,
+            )
             .expect("an id no tool returned");
         assert_eq!(error.code, ToolErrorCode::InvalidArguments);
         assert!(
-            o.outside(&[call("return_book", json!({"book_id": "b-7"}))], &o.callable, &validators)
-                .is_none()
+            o.outside(
+                &[call("return_book", json!({"book_id": "b-7"}))],
+                &o.callable,
+                &validators
+            )
+            .is_none()
         );
         // A tool the step did not rank is left to the reference's checks,
         // and with nothing offered there is nothing else to ask for.
@@ -1329,8 +1348,12 @@ mod tests {
                 .is_none()
         );
         assert!(
-            o.outside(&[call("return_book", json!({"book_id": "b-4"}))], &[], &validators)
-                .is_none()
+            o.outside(
+                &[call("return_book", json!({"book_id": "b-4"}))],
+                &[],
+                &validators
+            )
+            .is_none()
         );
     }
 
@@ -1341,9 +1364,17 @@ mod tests {
         let (o, _) = offer(&Policy::small_model(), &state, "What is in notes.txt?");
         let written = call("write_file", json!({"path": "notes.txt", "content": ""}));
         let (_, error) = o
-            .outside(std::slice::from_ref(&written), &o.callable, &ValidatorCache::default())
+            .outside(
+                std::slice::from_ref(&written),
+                &o.callable,
+                &ValidatorCache::default(),
+            )
             .expect("a write for a question");
-        assert!(error.message.contains("asks for information"), "{}", error.message);
+        assert!(
+            error.message.contains("asks for information"),
+            "{}",
+            error.message
+        );
         // The reference holds nothing back.
         let (o, _) = offer(&Policy::reference(), &state, "What is in notes.txt?");
         assert!(o.held.is_empty());
@@ -1400,7 +1431,10 @@ mod tests {
         // result, a result it repeats whole (another rule's business), and
         // short answers are left alone.
         assert_eq!(echo("The library has The Salt Road by Mira Castell."), None);
-        assert_eq!(echo("The Salt Road by Mira Castell\nis on the shelf."), None);
+        assert_eq!(
+            echo("The Salt Road by Mira Castell\nis on the shelf."),
+            None
+        );
         assert_eq!(echo("Do it."), None);
     }
 

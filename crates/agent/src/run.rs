@@ -597,8 +597,7 @@ impl<P: Provider + 'static> Run<P> {
                     // since a call where none fits is always wrong: the
                     // request names the tool, and the model itself gave a
                     // call some weight.
-                    let retry = if !(first_step && !offered.is_empty() && self.constrains(&shown))
-                    {
+                    let retry = if !(first_step && !offered.is_empty() && self.constrains(&shown)) {
                         None
                     } else if let Some(min) = self.policy.named_tool_retry
                         && generation.call_probability.is_some_and(|p| p >= min)
