@@ -358,7 +358,15 @@ async fn an_id_the_person_wrote_is_the_second_sign_for_a_tool_that_takes_one() {
     );
     assert_eq!(texts(&parts), ["Added three."]);
     // "cart" alone names `view_cart` and `add_to_cart`, but `view_cart`
-    // takes no id, and without one neither is named twice.
+    // takes no id, and without one neither is named twice. ("Put" asks
+    // for a change, which is another rule's sign: it is off here.)
+    let named_only = LocalLoopOptions {
+        policy: Some(Policy {
+            change_request_retry: false,
+            ..Policy::small_model()
+        }),
+        ..inline()
+    };
     for request in [
         "Put my p-17 notes aside, what is the view?",
         "Put it in my cart.",
@@ -366,7 +374,12 @@ async fn an_id_the_person_wrote_is_the_second_sign_for_a_tool_that_takes_one() {
         let provider = ScriptedProvider::new(["Some prose."])
             .with_constraints(true)
             .with_call_probability(0.5);
-        let parts = run_all(provider.clone(), ask(request, annotated_shop()), inline()).await;
+        let parts = run_all(
+            provider.clone(),
+            ask(request, annotated_shop()),
+            named_only.clone(),
+        )
+        .await;
         assert_eq!(provider.requests().len(), 1, "no retry for {request:?}");
         assert_eq!(texts(&parts), ["Some prose."]);
     }
