@@ -659,7 +659,7 @@ async fn a_repeated_call_is_flagged_once_then_the_run_stops() {
     assert_eq!(
         texts(&parts).last().unwrap(),
         &format!(
-            "items: 1 result: Summit 30L Backpack (p-17).\n\n{}",
+            "items: 1 result: Summit 30L Backpack (p-17), quantity: 1.\n\n{}",
             messages::CIRCLES
         )
     );

@@ -432,7 +432,7 @@ fn gist_value(value: &Value) -> String {
             let more = if items.len() > 5 { ", …" } else { "" };
             match items.len() {
                 0 => "No results.".to_string(),
-                1 => format!("1 result: {}.", names[0]),
+                1 => format!("1 result: {}{}.", names[0], item_details(&items[0])),
                 n => format!("{n} results: {}{more}.", names.join(", ")),
             }
         }
@@ -485,6 +485,31 @@ fn item_label(item: &Value) -> String {
         }
     }
     truncate_chars(&scalar(item), 60)
+}
+
+/// The short fields of a lone listed item beyond its label (`, due:
+/// 2026-03-14, start: 14:30`): a question about one thing ("when is my book
+/// due?") is answered by them, and a list of one is short enough to show
+/// them. Long texts and nested values are left to the result itself.
+fn item_details(item: &Value) -> String {
+    const MAX_FIELDS: usize = 4;
+    const MAX_VALUE_CHARS: usize = 40;
+    let Value::Object(map) = item else {
+        return String::new();
+    };
+    map.iter()
+        .filter(|(k, v)| {
+            !crate::ground::is_identifier_key(k)
+                && !["title", "name", "label"].contains(&k.as_str())
+                && match v {
+                    Value::String(s) => !s.is_empty() && s.chars().count() <= MAX_VALUE_CHARS,
+                    Value::Number(_) | Value::Bool(_) => true,
+                    _ => false,
+                }
+        })
+        .take(MAX_FIELDS)
+        .map(|(k, v)| format!(", {k}: {}", scalar(v)))
+        .collect()
 }
 
 fn scalar(v: &Value) -> String {
@@ -576,6 +601,12 @@ mod tests {
         assert_eq!(
             gist(r#"[{"id": "p1", "title": "Tent"}, {"id": "p2", "title": "Stove"}]"#),
             "2 results: Tent (p1), Stove (p2)."
+        );
+        assert_eq!(
+            gist(
+                r#"[{"book_id": "b-7", "title": "Stars Over the Desert", "due": "2026-03-14", "blurb": "A long story about the desert and the stars over it", "tags": ["sf"]}]"#
+            ),
+            "1 result: Stars Over the Desert (b-7), due: 2026-03-14."
         );
         assert_eq!(gist(r#"{"items": []}"#), "items: No results.");
         assert_eq!(gist("first line\nsecond"), "first line");
