@@ -592,19 +592,32 @@ impl WebMcpPage {
 
     /// Registers a waiter for an invocation's answer, or finds the answer
     /// if it already came.
-    fn await_answer(&self, invocation: &str) -> oneshot::Receiver<Responded> {
+    ///
+    /// Fails when the page is already gone: the tab can crash or detach
+    /// between the browser's answer to `invokeTool` and this registration,
+    /// and [`Shared::mark_gone`] has then already failed the waiters it
+    /// knew of; a waiter added afterwards would never be answered. Checking
+    /// `gone` under the same lock `mark_gone` takes closes that gap.
+    fn await_answer(&self, invocation: &str) -> Result<oneshot::Receiver<Responded>, ToolError> {
         let (sender, receiver) = oneshot::channel();
         let mut state = self.inner.shared.lock();
         match state.early.iter().position(|(id, _)| id == invocation) {
             Some(index) => {
+                // An answer that came before the crash still stands.
                 let (_, responded) = state.early.remove(index).expect("index is in range");
                 let _ = sender.send(responded);
             }
             None => {
+                if let Some(reason) = &state.gone {
+                    return Err(ToolError::new(
+                        ToolErrorCode::Unavailable,
+                        format!("the page is not available: {reason}"),
+                    ));
+                }
                 state.invocations.insert(invocation.to_string(), sender);
             }
         }
-        receiver
+        Ok(receiver)
     }
 
     /// Asks the page to cancel an invocation; waits briefly for its answer.
@@ -740,9 +753,12 @@ impl ToolHost for WebMcpPage {
                 ));
             }
         };
-        let mut answer = self.await_answer(&invocation);
+        let mut answer = self.await_answer(&invocation)?;
         let timeout = self.inner.options.call_timeout;
         tokio::select! {
+            // Biased so that an answer already there wins over a crash or
+            // a cancellation noticed in the same poll.
+            biased;
             responded = &mut answer => match responded {
                 Ok(responded) => responded_result(name, responded),
                 Err(_) => Err(self.gone_error().unwrap_or_else(|| {
