@@ -36,6 +36,10 @@ pub const TITLE_CHARS: usize = 80;
 /// took its sequence number (PostgreSQL, two hosts on one run).
 const APPEND_RETRIES: usize = 8;
 
+/// A connection idle this long is tested before it is used again (one
+/// used more recently was tested when it went back to the pool).
+const IDLE_TEST_AFTER: Duration = Duration::from_secs(1);
+
 /// How long opening waits for another host's switch of a new SQLite file
 /// to WAL.
 const WAL_SWITCH_WAIT: Duration = Duration::from_secs(5);
@@ -224,6 +228,22 @@ impl Store {
         let pool = AnyPoolOptions::new()
             .max_connections(options.max_connections.max(1))
             .acquire_timeout(options.acquire_timeout)
+            // sqlx pings a connection both when it goes back to the pool
+            // and when it is taken again: a round trip (PostgreSQL) or a
+            // hop to the connection's thread (SQLite) before every
+            // statement, as long as the statement itself. The ping on
+            // release stays; the one on taking is kept only for a
+            // connection that sat idle long enough for its server to have
+            // gone away since that ping.
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= IDLE_TEST_AFTER {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     if backend == Backend::Sqlite {
