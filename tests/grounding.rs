@@ -768,6 +768,29 @@ async fn a_prose_reply_to_a_request_for_a_change_gets_the_calls_only_retry() {
         Some(Constraint::CallsOnly { .. })
     ));
     assert_eq!(texts(&parts), ["Added the Trail Tent."]);
+    // After a lookup too, while the change is still owed and a tool that
+    // makes it is offered; once it is made, the answer stands.
+    let provider = ScriptedProvider::new([
+        call("search_products", json!({"query": "tent"})),
+        "The Trail Tent is in your basket now.".to_string(),
+        call("add_to_cart", json!({"product_id": "p-4"})),
+        "Added the Trail Tent.".to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(provider.clone(), ask(request, annotated_shop()), inline()).await;
+    assert_eq!(
+        calls_made(&parts),
+        [
+            r#"search_products {"query":"tent"}"#,
+            r#"add_to_cart {"product_id":"p-4"}"#
+        ]
+    );
+    assert!(matches!(
+        provider.requests()[2].constraint,
+        Some(Constraint::CallsOnly { .. })
+    ));
+    assert_eq!(provider.requests().len(), 4);
+    assert_eq!(texts(&parts), ["Added the Trail Tent."]);
     // A tool set that marks nothing read-only says nothing of what its
     // tools change (BFCL's): the prose stands, as does a question's.
     for (request, host) in [(request, shop()), ("Do you have tents?", annotated_shop())] {

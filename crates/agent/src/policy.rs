@@ -193,13 +193,15 @@ pub struct Policy {
     /// 0.5B model answered "Do the next step for it, or answer me if it is
     /// done." after its search had found the books asked for. Default: on.
     pub no_prompt_echo_answers: bool,
-    /// The calls-only retry of a prose reply on the first step, also when
-    /// the request asks for a change (a common verb of change, or the verb
-    /// a shown tool that changes things starts its name with) and a shown
-    /// tool is annotated as changing things: words cannot add, move or
-    /// delete anything, so a prose reply to such a request only claims what
-    /// it did not do. Tool sets that annotate nothing (BFCL's) are never
-    /// retried by it. Default: on.
+    /// The calls-only retry of a prose reply when the request asks for a
+    /// change (a common verb of change, or the verb a shown tool that
+    /// changes things starts its name with), a shown tool is annotated as
+    /// changing things, and none has succeeded in the run yet: words cannot
+    /// add, move or delete anything, so a prose reply to such a request only
+    /// claims what it did not do. After the first step it needs a tool that
+    /// changes things among those offered (a lookup again makes no
+    /// headway). Tool sets that annotate nothing (BFCL's) are never retried
+    /// by it. Default: on.
     pub change_request_retry: bool,
 }
 
@@ -830,6 +832,23 @@ impl PolicyState {
         !self.read_only.is_empty()
             && shown.iter().any(|t| !self.is_read_only(&t.name))
             && (asks_for_change(request) || names_a_change(request, shown, &self.read_only))
+    }
+
+    /// Whether a prose reply still owes the change the request asks for
+    /// (see [`Policy::change_request_retry`]): no tool that changes things
+    /// has succeeded in this run, and a call can make headway: on the first
+    /// step any offered call (a lookup first is fine), later only one of a
+    /// tool that changes things.
+    pub(crate) fn change_still_owed(
+        &self,
+        request: &str,
+        shown: &[ToolDefinition],
+        offered: &[ToolDefinition],
+        first_step: bool,
+    ) -> bool {
+        self.last_action.is_none()
+            && self.asks_a_change_of(request, shown)
+            && (first_step || offered.iter().any(|t| !self.is_read_only(&t.name)))
     }
 
     /// Whether the tool was annotated read-only this step.

@@ -597,9 +597,10 @@ impl<P: Provider + 'static> Run<P> {
                     // since a call where none fits is always wrong: the
                     // request names the tool, and the model itself gave a
                     // call some weight.
-                    let retry = if !(first_step && !offered.is_empty() && self.constrains(&shown)) {
+                    let retry = if offered.is_empty() || !self.constrains(&shown) {
                         None
                     } else if let Some(min) = self.policy.named_tool_retry
+                        && first_step
                         && generation.call_probability.is_some_and(|p| p >= min)
                         && names_a_tool(&self.request_text, &shown)
                     {
@@ -609,7 +610,12 @@ impl<P: Provider + 'static> Run<P> {
                                 .to_string(),
                         })
                     } else if self.policy.change_request_retry
-                        && self.rules.asks_a_change_of(&self.request_text, &shown)
+                        && self.rules.change_still_owed(
+                            &self.request_text,
+                            &shown,
+                            &offered,
+                            first_step,
+                        )
                     {
                         Some(Fired {
                             rule: Rule::ChangeRequestRetry,
