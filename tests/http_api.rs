@@ -2,7 +2,8 @@
 //! run and read its parts as server-sent events, stop a run, swap a model,
 //! list agents, health, and the errors; and the guards that let only the
 //! operator in: the token, the Host and Origin checks, JSON bodies, the
-//! header timeout, the caps, unguessable run ids, and accept errors.
+//! header timeout, the caps (a flood of idle connections cannot keep a new
+//! client out), unguessable run ids, and accept errors.
 
 use std::time::Duration;
 
@@ -799,47 +800,212 @@ async fn health_says_unavailable_once_the_actors_are_gone() {
     task.await.unwrap().unwrap();
 }
 
+/// Opens `count` connections that hold a slot without a request in
+/// progress, as a flood does: silent ones, ones that sent part of a head
+/// and stop there (slowloris), and kept-alive ones that were answered once
+/// and send nothing more. Gives a receiver that gets one message per
+/// flooding connection the server closes.
+async fn flood(
+    addr: std::net::SocketAddr,
+    count: usize,
+) -> tokio::sync::mpsc::UnboundedReceiver<()> {
+    let (closed, closes) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..count {
+        let mut stream = TcpStream::connect(addr).await.unwrap();
+        match i % 3 {
+            0 => {}
+            1 => stream
+                .write_all(b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\nX-Slow: ")
+                .await
+                .unwrap(),
+            _ => stream
+                .write_all(b"GET /v1/health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+                .await
+                .unwrap(),
+        }
+        let closed = closed.clone();
+        tokio::spawn(async move {
+            // Whatever it was answered, read until the server closes it.
+            let mut buffer = [0u8; 1024];
+            while let Ok(n) = stream.read(&mut buffer).await {
+                if n == 0 {
+                    break;
+                }
+            }
+            let _ = closed.send(());
+            // Kept open on this side until the test ends.
+            std::future::pending::<()>().await;
+        });
+    }
+    closes
+}
+
+/// Waits (up to [`HANG`]) until `closes` has counted `count` closed
+/// connections in all.
+async fn closed_connections(
+    closes: &mut tokio::sync::mpsc::UnboundedReceiver<()>,
+    seen: &mut usize,
+    count: usize,
+) {
+    tokio::time::timeout(HANG, async {
+        while *seen < count {
+            closes.recv().await.expect("the flood's watchers run");
+            *seen += 1;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("{seen} of {count} flooding connections were closed"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connections_beyond_the_cap_are_closed() {
+async fn a_flood_of_idle_connections_cannot_keep_a_new_client_out() {
+    const CAP: usize = 8;
+    let server = Server::start_with(ServerOptions {
+        max_connections: CAP,
+        // No timeout cuts the flood short: only the cap's rule can help.
+        header_timeout: Duration::from_secs(3600),
+        idle_timeout: Duration::from_secs(3600),
+        ..options()
+    })
+    .await;
+    // Three times the cap, from this machine, as the new client is.
+    let flooding = 3 * CAP;
+    let mut closes = flood(server.addr, flooding).await;
+    let mut seen = 0;
+    // Every connection beyond the cap took the place of an older flooding
+    // one: the server accepted them all and is full of the flood.
+    closed_connections(&mut closes, &mut seen, flooding - CAP).await;
+
+    // A new client (no pooled connection) is answered all the same.
+    for _ in 0..3 {
+        let response = Client::new()
+            .get(format!("{}/health", server.base))
+            .timeout(HANG)
+            .send()
+            .await
+            .expect("a new client is answered under the flood");
+        assert_eq!(
+            json_of(response).await,
+            (StatusCode::OK, json!({"status": "ok"}))
+        );
+    }
+    // The first new client found the server full and closed one more
+    // flooding connection (the one idle longest) to get in; the later ones
+    // may have found the slot the one before freed when it left.
+    closed_connections(&mut closes, &mut seen, flooding - CAP + 1).await;
+    // And a client with a token gets the full answer too.
+    assert_eq!(server.get("/health").await.0, StatusCode::OK);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_connection_gets_503_when_every_slot_has_a_request_in_progress() {
     let server = Server::start_with(ServerOptions {
         max_connections: 1,
         connection_wait: Duration::from_millis(100),
         ..options()
     })
     .await;
-    let url = format!("{}/agents", server.base);
-    // One connection holds the only slot: it proves it was accepted by
-    // getting an answer, and stays open (kept alive).
-    let mut held = TcpStream::connect(server.addr).await.unwrap();
-    let request = format!(
-        "GET /v1/health HTTP/1.1\r\nHost: 127.0.0.1:{}\r\n\r\n",
-        server.addr.port()
-    );
-    held.write_all(request.as_bytes()).await.unwrap();
-    let mut buffer = [0u8; 1024];
-    let n = tokio::time::timeout(HANG, held.read(&mut buffer))
+    // The only slot streams a run's events: a request in progress, which
+    // no new connection may take the place of.
+    let (_, events) = server.start_run("sleeper", "Take your time").await;
+    let refused = Client::new()
+        .get(format!("{}/health", server.base))
+        .timeout(HANG)
+        .send()
         .await
-        .expect("the first connection is served")
-        .unwrap();
-    assert!(buffer[..n].starts_with(b"HTTP/1.1 200"));
+        .expect("a refused connection is answered, not dropped");
+    assert_eq!(refused.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    let (_, body) = json_of(refused).await;
+    assert!(
+        body["error"].as_str().unwrap().contains("connections"),
+        "{body}"
+    );
+    assert_eq!(
+        server
+            .hosted
+            .runtime
+            .agent("sleeper")
+            .unwrap()
+            .active_runs(),
+        1,
+        "the run in progress goes on"
+    );
 
-    let refused = server.client.get(&url).timeout(HANG).send().await;
-    assert!(refused.is_err(), "{refused:?}");
-
-    // Once it closes, its slot serves the next client.
-    drop(held);
+    // Once its stream closes, the slot serves the next client.
+    drop(events);
     let served = tokio::time::timeout(HANG, async {
         loop {
-            if let Ok(response) = server.client.get(&url).send().await {
-                return response.status();
+            let response = Client::new()
+                .get(format!("{}/health", server.base))
+                .send()
+                .await;
+            match response.map(|r| r.status()) {
+                Ok(StatusCode::OK) => return,
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
-    .await
-    .expect("a freed slot is used again");
-    assert_eq!(served, StatusCode::OK);
+    .await;
+    assert!(served.is_ok(), "a freed slot is used again");
     server.stop().await;
+}
+
+/// One client whose connections all have requests in progress cannot take
+/// every slot: past its own cap it is refused, and another client address
+/// is still served. (Linux routes all of 127.0.0.0/8 to loopback, so a
+/// client bound to 127.0.0.2 is another address on the same machine.)
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_cannot_take_every_slot() {
+    let server = Server::start_with(ServerOptions {
+        max_connections: 4,
+        max_connections_per_client: 2,
+        connection_wait: Duration::from_millis(100),
+        ..options()
+    })
+    .await;
+    let mut headers = HeaderMap::new();
+    headers.insert(
+        AUTHORIZATION,
+        HeaderValue::from_str(&format!("Bearer {TOKEN}")).unwrap(),
+    );
+    let greedy = Client::builder()
+        .default_headers(headers)
+        .local_address(std::net::IpAddr::from([127, 0, 0, 2]))
+        .build()
+        .unwrap();
+    let greedy_server = Server {
+        client: greedy.clone(),
+        ..server
+    };
+    // Two streams: two connections of 127.0.0.2, each with a request in
+    // progress.
+    let held = [
+        greedy_server.start_run("sleeper", "One").await,
+        greedy_server.start_run("sleeper", "Two").await,
+    ];
+    let third = greedy
+        .get(format!("{}/health", greedy_server.base))
+        .timeout(HANG)
+        .send()
+        .await
+        .expect("the third connection is answered");
+    assert_eq!(third.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+    // The other half of the slots is there for everyone else.
+    for _ in 0..2 {
+        let response = Client::new()
+            .get(format!("{}/health", greedy_server.base))
+            .timeout(HANG)
+            .send()
+            .await
+            .expect("another client is served");
+        assert_eq!(response.status(), StatusCode::OK);
+    }
+    drop(held);
+    greedy_server.stop().await;
 }
 
 /// A folder of its own under the system's temporary folder.
@@ -928,31 +1094,22 @@ async fn the_server_survives_running_out_of_file_descriptors() {
     let dir = scratch("emfile");
     let config = dir.join("serve.toml");
     std::fs::write(&config, CONFIG).unwrap();
-    let mut child = tokio::process::Command::new("sh")
+    let mut command = tokio::process::Command::new("sh");
+    command
         .arg("-c")
         .arg(r#"ulimit -n 64 && exec "$0" serve --config "$1" --listen 127.0.0.1:0"#)
         .arg(env!("CARGO_BIN_EXE_wma"))
         .arg(&config)
         .env("WMA_CACHE_DIR", &dir)
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = tokio::time::timeout(HANG, async {
-        while let Some(line) = stdout.next_line().await.unwrap() {
-            if let Some(addr) = line.strip_prefix("http listening on http://") {
-                return addr.to_string();
-            }
-        }
-        panic!("`wma serve` ended before it listened");
-    })
-    .await
-    .expect("`wma serve` starts");
+        .env("RUST_LOG", "warn");
+    let crate::support::Serving {
+        mut child,
+        addr,
+        stdout: _stdout,
+        stderr,
+    } = crate::support::serve_listening(command, HANG).await;
     let token = std::fs::read_to_string(dir.join(serve::TOKEN_FILE_NAME)).unwrap();
-    let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut stderr = tokio::io::BufReader::new(stderr).lines();
 
     // More connections than 64 descriptors hold; the kernel queues the
     // ones the server cannot accept.

@@ -513,30 +513,21 @@ struct Process {
 }
 
 async fn serve_process(config: &Path, dir: &Path) -> Process {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_wma"))
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_wma"));
+    command
         .args(["serve", "--config"])
         .arg(config)
         .args(["--listen", "127.0.0.1:0"])
         .env("WMA_CACHE_DIR", dir)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let addr = tokio::time::timeout(HANG, async {
-        while let Some(line) = stdout.next_line().await.unwrap() {
-            if let Some(addr) = line.strip_prefix("http listening on http://") {
-                return addr.to_string();
-            }
-        }
-        panic!("`wma serve` ended before it listened");
-    })
-    .await
-    .expect("`wma serve` starts");
+        .env("RUST_LOG", "warn");
+    let crate::support::Serving {
+        child,
+        addr,
+        stderr,
+        ..
+    } = crate::support::serve_listening(command, HANG).await;
     // Everything it said on stderr before it listened.
-    let mut stderr = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut stderr = tokio::io::BufReader::new(stderr).lines();
     let mut said = Vec::new();
     while let Ok(Ok(Some(line))) =
         tokio::time::timeout(Duration::from_millis(300), stderr.next_line()).await

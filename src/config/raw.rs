@@ -191,6 +191,7 @@ pub(crate) struct RawServer {
     pub(crate) idle_timeout_secs: Option<Spanned<u64>>,
     pub(crate) max_body_bytes: Option<Spanned<u64>>,
     pub(crate) max_connections: Option<Spanned<u64>>,
+    pub(crate) max_connections_per_client: Option<Spanned<u64>>,
     pub(crate) connection_wait_ms: Option<Spanned<u64>>,
     pub(crate) max_runs_per_client: Option<Spanned<u64>>,
     pub(crate) shutdown_grace_secs: Option<Spanned<u64>>,

@@ -253,6 +253,11 @@ fn server_options(source: &Source<'_>, raw: &RawServer) -> Result<ServerOptions>
             "max_connections",
             defaults.max_connections,
         )?,
+        max_connections_per_client: count(
+            &raw.max_connections_per_client,
+            "max_connections_per_client",
+            defaults.max_connections_per_client,
+        )?,
         connection_wait: match &raw.connection_wait_ms {
             Some(ms) => Duration::from_millis(*ms.get_ref()),
             None => defaults.connection_wait,

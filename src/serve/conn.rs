@@ -1,12 +1,27 @@
 //! Accepting connections and keeping each one within its limits: the
-//! connection cap, accept errors retried, and the header and idle timeouts.
+//! connection caps (all together and per client address), accept errors
+//! retried, and the header and idle timeouts.
+//!
+//! A full server makes room rather than making newcomers queue. Every
+//! accepted connection is admitted (or refused) in a task of its own, so
+//! the accept loop never waits for a slot and new connections never sit in
+//! the kernel's backlog behind a flood. When the cap is reached, the
+//! connection that has waited longest with no request in progress (silent,
+//! dribbling its head, or kept alive between requests), of the client
+//! holding the most connections, is closed to make room: closing such a
+//! connection loses no request, and a client that floods the server with
+//! silent connections thereby closes its own oldest ones, not the ones
+//! that are working. Only when every slot carries a request in progress
+//! does a newcomer wait (briefly), then get a `503` at once.
 
+use std::cmp::Reverse;
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -14,9 +29,9 @@ use http_body_util::BodyExt;
 use hyper::body::{Body as HttpBody, Bytes, Frame, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{Body, Server};
@@ -35,13 +50,18 @@ const MIN_CHECK_INTERVAL: Duration = Duration::from_millis(10);
 
 /// Accepts connections until `shutdown` is cancelled (then, on a server
 /// with a store, waits for the open ones to finish; see [`closed`]). No
-/// accept error ends it: each is logged and retried after a pause.
+/// accept error ends it: each is logged and retried after a pause. It
+/// never waits for a free slot: each connection is admitted by its own
+/// task ([`connection`]).
 pub(crate) async fn accept_loop(
     listener: TcpListener,
     server: Arc<Server>,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
-    let slots = Arc::new(Semaphore::new(server.options.max_connections.max(1)));
+    let slots = Arc::new(Slots::new(
+        server.options.max_connections,
+        server.options.max_connections_per_client,
+    ));
     let mut backoff = ACCEPT_BACKOFF_MIN;
     loop {
         let accepted = tokio::select! {
@@ -73,34 +93,11 @@ pub(crate) async fn accept_loop(
                 continue;
             }
         };
-        let slot = match slots.clone().try_acquire_owned() {
-            Ok(slot) => slot,
-            Err(_) => {
-                let waited = tokio::select! {
-                    _ = shutdown.cancelled() => break,
-                    waited = tokio::time::timeout(
-                        server.options.connection_wait,
-                        slots.clone().acquire_owned(),
-                    ) => waited,
-                };
-                match waited {
-                    Ok(Ok(slot)) => slot,
-                    _ => {
-                        tracing::warn!(
-                            %peer,
-                            limit = server.options.max_connections,
-                            "too many connections; closing a new one"
-                        );
-                        continue;
-                    }
-                }
-            }
-        };
         tokio::spawn(connection(
             stream,
             peer,
             server.clone(),
-            slot,
+            slots.clone(),
             shutdown.clone(),
         ));
     }
@@ -114,18 +111,232 @@ pub(crate) async fn accept_loop(
 /// connections finish what they stream (a run's events go on until the
 /// host ends the run), for at most its grace period and a little more;
 /// without one they were dropped at once, and their runs with them.
-async fn closed(slots: &Arc<Semaphore>, server: &Server) {
+async fn closed(slots: &Slots, server: &Server) {
     if server.api.store.is_none() {
         return;
     }
-    let all = u32::try_from(server.options.max_connections.max(1)).unwrap_or(u32::MAX);
     let wait = server.options.shutdown_grace + CLOSE_WAIT;
-    let _ = tokio::time::timeout(wait, slots.acquire_many(all)).await;
+    let _ = tokio::time::timeout(wait, slots.all_closed()).await;
 }
 
 /// How long after the grace period the server waits for its connections
 /// to close: the host needs a moment to end the runs it gave up on.
 const CLOSE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// How long a refused connection gets to take its `503` before it is
+/// closed (see [`refuse`]).
+const REFUSAL_LINGER: Duration = Duration::from_secs(1);
+
+/// What a connection the server has no slot for is told.
+const FULL_MESSAGE: &str = "the server is serving as many connections as it takes; try again";
+
+/// The `503` for a connection the server has no slot for. Written as
+/// bytes, without hyper: the connection gets no slot, so it must cost next
+/// to nothing. `Retry-After` tells a well-behaved client when to come back.
+fn full_response() -> Vec<u8> {
+    let body = serde_json::json!({ "error": FULL_MESSAGE }).to_string();
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The connections being served: the cap on all of them and on each
+/// client address, and the choice of which one to close to make room.
+pub(crate) struct Slots {
+    max: usize,
+    per_client: usize,
+    table: Mutex<Table>,
+    /// Notified when a connection closes or one of its requests ends, so
+    /// that a connection waiting for a slot looks again.
+    changed: Arc<Notify>,
+    /// Connections waiting for a slot or taking their `503`: they hold a
+    /// socket without a slot, so they are capped too.
+    unslotted: AtomicUsize,
+}
+
+#[derive(Default)]
+struct Table {
+    next_id: u64,
+    open: HashMap<u64, Open>,
+}
+
+/// One admitted connection.
+struct Open {
+    peer: IpAddr,
+    activity: Arc<Activity>,
+    /// Cancelled to close the connection, to make room for a new one.
+    shed: CancellationToken,
+}
+
+/// A connection's place among the [`Slots`]; dropping it frees the place.
+struct Slot {
+    id: u64,
+    slots: Arc<Slots>,
+    shed: CancellationToken,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // A shed connection's place was already given to another.
+        self.slots.lock().open.remove(&self.id);
+        self.slots.changed.notify_waiters();
+    }
+}
+
+impl Slots {
+    fn new(max: usize, per_client: usize) -> Self {
+        let max = max.max(1);
+        Self {
+            max,
+            per_client: per_client.clamp(1, max),
+            table: Mutex::new(Table::default()),
+            changed: Arc::new(Notify::new()),
+            unslotted: AtomicUsize::new(0),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        // Each update is one insert or remove; a panic cannot leave the
+        // table half-changed.
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A slot for a new connection of `peer`, making room when the caps
+    /// are reached, or `None` when every connection that could make room
+    /// has a request in progress.
+    ///
+    /// At the per-client cap, `peer`'s own connection that has waited
+    /// longest without a request is closed; at the overall cap, that of
+    /// the client with the most connections. A connection's wait counts
+    /// from when it opened, the first byte of the head it is sending, or
+    /// its last response, so the newest connections are kept.
+    fn admit(self: &Arc<Self>, peer: IpAddr, activity: &Arc<Activity>) -> Option<Slot> {
+        let mut table = self.lock();
+        let mut held: HashMap<IpAddr, usize> = HashMap::new();
+        for open in table.open.values() {
+            *held.entry(open.peer).or_default() += 1;
+        }
+        let victim = if held.get(&peer).copied().unwrap_or(0) >= self.per_client {
+            Some(table.idlest(|open| open.peer == peer, &held)?)
+        } else if table.open.len() >= self.max {
+            Some(table.idlest(|_| true, &held)?)
+        } else {
+            None
+        };
+        if let Some(victim) = victim.and_then(|id| table.open.remove(&id)) {
+            tracing::debug!(
+                peer = %victim.peer,
+                "the connection cap is reached; closing the connection that waited longest without a request"
+            );
+            victim.shed.cancel();
+        }
+        let id = table.next_id;
+        table.next_id += 1;
+        let shed = CancellationToken::new();
+        table.open.insert(
+            id,
+            Open {
+                peer,
+                activity: activity.clone(),
+                shed: shed.clone(),
+            },
+        );
+        Some(Slot {
+            id,
+            slots: self.clone(),
+            shed,
+        })
+    }
+
+    /// [`admit`](Self::admit), waiting up to `wait` for a request to end
+    /// or a connection to close when none can make room now.
+    async fn admit_within(
+        self: &Arc<Self>,
+        peer: IpAddr,
+        activity: &Arc<Activity>,
+        wait: Duration,
+        shutdown: &CancellationToken,
+    ) -> Option<Slot> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            // Registered before looking, so a change in between is seen.
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(slot) = self.admit(peer, activity) {
+                return Some(slot);
+            }
+            tokio::select! {
+                _ = changed => {}
+                _ = tokio::time::sleep_until(deadline) => return None,
+                _ = shutdown.cancelled() => return None,
+            }
+        }
+    }
+
+    /// Waits until every admitted connection has closed.
+    async fn all_closed(&self) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.lock().open.is_empty() {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+impl Table {
+    /// Among the connections `eligible` picks that have no request in
+    /// progress: one of the client holding the most connections, the one
+    /// that has waited longest.
+    fn idlest(
+        &self,
+        eligible: impl Fn(&Open) -> bool,
+        held: &HashMap<IpAddr, usize>,
+    ) -> Option<u64> {
+        self.open
+            .iter()
+            .filter(|(_, open)| eligible(open))
+            .filter_map(|(id, open)| {
+                let since = open.activity.waiting_since()?;
+                let held = held.get(&open.peer).copied().unwrap_or(0);
+                // Among equals, the one admitted first.
+                Some((held, Reverse(since), Reverse(*id)))
+            })
+            .max()
+            .map(|(_, _, Reverse(id))| id)
+    }
+}
+
+/// Answers a connection the server has no slot for with a `503`, then
+/// closes it. The request is read and dropped for a moment after the
+/// answer: closing a socket with unread bytes would reset it, and the
+/// client would see the reset rather than the answer.
+async fn refuse(mut stream: TcpStream) {
+    let _ = tokio::time::timeout(REFUSAL_LINGER, async {
+        stream.write_all(&full_response()).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 1024];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<_, io::Error>(())
+    })
+    .await;
+}
+
+/// Counts a connection without a slot for as long as it lives.
+struct Unslotted<'a>(&'a AtomicUsize);
+
+impl Drop for Unslotted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 fn about_one_connection(error: &io::Error) -> bool {
     matches!(
@@ -136,14 +347,60 @@ fn about_one_connection(error: &io::Error) -> bool {
     )
 }
 
-/// Serves one connection, HTTP/1.1 only: one request at a time per
-/// connection, so the connection cap bounds the requests in progress too
-/// (HTTP/2 would multiplex any number of them on one connection).
+/// Admits one connection (see [`Slots::admit`]) and serves it, HTTP/1.1
+/// only: one request at a time per connection, so the connection cap
+/// bounds the requests in progress too (HTTP/2 would multiplex any number
+/// of them on one connection).
 async fn connection(
     stream: TcpStream,
     peer: SocketAddr,
     server: Arc<Server>,
-    _slot: OwnedSemaphorePermit,
+    slots: Arc<Slots>,
+    shutdown: CancellationToken,
+) {
+    let activity = Arc::new(Activity::new(slots.changed.clone()));
+    let slot = match slots.admit(peer.ip(), &activity) {
+        Some(slot) => slot,
+        None => {
+            // Every slot has a request in progress. Waiting and refusing
+            // hold a socket each, so only as many as the cap may do it;
+            // beyond that the connection is dropped at once.
+            let unslotted = slots.unslotted.fetch_add(1, Ordering::Relaxed);
+            let _unslotted = Unslotted(&slots.unslotted);
+            if unslotted >= slots.max {
+                tracing::warn!(%peer, "too many connections; closing a new one");
+                return;
+            }
+            let wait = server.options.connection_wait;
+            match slots
+                .admit_within(peer.ip(), &activity, wait, &shutdown)
+                .await
+            {
+                Some(slot) => slot,
+                None => {
+                    tracing::warn!(
+                        %peer,
+                        limit = server.options.max_connections,
+                        per_client = server.options.max_connections_per_client,
+                        "every connection has a request in progress; answering a new one 503"
+                    );
+                    refuse(stream).await;
+                    return;
+                }
+            }
+        }
+    };
+    serve_admitted(stream, peer, server, activity, slot, shutdown).await;
+}
+
+/// Serves an admitted connection until it ends, times out, is shed to make
+/// room for another, or the server shuts down.
+async fn serve_admitted(
+    stream: TcpStream,
+    peer: SocketAddr,
+    server: Arc<Server>,
+    activity: Arc<Activity>,
+    slot: Slot,
     shutdown: CancellationToken,
 ) {
     // Each event of a run's stream is a small write of its own. With
@@ -153,7 +410,6 @@ async fn connection(
     if let Err(error) = stream.set_nodelay(true) {
         tracing::debug!(%peer, %error, "could not turn off Nagle's algorithm");
     }
-    let activity = Arc::new(Activity::new());
     let server_has_store = server.api.store.is_some();
     let header_timeout = server.options.header_timeout;
     let idle_timeout = server.options.idle_timeout;
@@ -189,6 +445,8 @@ async fn connection(
     check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let graceful = server_has_store;
     let mut closing = false;
+    let shed = slot.shed.clone();
+    let mut shedding = false;
     loop {
         tokio::select! {
             result = connection.as_mut() => {
@@ -215,6 +473,17 @@ async fn connection(
                 connection.as_mut().graceful_shutdown();
                 closing = true;
             }
+            // Another connection took this one's place. It was chosen with
+            // no request in progress; one that began a request since then
+            // finishes it first.
+            _ = shed.cancelled(), if !shedding => {
+                if activity.in_flight.load(Ordering::Relaxed) == 0 {
+                    tracing::debug!(%peer, "closing a connection to make room for a new one");
+                    return;
+                }
+                connection.as_mut().graceful_shutdown();
+                shedding = true;
+            }
         }
     }
 }
@@ -224,10 +493,14 @@ const NEVER: u64 = u64::MAX;
 
 /// What a connection is doing, to time its heads and its idle spells.
 ///
-/// The connection and its watchdog run in one task, so the fields never
-/// race; they are atomics only so that the task is `Send`.
+/// The connection and its watchdog run in one task, which alone writes the
+/// fields; they are atomics so that a new connection's admission can read
+/// them from its own task ([`Slots::admit`]). A stale read there only
+/// means a slightly different choice of connection to close.
 struct Activity {
     opened: Instant,
+    /// Told when a request ends, for connections waiting for a slot.
+    ended: Arc<Notify>,
     /// Requests whose response is not finished.
     in_flight: AtomicUsize,
     /// When the first byte of the next request's head arrived (ms since
@@ -238,9 +511,10 @@ struct Activity {
 }
 
 impl Activity {
-    fn new() -> Self {
+    fn new(ended: Arc<Notify>) -> Self {
         Self {
             opened: Instant::now(),
+            ended,
             in_flight: AtomicUsize::new(0),
             // A new connection exists to send a request: its head is timed
             // from the start, so a client that connects and stays silent is
@@ -268,6 +542,22 @@ impl Activity {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
         self.head_started.store(NEVER, Ordering::Relaxed);
         Busy(self.clone())
+    }
+
+    /// Since when the connection has been waiting for its client (its
+    /// head's first byte, or the end of its last response, or its start),
+    /// or `None` while a request is in progress.
+    fn waiting_since(&self) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            return None;
+        }
+        let head_started = self.head_started.load(Ordering::Relaxed);
+        let since = if head_started != NEVER {
+            head_started
+        } else {
+            self.free_since.load(Ordering::Relaxed)
+        };
+        Some(self.opened + Duration::from_millis(since))
     }
 
     /// Why the connection should be closed now, if it should.
@@ -299,6 +589,8 @@ impl Drop for Busy {
         if activity.in_flight.fetch_sub(1, Ordering::Relaxed) == 1 {
             activity.free_since.store(activity.now(), Ordering::Relaxed);
             activity.head_started.store(NEVER, Ordering::Relaxed);
+            // This connection can now make room for a waiting one.
+            activity.ended.notify_waiters();
         }
     }
 }
@@ -387,7 +679,7 @@ mod tests {
 
     #[test]
     fn a_head_is_timed_from_its_first_byte_and_a_free_connection_by_its_idleness() {
-        let activity = Arc::new(Activity::new());
+        let activity = Arc::new(Activity::new(Arc::new(Notify::new())));
         let (header, idle) = (Duration::ZERO, Duration::from_secs(3600));
         // A new connection's head is timed from the start.
         assert!(activity.expired(header, idle).unwrap().contains("header"));
@@ -405,5 +697,49 @@ mod tests {
         );
         activity.read_bytes();
         assert!(activity.expired(header, idle).unwrap().contains("header"));
+    }
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::from([10, 0, 0, last])
+    }
+
+    fn new_activity(slots: &Slots) -> Arc<Activity> {
+        Arc::new(Activity::new(slots.changed.clone()))
+    }
+
+    #[test]
+    fn a_full_server_closes_the_idlest_connection_of_the_client_holding_most() {
+        let slots = Arc::new(Slots::new(4, 3));
+        let (a, b) = (ip(1), ip(2));
+        // a holds three, b one: the server is full.
+        let a_busy = new_activity(&slots);
+        let first = slots.admit(a, &a_busy).unwrap();
+        let _request = a_busy.begin_request();
+        let a_idle = slots.admit(a, &new_activity(&slots)).unwrap();
+        let a_newer = slots.admit(a, &new_activity(&slots)).unwrap();
+        let b_idle = slots.admit(b, &new_activity(&slots)).unwrap();
+        // A newcomer of b takes the place of a's idle connection that waited
+        // longest; a's busy one, a's newer one and b's own stay.
+        let _b_new = slots.admit(b, &new_activity(&slots)).unwrap();
+        assert!(a_idle.shed.is_cancelled());
+        assert!(!first.shed.is_cancelled() && !a_newer.shed.is_cancelled());
+        assert!(!b_idle.shed.is_cancelled());
+        // At its own cap, a closes its own idle one, even with free slots.
+        drop((b_idle, _b_new));
+        let a_third = slots.admit(a, &new_activity(&slots)).unwrap();
+        let a_fourth = slots.admit(a, &new_activity(&slots)).unwrap();
+        assert!(a_newer.shed.is_cancelled());
+        assert!(!a_third.shed.is_cancelled() && !first.shed.is_cancelled());
+        // Once a's connections all have requests in progress, a is refused,
+        // and b still gets in.
+        let _busy = (busy(&slots, &a_third), busy(&slots, &a_fourth));
+        assert!(slots.admit(a, &new_activity(&slots)).is_none());
+        assert!(slots.admit(b, &new_activity(&slots)).is_some());
+    }
+
+    /// Marks the connection of `slot` as having a request in progress.
+    fn busy(slots: &Slots, slot: &Slot) -> Busy {
+        let table = slots.lock();
+        table.open[&slot.id].activity.begin_request()
     }
 }

@@ -26,12 +26,28 @@ pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Connections served at once, by default. One person's browser tab or
 /// script needs a handful; the cap keeps a flood from taking every file
-/// descriptor of the process.
+/// descriptor of the process. A new connection beyond it takes the place
+/// of the connection that has waited longest without a request in
+/// progress (silent, sending its head, or kept alive between requests), of
+/// the client address holding the most connections; closing that one loses
+/// no request, so a flood of connections that send nothing cannot keep a
+/// new client out.
 pub const DEFAULT_MAX_CONNECTIONS: usize = 64;
 
-/// How long, by default, an accepted connection beyond the cap waits for a
-/// free slot before it is closed: long enough for a burst, short enough
-/// that a flood does not pile up open sockets.
+/// Connections one client (one IP address) may have at once, by default:
+/// half the connection cap, so that when one client's connections all
+/// have requests in progress (slow bodies, long event streams), another
+/// client still finds free slots. A new connection beyond it takes the
+/// place of that client's own connection that has waited longest without
+/// a request. Behind a reverse proxy every connection comes from the
+/// proxy's address; raise it to `max_connections` there.
+pub const DEFAULT_MAX_CONNECTIONS_PER_CLIENT: usize = 32;
+
+/// How long, by default, a new connection waits for a slot when no
+/// connection can make room (each has a request in progress) before it is
+/// answered `503` and closed: long enough for a short request to end,
+/// short enough that a flood does not pile up open sockets. The wait is
+/// the connection's own; the server goes on accepting others meanwhile.
 pub const DEFAULT_CONNECTION_WAIT: Duration = Duration::from_millis(500);
 
 /// Runs one client (one IP address) may have streaming at once, by default.
@@ -106,6 +122,9 @@ pub struct ServerOptions {
     pub max_body_bytes: usize,
     /// See [`DEFAULT_MAX_CONNECTIONS`].
     pub max_connections: usize,
+    /// See [`DEFAULT_MAX_CONNECTIONS_PER_CLIENT`]; more than
+    /// `max_connections` counts as `max_connections`.
+    pub max_connections_per_client: usize,
     /// See [`DEFAULT_CONNECTION_WAIT`].
     pub connection_wait: Duration,
     /// See [`DEFAULT_MAX_RUNS_PER_CLIENT`]; one more is answered with 429.
@@ -125,6 +144,7 @@ impl Default for ServerOptions {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_client: DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
             connection_wait: DEFAULT_CONNECTION_WAIT,
             max_runs_per_client: DEFAULT_MAX_RUNS_PER_CLIENT,
             shutdown_grace: DEFAULT_SHUTDOWN_GRACE,

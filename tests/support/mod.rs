@@ -185,3 +185,50 @@ where
         String::from_utf8_lossy(&out.stderr).to_string(),
     )
 }
+
+/// A `wma serve` process that has printed its "listening" line.
+pub(crate) struct Serving {
+    /// The process (killed when dropped).
+    pub(crate) child: tokio::process::Child,
+    /// `host:port` it listens on.
+    pub(crate) addr: String,
+    /// Its stdout after the listening line.
+    pub(crate) stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+    /// Its stderr, unread.
+    pub(crate) stderr: tokio::process::ChildStderr,
+}
+
+/// Starts `command` (`wma serve …`, possibly behind a shell that sets
+/// limits first) with its stdout and stderr piped, and waits up to `limit`
+/// for it to say where it listens; panics when it ends or stays silent.
+pub(crate) async fn serve_listening(
+    mut command: tokio::process::Command,
+    limit: std::time::Duration,
+) -> Serving {
+    use std::process::Stdio;
+    use tokio::io::AsyncBufReadExt;
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("`wma serve` starts");
+    let mut stdout = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let addr = tokio::time::timeout(limit, async {
+        while let Some(line) = stdout.next_line().await.unwrap() {
+            if let Some(addr) = line.strip_prefix("http listening on http://") {
+                return addr.to_string();
+            }
+        }
+        panic!("`wma serve` ended before it listened");
+    })
+    .await
+    .expect("`wma serve` listens in time");
+    let stderr = child.stderr.take().unwrap();
+    Serving {
+        child,
+        addr,
+        stdout,
+        stderr,
+    }
+}
