@@ -5,9 +5,12 @@
 //! data folder, WAL, synchronous=NORMAL) and on a real PostgreSQL server
 //! (started here, with PostgreSQL's default settings, fsync on; the
 //! store's connections commit with synchronous_commit off). Each backend
-//! three ways: `Store::append_part` awaited per part; a `RunLog` (queued
-//! per part, group commit) flushed before the run counts as done; and the
-//! same timed to the run's last part (the log's cost on the run's path).
+//! five ways: `Store::append_part` awaited per part; a `RunLog` (queued
+//! per part, group commit) after an awaited `Store::start_run`, flushed
+//! before the run counts as done, and the same timed to the run's last
+//! part (the log's cost on the run's path); and both again with the run
+//! started by `RunLog::start` (its row queued ahead of its parts and
+//! committed with the first of them).
 //!
 //! Two kinds of run: the scripted provider answering at once (so the run is
 //! only the loop's machinery, under a millisecond: the harshest baseline),
@@ -99,6 +102,11 @@ enum Persist {
     /// the run's own path (the flush follows, untimed, so that one run's
     /// writes do not spill into the next).
     RunLogUntilLastPart(Store, String),
+    /// `RunLog::start`: the run's row queued ahead of its parts (no commit
+    /// of its own, none awaited to start), the log flushed at the end.
+    Queued(Store, String),
+    /// The same, timed to the run's last part.
+    QueuedUntilLastPart(Store, String),
 }
 
 /// One run, persisted as `persist` says; returns its time and number of
@@ -138,6 +146,10 @@ async fn one_run(
             let log = RunLog::for_run(store, &run);
             (None, Some(log))
         }
+        Persist::Queued(store, session) | Persist::QueuedUntilLastPart(store, session) => {
+            let (_, log) = RunLog::start(store, session, "shopper", None);
+            (None, Some(log))
+        }
     };
     let start_cost = started.elapsed();
     while let Some(part) = stream.next().await {
@@ -163,7 +175,7 @@ async fn one_run(
     let mut elapsed = start.elapsed();
     if let Some(log) = log {
         log.flush().await.expect("flush");
-        if matches!(persist, Persist::RunLog(..)) {
+        if matches!(persist, Persist::RunLog(..) | Persist::Queued(..)) {
             elapsed = start.elapsed();
         }
     }
@@ -299,7 +311,15 @@ fn main() {
             ),
             (
                 "SQLite, RunLog, to the last part",
-                Persist::RunLogUntilLastPart(sqlite.clone(), sqlite_session),
+                Persist::RunLogUntilLastPart(sqlite.clone(), sqlite_session.clone()),
+            ),
+            (
+                "SQLite, RunLog::start + flush at end",
+                Persist::Queued(sqlite.clone(), sqlite_session.clone()),
+            ),
+            (
+                "SQLite, RunLog::start, to the last part",
+                Persist::QueuedUntilLastPart(sqlite.clone(), sqlite_session),
             ),
             (
                 "PostgreSQL, append_part each part",
@@ -311,7 +331,15 @@ fn main() {
             ),
             (
                 "PostgreSQL, RunLog, to the last part",
-                Persist::RunLogUntilLastPart(pg.clone(), pg_session),
+                Persist::RunLogUntilLastPart(pg.clone(), pg_session.clone()),
+            ),
+            (
+                "PostgreSQL, RunLog::start + flush at end",
+                Persist::Queued(pg.clone(), pg_session.clone()),
+            ),
+            (
+                "PostgreSQL, RunLog::start, to last part",
+                Persist::QueuedUntilLastPart(pg.clone(), pg_session),
             ),
         ];
         let (rows, parts) = measure(&host, None, runs, &variants).await;

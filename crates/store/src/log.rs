@@ -1,7 +1,10 @@
 //! A run's log written off the run's path: [`RunLog::append`] numbers a
 //! part and queues it at once; a writer task commits what queued up in one
-//! transaction (group commit), so a run pays a channel send per part and
-//! the database a commit per burst of parts instead of one per part.
+//! statement where it can (group commit), so a run pays a channel send per
+//! part and the database a commit per burst of parts instead of one per
+//! part. [`RunLog::start`] queues the run's own row the same way: it is
+//! committed with the run's first parts, in their statement or
+//! transaction, instead of in a commit of its own that the run waits for.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -10,23 +13,55 @@ use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use wma_agent::AgentStreamPart;
 
-use crate::store::now_ms;
-use crate::{Run, RunStatus, Store, StoreError};
+use crate::error::is_unique_violation;
+use crate::store::{Backend, now_ms};
+use crate::{Run, RunStatus, Store, StoreError, new_id};
 
 /// How many parts go into one INSERT statement (SQLite allows 32766
-/// parameters a statement; six a part).
+/// parameters a statement; five a part).
 const ROWS_PER_INSERT: usize = 200;
 /// How often a batch is tried before the log gives up (a database that
 /// went away for a moment), and the wait between tries.
 const WRITE_TRIES: usize = 3;
 const RETRY_WAIT: Duration = Duration::from_millis(200);
 
-enum Msg {
+pub(crate) enum Msg {
+    /// The run's row, queued by [`RunLog::start`]: always the first.
+    Start(RunStart),
     Part(Queued),
     Flush(oneshot::Sender<Result<(), StoreError>>),
 }
 
-struct Queued {
+/// A run's row that waits for the writer.
+pub(crate) struct RunStart {
+    session_id: String,
+    agent: String,
+    host: String,
+    at: i64,
+}
+
+/// A run whose row is queued and not yet written, as the store keeps it:
+/// a query about the run first flushes its log, so that a run started by
+/// [`RunLog::start`] reads like one started by [`Store::start_run`].
+pub(crate) struct Starting {
+    pub(crate) session_id: String,
+    pub(crate) tx: mpsc::UnboundedSender<Msg>,
+    /// Tells this log's entry from a later one under the same run id (a
+    /// start that will fail with `RunExists`).
+    pub(crate) token: u64,
+}
+
+/// Waits until the writer behind `tx` has committed what was queued
+/// before; a writer that stopped or failed answers at once (the query that
+/// follows reports what the database holds).
+pub(crate) async fn settle(tx: &mpsc::UnboundedSender<Msg>) {
+    let (done, wait) = oneshot::channel();
+    if tx.send(Msg::Flush(done)).is_ok() {
+        let _ = wait.await;
+    }
+}
+
+pub(crate) struct Queued {
     seq: u64,
     agent: String,
     depth: u32,
@@ -80,12 +115,64 @@ impl RunLog {
     pub fn for_run(store: &Store, run: &Run) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let run_id: Arc<str> = Arc::from(run.id.as_str());
-        tokio::spawn(writer(store.clone(), run_id.clone(), rx));
+        tokio::spawn(writer(store.clone(), run_id.clone(), rx, None));
         Self {
             run_id,
             next: Arc::new(AtomicU64::new(run.last_seq + 1)),
             tx,
         }
+    }
+
+    /// Starts a run of `agent` in the session, `running`, on this host,
+    /// and returns it with its log, without waiting for the database: the
+    /// run's row is queued ahead of its parts and committed with the
+    /// first of them (one statement on PostgreSQL, one transaction on
+    /// SQLite), so a run pays no commit to start. `id` is the host's run
+    /// id; `None` makes one. Starts the writer task, so it is called
+    /// within a Tokio runtime.
+    ///
+    /// What [`Store::start_run`] reports at once is reported by the next
+    /// [`RunLog::flush`] here, as [`StoreError::LogFailed`] (no such
+    /// session, a run with this id exists already), and the log takes
+    /// nothing more. Until the row is committed this store answers every
+    /// query about the run (reading it, its parts, its calls and
+    /// approvals, recording a call or an approval, setting its status)
+    /// after flushing the log first, so those see the run as if it had
+    /// been started by [`Store::start_run`]; other processes see it from
+    /// its first commit. A host that dies before that commit leaves no
+    /// trace of the run: no part of it was durable yet either.
+    pub fn start(store: &Store, session_id: &str, agent: &str, id: Option<&str>) -> (Run, Self) {
+        let now = now_ms();
+        let run = Run {
+            id: id.map_or_else(new_id, str::to_string),
+            session_id: session_id.to_string(),
+            agent: agent.to_string(),
+            host: store.host().to_string(),
+            status: RunStatus::Running,
+            last_seq: 0,
+            error: None,
+            created_at: now,
+            updated_at: now,
+        };
+        let (tx, rx) = mpsc::unbounded_channel();
+        let run_id: Arc<str> = Arc::from(run.id.as_str());
+        // The channel is empty and its receiver alive: this send succeeds.
+        let _ = tx.send(Msg::Start(RunStart {
+            session_id: run.session_id.clone(),
+            agent: run.agent.clone(),
+            host: run.host.clone(),
+            at: now,
+        }));
+        // Filed before the writer runs, which removes the entry once the
+        // row is written.
+        let token = store.starting(&run.id, &run.session_id, tx.clone());
+        tokio::spawn(writer(store.clone(), run_id.clone(), rx, Some(token)));
+        let log = Self {
+            run_id,
+            next: Arc::new(AtomicU64::new(1)),
+            tx,
+        };
+        (run, log)
     }
 
     /// The run's id.
@@ -131,26 +218,51 @@ impl RunLog {
     }
 }
 
+/// What the writer took from its queue for one batch.
+#[derive(Default)]
+struct Gathered {
+    start: Option<RunStart>,
+    parts: Vec<Queued>,
+    flushes: Vec<oneshot::Sender<Result<(), StoreError>>>,
+}
+
+impl Gathered {
+    fn take(&mut self, msg: Msg) {
+        match msg {
+            Msg::Start(row) => self.start = Some(row),
+            Msg::Part(part) => self.parts.push(part),
+            Msg::Flush(done) => self.flushes.push(done),
+        }
+    }
+}
+
 /// The writer: takes everything queued, commits it as one batch, answers
-/// the flushes that were queued with it.
-async fn writer(store: Store, run_id: Arc<str>, mut rx: mpsc::UnboundedReceiver<Msg>) {
+/// the flushes that were queued with it. `starting`: the token of the
+/// store's entry for a run whose row is queued, removed once the row's
+/// batch is written (or failed).
+async fn writer(
+    store: Store,
+    run_id: Arc<str>,
+    mut rx: mpsc::UnboundedReceiver<Msg>,
+    mut starting: Option<u64>,
+) {
     let mut failed: Option<String> = None;
     while let Some(first) = rx.recv().await {
-        let mut batch = Vec::new();
-        let mut flushes = Vec::new();
-        let mut take = |msg| match msg {
-            Msg::Part(part) => batch.push(part),
-            Msg::Flush(done) => flushes.push(done),
-        };
-        take(first);
+        let mut got = Gathered::default();
+        got.take(first);
         while let Ok(msg) = rx.try_recv() {
-            take(msg);
+            got.take(msg);
         }
-        if failed.is_none() && !batch.is_empty() {
+        let Gathered {
+            start,
+            parts: batch,
+            flushes,
+        } = got;
+        if failed.is_none() && (start.is_some() || !batch.is_empty()) {
             let mut tries = 0;
             loop {
                 tries += 1;
-                match write_batch(&store, &run_id, &batch).await {
+                match write_batch(&store, &run_id, start.as_ref(), &batch).await {
                     Ok(()) => break,
                     Err(e) if e.is_unavailable() && tries < WRITE_TRIES => {
                         tokio::time::sleep(RETRY_WAIT).await;
@@ -163,6 +275,11 @@ async fn writer(store: Store, run_id: Arc<str>, mut rx: mpsc::UnboundedReceiver<
                 }
             }
         }
+        if start.is_some()
+            && let Some(token) = starting.take()
+        {
+            store.started(&run_id, token);
+        }
         for done in flushes {
             let _ = done.send(match &failed {
                 None => Ok(()),
@@ -173,15 +290,46 @@ async fn writer(store: Store, run_id: Arc<str>, mut rx: mpsc::UnboundedReceiver<
             });
         }
     }
+    // Every sender is gone; an entry left (a start never taken, which
+    // cannot happen as it is sent first) would keep nothing alive.
+    if let Some(token) = starting {
+        store.started(&run_id, token);
+    }
 }
 
-/// A batch in as few statements as a batch can be: a batch without the
-/// run's terminal part is one multi-row INSERT (one statement commits by
-/// itself: one round trip to the database); with it, one transaction that
-/// gives the run its final status first (which takes SQLite's write lock
-/// at once) and then inserts the parts. Batches over [`ROWS_PER_INSERT`]
-/// parts are one transaction too.
-async fn write_batch(store: &Store, run_id: &str, batch: &[Queued]) -> Result<(), StoreError> {
+/// The run's row: `$1` id, `$2` agent, `$3` host, `$4` created, `$5`
+/// session, `$6` status, `$7` error, `$8` updated; only in a session that
+/// exists, numbered after the session's other runs.
+const INSERT_RUN: &str = "INSERT INTO runs (id, session_id, agent, host, status, error, ordinal,
+                                           created_at, updated_at)
+     SELECT $1, id, $2, $3, $6, $7,
+            COALESCE((SELECT MAX(r.ordinal) FROM runs r WHERE r.session_id = $5), 0) + 1, $4, $8
+     FROM sessions WHERE id = $5";
+
+/// The run's final status, only while it is open: `$1` run, `$2` status,
+/// `$3` error, `$4` updated.
+const END_RUN: &str = "UPDATE runs SET status = $2, error = $3, updated_at = $4
+     WHERE id = $1 AND status IN ('running', 'waiting-for-approval')";
+
+/// A batch in as few statements and round trips as it can be:
+/// - parts only: one multi-row INSERT (one statement commits by itself);
+/// - with the run's row or its terminal part, on PostgreSQL: one
+///   statement too, the row's INSERT (or the run's final status) in a
+///   data-modifying WITH whose row the parts' INSERT takes its run id
+///   from, so the parts are stored only with it;
+/// - the same on SQLite (which has no data-modifying WITH), and batches
+///   over [`ROWS_PER_INSERT`] parts: one transaction, the run's row or
+///   status first (which takes SQLite's write lock at once), then the
+///   parts.
+///
+/// A run that starts and ends in one batch is inserted with its final
+/// status.
+async fn write_batch(
+    store: &Store,
+    run_id: &str,
+    start: Option<&RunStart>,
+    batch: &[Queued],
+) -> Result<(), StoreError> {
     let db = |e| StoreError::from_sqlx(store.location(), e);
     let ending = batch.iter().find_map(|q| match &q.part {
         AgentStreamPart::Finish { .. } if q.depth == 0 => Some((RunStatus::Finished, None)),
@@ -200,44 +348,106 @@ async fn write_batch(store: &Store, run_id: &str, batch: &[Queued]) -> Result<()
         );
     }
     let now = now_ms();
-    if ending.is_none() && batch.len() <= ROWS_PER_INSERT {
-        let sql = insert_sql(batch.len());
-        return bind_parts(sqlx::query(&sql), batch, &bodies, run_id, now)
+    let (status, error) = ending.clone().unwrap_or((RunStatus::Running, None));
+    let ended = End {
+        run_id,
+        status: status.as_str(),
+        error: error.as_deref(),
+        now,
+    };
+    // What a statement that wrote nothing means.
+    let no_session = |start: &RunStart| StoreError::SessionNotFound(start.session_id.clone());
+    let run_exists = |e: sqlx::Error| {
+        if is_unique_violation(&e) {
+            StoreError::RunExists(run_id.to_string())
+        } else {
+            db(e)
+        }
+    };
+    if start.is_none() && ending.is_none() && batch.len() <= ROWS_PER_INSERT {
+        let sql = format!(
+            "INSERT INTO parts (run_id, seq, agent, depth, body, created_at) VALUES {}",
+            part_rows(2, batch.len(), "$1, ")
+        );
+        return bind_parts(sqlx::query(&sql).bind(run_id), batch, &bodies, now)
             .execute(store.pool())
             .await
             .map(|_| ())
             .map_err(db);
     }
+    if let Some(start) = start
+        && batch.is_empty()
+    {
+        let done = ended
+            .bind_start(sqlx::query(INSERT_RUN), start)
+            .execute(store.pool())
+            .await
+            .map_err(run_exists)?;
+        return if done.rows_affected() == 1 {
+            Ok(())
+        } else {
+            Err(no_session(start))
+        };
+    }
+    if store.backend() == Backend::Postgres && batch.len() <= ROWS_PER_INSERT {
+        let (with, first) = match start {
+            Some(_) => (format!("{INSERT_RUN} RETURNING id"), 9),
+            None => (format!("{END_RUN} RETURNING id"), 5),
+        };
+        let sql = format!(
+            "WITH run AS ({with})
+             INSERT INTO parts (run_id, seq, agent, depth, body, created_at)
+             SELECT run.id, v.seq, v.agent, v.depth, v.body, v.created_at
+             FROM run, (VALUES {}) AS v (seq, agent, depth, body, created_at)",
+            part_rows(first, batch.len(), "")
+        );
+        let query = match start {
+            Some(start) => ended.bind_start(sqlx::query(&sql), start),
+            None => ended.bind_end(sqlx::query(&sql)),
+        };
+        let done = bind_parts(query, batch, &bodies, now)
+            .execute(store.pool())
+            .await
+            .map_err(run_exists)?;
+        if done.rows_affected() > 0 {
+            return Ok(());
+        }
+        return Err(match start {
+            Some(start) => no_session(start),
+            None => ended_error(store, run_id).await,
+        });
+    }
     let mut tx = store.pool().begin().await.map_err(db)?;
-    if let Some((status, error)) = &ending {
-        let ended = sqlx::query(
-            "UPDATE runs SET status = $2, error = $3, updated_at = $4
-             WHERE id = $1 AND status IN ('running', 'waiting-for-approval')",
-        )
-        .bind(run_id)
-        .bind(status.as_str())
-        .bind(error.clone())
-        .bind(now)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
-        if ended.rows_affected() == 0 {
+    if let Some(start) = start {
+        let done = ended
+            .bind_start(sqlx::query(INSERT_RUN), start)
+            .execute(&mut *tx)
+            .await
+            .map_err(run_exists)?;
+        if done.rows_affected() == 0 {
             drop(tx);
-            return Err(match store.run(run_id).await? {
-                Some(run) => StoreError::RunEnded {
-                    run_id: run_id.to_string(),
-                    status: run.status.to_string(),
-                },
-                None => StoreError::RunNotFound(run_id.to_string()),
-            });
+            return Err(no_session(start));
+        }
+    } else if ending.is_some() {
+        let done = ended
+            .bind_end(sqlx::query(END_RUN))
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        if done.rows_affected() == 0 {
+            drop(tx);
+            return Err(ended_error(store, run_id).await);
         }
     }
     for (chunk, bodies) in batch
         .chunks(ROWS_PER_INSERT)
         .zip(bodies.chunks(ROWS_PER_INSERT))
     {
-        let sql = insert_sql(chunk.len());
-        bind_parts(sqlx::query(&sql), chunk, bodies, run_id, now)
+        let sql = format!(
+            "INSERT INTO parts (run_id, seq, agent, depth, body, created_at) VALUES {}",
+            part_rows(2, chunk.len(), "$1, ")
+        );
+        bind_parts(sqlx::query(&sql).bind(run_id), chunk, bodies, now)
             .execute(&mut *tx)
             .await
             .map_err(db)?;
@@ -246,22 +456,72 @@ async fn write_batch(store: &Store, run_id: &str, batch: &[Queued]) -> Result<()
     Ok(())
 }
 
-/// An INSERT of `rows` parts: `$1` the run, then five values a part.
-fn insert_sql(rows: usize) -> String {
-    let mut sql =
-        String::from("INSERT INTO parts (run_id, seq, agent, depth, body, created_at) VALUES ");
+/// The run's status after a batch (`running` unless the batch ends it),
+/// bound into [`INSERT_RUN`] and [`END_RUN`].
+struct End<'a> {
+    run_id: &'a str,
+    status: &'static str,
+    error: Option<&'a str>,
+    now: i64,
+}
+
+impl<'a> End<'a> {
+    fn bind_start<'q>(&self, query: AnyQuery<'q>, start: &'q RunStart) -> AnyQuery<'q>
+    where
+        'a: 'q,
+    {
+        query
+            .bind(self.run_id)
+            .bind(start.agent.as_str())
+            .bind(start.host.as_str())
+            .bind(start.at)
+            .bind(start.session_id.as_str())
+            .bind(self.status)
+            .bind(self.error)
+            .bind(self.now)
+    }
+
+    fn bind_end<'q>(&self, query: AnyQuery<'q>) -> AnyQuery<'q>
+    where
+        'a: 'q,
+    {
+        query
+            .bind(self.run_id)
+            .bind(self.status)
+            .bind(self.error)
+            .bind(self.now)
+    }
+}
+
+/// Why a run could not be given its final status: it ended already, or
+/// there is none.
+async fn ended_error(store: &Store, run_id: &str) -> StoreError {
+    match store.read_run(run_id).await {
+        Ok(Some(run)) => StoreError::RunEnded {
+            run_id: run_id.to_string(),
+            status: run.status.to_string(),
+        },
+        Ok(None) => StoreError::RunNotFound(run_id.to_string()),
+        Err(e) => e,
+    }
+}
+
+/// `rows` value lists of five parameters each (a part's seq, agent,
+/// depth, body, time), numbered from `$first`, each after `prefix`.
+fn part_rows(first: usize, rows: usize, prefix: &str) -> String {
+    let mut sql = String::new();
     for i in 0..rows {
-        let p = i * 5;
+        let p = first + i * 5;
         if i > 0 {
             sql.push_str(", ");
         }
         sql.push_str(&format!(
-            "($1, ${}, ${}, ${}, ${}, ${})",
+            "({prefix}${}, ${}, ${}, ${}, ${})",
+            p,
+            p + 1,
             p + 2,
             p + 3,
-            p + 4,
-            p + 5,
-            p + 6
+            p + 4
         ));
     }
     sql
@@ -269,14 +529,13 @@ fn insert_sql(rows: usize) -> String {
 
 type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;
 
+/// Binds each part's five values, after whatever the query has bound.
 fn bind_parts<'q>(
-    query: AnyQuery<'q>,
+    mut query: AnyQuery<'q>,
     chunk: &'q [Queued],
     bodies: &'q [String],
-    run_id: &'q str,
     now: i64,
 ) -> AnyQuery<'q> {
-    let mut query = query.bind(run_id);
     for (q, body) in chunk.iter().zip(bodies) {
         query = query
             .bind(i64::try_from(q.seq).unwrap_or(i64::MAX))
@@ -286,4 +545,18 @@ fn bind_parts<'q>(
             .bind(now);
     }
     query
+}
+
+#[cfg(test)]
+mod tests {
+    use super::part_rows;
+
+    #[test]
+    fn part_rows_number_five_parameters_a_part() {
+        assert_eq!(
+            part_rows(2, 2, "$1, "),
+            "($1, $2, $3, $4, $5, $6), ($1, $7, $8, $9, $10, $11)"
+        );
+        assert_eq!(part_rows(9, 1, ""), "($9, $10, $11, $12, $13)");
+    }
 }

@@ -2,8 +2,10 @@
 //! is one text for both backends (`$1` placeholders, which SQLite takes
 //! too), run through sqlx's Any driver.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Once};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Once};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
@@ -12,6 +14,7 @@ use sqlx::{AnyPool, Executor, Row};
 use wma_agent::{AgentStreamPart, ApprovalAnswer, ApprovalRequest, ChatMessage};
 
 use crate::error::is_unique_violation;
+use crate::log::{Msg, Starting, settle};
 use crate::schema;
 use crate::types::{
     Approval, CallRecord, CallStatus, LoggedPart, Recovery, Run, RunStatus, Session,
@@ -118,6 +121,11 @@ struct Inner {
     location: String,
     host: String,
     recovery: Recovery,
+    /// Runs started by [`RunLog::start`] whose row is not written yet, by
+    /// id: a query about one flushes its log first.
+    starting: Mutex<HashMap<String, Starting>>,
+    /// Numbers the entries of `starting`.
+    start_tokens: AtomicU64,
 }
 
 impl std::fmt::Debug for Store {
@@ -303,6 +311,8 @@ impl Store {
                 location,
                 host: options.host,
                 recovery: Recovery::default(),
+                starting: Mutex::new(HashMap::new()),
+                start_tokens: AtomicU64::new(0),
             }),
         };
         let recovery = store.recover().await?;
@@ -351,6 +361,65 @@ impl Store {
 
     pub(crate) fn pool(&self) -> &AnyPool {
         &self.inner.pool
+    }
+
+    /// Files a run whose row `tx`'s writer is about to write; returns the
+    /// entry's token for [`Store::started`].
+    pub(crate) fn starting(
+        &self,
+        run_id: &str,
+        session_id: &str,
+        tx: tokio::sync::mpsc::UnboundedSender<Msg>,
+    ) -> u64 {
+        let token = self.inner.start_tokens.fetch_add(1, Ordering::Relaxed);
+        self.lock_starting().insert(
+            run_id.to_string(),
+            Starting {
+                session_id: session_id.to_string(),
+                tx,
+                token,
+            },
+        );
+        token
+    }
+
+    /// The run's row is written (or will never be): its entry goes, if it
+    /// is still the one `token` names.
+    pub(crate) fn started(&self, run_id: &str, token: u64) {
+        let mut starting = self.lock_starting();
+        if starting.get(run_id).is_some_and(|s| s.token == token) {
+            starting.remove(run_id);
+        }
+    }
+
+    fn lock_starting(&self) -> std::sync::MutexGuard<'_, HashMap<String, Starting>> {
+        // The map is left whole by every holder (inserts and removes).
+        self.inner
+            .starting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Waits until the run's row is written, when [`RunLog::start`] queued
+    /// it and its writer has not committed it yet.
+    async fn settle_run(&self, run_id: &str) {
+        let tx = self.lock_starting().get(run_id).map(|s| s.tx.clone());
+        if let Some(tx) = tx {
+            settle(&tx).await;
+        }
+    }
+
+    /// The same for every such run of the session.
+    async fn settle_session(&self, session_id: &str) {
+        let txs: Vec<_> = self
+            .lock_starting()
+            .values()
+            .filter(|s| s.session_id == session_id)
+            .map(|s| s.tx.clone())
+            .collect();
+        for tx in txs {
+            settle(&tx).await;
+        }
     }
 
     /// Makes the transaction's commit wait until it is on disk, on
@@ -574,6 +643,8 @@ impl Store {
     /// Deletes the session with its messages, runs, their parts, calls and
     /// approvals; `false` when there was none.
     pub async fn delete_session(&self, id: &str) -> Result<bool, StoreError> {
+        // A run start still queued is written first, so that it goes too.
+        self.settle_session(id).await;
         let db = self.db();
         let mut tx = self.pool().begin().await.map_err(&db)?;
         // Children first, explicitly: the schema's ON DELETE CASCADE would
@@ -669,6 +740,13 @@ impl Store {
 
     /// The run; `None` when there is none.
     pub async fn run(&self, id: &str) -> Result<Option<Run>, StoreError> {
+        self.settle_run(id).await;
+        self.read_run(id).await
+    }
+
+    /// The run as the database has it, without waiting for a queued start
+    /// (what the run's own writer reads).
+    pub(crate) async fn read_run(&self, id: &str) -> Result<Option<Run>, StoreError> {
         let row = sqlx::query(&format!("{RUN_SELECT} WHERE r.id = $1"))
             .bind(id)
             .fetch_optional(self.pool())
@@ -679,6 +757,7 @@ impl Store {
 
     /// The session's runs, oldest first.
     pub async fn runs_of_session(&self, session_id: &str) -> Result<Vec<Run>, StoreError> {
+        self.settle_session(session_id).await;
         let rows = sqlx::query(&format!(
             "{RUN_SELECT} WHERE r.session_id = $1 ORDER BY r.ordinal, r.id"
         ))
@@ -693,6 +772,7 @@ impl Store {
     /// (shutdown past its grace period), `running` when a run that waited
     /// goes on. A run that has ended keeps its status.
     pub async fn set_run_status(&self, run_id: &str, status: RunStatus) -> Result<Run, StoreError> {
+        self.settle_run(run_id).await;
         let done = sqlx::query(
             "UPDATE runs SET status = $2, updated_at = $3
              WHERE id = $1 AND status IN ('running', 'waiting-for-approval')",
@@ -724,6 +804,7 @@ impl Store {
         depth: u32,
         part: &AgentStreamPart,
     ) -> Result<u64, StoreError> {
+        self.settle_run(run_id).await;
         let db = self.db();
         let body = serde_json::to_string(part).map_err(|e| StoreError::Corrupt {
             what: format!("part for run `{run_id}`"),
@@ -816,6 +897,7 @@ impl Store {
         run_id: &str,
         after: u64,
     ) -> Result<Vec<LoggedPart>, StoreError> {
+        self.settle_run(run_id).await;
         let db = self.db();
         let rows = sqlx::query(
             "SELECT seq, agent, depth, body, created_at FROM parts
@@ -893,6 +975,7 @@ impl Store {
         tool: &str,
         arguments: &Value,
     ) -> Result<CallRecord, StoreError> {
+        self.settle_run(run_id).await;
         let record = CallRecord {
             idempotency_key: new_id(),
             run_id: run_id.to_string(),
@@ -1026,6 +1109,7 @@ impl Store {
     /// The run's consequential calls, in the order they were recorded: a
     /// host resuming a run checks these, and sends none that is in doubt.
     pub async fn calls_of_run(&self, run_id: &str) -> Result<Vec<CallRecord>, StoreError> {
+        self.settle_run(run_id).await;
         let rows = sqlx::query(&format!(
             "SELECT {CALL_COLUMNS} FROM calls WHERE run_id = $1 ORDER BY ordinal"
         ))
@@ -1086,6 +1170,7 @@ impl Store {
         run_id: &str,
         request: &ApprovalRequest,
     ) -> Result<Approval, StoreError> {
+        self.settle_run(run_id).await;
         let db = self.db();
         let now = now_ms();
         let id = new_id();
@@ -1213,6 +1298,7 @@ impl Store {
 
     /// The run's approvals, pending and decided, in the order asked.
     pub async fn approvals_of_run(&self, run_id: &str) -> Result<Vec<Approval>, StoreError> {
+        self.settle_run(run_id).await;
         let rows = sqlx::query(&format!(
             "SELECT {APPROVAL_COLUMNS} FROM approvals WHERE run_id = $1 ORDER BY ordinal"
         ))

@@ -12,7 +12,7 @@ use sqlx::Row;
 use wma_agent::{
     AgentStreamPart, ApprovalAnswer, ApprovalRequest, ChatMessage, FinishReason, ToolCall,
 };
-use wma_store::{CallStatus, RunStatus, SCHEMA_VERSION, Store, StoreError, StoreOptions};
+use wma_store::{CallStatus, RunLog, RunStatus, SCHEMA_VERSION, Store, StoreError, StoreOptions};
 use wma_testkit::PostgresServer;
 
 #[derive(Debug, Clone, Copy)]
@@ -100,6 +100,9 @@ on_both!(
     migrations_run_once_and_a_newer_schema_is_refused,
     a_run_log_commits_in_the_background_in_order,
     a_call_its_run_gave_up_on_is_in_doubt_at_once,
+    a_run_started_in_its_log_is_written_with_its_parts,
+    a_run_start_the_store_refuses_fails_the_log,
+    a_log_killed_mid_run_keeps_every_flushed_part,
 );
 
 /// A host whose run stopped while a call was in flight marks the call in
@@ -1075,4 +1078,229 @@ async fn a_run_log_commits_in_the_background_in_order(kind: Kind) {
         store.run_log(logs[0].run_id()).await,
         Err(StoreError::RunEnded { .. })
     ));
+}
+
+fn finish() -> AgentStreamPart {
+    AgentStreamPart::Finish {
+        reason: FinishReason::Stop,
+    }
+}
+
+/// `RunLog::start` queues the run's row with its parts: whatever this
+/// store is asked about the run before the row is committed waits for it,
+/// so the run reads as one `start_run` began; a run that starts and ends
+/// in one batch is stored finished with all its parts.
+async fn a_run_started_in_its_log_is_written_with_its_parts(kind: Kind) {
+    let db = Db::new(kind);
+    let store = db.open().await;
+    let session = store.create_session("shopper", "").await.unwrap();
+    let earlier = store.start_run(&session.id, "shopper", None).await.unwrap();
+
+    let (run, log) = RunLog::start(&store, &session.id, "shopper", Some("run-queued-1"));
+    assert_eq!(run.id, "run-queued-1");
+    assert_eq!((run.status, run.last_seq), (RunStatus::Running, 0));
+    assert_eq!(log.append("shopper", 0, text("one")), 1);
+    // No flush: the store's own queries see the run and its parts.
+    let read = store.run(&run.id).await.unwrap().expect("the queued run");
+    assert_eq!(read.status, RunStatus::Running);
+    assert_eq!(read.session_id, session.id);
+    assert_eq!(read.host, store.host());
+    assert_eq!(read.created_at, run.created_at);
+    assert_eq!(read.last_seq, 1);
+    assert_eq!(
+        store
+            .runs_of_session(&session.id)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.id.as_str())
+            .collect::<Vec<_>>(),
+        vec![earlier.id.as_str(), run.id.as_str()],
+        "numbered after the session's earlier run"
+    );
+
+    // A consequential call right after the start is recorded against it.
+    let (calling, calling_log) = RunLog::start(&store, &session.id, "shopper", None);
+    let call = store
+        .begin_call(
+            &calling.id,
+            "shopper",
+            "call_1_1",
+            "place_order",
+            &json!({}),
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.calls_of_run(&calling.id).await.unwrap(), vec![call]);
+    assert_eq!(calling_log.append("shopper", 0, text("ordered")), 1);
+    calling_log.flush().await.unwrap();
+
+    for n in 2..=40u64 {
+        assert_eq!(log.append("catalog_agent", 1, text(&n.to_string())), n);
+    }
+    assert_eq!(log.append("shopper", 0, finish()), 41);
+    log.flush().await.unwrap();
+    let parts = store.parts_after(&run.id, 0).await.unwrap();
+    assert_eq!(
+        parts.iter().map(|p| p.seq).collect::<Vec<_>>(),
+        (1..=41).collect::<Vec<_>>()
+    );
+    assert_eq!(parts[0].part, text("one"));
+    assert_eq!(
+        (parts[1].agent.as_str(), parts[1].depth),
+        ("catalog_agent", 1)
+    );
+    assert_eq!(parts[40].part, finish());
+    let ended = store.run(&run.id).await.unwrap().unwrap();
+    assert_eq!((ended.status, ended.last_seq), (RunStatus::Finished, 41));
+
+    // Started and ended before its writer ran: one batch, stored finished.
+    let (quick, quick_log) = RunLog::start(&store, &session.id, "shopper", None);
+    quick_log.append("shopper", 0, text("done at once"));
+    quick_log.append(
+        "shopper",
+        0,
+        AgentStreamPart::Error {
+            message: "the model went away".to_string(),
+        },
+    );
+    quick_log.flush().await.unwrap();
+    let quick = store.run(&quick.id).await.unwrap().unwrap();
+    assert_eq!(quick.status, RunStatus::Failed);
+    assert_eq!(quick.error.as_deref(), Some("the model went away"));
+    assert_eq!(store.parts_after(&quick.id, 0).await.unwrap().len(), 2);
+
+    // Another process sees the run as committed.
+    let other = db.open().await;
+    assert_eq!(
+        other.run(&run.id).await.unwrap().unwrap().status,
+        RunStatus::Finished
+    );
+    other.close().await;
+    store.close().await;
+}
+
+/// What `start_run` refuses at once, a queued start reports at the log's
+/// flush; nothing of the run is stored, and the log takes no more. A
+/// terminal part for a run that ended meanwhile is refused the same way.
+async fn a_run_start_the_store_refuses_fails_the_log(kind: Kind) {
+    let db = Db::new(kind);
+    let store = db.open().await;
+    let (run, log) = RunLog::start(&store, "no-such-session", "shopper", None);
+    log.append("shopper", 0, text("lost"));
+    let error = log.flush().await.unwrap_err();
+    assert!(matches!(error, StoreError::LogFailed { .. }), "{error}");
+    assert!(
+        error.to_string().contains("no session `no-such-session`"),
+        "{error}"
+    );
+    assert!(store.run(&run.id).await.unwrap().is_none());
+    log.append("shopper", 0, text("after"));
+    assert!(log.flush().await.is_err(), "the log takes no more");
+
+    let session = store.create_session("shopper", "").await.unwrap();
+    let taken = store.start_run(&session.id, "shopper", None).await.unwrap();
+    let (_, twin) = RunLog::start(&store, &session.id, "shopper", Some(&taken.id));
+    twin.append("shopper", 0, text("twin"));
+    let error = twin.flush().await.unwrap_err();
+    assert!(error.to_string().contains("exists already"), "{error}");
+    assert!(store.parts_after(&taken.id, 0).await.unwrap().is_empty());
+
+    let (stopped, stopped_log) = RunLog::start(&store, &session.id, "shopper", None);
+    stopped_log.append("shopper", 0, text("working"));
+    stopped_log.flush().await.unwrap();
+    store
+        .set_run_status(&stopped.id, RunStatus::Interrupted)
+        .await
+        .unwrap();
+    stopped_log.append("shopper", 0, finish());
+    let error = stopped_log.flush().await.unwrap_err();
+    assert!(
+        error.to_string().contains("already ended (interrupted)"),
+        "{error}"
+    );
+    let kept = store.run(&stopped.id).await.unwrap().unwrap();
+    assert_eq!((kept.status, kept.last_seq), (RunStatus::Interrupted, 1));
+    store.close().await;
+}
+
+/// Set in the child process of [`a_log_killed_mid_run_keeps_every_flushed_part`].
+const LOG_CHILD_URL: &str = "WMA_STORE_TEST_LOG_CHILD_URL";
+
+/// In the child process: starts a run with `RunLog::start` and appends to
+/// it until killed, printing the last sequence number after each flush
+/// that returned `Ok` (what a host may report as durable).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn child_log_writer() {
+    let Some(url) = std::env::var_os(LOG_CHILD_URL) else {
+        return; // only the child does anything
+    };
+    let options = StoreOptions::in_data_dir(".").with_database_url(url.to_string_lossy());
+    let store = Store::open(options).await.unwrap();
+    let session = store.create_session("shopper", "").await.unwrap();
+    let (run, log) = RunLog::start(&store, &session.id, "shopper", None);
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "READY {}", run.id).unwrap();
+    out.flush().unwrap();
+    let long = "x".repeat(4096);
+    for n in 1u64.. {
+        let seq = log.append("shopper", 0, text(&format!("{n} {long}")));
+        if n % 3 == 0 {
+            log.flush().await.unwrap();
+            writeln!(out, "DURABLE {seq}").unwrap();
+            out.flush().unwrap();
+        }
+    }
+}
+
+async fn a_log_killed_mid_run_keeps_every_flushed_part(kind: Kind) {
+    let db = Db::new(kind);
+    db.open().await.close().await;
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .args([
+            "child_log_writer",
+            "--exact",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env(LOG_CHILD_URL, db.url())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut run = None;
+    let mut durable = 0u64;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some((_, rest)) = line.split_once("READY ") {
+            run = Some(rest.trim().to_string());
+        } else if let Some(seq) = line.strip_prefix("DURABLE ") {
+            durable = seq.parse().unwrap();
+            if durable >= 60 {
+                break;
+            }
+        }
+    }
+    let run = run.expect("the child never got ready");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    drop(lines);
+
+    let store = db.open().await;
+    assert_eq!(store.recovery().interrupted_runs, vec![run.clone()]);
+    let parts = store.parts_after(&run, 0).await.unwrap();
+    assert!(
+        parts.len() as u64 >= durable,
+        "the child was told {durable} parts were durable, the log has {}",
+        parts.len()
+    );
+    for (i, part) in parts.iter().enumerate() {
+        assert_eq!(part.seq, i as u64 + 1, "no gap and no torn part");
+        let AgentStreamPart::Text { text } = &part.part else {
+            panic!("part {} is not the text written: {:?}", part.seq, part.part);
+        };
+        assert!(text.starts_with(&format!("{} ", part.seq)) && text.len() > 4096);
+    }
+    store.close().await;
 }
