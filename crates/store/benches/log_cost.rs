@@ -34,8 +34,9 @@ use wma_testkit::{InMemoryToolHost, PostgresServer, ScriptedProvider, ScriptedRe
 
 /// Runs measured per variant with instant replies.
 const RUNS: usize = 300;
-/// Runs measured per variant with delayed replies.
-const DELAYED_RUNS: usize = 40;
+/// Runs measured per variant with delayed replies (enough for the
+/// timer's millisecond steps to even out in the medians).
+const DELAYED_RUNS: usize = 100;
 /// The delayed replies' wait: a fast generation (a small on-device model
 /// takes longer than this for a tool call of a dozen tokens).
 const GENERATION: Duration = Duration::from_millis(20);
@@ -238,7 +239,7 @@ async fn measure(
 fn print(title: &str, rows: &[Row], parts: usize) {
     println!("\n{title} ({parts} parts a run; medians)");
     println!(
-        "{:<36} {:>12} {:>12} {:>14} {:>11}",
+        "{:<42} {:>12} {:>12} {:>14} {:>11}",
         "variant", "run", "run start", "cost per part", "overhead"
     );
     let base = rows[0].median.as_secs_f64();
@@ -256,7 +257,7 @@ fn print(title: &str, rows: &[Row], parts: usize) {
             )
         };
         println!(
-            "{:<36} {:>12} {:>12} {:>14} {:>11}",
+            "{:<42} {:>12} {:>12} {:>14} {:>11}",
             row.name,
             micros(row.median.as_secs_f64()),
             start,

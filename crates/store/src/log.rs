@@ -10,6 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use sqlx::pool::PoolConnection;
+use sqlx::{Any, AnyConnection, Connection};
 use tokio::sync::{mpsc, oneshot};
 use wma_agent::AgentStreamPart;
 
@@ -247,6 +249,9 @@ async fn writer(
     mut starting: Option<u64>,
 ) {
     let mut failed: Option<String> = None;
+    // Held from one batch to the next while more is queued: a connection
+    // taken from the pool and put back costs a ping each time.
+    let mut conn: Option<PoolConnection<Any>> = None;
     while let Some(first) = rx.recv().await {
         let mut got = Gathered::default();
         got.take(first);
@@ -262,7 +267,21 @@ async fn writer(
             let mut tries = 0;
             loop {
                 tries += 1;
-                match write_batch(&store, &run_id, start.as_ref(), &batch).await {
+                let written = match &mut conn {
+                    Some(conn) => write_batch(&store, conn, &run_id, start.as_ref(), &batch).await,
+                    None => match store.pool().acquire().await {
+                        Ok(taken) => {
+                            let conn = conn.insert(taken);
+                            write_batch(&store, conn, &run_id, start.as_ref(), &batch).await
+                        }
+                        Err(e) => Err(StoreError::from_sqlx(store.location(), e)),
+                    },
+                };
+                if written.is_err() {
+                    // Back to the pool, which tests it on the way.
+                    conn = None;
+                }
+                match written {
                     Ok(()) => break,
                     Err(e) if e.is_unavailable() && tries < WRITE_TRIES => {
                         tokio::time::sleep(RETRY_WAIT).await;
@@ -288,6 +307,9 @@ async fn writer(
                     reason: reason.clone(),
                 }),
             });
+        }
+        if rx.is_empty() {
+            conn = None;
         }
     }
     // Every sender is gone; an entry left (a start never taken, which
@@ -326,6 +348,7 @@ const END_RUN: &str = "UPDATE runs SET status = $2, error = $3, updated_at = $4
 /// status.
 async fn write_batch(
     store: &Store,
+    conn: &mut AnyConnection,
     run_id: &str,
     start: Option<&RunStart>,
     batch: &[Queued],
@@ -370,7 +393,7 @@ async fn write_batch(
             part_rows(2, batch.len(), "$1, ")
         );
         return bind_parts(sqlx::query(&sql).bind(run_id), batch, &bodies, now)
-            .execute(store.pool())
+            .execute(&mut *conn)
             .await
             .map(|_| ())
             .map_err(db);
@@ -380,7 +403,7 @@ async fn write_batch(
     {
         let done = ended
             .bind_start(sqlx::query(INSERT_RUN), start)
-            .execute(store.pool())
+            .execute(&mut *conn)
             .await
             .map_err(run_exists)?;
         return if done.rows_affected() == 1 {
@@ -406,7 +429,7 @@ async fn write_batch(
             None => ended.bind_end(sqlx::query(&sql)),
         };
         let done = bind_parts(query, batch, &bodies, now)
-            .execute(store.pool())
+            .execute(&mut *conn)
             .await
             .map_err(run_exists)?;
         if done.rows_affected() > 0 {
@@ -417,7 +440,7 @@ async fn write_batch(
             None => ended_error(store, run_id).await,
         });
     }
-    let mut tx = store.pool().begin().await.map_err(db)?;
+    let mut tx = conn.begin().await.map_err(db)?;
     if let Some(start) = start {
         let done = ended
             .bind_start(sqlx::query(INSERT_RUN), start)
