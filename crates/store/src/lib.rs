@@ -8,7 +8,9 @@
 //!   id, so a client that reconnects with `Last-Event-ID: n` reads
 //!   [`Store::parts_after`]`(run, n)`: exactly what it missed. A streaming
 //!   host appends through a [`RunLog`], which numbers and queues a part at
-//!   once and commits bursts of parts in the background;
+//!   once and commits bursts of parts in the background ([`RunLog::start`]
+//!   starts the run the same way: its row is committed with its first
+//!   parts, and the run waits for no commit at all);
 //! - **consequential calls**, recorded before they are sent (with an
 //!   idempotency key) and when they answered; one that was in flight when
 //!   the host went away is `in-doubt` after it comes back, never resent;
