@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
-use sqlx::{Any, AnyConnection, Connection};
+use sqlx::{Any, AnyConnection, Connection, Row};
 use tokio::sync::{mpsc, oneshot};
 use wma_agent::AgentStreamPart;
 
@@ -437,7 +437,7 @@ async fn write_batch(
         }
         return Err(match start {
             Some(start) => no_session(start),
-            None => ended_error(store, run_id).await,
+            None => ended_error(store, conn, run_id).await,
         });
     }
     let mut tx = conn.begin().await.map_err(db)?;
@@ -459,7 +459,7 @@ async fn write_batch(
             .map_err(db)?;
         if done.rows_affected() == 0 {
             drop(tx);
-            return Err(ended_error(store, run_id).await);
+            return Err(ended_error(store, conn, run_id).await);
         }
     }
     for (chunk, bodies) in batch
@@ -517,15 +517,21 @@ impl<'a> End<'a> {
 }
 
 /// Why a run could not be given its final status: it ended already, or
-/// there is none.
-async fn ended_error(store: &Store, run_id: &str) -> StoreError {
-    match store.read_run(run_id).await {
-        Ok(Some(run)) => StoreError::RunEnded {
+/// there is none. Read on the writer's own connection, which a pool of one
+/// would otherwise wait for.
+async fn ended_error(store: &Store, conn: &mut AnyConnection, run_id: &str) -> StoreError {
+    let status = sqlx::query("SELECT status FROM runs WHERE id = $1")
+        .bind(run_id)
+        .fetch_optional(&mut *conn)
+        .await
+        .and_then(|row| row.map(|r| r.try_get::<String, _>(0)).transpose());
+    match status {
+        Ok(Some(status)) => StoreError::RunEnded {
             run_id: run_id.to_string(),
-            status: run.status.to_string(),
+            status,
         },
         Ok(None) => StoreError::RunNotFound(run_id.to_string()),
-        Err(e) => e,
+        Err(e) => StoreError::from_sqlx(store.location(), e),
     }
 }
 

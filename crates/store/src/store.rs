@@ -744,9 +744,8 @@ impl Store {
         self.read_run(id).await
     }
 
-    /// The run as the database has it, without waiting for a queued start
-    /// (what the run's own writer reads).
-    pub(crate) async fn read_run(&self, id: &str) -> Result<Option<Run>, StoreError> {
+    /// The run as the database has it.
+    async fn read_run(&self, id: &str) -> Result<Option<Run>, StoreError> {
         let row = sqlx::query(&format!("{RUN_SELECT} WHERE r.id = $1"))
             .bind(id)
             .fetch_optional(self.pool())

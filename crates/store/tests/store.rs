@@ -1183,9 +1183,13 @@ async fn a_run_started_in_its_log_is_written_with_its_parts(kind: Kind) {
 /// What `start_run` refuses at once, a queued start reports at the log's
 /// flush; nothing of the run is stored, and the log takes no more. A
 /// terminal part for a run that ended meanwhile is refused the same way.
+/// A pool of one connection, which the log's writer holds while it works,
+/// serves it all.
 async fn a_run_start_the_store_refuses_fails_the_log(kind: Kind) {
     let db = Db::new(kind);
-    let store = db.open().await;
+    let mut options = db.options(wma_store::DEFAULT_HOST);
+    options.max_connections = 1;
+    let store = Store::open(options).await.unwrap();
     let (run, log) = RunLog::start(&store, "no-such-session", "shopper", None);
     log.append("shopper", 0, text("lost"));
     let error = log.flush().await.unwrap_err();
