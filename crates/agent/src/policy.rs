@@ -718,11 +718,17 @@ impl Offer {
             let Some(tool) = offered.iter().find(|t| t.name == call.name) else {
                 continue;
             };
+            // Only the identifiers are held: they name things, and one nobody
+            // has shown names nothing. The offer's other narrowings (numbers
+            // the person wrote, optional counts made required) are nudges for
+            // a model that needs them, and a well-formed call in prose that
+            // went another way is not wrong for it.
+            let Some((ids, schema)) = identifier_part(call, tool) else {
+                continue;
+            };
             // A grounded schema that does not compile leaves the call to the
             // tool's own schema, which the reply was checked against.
-            if let Err(ArgsError::Invalid(message)) =
-                validators.validate(&tool.input_schema, &call.arguments)
-            {
+            if let Err(ArgsError::Invalid(message)) = validators.validate(&schema, &ids) {
                 return Some((
                     Fired {
                         rule: Rule::CallsWithinOffer,
@@ -731,7 +737,7 @@ impl Offer {
                     ToolError::new(
                         ToolErrorCode::InvalidArguments,
                         format!(
-                            "{message} for {}: an id or number must be one the conversation has shown",
+                            "{message} for {}: an id must be one the conversation has shown",
                             call.name
                         ),
                     ),
@@ -740,6 +746,35 @@ impl Offer {
         }
         None
     }
+}
+
+/// The identifier arguments of `call` and the part of the offered tool's
+/// schema that grounds them (an `enum` of the ids shown); `None` when the
+/// call gives no grounded identifier.
+fn identifier_part(call: &ParsedCall, offered: &ToolDefinition) -> Option<(Value, Value)> {
+    let args = call.arguments.as_object()?;
+    let props = offered.input_schema.get("properties")?.as_object()?;
+    let mut ids = serde_json::Map::new();
+    let mut schemas = serde_json::Map::new();
+    for (key, value) in args {
+        if !crate::ground::is_identifier_key(key) {
+            continue;
+        }
+        let Some(prop) = props.get(key) else { continue };
+        let grounded = prop.get("enum").is_some()
+            || prop.get("items").is_some_and(|i| i.get("enum").is_some());
+        if grounded {
+            ids.insert(key.clone(), value.clone());
+            schemas.insert(key.clone(), prop.clone());
+        }
+    }
+    if ids.is_empty() {
+        return None;
+    }
+    Some((
+        Value::Object(ids),
+        serde_json::json!({"type": "object", "properties": schemas}),
+    ))
 }
 
 /// A plain answer without the lines that only repeat the prompt (see
@@ -1356,6 +1391,33 @@ mod tests {
             o.outside(
                 &[call("return_book", json!({"book_id": "b-7"}))],
                 &o.callable,
+                &validators
+            )
+            .is_none()
+        );
+        // Numbers are not held: an optional count the person's extra number
+        // made required is a nudge, and a call without it stands.
+        let cart = vec![tool(
+            "add_to_cart",
+            json!({"type": "object", "properties": {"book_id": {"type": "string"}, "quantity": {"type": "integer"}}, "required": ["book_id"]}),
+            false,
+        )];
+        state.observe_tools(&cart);
+        state.identifiers.add_user_text("Add two of b-7");
+        let o2 = state.offer(
+            &Policy::small_model(),
+            cart.clone(),
+            facts("Add two of b-7", true, false, true),
+        );
+        assert_eq!(
+            o2.callable[0].input_schema["required"],
+            json!(["book_id", "quantity"]),
+            "the nudge this checks is there"
+        );
+        assert!(
+            o2.outside(
+                &[call("add_to_cart", json!({"book_id": "b-7"}))],
+                &o2.callable,
                 &validators
             )
             .is_none()
