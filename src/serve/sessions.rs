@@ -393,11 +393,10 @@ async fn start_durable(
         Ok(id) => id,
         Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     };
-    let stored = match store.start_run(session_id, name, Some(&id)).await {
-        Ok(run) => run,
-        Err(e) => return store_error(&e),
-    };
-    let log = RunLog::for_run(&store, &stored);
+    // The run's row is queued ahead of its parts and written with the first
+    // of them, so the run waits for no commit to start; the callers checked
+    // that the session exists.
+    let (_run, log) = RunLog::start(&store, session_id, name, Some(&id));
     let calls = approvals::CallKeys::default();
     let approver =
         approvals::HttpApprover::new(id.clone(), name.to_string(), server.approvals.clone())
