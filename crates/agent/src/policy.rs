@@ -577,6 +577,45 @@ fn regex_escape(text: &str) -> String {
     out
 }
 
+/// Whether the request is asked as a question: its last sentence ends with
+/// `?` and opens with a question word ("When is my library book due
+/// back?", "By when do I…", "Is it…") rather than a polite request ("Could
+/// you renew my book?"). Its words then ask about things, whatever verbs
+/// they share: "book" in "when is my library book due" is a noun, and the
+/// verb list alone took the question for a change.
+pub(crate) fn is_question(request: &str) -> bool {
+    const ASKING: &[&str] = &[
+        "what", "when", "where", "which", "who", "whom", "whose", "why", "how",
+    ];
+    const AUXILIARY: &[&str] = &[
+        "is", "are", "am", "was", "were", "do", "does", "did", "has", "have", "had",
+    ];
+    const POLITE: &[&str] = &[
+        "can", "could", "would", "will", "shall", "may", "might", "please",
+    ];
+    let text = request.trim();
+    if !text.ends_with('?') {
+        return false;
+    }
+    let last = text[..text.len() - 1]
+        .rsplit(['.', '!', '?', '\n'])
+        .next()
+        .unwrap_or("");
+    let words: Vec<String> = last
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect();
+    let Some(first) = words.first() else {
+        return false;
+    };
+    if POLITE.contains(&first.as_str()) {
+        return false;
+    }
+    AUXILIARY.contains(&first.as_str())
+        || words.iter().take(3).any(|w| ASKING.contains(&w.as_str()))
+}
+
 /// Whether the request asks for a change (one of [`CHANGE_VERBS`] as a word).
 pub(crate) fn asks_for_change(request: &str) -> bool {
     request
@@ -866,6 +905,7 @@ impl PolicyState {
     pub(crate) fn asks_a_change_of(&self, request: &str, shown: &[ToolDefinition]) -> bool {
         !self.read_only.is_empty()
             && shown.iter().any(|t| !self.is_read_only(&t.name))
+            && !is_question(request)
             && (asks_for_change(request) || names_a_change(request, shown, &self.read_only))
     }
 
@@ -914,8 +954,9 @@ impl PolicyState {
         let annotated = !self.read_only.is_empty();
         let question = policy.read_only_questions
             && annotated
-            && !asks_for_change(request)
-            && !names_a_change(request, &ranked, &self.read_only);
+            && (is_question(request)
+                || (!asks_for_change(request)
+                    && !names_a_change(request, &ranked, &self.read_only)));
         for tool in &ranked {
             let name = tool.name.as_str();
             if question && !self.is_read_only(name) {
@@ -1517,6 +1558,43 @@ mod tests {
             None
         );
         assert_eq!(echo("Do it."), None);
+    }
+
+    #[test]
+    fn questions_are_told_by_their_form() {
+        for q in [
+            "When is my library book due back?",
+            "By when do I need to call the plumber?",
+            "I spent 1250 on rent. How much is that altogether?",
+            "What's on my calendar on 2026-03-12?",
+            "Are the Ridge hiking boots in stock?",
+        ] {
+            assert!(is_question(q), "{q}");
+        }
+        for r in [
+            "Could you renew my library book?",
+            "The guide is out. Could you reserve the next copy for me?",
+            "I need a stove, could you add one to the cart?",
+            "Book a table for two",
+            "When you can, add milk.",
+        ] {
+            assert!(!is_question(r), "{r}");
+        }
+        // A question is offered only what reads, whatever verb it shares.
+        let mut state = PolicyState::default();
+        let tools = vec![
+            tool("return_book", json!({"type": "object"}), false),
+            tool("list_loans", json!({"type": "object"}), true),
+        ];
+        state.observe_tools(&tools);
+        let o = state.offer(
+            &Policy::small_model(),
+            tools.clone(),
+            facts("When is my library book due back?", true, true, false),
+        );
+        let names: Vec<&str> = o.callable.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["list_loans"]);
+        assert!(!state.asks_a_change_of("When is my library book due back?", &tools));
     }
 
     #[test]
