@@ -474,11 +474,17 @@ async fn serve_admitted(
                 closing = true;
             }
             // Another connection took this one's place. It was chosen with
-            // no request in progress; one that began a request since then
-            // finishes it first.
+            // no request in progress. One waiting for (or reading) a head
+            // has nothing to lose and is dropped; one between requests may
+            // still be flushing its last response, and one that began a
+            // request since it was chosen must finish it, so those close
+            // through hyper, which closes an idle connection once its
+            // writes are out.
             _ = shed.cancelled(), if !shedding => {
-                if activity.in_flight.load(Ordering::Relaxed) == 0 {
-                    tracing::debug!(%peer, "closing a connection to make room for a new one");
+                tracing::debug!(%peer, "closing a connection to make room for a new one");
+                if activity.in_flight.load(Ordering::Relaxed) == 0
+                    && activity.head_started.load(Ordering::Relaxed) != NEVER
+                {
                     return;
                 }
                 connection.as_mut().graceful_shutdown();
