@@ -450,13 +450,14 @@ fn the_servers_token_and_limits_come_from_its_table() {
     let config = Config::parse(GOOD, FILE).unwrap();
     assert_eq!(config.server_options, ServerOptions::default());
     let text = format!(
-        "{GOOD}\n[server]\ntoken_env = \"WMA_TEAM_TOKEN\"\nallowed_origins = [\"https://app.example\"]\nheader_timeout_secs = 3\nmax_runs_per_client = 2\n"
+        "{GOOD}\n[server]\ntoken_env = \"WMA_TEAM_TOKEN\"\nallowed_origins = [\"https://app.example\"]\nheader_timeout_secs = 3\nmax_runs_per_client = 2\nmax_connections_per_client = 5\n"
     );
     let options = Config::parse(&text, FILE).unwrap().server_options;
     assert_eq!(options.token, TokenSource::Env("WMA_TEAM_TOKEN".into()));
     assert_eq!(options.allowed_origins, ["https://app.example"]);
     assert_eq!(options.header_timeout, std::time::Duration::from_secs(3));
     assert_eq!(options.max_runs_per_client, 2);
+    assert_eq!(options.max_connections_per_client, 5);
     let text = format!("{GOOD}\n[server]\ntoken_file = \"secret/token\"\n");
     assert_eq!(
         Config::parse(&text, FILE).unwrap().server_options.token,
@@ -468,6 +469,13 @@ fn the_servers_token_and_limits_come_from_its_table() {
     assert_error(&both, lines + 4, "server.token_file", "not both");
     let zero = format!("{GOOD}\n[server]\nmax_connections = 0\n");
     assert_error(&zero, lines + 3, "server.max_connections", "at least 1");
+    let zero = format!("{GOOD}\n[server]\nmax_connections_per_client = 0\n");
+    assert_error(
+        &zero,
+        lines + 3,
+        "server.max_connections_per_client",
+        "at least 1",
+    );
 }
 
 const SERVED: &str = r#"
