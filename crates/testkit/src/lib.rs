@@ -33,6 +33,7 @@ mod logs;
 mod mcp;
 mod otlp;
 pub mod postgres;
+mod serve;
 
 pub use host::{InMemoryToolHost, RecordedCall, ToolFn};
 pub use llamacpp::{LlamaServer, cache_dir, default_gguf};

@@ -3,19 +3,16 @@
 //! and one of its tools answers only when the test lets it.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_TYPE, HeaderValue};
-use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use serde_json::{Value, json};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::watch;
+
+use crate::serve::LoopbackServer;
 
 /// One `tools/call` the server received.
 #[derive(Debug, Clone, PartialEq)]
@@ -48,65 +45,30 @@ struct State {
 /// It runs on a thread of its own, so it serves whatever the test's runtime
 /// does; dropping it stops it.
 pub struct McpTestServer {
-    addr: SocketAddr,
+    server: LoopbackServer,
     state: Arc<Mutex<State>>,
     release: watch::Sender<bool>,
-    shutdown: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl McpTestServer {
     /// Binds a free loopback port and starts serving.
     pub fn start() -> std::io::Result<Self> {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
         let state = Arc::new(Mutex::new(State::default()));
         let (release, released) = watch::channel(false);
-        let (shutdown, mut stop) = oneshot::channel::<()>();
         let served = state.clone();
-        let thread = std::thread::Builder::new()
-            .name("mcp-test-server".to_string())
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
-                        return;
-                    };
-                    loop {
-                        tokio::select! {
-                            _ = &mut stop => break,
-                            accepted = listener.accept() => {
-                                let Ok((stream, _)) = accepted else { continue };
-                                let state = served.clone();
-                                let released = released.clone();
-                                tokio::spawn(async move {
-                                    let service = service_fn(move |req| {
-                                        handle(req, state.clone(), released.clone())
-                                    });
-                                    let _ = auto::Builder::new(TokioExecutor::new())
-                                        .serve_connection(TokioIo::new(stream), service)
-                                        .await;
-                                });
-                            }
-                        }
-                    }
-                });
-            })?;
+        let server = LoopbackServer::start("mcp-test-server", move |req| {
+            handle(req, served.clone(), released.clone())
+        })?;
         Ok(Self {
-            addr,
+            server,
             state,
             release,
-            shutdown: Some(shutdown),
-            thread: Some(thread),
         })
     }
 
     /// The endpoint (`http://127.0.0.1:PORT/mcp`).
     pub fn url(&self) -> String {
-        format!("http://{}/mcp", self.addr)
+        format!("http://{}/mcp", self.server.addr())
     }
 
     /// Every call received so far, in arrival order (a held call is in it
@@ -127,14 +89,9 @@ impl McpTestServer {
 
 impl Drop for McpTestServer {
     fn drop(&mut self) {
-        // A held call must not keep the thread from ending.
+        // A held call must not keep the server's thread from ending (it
+        // stops when the server field drops, after this).
         self.release();
-        if let Some(shutdown) = self.shutdown.take() {
-            let _ = shutdown.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
     }
 }
 

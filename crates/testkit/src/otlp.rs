@@ -4,25 +4,21 @@
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::thread::JoinHandle;
 
 use http_body_util::BodyExt;
 use hyper::body::{Body, Bytes, Frame, Incoming};
 use hyper::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderMap, HeaderValue};
-use hyper::service::service_fn;
 use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
 use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
 use prost::Message;
-use tokio::sync::oneshot;
+
+use crate::serve::LoopbackServer;
 
 /// An attribute value as it arrived.
 #[derive(Debug, Clone, PartialEq)]
@@ -235,60 +231,24 @@ struct Store {
 /// # let _ = spans;
 /// ```
 pub struct OtlpReceiver {
-    addr: SocketAddr,
+    server: LoopbackServer,
     store: Arc<Mutex<Store>>,
-    shutdown: Option<oneshot::Sender<()>>,
-    thread: Option<JoinHandle<()>>,
 }
 
 impl OtlpReceiver {
     /// Binds a free loopback port and starts serving.
     pub fn start() -> std::io::Result<Self> {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        listener.set_nonblocking(true)?;
-        let addr = listener.local_addr()?;
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
         let store = Arc::new(Mutex::new(Store::default()));
-        let (shutdown, mut stop) = oneshot::channel::<()>();
         let served = store.clone();
-        let thread = std::thread::Builder::new()
-            .name("otlp-receiver".to_string())
-            .spawn(move || {
-                runtime.block_on(async move {
-                    let Ok(listener) = tokio::net::TcpListener::from_std(listener) else {
-                        return;
-                    };
-                    loop {
-                        tokio::select! {
-                            _ = &mut stop => break,
-                            accepted = listener.accept() => {
-                                let Ok((stream, _)) = accepted else { continue };
-                                let store = served.clone();
-                                tokio::spawn(async move {
-                                    let service = service_fn(move |req| handle(req, store.clone()));
-                                    let _ = auto::Builder::new(TokioExecutor::new())
-                                        .serve_connection(TokioIo::new(stream), service)
-                                        .await;
-                                });
-                            }
-                        }
-                    }
-                });
-            })?;
-        Ok(Self {
-            addr,
-            store,
-            shutdown: Some(shutdown),
-            thread: Some(thread),
-        })
+        let server =
+            LoopbackServer::start("otlp-receiver", move |req| handle(req, served.clone()))?;
+        Ok(Self { server, store })
     }
 
     /// The base URL (`http://127.0.0.1:PORT`), as `OTEL_EXPORTER_OTLP_ENDPOINT`
     /// takes it; gRPC exporters use it as is.
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("http://{}", self.server.addr())
     }
 
     /// The full traces URL (`.../v1/traces`).
@@ -318,21 +278,10 @@ impl OtlpReceiver {
     }
 }
 
-impl Drop for OtlpReceiver {
-    fn drop(&mut self) {
-        if let Some(shutdown) = self.shutdown.take() {
-            let _ = shutdown.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
 impl std::fmt::Debug for OtlpReceiver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("OtlpReceiver")
-            .field("addr", &self.addr)
+            .field("addr", &self.server.addr())
             .finish_non_exhaustive()
     }
 }
