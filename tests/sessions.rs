@@ -204,6 +204,41 @@ impl Api {
         assert_eq!(first.data["session_id"], session);
         (first.data["run_id"].as_str().unwrap().to_string(), events)
     }
+
+    /// The clerk's conversation up to a question: a session, one exchange,
+    /// then "Add p-17 to my cart", read until its call asks for approval.
+    async fn clerk_asks(&self) -> Asked {
+        let chat = self.new_session("clerk").await;
+        let (_, mut events) = self.continue_session(&chat, "Hi").await;
+        events.rest().await;
+        let (run, mut events) = self.continue_session(&chat, "Add p-17 to my cart").await;
+        let seen = events.until("approval-requested").await;
+        let question = seen.last().unwrap().data["approval_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        Asked {
+            chat,
+            run,
+            events,
+            seen,
+            question,
+        }
+    }
+}
+
+/// A conversation whose run waits for approval ([`Api::clerk_asks`]).
+struct Asked {
+    /// The session.
+    chat: String,
+    /// The asking run.
+    run: String,
+    /// Its events after the question.
+    events: Events,
+    /// Its events up to the question.
+    seen: Vec<Event>,
+    /// The approval's id.
+    question: String,
 }
 
 /// An in-process server over a runtime of one agent, `clerk`, answering
@@ -570,15 +605,13 @@ async fn a_killed_server_restarts_with_its_sessions_and_pending_approvals() {
 
     // A conversation: one exchange, then a request whose call waits for a
     // person.
-    let chat = api.new_session("clerk").await;
-    let (_, mut events) = api.continue_session(&chat, "Hi").await;
-    events.rest().await;
-    let (asking, mut events) = api.continue_session(&chat, "Add p-17 to my cart").await;
-    let seen = events.until("approval-requested").await;
-    let question = seen.last().unwrap().data["approval_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let Asked {
+        chat,
+        run: asking,
+        events,
+        seen,
+        question,
+    } = api.clerk_asks().await;
     wait_for_status(api, &chat, 1, "waiting-for-approval").await;
     // Another conversation whose run is in flight when the host dies.
     let other = api.new_session("slow").await;
@@ -936,15 +969,13 @@ async fn an_approved_call_is_recorded_before_it_is_sent_and_answered_after() {
     let config = kill_config(&dir);
     let mut server = serve_process(&config, &dir).await;
     let api = &server.api;
-    let chat = api.new_session("clerk").await;
-    let (_, mut events) = api.continue_session(&chat, "Hi").await;
-    events.rest().await;
-    let (run, mut events) = api.continue_session(&chat, "Add p-17 to my cart").await;
-    let asked = events.until("approval-requested").await;
-    let question = asked.last().unwrap().data["approval_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let Asked {
+        chat,
+        run,
+        mut events,
+        question,
+        ..
+    } = api.clerk_asks().await;
     // Not recorded while it waits: nothing was sent.
     let (_, read) = api.get(&format!("/v1/sessions/{chat}")).await;
     assert_eq!(read["runs"][1]["calls"], json!([]));
@@ -1333,15 +1364,13 @@ async fn a_question_denied_after_a_restart_reaches_the_model_as_denied() {
     let config = kill_config(&dir);
     let mut first = serve_process(&config, &dir).await;
     let api = &first.api;
-    let chat = api.new_session("clerk").await;
-    let (_, mut events) = api.continue_session(&chat, "Hi").await;
-    events.rest().await;
-    let (asking, mut events) = api.continue_session(&chat, "Add p-17 to my cart").await;
-    let seen = events.until("approval-requested").await;
-    let question = seen.last().unwrap().data["approval_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let Asked {
+        chat,
+        run: asking,
+        events,
+        question,
+        seen,
+    } = api.clerk_asks().await;
     wait_for_status(api, &chat, 1, "waiting-for-approval").await;
     first.child.kill().await.unwrap();
     drop(events);
