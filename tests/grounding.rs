@@ -656,19 +656,6 @@ async fn a_delegated_run_starts_with_a_call() {
     ));
 }
 
-/// The calls a run made, as `name arguments`.
-fn calls_made(parts: &[AgentStreamPart]) -> Vec<String> {
-    parts
-        .iter()
-        .filter_map(|p| match p {
-            AgentStreamPart::ToolCall {
-                name, arguments, ..
-            } => Some(format!("{name} {arguments}")),
-            _ => None,
-        })
-        .collect()
-}
-
 #[tokio::test]
 async fn a_call_written_in_prose_is_held_to_the_steps_offer() {
     // The call comes inside a Markdown fence, where no constraint shapes

@@ -132,19 +132,6 @@ async fn the_default_model_puts_the_backpack_in_the_cart() {
     );
 }
 
-/// The calls of a run, by name, for failure messages.
-fn call_names(parts: &[AgentStreamPart]) -> Vec<String> {
-    parts
-        .iter()
-        .filter_map(|p| match p {
-            AgentStreamPart::ToolCall {
-                name, arguments, ..
-            } => Some(format!("{name} {arguments}")),
-            _ => None,
-        })
-        .collect()
-}
-
 /// "two" is a quantity: the loop copies it into the number argument as 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_model_adds_as_many_as_the_person_asked_for() {
@@ -161,7 +148,12 @@ async fn the_default_model_adds_as_many_as_the_person_asked_for() {
         .into_iter()
         .map(|l| (l.product_id, l.quantity))
         .collect();
-    assert_eq!(cart, [("p-21".to_string(), 2)], "{:?}", call_names(&parts));
+    assert_eq!(
+        cart,
+        [("p-21".to_string(), 2)],
+        "{:?}",
+        crate::support::calls_made(&parts)
+    );
 }
 
 /// The web shop in headless Chromium: its tools come through WebMCP, and
@@ -205,5 +197,5 @@ async fn the_default_model_shops_on_a_real_web_page() {
         .flatten()
         .filter_map(|l| l["product_id"].as_str())
         .collect();
-    assert_eq!(ids, ["p-17"], "{:?}", call_names(&parts));
+    assert_eq!(ids, ["p-17"], "{:?}", crate::support::calls_made(&parts));
 }

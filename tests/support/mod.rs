@@ -142,6 +142,19 @@ pub(crate) fn shop() -> Arc<InMemoryToolHost> {
     host
 }
 
+/// The calls a run made, as `name arguments`.
+pub(crate) fn calls_made(parts: &[AgentStreamPart]) -> Vec<String> {
+    parts
+        .iter()
+        .filter_map(|p| match p {
+            AgentStreamPart::ToolCall {
+                name, arguments, ..
+            } => Some(format!("{name} {arguments}")),
+            _ => None,
+        })
+        .collect()
+}
+
 /// A JSON call as a small model writes it.
 pub(crate) fn call(name: &str, arguments: Value) -> String {
     json!({"name": name, "arguments": arguments}).to_string()
