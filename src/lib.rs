@@ -9,6 +9,7 @@
 //! - [`tools`]: tool sources.
 //! - [`eval`]: the tool-calling evaluation behind `wma eval`.
 //! - [`config`]: TOML config files, validated as a whole, and starting what they describe.
+//! - [`mend`]: a conversation whose turn was cut short (Stop, a crash) mended, for `chat` and `serve`.
 //! - [`serve`]: the HTTP API of `wma serve` (runs as server-sent events).
 //! - [`store`]: sessions and runs that survive a restart (SQLite or PostgreSQL).
 
@@ -23,5 +24,6 @@ pub mod config;
 pub mod demo_shop;
 pub mod display;
 pub mod eval;
+pub mod mend;
 pub mod serve;
 pub mod usage;

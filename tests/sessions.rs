@@ -252,9 +252,15 @@ struct InProcess {
 
 impl InProcess {
     async fn start(model: &ScriptedProvider, store: Store) -> Self {
+        Self::start_as("clerk", model, store).await
+    }
+
+    /// The same with the agent named `agent` (a session of another
+    /// server's agent goes on here).
+    async fn start_as(agent: &str, model: &ScriptedProvider, store: Store) -> Self {
         let script = model.clone();
         let runtime = Runtime::builder(ProviderSource::new(move || script.clone()))
-            .agent(AgentConfig::new("clerk").with_options(LocalLoopOptions {
+            .agent(AgentConfig::new(agent).with_options(LocalLoopOptions {
                 tools_inline: true,
                 ..LocalLoopOptions::default()
             }))
@@ -262,7 +268,9 @@ impl InProcess {
             .await
             .unwrap();
         let config = Config::parse(
-            "[providers.p]\nkind = \"scripted\"\nreplies = [\"-\"]\n[agents.clerk]\nprovider = \"p\"\n",
+            &format!(
+                "[providers.p]\nkind = \"scripted\"\nreplies = [\"-\"]\n[agents.{agent}]\nprovider = \"p\"\n"
+            ),
             "sessions-test.toml",
         )
         .unwrap();
@@ -1169,8 +1177,116 @@ async fn an_auto_consequential_call_is_recorded_before_it_is_sent_and_in_doubt_a
     assert_eq!(orders.calls().len(), 3);
     // The first run's call stays as it answered.
     assert_eq!(read["runs"][0]["calls"][0]["status"], "answered");
+    // The cut turn was mended as the host started: reading the session
+    // shows the call, answered by an error that says it is in doubt.
+    assert!(
+        said.contains(&format!(
+            "the last turn of session {chat} (run {held}) was cut short: 2 message(s)"
+        )),
+        "{said}"
+    );
+    let messages = read["messages"].as_array().unwrap();
+    let request = messages
+        .iter()
+        .position(|m| m["content"] == "Buy a stove")
+        .expect("the cut turn's request");
+    assert_eq!(messages.len(), request + 3, "{messages:?}");
+    assert_eq!(messages[request + 1]["tool_calls"][0]["name"], "hold_order");
+    assert_eq!(messages[request + 1]["tool_calls"][0]["id"], "call_1_1");
+    assert_eq!(messages[request + 2]["call_id"], "call_1_1");
+    let error = messages[request + 2]["content"].as_str().unwrap();
+    assert!(
+        error.starts_with("Error [cancelled]: the host went away while this call was in flight")
+            && error.contains(&format!("in doubt, key {held_key}")),
+        "{error}"
+    );
 
     second.child.kill().await.unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_turn_after_a_crash_reads_the_cut_call_as_in_doubt_and_never_sends_it() {
+    use webmcp_agents::store::CallStatus;
+    let dir = scratch("cut-turn");
+    let orders = wma_testkit::McpTestServer::start().unwrap();
+    let config = auto_config(&dir, &orders.url(), &[BUYER[3], "Ordered."]);
+    let mut first = serve_process(&config, &dir).await;
+    let chat = first.api.new_session("buyer").await;
+    let (held, mut events) = first.api.continue_session(&chat, "Buy a stove").await;
+    events.until("tool-call").await;
+    server_got(&orders, 1).await;
+    let calls = calls_once(&first.api, &chat, 0, |c| !c.is_empty()).await;
+    let key = calls[0]["idempotency_key"].as_str().unwrap().to_string();
+
+    // `kill -9` while the server holds the call.
+    first.child.kill().await.unwrap();
+    drop(events);
+
+    // The host comes back (the store opened under its name recovers the
+    // run and the call) with a model that only talks, and the person asks
+    // over HTTP. This host has not mended the session at its start: going
+    // on with it mends it first.
+    let store = Store::open(StoreOptions::in_data_dir(dir.join("data")))
+        .await
+        .unwrap();
+    assert_eq!(store.recovery().interrupted_runs, [held.clone()]);
+    let model = ScriptedProvider::new(["It may have gone through; please check."]);
+    let second = InProcess::start_as("buyer", &model, store.clone()).await;
+    let (next, mut events) = second
+        .api
+        .continue_session(&chat, "Did it go through?")
+        .await;
+    let parts = events.rest().await;
+    assert_eq!(parts.last().unwrap().data["type"], "finish", "{parts:?}");
+
+    // The history the model read: the cut turn's request, its call, the
+    // call's in-doubt error with its key, then the new request.
+    let requests = model.requests();
+    assert_eq!(requests.len(), 1, "one step");
+    let history: Vec<(PromptRole, String)> = requests[0]
+        .messages
+        .iter()
+        .filter(|m| m.role != PromptRole::System)
+        .map(|m| (m.role, m.content.clone()))
+        .collect();
+    assert_eq!(history.len(), 4, "{history:#?}");
+    assert_eq!(history[0], (PromptRole::User, "Buy a stove".to_string()));
+    assert_eq!(history[1].0, PromptRole::Assistant);
+    assert!(history[1].1.contains("hold_order"), "{history:#?}");
+    assert_eq!(history[2].0, PromptRole::Tool);
+    assert!(
+        history[2]
+            .1
+            .contains("the host went away while this call was in flight")
+            && history[2].1.contains(&format!("in doubt, key {key}"))
+            && history[2].1.contains("do not call it again"),
+        "{history:#?}"
+    );
+    assert_eq!(
+        history[3],
+        (PromptRole::User, "Did it go through?".to_string())
+    );
+
+    // The session keeps the mended turn, then the new one; the call stays
+    // in doubt and its server never got it again.
+    let (_, read) = second.api.get(&format!("/v1/sessions/{chat}")).await;
+    let messages = read["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 5, "{messages:?}");
+    assert_eq!(messages[2]["call_id"], "call_1_1");
+    assert_eq!(
+        messages[4]["content"],
+        "It may have gone through; please check."
+    );
+    assert_eq!(read["runs"][0]["id"], held.as_str());
+    assert_eq!(read["runs"][0]["status"], "interrupted");
+    assert_eq!(read["runs"][1]["id"], next.as_str());
+    let calls = store.calls_of_run(&held).await.unwrap();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].status, CallStatus::InDoubt);
+    assert_eq!(orders.calls().len(), 1, "never sent again");
+    second.stop().await;
+    store.close().await;
     std::fs::remove_dir_all(dir).unwrap();
 }
 
@@ -1207,6 +1323,19 @@ async fn a_call_its_run_stopped_in_the_middle_of_is_in_doubt_at_once() {
     let calls = calls_once(api, &chat, 0, |c| c[0]["status"] != "in-flight").await;
     assert_eq!(calls[0]["status"], "in-doubt", "{calls:?}");
     assert_eq!(calls[0]["tool"], "hold_order");
+    // The session's history answers the call: the next turn's model reads
+    // that it may have happened, with its key.
+    let (_, read) = api.get(&format!("/v1/sessions/{chat}")).await;
+    let messages = read["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 3, "{messages:?}");
+    assert_eq!(messages[1]["tool_calls"][0]["id"], "call_1_1");
+    assert_eq!(messages[2]["call_id"], "call_1_1");
+    let error = messages[2]["content"].as_str().unwrap();
+    assert!(
+        error.starts_with("Error [cancelled]: the run was stopped while this call was in flight")
+            && error.contains(calls[0]["idempotency_key"].as_str().unwrap()),
+        "{error}"
+    );
     server.child.kill().await.unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }

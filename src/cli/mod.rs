@@ -16,8 +16,8 @@ use webmcp_agents::agent::{AgentStreamPart, ChatMessage};
 use webmcp_agents::config::{Config, Hosted, StartOptions};
 use webmcp_agents::display::render_part;
 use webmcp_agents::runtime::{AgentHandle, RunApprovals, RunId, TaggedPart};
-use webmcp_agents::serve;
 use webmcp_agents::store::{RunLog, RunStatus, Store};
+use webmcp_agents::{mend, serve};
 
 use approve::{ApprovalArgs, Lines, RecordingApprover};
 use progress::Bars;
@@ -305,8 +305,14 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
             session.messages.len()
         );
         history = session.messages;
-        match mend_cut_turn(&store, id, &history).await {
-            Ok(added) => history.extend(added),
+        // Opening the store mended what it recovered; a turn cut before
+        // an earlier start (whose mending failed) is mended here.
+        match mend::mend_cut_turn(&store, id, &history).await {
+            Ok(Some(mended)) => {
+                report_mended(&mended);
+                history.extend(mended.added);
+            }
+            Ok(None) => {}
             Err(e) => eprintln!("warning: the last turn of session {id} was not checked: {e}"),
         }
         kept = Some((store, id.clone()));
@@ -401,7 +407,7 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
                 .filter(|((agent, _), _)| *agent == name)
                 .map(|((_, call_id), key)| (call_id, key))
                 .collect();
-            answer_cut_calls(&mut parts, &in_doubt, "the person stopped the reply");
+            mend::answer_cut_calls(&mut parts, &in_doubt, "the person stopped the reply");
         }
         let answer = serve::turn_messages(&parts);
         if let (Some((store, log)), Some((_, session))) = (&logged, &kept) {
@@ -435,127 +441,37 @@ async fn keep_turn(store: &Store, log: &RunLog, session: &str, answer: &[ChatMes
     }
 }
 
-/// A session whose last turn was cut short (its host went away in the
-/// middle: a crash, `kill -9`) holds that turn's request without its
-/// answer. The answer, as far as the run's log and call records have it,
-/// is added to the session, each call that never answered with an error
-/// that says so, and the ones recorded before they were sent as in doubt:
-/// the model then reads what may have happened instead of a request
-/// nobody answered, and is told not to send such a call again before the
-/// person checked (the host never resends it). Returns the messages added.
-async fn mend_cut_turn(
-    store: &Store,
-    session: &str,
-    messages: &[ChatMessage],
-) -> Result<Vec<ChatMessage>> {
-    use webmcp_agents::store::CallStatus;
-    if !matches!(messages.last(), Some(ChatMessage::User { .. })) {
-        return Ok(Vec::new());
-    }
-    let Some(run) = store.runs_of_session(session).await?.pop() else {
-        return Ok(Vec::new());
-    };
-    if run.status != RunStatus::Interrupted {
-        return Ok(Vec::new());
-    }
-    let mut own: Vec<AgentStreamPart> = store
-        .parts_after(&run.id, 0)
-        .await?
-        .into_iter()
-        .filter(|p| p.depth == 0)
-        .map(|p| p.part)
-        .collect();
-    let calls = store.calls_of_run(&run.id).await?;
-    let mut in_doubt = HashMap::new();
-    for call in calls.iter().filter(|c| c.agent == run.agent) {
-        // A call recorded before it was sent whose part the log did not
-        // keep (the log commits in bursts) is still one the model made.
-        let logged = own.iter().any(
-            |p| matches!(p, AgentStreamPart::ToolCall { call_id, .. } if *call_id == call.call_id),
-        );
-        if !logged {
-            own.push(AgentStreamPart::ToolCall {
-                call_id: call.call_id.clone(),
-                name: call.tool.clone(),
-                arguments: call.arguments.clone(),
-            });
-        }
-        if matches!(call.status, CallStatus::InDoubt | CallStatus::InFlight) {
-            in_doubt.insert(call.call_id.clone(), call);
-        }
-    }
-    let keys = in_doubt
-        .iter()
-        .map(|(id, c)| (id.clone(), c.idempotency_key.clone()))
-        .collect();
-    for (call_id, name) in answer_cut_calls(&mut own, &keys, "the host went away") {
-        if let Some(c) = in_doubt.get(&call_id) {
-            eprintln!(
-                "call {call_id} of the last turn ({name} {}) is in doubt (key {}): check whether it happened; it is not sent again",
-                c.arguments, c.idempotency_key
-            );
-        }
-    }
-    let added = serve::turn_messages(&own);
-    if !added.is_empty() {
-        store.append_messages(session, &added).await?;
+/// Says on stderr what mending a session's cut turn added
+/// ([`mend::mend_cut_turn`]): each call in doubt, for the person to check,
+/// and how many messages the session got.
+fn report_mended(mended: &mend::Mended) {
+    for call in &mended.in_doubt {
         eprintln!(
-            "the last turn (run {}) was cut short: {} message(s) of it are added to the session",
-            run.id,
-            added.len()
+            "call {} of the last turn ({} {}) is in doubt (key {}): check whether it happened; it is not sent again (session {})",
+            call.call_id, call.tool, call.arguments, call.idempotency_key, mended.session_id
         );
     }
-    Ok(added)
+    eprintln!(
+        "the last turn of session {} (run {}) was cut short: {} message(s) of it are added to the session",
+        mended.session_id,
+        mended.run_id,
+        mended.added.len()
+    );
 }
 
-/// Gives each call among a turn's own parts that never answered (the turn
-/// was stopped or its host went away in the middle) a `cancelled` error
-/// saying `why`, so that the history the model reads answers every call it
-/// made. A call recorded before it was sent (its key in `in_doubt`, by
-/// call id) may have happened: its error says so, and not to call it
-/// again before the person checked. The errors go before the turn's
-/// terminal part, in the step the calls were made in. Returns the calls
-/// answered so, as (call id, tool).
-fn answer_cut_calls(
-    own: &mut Vec<AgentStreamPart>,
-    in_doubt: &HashMap<String, String>,
-    why: &str,
-) -> Vec<(String, String)> {
-    use webmcp_agents::agent::{ToolError, ToolErrorCode};
-    let answered = |own: &[AgentStreamPart], id: &str| {
-        own.iter().any(|p| {
-            matches!(p, AgentStreamPart::ToolResult { call_id, .. }
-                | AgentStreamPart::ToolError { call_id, .. } if call_id == id)
-        })
-    };
-    let cut: Vec<(String, String)> = own
-        .iter()
-        .filter_map(|p| match p {
-            AgentStreamPart::ToolCall { call_id, name, .. } if !answered(own, call_id) => {
-                Some((call_id.clone(), name.clone()))
-            }
-            _ => None,
-        })
-        .collect();
-    let at = match own.last() {
-        Some(last) if last.is_terminal() => own.len() - 1,
-        _ => own.len(),
-    };
-    let errors = cut.iter().map(|(call_id, name)| {
-        let message = match in_doubt.get(call_id) {
-            Some(key) => format!(
-                "{why} while this call was in flight: it may or may not have happened (in doubt, key {key}); do not call it again before the person checked"
+/// Mends the sessions of `runs` (interrupted: recovered at the store's
+/// opening, or given up on at shutdown) whose turn they cut, and says so.
+/// A session that cannot be mended now is mended when it is continued.
+async fn mend_sessions(store: &Store, runs: &[String]) {
+    for (session, outcome) in mend::mend_sessions_of(store, runs).await {
+        match outcome {
+            Ok(Some(mended)) => report_mended(&mended),
+            Ok(None) => {}
+            Err(e) => eprintln!(
+                "warning: the cut turn of session {session} was not mended now (it is when the session goes on): {e}"
             ),
-            None => format!("{why} before this call answered"),
-        };
-        AgentStreamPart::ToolError {
-            call_id: call_id.clone(),
-            name: name.clone(),
-            error: ToolError::new(ToolErrorCode::Cancelled, message),
         }
-    });
-    own.splice(at..at, errors.collect::<Vec<_>>());
-    cut
+    }
 }
 
 /// `wma chat --sessions`: the store's sessions, newest first.
@@ -626,6 +542,9 @@ pub(crate) async fn serve(args: ServeArgs, config: &Config) -> Result<()> {
         } else {
             eprintln!("stopping");
         }
+        // The runs given up on and marked interrupted: their sessions are
+        // mended once their logs are flushed.
+        let mut given_up = Vec::new();
         if !started.runs.drained(grace).await
             && let Some(store) = api.store()
         {
@@ -651,6 +570,7 @@ pub(crate) async fn serve(args: ServeArgs, config: &Config) -> Result<()> {
                     cut.join(", ")
                 );
             }
+            given_up = cut;
             if !waiting.is_empty() {
                 eprintln!(
                     "stopping: {} run(s) wait for an approval and go on after the next start: {}",
@@ -665,6 +585,9 @@ pub(crate) async fn serve(args: ServeArgs, config: &Config) -> Result<()> {
         started.runs.drained(Duration::from_secs(5)).await;
         let _ = started.task.await;
         if let Some(store) = api.store() {
+            // A driver given up on keeps nothing in its session: it gets
+            // what the log holds of the cut turn here, as after a crash.
+            mend_sessions(store, &given_up).await;
             store.close().await;
         }
     } else {
@@ -704,6 +627,10 @@ pub(crate) async fn open_store(config: &Config) -> Result<Store> {
             recovery.waiting_runs.join(", ")
         );
     }
+    // Their sessions at once, so that reading one (the page, `GET
+    // /v1/sessions/{id}`) shows what became of the cut turn.
+    let interrupted = recovery.interrupted_runs.clone();
+    mend_sessions(&store, &interrupted).await;
     Ok(store)
 }
 
@@ -764,71 +691,5 @@ pub(crate) fn check(config: &Config) {
         if let Some(warning) = wma_runtime::listen_warning(cluster.listen) {
             println!("  warning: cluster.listen: {warning}");
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-    use webmcp_agents::agent::FinishReason;
-
-    fn call(id: &str, tool: &str) -> AgentStreamPart {
-        AgentStreamPart::ToolCall {
-            call_id: id.into(),
-            name: tool.into(),
-            arguments: json!({}),
-        }
-    }
-
-    #[test]
-    fn a_stopped_turns_calls_are_each_answered_in_its_history() {
-        let mut own = vec![
-            AgentStreamPart::MessageStart { step: 1 },
-            call("call_1_1", "order_status"),
-            call("call_1_2", "place_order"),
-            call("call_1_3", "view_cart"),
-            AgentStreamPart::ToolResult {
-                call_id: "call_1_1".into(),
-                name: "order_status".into(),
-                output: "none".into(),
-            },
-            AgentStreamPart::Finish {
-                reason: FinishReason::Aborted,
-            },
-        ];
-        let in_doubt = HashMap::from([("call_1_2".to_string(), "k3y".to_string())]);
-        let cut = answer_cut_calls(&mut own, &in_doubt, "the person stopped the reply");
-        assert_eq!(
-            cut,
-            [
-                ("call_1_2".to_string(), "place_order".to_string()),
-                ("call_1_3".to_string(), "view_cart".to_string())
-            ]
-        );
-        assert!(own.last().unwrap().is_terminal(), "{own:?}");
-        let messages: Vec<serde_json::Value> = serve::turn_messages(&own)
-            .iter()
-            .map(|m| serde_json::to_value(m).unwrap())
-            .collect();
-        assert_eq!(messages.len(), 4, "{messages:?}");
-        assert_eq!(messages[0]["tool_calls"].as_array().unwrap().len(), 3);
-        assert_eq!(messages[1]["content"], "none");
-        assert_eq!(messages[2]["call_id"], "call_1_2");
-        let doubt = messages[2]["content"].as_str().unwrap();
-        assert!(
-            doubt.starts_with(
-                "Error [cancelled]: the person stopped the reply while this call was in flight"
-            ) && doubt.contains("in doubt, key k3y"),
-            "{doubt}"
-        );
-        assert_eq!(
-            messages[3]["content"],
-            "Error [cancelled]: the person stopped the reply before this call answered"
-        );
-        // A turn whose calls all answered is left as it was.
-        let before = own.clone();
-        assert!(answer_cut_calls(&mut own, &HashMap::new(), "-").is_empty());
-        assert_eq!(own, before);
     }
 }

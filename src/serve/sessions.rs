@@ -325,6 +325,15 @@ pub(crate) async fn continue_session(
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
     let mut history = session.messages;
+    // A turn its host was cut from (a crash, a shutdown that gave up on
+    // it) and that the start did not mend yet: its answer, as far as the
+    // log and call records have it, joins the session before the next
+    // request, so the model reads what became of its calls.
+    match crate::mend::mend_cut_turn(store, &id, &history).await {
+        Ok(Some(mended)) => history.extend(mended.added),
+        Ok(None) => {}
+        Err(e) => return store_error(&e),
+    }
     let new = vec![ChatMessage::user(body.input)];
     history.extend(new.iter().cloned());
     let agent = session.session.agent;
@@ -426,7 +435,7 @@ async fn start_durable(
         server,
         store,
         (log, Vec::new()),
-        ticket,
+        (ticket, name),
         session_id,
         calls,
         run,
@@ -448,7 +457,7 @@ fn launch(
     server: &Server,
     store: Store,
     (log, earlier): (RunLog, Vec<(u64, Bytes)>),
-    ticket: RunTicket,
+    (ticket, agent): (RunTicket, &str),
     session_id: &str,
     calls: approvals::CallKeys,
     run: wma_runtime::RunStream,
@@ -475,6 +484,7 @@ fn launch(
             live: server.live.clone(),
             ticket,
             id,
+            agent: agent.to_string(),
             session_id: session_id.to_string(),
             calls,
         },
@@ -514,6 +524,8 @@ struct DriveRun {
     live: Arc<LiveRuns>,
     ticket: RunTicket,
     id: String,
+    /// The run's own agent, whose calls the session's history holds.
+    agent: String,
     session_id: String,
     /// Calls recorded before they were sent, awaiting their answer.
     calls: approvals::CallKeys,
@@ -550,15 +562,21 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
         // run stopped while it ran) may or may not have happened: in doubt
         // now, as after a crash. At shutdown they stay in flight, and the
         // next start marks them.
-        let unanswered: Vec<String> =
-            std::mem::take(&mut *run.calls.lock().unwrap_or_else(|e| e.into_inner()))
-                .into_values()
-                .collect();
-        for key in unanswered {
-            if let Err(e) = run.store.abandon_call(&key).await {
+        let unanswered = std::mem::take(&mut *run.calls.lock().unwrap_or_else(|e| e.into_inner()));
+        for key in unanswered.values() {
+            if let Err(e) = run.store.abandon_call(key).await {
                 tracing::warn!(run_id = %run.id, error = %e, "a call cut short was not marked in doubt");
             }
         }
+        // A run stopped in the middle of a call leaves it without an
+        // answer: the session's history says what became of it, as
+        // `wma chat`'s does.
+        let in_doubt: HashMap<String, String> = unanswered
+            .into_iter()
+            .filter(|((agent, _), _)| *agent == run.agent)
+            .map(|((_, call_id), key)| (call_id, key))
+            .collect();
+        crate::mend::answer_cut_calls(&mut own, &in_doubt, "the run was stopped");
         let answer = turn_messages(&own);
         if let Err(e) = run.store.append_messages(&run.session_id, &answer).await {
             tracing::warn!(run_id = %run.id, error = %e, "the run's answer was not added to its session");
@@ -878,7 +896,7 @@ async fn resume(
         server,
         store,
         (log, earlier),
-        ticket,
+        (ticket, &stored.agent),
         &stored.session_id,
         calls,
         run,
