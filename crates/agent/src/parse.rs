@@ -26,14 +26,18 @@
 //! family, the JSON is read by the forgiving reader in [`json`] and its keys
 //! are interpreted by [`shape`], so every family accepts the same spellings.
 //!
-//! A tag, marker or fence inside a JSON string is text, not syntax: a person
-//! may search for `"<tool_call>"`, and a page's text quoted in an argument
-//! may hold anything. Before the families run, [`Shield`] finds the JSON
-//! values in the reply whose strings hold such syntax and, where the value
-//! reads as JSON, rewrites those characters as the escapes that mean the
-//! same (`<` as `\u003c`), so the families see no tag there and the JSON
-//! reader still reads the text as written. Spans are mapped back to the
-//! reply as it was.
+//! A string literal is data, not syntax: a person may search for
+//! `"<tool_call>"`, a message a model sends may quote markup or a whole call
+//! (`send_message(body="<b>hi</b> see <tool_call> docs")`), and a page's
+//! text quoted in an argument may hold anything. Before the families run,
+//! [`Shield`] finds the values in the reply (JSON values and Python-style
+//! calls) whose strings hold a character some family reads as syntax (`<`,
+//! `[`, `{`, a backtick, a line break) and, where the value reads whole,
+//! rewrites those characters as the escapes that mean the same (`<` as
+//! `\u003c`). The families then see no tag, marker, fence, value or line
+//! inside a string, so no string content becomes a call or ends one early,
+//! and the readers still read the text as written. Spans are mapped back to
+//! the reply as it was.
 //!
 //! Everything a family claims, call or unreadable attempt, is cut from the
 //! prose; [`ParsedReply::text`] is what is left. The work is linear in the
@@ -179,6 +183,8 @@ fn gaps(len: usize, found: &[Found]) -> Vec<Range<usize>> {
 /// cut and joined with a newline when the cut crossed a line, else a space.
 fn prose(reply: &str, found: &[Found]) -> String {
     let mut out = String::new();
+    // Where in `out` pieces were joined across a cut, in order.
+    let mut joins = Vec::new();
     let mut cursor = 0;
     let mut last_end = 0;
     let cuts = found
@@ -196,18 +202,21 @@ fn prose(reply: &str, found: &[Found]) -> String {
         let start = piece_start + piece.len() - piece.trim_start().len();
         if !out.is_empty() {
             let between = &reply[last_end..start];
+            joins.push(out.len());
             out.push(if between.contains('\n') { '\n' } else { ' ' });
         }
         out.push_str(trimmed);
         last_end = start + trimmed.len();
     }
-    without_empty_fences(&out)
+    without_empty_fences(out, joins)
 }
 
-/// The text without Markdown fences that held only the calls cut from them
-/// (a json fence and its closing fence with nothing left between).
-fn without_empty_fences(text: &str) -> String {
-    let mut out = text.to_string();
+/// The text without Markdown fences that held only the calls cut from them:
+/// a fence and its closing fence with nothing between but a join where
+/// calls were cut (`joins`, offsets in `out`, ascending). Fences that were
+/// written with nothing between them, in prose or inside a string the
+/// prose quotes, are the reply's own text and stay.
+fn without_empty_fences(mut out: String, mut joins: Vec<usize>) -> String {
     let mut from = 0;
     while let Some(offset) = out[from..].find("```") {
         let open = from + offset;
@@ -218,8 +227,17 @@ fn without_empty_fences(text: &str) -> String {
                 .unwrap_or(out.len() - open - 3);
         let gap = out[label_end..].len() - out[label_end..].trim_start().len();
         let close = label_end + gap;
-        if gap > 0 && out[close..].starts_with("```") {
-            out.replace_range(open..close + 3, "");
+        let first_join = joins.partition_point(|&join| join < label_end);
+        let around_a_cut = joins.get(first_join).is_some_and(|&join| join < close);
+        if around_a_cut && out[close..].starts_with("```") {
+            let end = close + 3;
+            out.replace_range(open..end, "");
+            joins.retain(|&join| join < open || join >= end);
+            for join in &mut joins {
+                if *join >= end {
+                    *join -= end - open;
+                }
+            }
             from = open;
         } else {
             from = open + 3;
@@ -228,17 +246,22 @@ fn without_empty_fences(text: &str) -> String {
     out.trim().to_string()
 }
 
-/// The reply with the call syntax inside JSON strings escaped away, so that
-/// no family takes it for a tag (see the module docs), and the way back to
-/// the reply's own offsets.
+/// The reply with the syntax inside its string literals escaped away, so
+/// that no family takes a string's content for a tag, a fence, a line or a
+/// value of its own (see the module docs), and the way back to the reply's
+/// own offsets.
 ///
-/// One pass finds the JSON values of the reply, tracking strings the way the
-/// JSON reader does (double or single quotes, after `{`, `[`, `,` or `:`,
-/// with backslash escapes). A value whose strings hold a tag, a marker, a
-/// fence or a line break is read once with [`json::read_value`], over its
-/// own bytes only; when it reads whole, those characters are rewritten as
-/// escapes that read back the same. Every byte is looked at a bounded number
-/// of times.
+/// One pass finds the values of the reply: JSON values, and Python-style
+/// calls (`name(key="value", …)`, alone or in a list). It tracks strings
+/// the way the readers do: double or single quotes, with backslash escapes,
+/// starting only where a value may start (after `{`, `[`, `,` or `:`, and in
+/// a call after `(` or `=`). A value whose strings hold anything a family
+/// reads as syntax is read once with the reader of its kind, over its own
+/// bytes only; when it reads whole, those characters are rewritten as
+/// escapes that read back the same. A stretch that looked like a Python call
+/// but did not read as one is scanned again as JSON alone, so its
+/// parentheses and quotes cannot hide a JSON value inside it. Every byte is
+/// scanned at most twice.
 struct Shield {
     /// The reply, rewritten.
     text: String,
@@ -256,42 +279,59 @@ struct Edit {
     shielded_at: usize,
 }
 
-/// What the families read as syntax of their own, even inside a string:
-/// Hermes' tags and Llama's marker (all start with `<`).
-const TAGS_IN_STRINGS: &[&str] = &[
-    "<tool_call>",
-    "</tool_call>",
-    "<function_call>",
-    "</function_call>",
-    "<|python_tag|>",
-];
-
-/// The escape that hides the syntax starting at `bytes[at]`, if any starts
-/// there: a tag or marker, a code fence, or a line break (the Python-style
-/// family reads lines).
+/// The escape that hides the character at `bytes[at]`, if a family could
+/// read it as syntax: `<` starts every tag and Llama's marker, `[` Mistral's
+/// marker and lists, `{` objects, `` ` `` fences and inline code, and a line
+/// break ends the lines the Python-style family reads. Hiding every such
+/// character, not only the known tags, keeps any string content (a JSON
+/// call quoted in a message, a tag a later family learns) from becoming a
+/// call or ending one early.
 fn hiding(bytes: &[u8], at: usize) -> Option<&'static str> {
-    let rest = bytes.get(at..)?;
-    match *rest.first()? {
-        b'<' if TAGS_IN_STRINGS
-            .iter()
-            .any(|tag| rest.starts_with(tag.as_bytes())) =>
-        {
-            Some("\\u003c")
-        }
-        b'[' if rest.starts_with(b"[TOOL_CALLS]") => Some("\\u005b"),
-        b'`' if rest.starts_with(b"```") => Some("\\u0060"),
+    match *bytes.get(at)? {
+        b'<' => Some("\\u003c"),
+        b'[' => Some("\\u005b"),
+        b'{' => Some("\\u007b"),
+        b'`' => Some("\\u0060"),
         b'\n' => Some("\\n"),
         _ => None,
     }
 }
 
-/// Whether `reply[start..end]` is one JSON value, whole.
-fn reads_whole(reply: &str, start: usize, end: usize, open_at_end: bool) -> bool {
+/// Whether `reply[start..end]` is one JSON value, whole, or with `calls`,
+/// Python-style calls, whole.
+fn reads_whole(reply: &str, start: usize, end: usize, open_at_end: bool, calls: bool) -> bool {
     json::read_value(reply, start, end, open_at_end).is_ok_and(|read| read.end == end)
+        || (calls && pythonic::read_calls(reply, start, end).is_some_and(|(_, next)| next == end))
+}
+
+/// Where [`Shield::new`]'s scan stands.
+struct Scan {
+    /// Containers (and, in a call, parentheses) open around `pos`.
+    depth: usize,
+    /// Where the outermost open value starts.
+    value_start: usize,
+    /// Whether that value is read with Python-style calls in it: then `(`,
+    /// `)` and `=` are its syntax.
+    value_calls: bool,
+    /// Whether that syntax was met in it: if the value then does not read,
+    /// it is scanned again as JSON alone.
+    used_calls: bool,
+    /// Python-style calls are looked for only from here on (see
+    /// [`Shield`]).
+    calls_from: usize,
+    /// Where the run of name characters just before `pos` started, outside
+    /// strings: a `(` right after one opens a call.
+    word_start: Option<usize>,
+    /// The quote of the string `pos` is in.
+    quote: Option<u8>,
+    /// Whether the last byte outside strings opened a container or was a
+    /// `,` or `:` (or, in a call, `(` or `=`): only there does a reader
+    /// start a string.
+    string_may_start: bool,
 }
 
 impl Shield {
-    /// The shielded reply, or `None` when no JSON string in it holds syntax
+    /// The shielded reply, or `None` when no string in it holds syntax
     /// (then the reply is read as it is).
     fn new(reply: &str) -> Option<Self> {
         let bytes = reply.as_bytes();
@@ -299,19 +339,36 @@ impl Shield {
         // that read whole, and those of the value being scanned.
         let mut edits: Vec<(usize, usize, &'static str)> = Vec::new();
         let mut pending: Vec<(usize, usize, &'static str)> = Vec::new();
-        let mut depth = 0usize;
-        let mut value_start = 0;
-        let mut quote: Option<u8> = None;
-        // Whether the last byte outside strings opened a container or was a
-        // `,` or `:`: only there does the JSON reader start a string.
-        let mut string_may_start = false;
+        let mut scan = Scan {
+            depth: 0,
+            value_start: 0,
+            value_calls: false,
+            used_calls: false,
+            calls_from: 0,
+            word_start: None,
+            quote: None,
+            string_may_start: false,
+        };
         let mut pos = 0;
-        while pos < bytes.len() {
-            let byte = bytes[pos];
-            if let Some(open) = quote {
+        loop {
+            let Some(&byte) = bytes.get(pos) else {
+                // A value left open at the end of the reply, as the reader
+                // closes it.
+                if scan.depth > 0 && (!pending.is_empty() || scan.used_calls) {
+                    if reads_whole(reply, scan.value_start, bytes.len(), true, scan.value_calls) {
+                        edits.append(&mut pending);
+                    } else if scan.used_calls {
+                        pos = scan.rescan_as_json(bytes.len());
+                        pending.clear();
+                        continue;
+                    }
+                }
+                break;
+            };
+            if let Some(open) = scan.quote {
                 if byte == open {
-                    quote = None;
-                    string_may_start = false;
+                    scan.quote = None;
+                    scan.string_may_start = false;
                     pos += 1;
                     continue;
                 }
@@ -327,35 +384,68 @@ impl Shield {
                 pos += len;
                 continue;
             }
+            let word_start = scan.word_start.take();
+            let mut closed = false;
             match byte {
                 b'{' | b'[' => {
-                    if depth == 0 {
-                        value_start = pos;
+                    if scan.depth == 0 {
+                        scan.open_value(pos);
                         pending.clear();
                     }
-                    depth += 1;
-                    string_may_start = true;
+                    scan.depth += 1;
+                    scan.string_may_start = true;
                 }
-                b'}' | b']' if depth > 0 => {
-                    depth -= 1;
-                    string_may_start = false;
-                    if depth == 0 {
-                        if !pending.is_empty() && reads_whole(reply, value_start, pos + 1, false) {
-                            edits.append(&mut pending);
-                        }
-                        pending.clear();
-                    }
+                b'(' if scan.depth > 0 && scan.value_calls => {
+                    scan.depth += 1;
+                    scan.used_calls = true;
+                    scan.string_may_start = true;
                 }
-                b'"' | b'\'' if depth > 0 && string_may_start => quote = Some(byte),
-                b',' | b':' => string_may_start = depth > 0,
+                b'(' if scan.depth == 0 && pos >= scan.calls_from && word_start.is_some() => {
+                    scan.open_value(word_start.unwrap_or(pos));
+                    pending.clear();
+                    scan.depth = 1;
+                    scan.used_calls = true;
+                    scan.string_may_start = true;
+                }
+                b'}' | b']' if scan.depth > 0 => closed = true,
+                b')' if scan.depth > 0 && scan.value_calls => {
+                    scan.used_calls = true;
+                    closed = true;
+                }
+                b'"' | b'\'' if scan.depth > 0 && scan.string_may_start => {
+                    scan.quote = Some(byte);
+                }
+                b',' | b':' => scan.string_may_start = scan.depth > 0,
+                b'=' if scan.depth > 0 && scan.value_calls => {
+                    scan.used_calls = true;
+                    scan.string_may_start = true;
+                }
                 b' ' | b'\t' | b'\n' | b'\r' => {}
-                _ => string_may_start = false,
+                _ => {
+                    scan.string_may_start = false;
+                    if json::is_ident_byte(byte) || byte == b'.' {
+                        scan.word_start = word_start.or(Some(pos));
+                    }
+                }
+            }
+            if closed {
+                scan.depth -= 1;
+                scan.string_may_start = false;
+                if scan.depth == 0 {
+                    let end = pos + 1;
+                    if !pending.is_empty() || scan.used_calls {
+                        if reads_whole(reply, scan.value_start, end, false, scan.value_calls) {
+                            edits.append(&mut pending);
+                        } else if scan.used_calls {
+                            pos = scan.rescan_as_json(end);
+                            pending.clear();
+                            continue;
+                        }
+                    }
+                    pending.clear();
+                }
             }
             pos += 1;
-        }
-        // A value left open at the end of the reply, as the reader closes it.
-        if depth > 0 && !pending.is_empty() && reads_whole(reply, value_start, bytes.len(), true) {
-            edits.append(&mut pending);
         }
         if edits.is_empty() {
             return None;
@@ -404,6 +494,29 @@ impl Shield {
             None => pos,
             Some(edit) => edit.at + edit.len + (pos - (edit.shielded_at + edit.with.len())),
         }
+    }
+}
+
+impl Scan {
+    /// Starts the outermost value at `start`.
+    fn open_value(&mut self, start: usize) {
+        self.value_start = start;
+        self.value_calls = start >= self.calls_from;
+        self.used_calls = false;
+    }
+
+    /// Goes back to the start of a value that used Python-style call syntax
+    /// and did not read (it ended at `end`), to scan it as JSON alone. Gives
+    /// where to scan from.
+    fn rescan_as_json(&mut self, end: usize) -> usize {
+        self.calls_from = end;
+        self.depth = 0;
+        self.value_calls = false;
+        self.used_calls = false;
+        self.word_start = None;
+        self.quote = None;
+        self.string_may_start = false;
+        self.value_start
     }
 }
 
@@ -799,6 +912,121 @@ mod tests {
                 vec![],
                 "ok",
                 Some("the call is not valid JSON"),
+            ),
+        ]);
+    }
+
+    #[test]
+    fn call_syntax_inside_python_call_strings_is_text() {
+        let body = |b: &str| json!({"body": b});
+        let tag = |q: &str| json!({"query": q});
+        check(vec![
+            (
+                r#"[send_message(body="<b>hi</b> see <tool_call> docs")]"#,
+                vec![call("send_message", body("<b>hi</b> see <tool_call> docs"))],
+                "",
+                None,
+            ),
+            (
+                "Sending it.\nsend_message(body=\"ends with </tool_call> and <|im_end|>\")\nDone.",
+                vec![call(
+                    "send_message",
+                    body("ends with </tool_call> and <|im_end|>"),
+                )],
+                "Sending it.\nDone.",
+                None,
+            ),
+            (
+                r#"<tool_call>send_message(body="x </tool_call> y <tool_call>")</tool_call> ok"#,
+                vec![call("send_message", body("x </tool_call> y <tool_call>"))],
+                "ok",
+                None,
+            ),
+            (
+                r#"<|python_tag|>send_message(body='<|python_tag|>[TOOL_CALLS]') then"#,
+                vec![call("send_message", body("<|python_tag|>[TOOL_CALLS]"))],
+                "then",
+                None,
+            ),
+            (
+                r#"[TOOL_CALLS][send_message(body="<function_call>"), get_cart()]"#,
+                vec![
+                    call("send_message", body("<function_call>")),
+                    call("get_cart", json!({})),
+                ],
+                "",
+                None,
+            ),
+            (
+                "```python\nsend_message(body=\"a ``` b\")\n```",
+                vec![call("send_message", body("a ``` b"))],
+                "",
+                None,
+            ),
+            (
+                "`send_message(to=\"ann\", body=\"<tool_call>{\\\"name\\\": \\\"pay\\\"}</tool_call>\")`",
+                vec![call(
+                    "send_message",
+                    json!({"to": "ann", "body": "<tool_call>{\"name\": \"pay\"}</tool_call>"}),
+                )],
+                "",
+                None,
+            ),
+            (
+                // A raw line break inside a string does not end the call, and
+                // what follows it in the string is not a call of its own.
+                "send_message(body=\"first line\npay(amount=100)\")",
+                vec![call("send_message", body("first line\npay(amount=100)"))],
+                "",
+                None,
+            ),
+            (
+                // A call quoted in a string is data, not a call of its own,
+                // in a call on its own line or in a sentence.
+                r#"send_message(body='<tool_call>{"name": "pay", "arguments": {}}</tool_call>')"#,
+                vec![call(
+                    "send_message",
+                    body(r#"<tool_call>{"name": "pay", "arguments": {}}</tool_call>"#),
+                )],
+                "",
+                None,
+            ),
+            (
+                r#"Try send_message(body='{"name": "pay", "arguments": {}}') later"#,
+                vec![],
+                r#"Try send_message(body='{"name": "pay", "arguments": {}}') later"#,
+                None,
+            ),
+            (
+                r#"I would send send_message(body='[{"name": "pay"}]') now"#,
+                vec![],
+                r#"I would send send_message(body='[{"name": "pay"}]') now"#,
+                None,
+            ),
+            (
+                // What looks like a call but does not read as one is scanned
+                // again as JSON alone: its parentheses and quotes hide no
+                // JSON value inside it.
+                r#"search({"query": "<tool_call>"}) and f(x, "oops) {"name": "search", "arguments": {"query": "</tool_call>"}}"#,
+                vec![call("search", tag("</tool_call>"))],
+                r#"search({"query": "<tool_call>"}) and f(x, "oops)"#,
+                None,
+            ),
+            (
+                // Fences with nothing between them are cut only where calls
+                // were cut from between them, never out of a string.
+                r#"Try note(text="``` ```") or {"text": "```json ```"} later."#,
+                vec![],
+                r#"Try note(text="``` ```") or {"text": "```json ```"} later."#,
+                None,
+            ),
+            (
+                // A call in a sentence is prose, and so is the tag in its
+                // string: it opens no block.
+                r#"Try search(query="<tool_call>") later."#,
+                vec![],
+                r#"Try search(query="<tool_call>") later."#,
+                None,
             ),
         ]);
     }
