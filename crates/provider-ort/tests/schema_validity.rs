@@ -9,8 +9,8 @@
 //! grammar allows, where a model would stay on its favourite paths. The
 //! schemas are hand-written hard ones (nesting, enums of every type, `const`,
 //! formats, `anyOf`/`oneOf`, bounds, `$ref`) and, when the set-up has
-//! fetched BFCL, the tool schemas of its data, converted as `wma eval bfcl`
-//! converts them.
+//! fetched BFCL, the tool schemas of its data, converted by the code
+//! `wma eval bfcl` converts them with.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -356,47 +356,17 @@ fn hard_schemas() -> Vec<(String, Value)> {
         .collect()
 }
 
-/// BFCL's schema dialect as JSON Schema, as `wma eval bfcl` converts it
-/// (src/eval/bfcl.rs `to_json_schema`): Python type names become JSON
-/// Schema's, and `default`/`optional` are dropped.
-fn bfcl_to_json_schema(schema: &Value) -> Value {
-    let Value::Object(map) = schema else {
-        return schema.clone();
-    };
-    let mut out = Map::new();
-    for (key, value) in map {
-        let converted = match key.as_str() {
-            "type" => match value.as_str() {
-                Some("dict") => Value::from("object"),
-                Some("float") => Value::from("number"),
-                Some("tuple") | Some("list") => Value::from("array"),
-                Some("any") => Value::from("string"),
-                Some("int") => Value::from("integer"),
-                Some("bool") => Value::from("boolean"),
-                Some("str") => Value::from("string"),
-                _ => value.clone(),
-            },
-            "properties" => match value {
-                Value::Object(props) => Value::Object(
-                    props
-                        .iter()
-                        .map(|(k, v)| (k.clone(), bfcl_to_json_schema(v)))
-                        .collect(),
-                ),
-                other => other.clone(),
-            },
-            "items" | "additionalProperties" => bfcl_to_json_schema(value),
-            "default" | "optional" => continue,
-            _ => value.clone(),
-        };
-        out.insert(key.clone(), converted);
-    }
-    Value::Object(out)
-}
+/// BFCL's schema dialect as JSON Schema: the evaluation's own conversion
+/// (`wma eval bfcl` runs this file), read by path because this crate cannot
+/// depend on the root crate that depends on it. Its items are public there;
+/// here, in a test, nothing outside reaches them.
+#[allow(unreachable_pub)]
+#[path = "../../../src/eval/bfcl/schema.rs"]
+mod bfcl_schema;
 
 /// Every distinct tool schema of the BFCL data in the cache (none when the
-/// set-up has not fetched it), converted; the ones that are not valid JSON
-/// Schema once converted (Java and JavaScript type names) are left out,
+/// set-up has not fetched it), converted as the evaluation converts them;
+/// any that are still not valid JSON Schema once converted are left out,
 /// since no call could validate against them.
 fn bfcl_schemas() -> Vec<(String, Value)> {
     let dir: PathBuf = cache_dir().unwrap().join("eval/bfcl");
@@ -417,7 +387,7 @@ fn bfcl_schemas() -> Vec<(String, Value)> {
                 continue;
             };
             for function in record["function"].as_array().into_iter().flatten() {
-                let schema = bfcl_to_json_schema(&function["parameters"]);
+                let schema = bfcl_schema::to_json_schema(&function["parameters"]);
                 let key = schema.to_string();
                 if CompiledSchema::new(&schema).is_err() || !seen.insert(key) {
                     continue;
