@@ -72,7 +72,11 @@ pub async fn mend_cut_turn(
         .collect();
     let calls = store.calls_of_run(&run.id).await?;
     let mut in_doubt = HashMap::new();
-    for call in calls.iter().filter(|c| c.agent == run.agent) {
+    // The run's own calls: a sub-agent's are answered inside its run.
+    for call in calls
+        .iter()
+        .filter(|c| c.agent == run.agent && c.sub_run.is_empty())
+    {
         // A call recorded before it was sent whose part the log did not
         // keep (the log commits in bursts) is still one the model made.
         let logged = own.iter().any(

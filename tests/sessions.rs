@@ -1852,3 +1852,134 @@ async fn a_killed_wma_chat_leaves_its_call_in_doubt_and_never_sends_it_again() {
     store.close().await;
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `lead` hands `buyer` two tasks in one run; `buyer` places an order of
+/// the MCP server at `mcp_url` for each (consequential, `auto`).
+fn team_config(dir: &Path, mcp_url: &str) -> PathBuf {
+    let text = format!(
+        r#"
+[providers.lead]
+kind = "scripted"
+replies = [
+    '{{"name": "buyer", "arguments": {{"task": "Buy a tent"}}}}',
+    '{{"name": "buyer", "arguments": {{"task": "Buy a tent for my brother too"}}}}',
+    "Both are ordered.",
+]
+
+[providers.buyer]
+kind = "scripted"
+replies = [
+    '{{"name": "place_order", "arguments": {{"item": "tent"}}}}',
+    "Ordered.",
+    '{{"name": "place_order", "arguments": {{"item": "tent"}}}}',
+    "Ordered.",
+]
+
+[tools.orders]
+kind = "mcp-http"
+url = {url}
+
+[agents.lead]
+provider = "lead"
+sub_agents = ["buyer"]
+
+[agents.buyer]
+provider = "buyer"
+tools = ["orders"]
+approval = {{ consequential = "auto" }}
+
+[server]
+token_file = "token"
+
+[store]
+data_dir = {data}
+"#,
+        url = toml_str(mcp_url),
+        data = toml_str(&dir.join("data").display().to_string()),
+    );
+    let file = dir.join("wma.toml");
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_runs_of_one_sub_agent_in_a_run_are_told_apart_in_its_log_and_call_records() {
+    let dir = scratch("sub-runs");
+    let orders = wma_testkit::McpTestServer::start().unwrap();
+    let config = team_config(&dir, &orders.url());
+    let mut server = serve_process(&config, &dir).await;
+    let api = &server.api;
+    let chat = api.new_session("lead").await;
+    let (run, mut events) = api.continue_session(&chat, "Buy two tents").await;
+    let parts = events.rest().await;
+    assert_eq!(parts.last().unwrap().data["type"], "finish", "{parts:?}");
+    assert_eq!(orders.calls().len(), 2, "{:?}", orders.calls());
+
+    // Both of the sub-agent's runs number their call `call_1_1`, with the
+    // same tool and arguments; each part says which of the run's sub-agent
+    // runs it is from: the first delegation's, then the second's.
+    let calls_of = |parts: &[Event]| -> Vec<Value> {
+        parts
+            .iter()
+            .filter(|e| e.data["type"] == "tool-call" && e.data["agent"] == "buyer")
+            .map(|e| e.data.clone())
+            .collect()
+    };
+    let sub_calls = calls_of(&parts);
+    assert_eq!(sub_calls.len(), 2, "{parts:?}");
+    assert_eq!(sub_calls[0]["call_id"], sub_calls[1]["call_id"]);
+    assert_eq!(sub_calls[0]["sub_run"], "1", "{:?}", sub_calls[0]);
+    assert_eq!(sub_calls[1]["sub_run"], "2", "{:?}", sub_calls[1]);
+    // The run's own parts carry none: a run without sub-agents reads as
+    // it always did.
+    assert!(
+        parts
+            .iter()
+            .filter(|e| e.data["depth"] == 0)
+            .all(|e| e.data.get("sub_run").is_none()),
+        "{parts:?}"
+    );
+    // The log read back says the same.
+    let logged = api.events_after(&run, 0).await.rest().await;
+    assert_eq!(calls_of(&logged), sub_calls);
+
+    // Each call record names its sub-agent run and holds its own answer,
+    // with the key its server got.
+    let records = calls_once(api, &chat, 0, |c| {
+        c.len() == 2 && c.iter().all(|c| c["status"] == "answered")
+    })
+    .await;
+    let mut by_sub_run: Vec<(String, String)> = records
+        .iter()
+        .map(|c| {
+            assert_eq!(c["agent"], "buyer");
+            assert_eq!(c["call_id"], "call_1_1");
+            (
+                c["sub_run"].as_str().unwrap_or_default().to_string(),
+                c["idempotency_key"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    by_sub_run.sort();
+    assert_eq!(by_sub_run[0].0, "1", "{records:?}");
+    assert_eq!(by_sub_run[1].0, "2", "{records:?}");
+    let received = orders.calls();
+    use webmcp_agents::tools::IDEMPOTENCY_KEY_META;
+    assert_eq!(
+        received[0].meta[IDEMPOTENCY_KEY_META],
+        by_sub_run[0].1.as_str()
+    );
+    assert_eq!(
+        received[1].meta[IDEMPOTENCY_KEY_META],
+        by_sub_run[1].1.as_str()
+    );
+    for record in &records {
+        let key = record["idempotency_key"].as_str().unwrap();
+        assert!(
+            record["output"].as_str().unwrap().contains(key),
+            "each record holds its own call's answer: {records:?}"
+        );
+    }
+    server.child.kill().await.unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -227,8 +227,9 @@ pub(crate) struct RecordingApprover {
     /// The run of the turn going on; `None` between turns.
     run: Mutex<Option<String>>,
     /// The idempotency keys of the turn's recorded calls that have not
-    /// answered yet, by (calling agent, call id).
-    in_flight: Mutex<HashMap<(String, String), String>>,
+    /// answered yet, by (calling agent, sub-agent run, call id): two runs
+    /// of one sub-agent in a turn number their calls alike.
+    in_flight: Mutex<HashMap<(String, String, String), String>>,
     /// The answers being recorded, off the turn's path; awaited when the
     /// turn ends.
     answers: Mutex<Vec<tokio::task::JoinHandle<()>>>,
@@ -267,7 +268,7 @@ impl RecordingApprover {
             .in_flight
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&(part.agent.clone(), call_id.clone()));
+            .remove(&(part.agent.clone(), part.sub_run.clone(), call_id.clone()));
         let Some(key) = key else { return };
         let store = self.store.clone();
         let recording = tokio::spawn(async move {
@@ -284,15 +285,16 @@ impl RecordingApprover {
     /// The turn ended: its answers are recorded, and a recorded call that
     /// never answered (the turn was stopped while it ran) may or may not
     /// have happened, so it is marked in doubt now, as a restart would.
-    /// Returns those calls' keys by (calling agent, call id).
-    pub(crate) async fn end_turn(&self) -> HashMap<(String, String), String> {
+    /// Returns those calls' keys by (calling agent, sub-agent run, call
+    /// id).
+    pub(crate) async fn end_turn(&self) -> HashMap<(String, String, String), String> {
         let answers = std::mem::take(&mut *self.answers.lock().unwrap_or_else(|e| e.into_inner()));
         for recording in answers {
             let _ = recording.await;
         }
         let unanswered =
             std::mem::take(&mut *self.in_flight.lock().unwrap_or_else(|e| e.into_inner()));
-        for ((_, call_id), key) in &unanswered {
+        for ((_, _, call_id), key) in &unanswered {
             match self.store.abandon_call(key).await {
                 Ok(true) => eprintln!(
                     "call {call_id} (key {key}) did not answer before the turn ended: it is in doubt; check whether it happened"
@@ -326,11 +328,14 @@ impl Approver for RecordingApprover {
             .unwrap_or_else(|e| e.into_inner())
             .clone()
             .ok_or("no turn of the chat is going on to record it in")?;
+        // Which of the turn's sub-agent runs calls, as its parts carry it.
+        let sub_run = TaggedPart::current_sub_run();
         let record = self
             .store
-            .begin_call(
+            .begin_call_in(
                 &run,
                 &call.agent,
+                &sub_run,
                 &call.call_id,
                 &call.tool,
                 &call.arguments,
@@ -341,7 +346,7 @@ impl Approver for RecordingApprover {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(
-                (call.agent.clone(), call.call_id.clone()),
+                (call.agent.clone(), sub_run, call.call_id.clone()),
                 record.idempotency_key.clone(),
             );
         Ok(Some(record.idempotency_key))
@@ -410,7 +415,10 @@ mod tests {
         let cut_short = recorder.end_turn().await;
         assert_eq!(
             cut_short,
-            HashMap::from([(("main".to_string(), "call_2_1".to_string()), cut.clone())])
+            HashMap::from([(
+                ("main".to_string(), String::new(), "call_2_1".to_string()),
+                cut.clone()
+            )])
         );
         let recorded = store.call(&answered).await.unwrap().unwrap();
         assert_eq!(recorded.status, CallStatus::Answered);

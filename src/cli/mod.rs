@@ -215,7 +215,7 @@ async fn ask(
     let mut own = Vec::new();
     while let Some(part) = run.next_tagged().await {
         if let Some(log) = log {
-            log.append(&part.agent, part.depth, part.part.clone());
+            log.append_in(&part.agent, part.depth, &part.sub_run, part.part.clone());
         }
         if let Some(recorder) = recorder {
             recorder.record_answer(&part);
@@ -404,8 +404,8 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
         if let Some(in_doubt) = in_doubt {
             let in_doubt: HashMap<String, String> = in_doubt
                 .into_iter()
-                .filter(|((agent, _), _)| *agent == name)
-                .map(|((_, call_id), key)| (call_id, key))
+                .filter(|((agent, sub_run, _), _)| *agent == name && sub_run.is_empty())
+                .map(|((_, _, call_id), key)| (call_id, key))
                 .collect();
             mend::answer_cut_calls(&mut parts, &in_doubt, "the person stopped the reply");
         }

@@ -132,8 +132,8 @@ pub(crate) struct HttpApprover {
     /// recorded.
     pub(crate) store: Option<wma_store::Store>,
     /// The calls of this run recorded before they were sent whose answer
-    /// the run's driver records, by (calling agent, call id): their
-    /// idempotency keys.
+    /// the run's driver records, by (calling agent, sub-agent run, call
+    /// id): their idempotency keys.
     pub(crate) calls: CallKeys,
     /// Set when the host gives up on its runs at shutdown: a question
     /// whose wait ends then stays pending in the store, for the next start.
@@ -141,8 +141,11 @@ pub(crate) struct HttpApprover {
 }
 
 /// The idempotency keys of recorded calls that have not answered yet, by
-/// (calling agent, call id).
-pub(crate) type CallKeys = Arc<Mutex<HashMap<(String, String), String>>>;
+/// (calling agent, the sub-agent run it is in — `TaggedPart::sub_run`,
+/// `""` for the run's own — and call id): two runs of one sub-agent in a
+/// run number their calls alike, and the answer of the one must not be
+/// taken for the other's.
+pub(crate) type CallKeys = Arc<Mutex<HashMap<(String, String, String), String>>>;
 
 impl HttpApprover {
     /// The approver of the run `run_id` of agent `run_agent`.
@@ -292,10 +295,14 @@ impl Approver for HttpApprover {
         let Some(store) = &self.store else {
             return Ok(None);
         };
+        // Which of the run's sub-agent runs calls (the delegator says so
+        // for the length of this call), as its parts carry it.
+        let sub_run = wma_runtime::TaggedPart::current_sub_run();
         let record = store
-            .begin_call(
+            .begin_call_in(
                 &self.run_id,
                 &call.agent,
+                &sub_run,
                 &call.call_id,
                 &call.tool,
                 &call.arguments,
@@ -303,7 +310,7 @@ impl Approver for HttpApprover {
             .await
             .map_err(|e| e.to_string())?;
         self.calls.lock().unwrap_or_else(|e| e.into_inner()).insert(
-            (call.agent.clone(), call.call_id.clone()),
+            (call.agent.clone(), sub_run, call.call_id.clone()),
             record.idempotency_key.clone(),
         );
         Ok(Some(record.idempotency_key))
@@ -417,7 +424,7 @@ mod tests {
             calls
                 .lock()
                 .unwrap()
-                .get(&("main".into(), "call_1_1".into())),
+                .get(&("main".into(), String::new(), "call_1_1".into())),
             Some(&key)
         );
         // A store that refuses the record (the run ended): the call is not
@@ -428,12 +435,11 @@ mod tests {
             .unwrap();
         let refused = approver.before_call(&order("call_2_1")).await.unwrap_err();
         assert!(refused.contains("finished"), "{refused}");
-        assert!(
-            !calls
-                .lock()
-                .unwrap()
-                .contains_key(&("main".into(), "call_2_1".into()))
-        );
+        assert!(!calls.lock().unwrap().contains_key(&(
+            "main".into(),
+            String::new(),
+            "call_2_1".into()
+        )));
         assert_eq!(store.calls_of_run(&run.id).await.unwrap().len(), 1);
         // Without a store, nothing is recorded and nothing refused.
         let plain = HttpApprover::new(run.id.clone(), "main".into(), registry);

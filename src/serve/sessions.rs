@@ -543,7 +543,9 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
             // The host's stop, not the run's own end.
             continue;
         }
-        let seq = run.log.append(&part.agent, part.depth, part.part.clone());
+        let seq = run
+            .log
+            .append_in(&part.agent, part.depth, &part.sub_run, part.part.clone());
         let data = serde_json::to_value(&part).unwrap_or(Value::Null);
         run.feed.push(seq, part_event(seq, &data));
         record_answer(&run, &part);
@@ -573,8 +575,8 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
         // `wma chat`'s does.
         let in_doubt: HashMap<String, String> = unanswered
             .into_iter()
-            .filter(|((agent, _), _)| *agent == run.agent)
-            .map(|((_, call_id), key)| (call_id, key))
+            .filter(|((agent, sub_run, _), _)| *agent == run.agent && sub_run.is_empty())
+            .map(|((_, _, call_id), key)| (call_id, key))
             .collect();
         crate::mend::answer_cut_calls(&mut own, &in_doubt, "the run was stopped");
         let answer = turn_messages(&own);
@@ -610,7 +612,7 @@ fn record_answer(run: &DriveRun, part: &TaggedPart) {
         .calls
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .remove(&(part.agent.clone(), call_id.clone()));
+        .remove(&(part.agent.clone(), part.sub_run.clone(), call_id.clone()));
     if let Some(key) = key {
         let store = run.store.clone();
         let run_id = run.id.clone();

@@ -18,15 +18,16 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 use wma_agent::{
-    AgentStreamPart, CallContext, ChatMessage, FinishReason, PageContext, SubAgentInfo,
-    ToolDefinition, ToolError, ToolErrorCode, ToolHost,
+    AgentStreamPart, ApprovalAnswer, ApprovalRequest, Approver, CallContext, CallRecordRequest,
+    ChatMessage, FinishReason, PageContext, SubAgentInfo, ToolDefinition, ToolError, ToolErrorCode,
+    ToolHost,
 };
 
-use crate::agent::{AgentHandle, RunApprovals};
+use crate::agent::{AgentHandle, RUN_PART_BUFFER, RunApprovals};
 use crate::bridge::ToolBridgeHandle;
 use crate::cluster;
 use crate::error::RuntimeError;
-use crate::part::TaggedPart;
+use crate::part::{TaggedPart, is_sub_run, sub_run_within};
 use crate::slot::Slot;
 use crate::supervisor::Timeouts;
 
@@ -80,6 +81,11 @@ pub(crate) struct Job {
     pub(crate) task: String,
     /// The sub-agent run's depth.
     pub(crate) depth: u32,
+    /// Which of the parent run's delegations this is (1, 2, 3…): the
+    /// sub-agent run's parts and its approver's calls carry it
+    /// ([`TaggedPart::sub_run`]), since two runs of one sub-agent number
+    /// their calls alike.
+    pub(crate) ordinal: u64,
     /// The parent's call token: cancelling it stops the sub-agent's run.
     pub(crate) cancel: CancellationToken,
     /// Where the sub-agent's parts and then its answer go: to the task that
@@ -340,6 +346,8 @@ fn begin(shared: &Arc<DelegatorShared>, job: Job) -> Result<Answer, ToolError> {
     let children = job.children.clone();
     let timeouts = shared.timeouts;
     let max_depth = shared.max_depth;
+    let mut job = job;
+    job.sink = in_sub_run(job.sink.clone(), job.ordinal, &children);
     children.spawn(
         async move {
             let sink = job.sink.clone();
@@ -357,6 +365,99 @@ fn begin(shared: &Arc<DelegatorShared>, job: Job) -> Result<Answer, ToolError> {
     Ok(answer)
 }
 
+/// A sink for one delegation's relay that passes everything on to `sink`
+/// in order, each part marked as the `ordinal`-th delegation's (its
+/// [`TaggedPart::sub_run`] gets the ordinal in front), whether the
+/// sub-agent runs here or on another node. A peer's sub-run id that is not
+/// one this runtime writes is dropped: the part then reads as the remote
+/// sub-agent run's own.
+fn in_sub_run(
+    sink: mpsc::Sender<Relay>,
+    ordinal: u64,
+    children: &TaskTracker,
+) -> mpsc::Sender<Relay> {
+    let (relay, mut relayed) = mpsc::channel(RUN_PART_BUFFER);
+    children.spawn(async move {
+        while let Some(item) = relayed.recv().await {
+            let item = match item {
+                Relay::Part(mut part) => {
+                    if !part.sub_run.is_empty() && !is_sub_run(&part.sub_run) {
+                        part.sub_run.clear();
+                    }
+                    Relay::Part(part.in_sub_run(ordinal))
+                }
+                answer @ Relay::Answer { .. } => answer,
+            };
+            // A closed channel: the parent's run is over; dropping
+            // `relayed` tells the sub-agent's relay so.
+            if sink.send(item).await.is_err() {
+                break;
+            }
+        }
+    });
+    relay
+}
+
+tokio::task_local! {
+    /// The sub-run id of the sub-agent run whose approver call is under
+    /// way, relative to the delegations wrapped so far (see
+    /// [`SubRunApprover`]).
+    static SUB_RUN: String;
+}
+
+/// The sub-run id ([`TaggedPart::sub_run`]) of the run whose call to its
+/// approver is under way: `""` for the run the host started, and outside
+/// such a call.
+pub(crate) fn current_sub_run() -> String {
+    SUB_RUN.try_with(Clone::clone).unwrap_or_default()
+}
+
+/// The approver of a sub-agent run that a parent's `ordinal`-th delegation
+/// started: the parent's own, asked with the sub-run's id in scope, so
+/// that the host's approver tells two runs of one sub-agent apart
+/// ([`TaggedPart::current_sub_run`]). Each level of delegation wraps the
+/// one above; the deepest is called first, and each puts its ordinal in
+/// front of what the levels below set, as the relay does with parts.
+struct SubRunApprover {
+    inner: Arc<dyn Approver>,
+    ordinal: u64,
+}
+
+impl SubRunApprover {
+    fn sub_run(&self) -> String {
+        sub_run_within(self.ordinal, &current_sub_run())
+    }
+}
+
+#[async_trait]
+impl Approver for SubRunApprover {
+    async fn ask(&self, request: ApprovalRequest) -> ApprovalAnswer {
+        SUB_RUN.scope(self.sub_run(), self.inner.ask(request)).await
+    }
+
+    fn remembered(&self, agent: &str, tool: &str) -> Option<ApprovalAnswer> {
+        SUB_RUN.sync_scope(self.sub_run(), || self.inner.remembered(agent, tool))
+    }
+
+    async fn before_call(&self, call: &CallRecordRequest) -> Result<Option<String>, String> {
+        SUB_RUN
+            .scope(self.sub_run(), self.inner.before_call(call))
+            .await
+    }
+}
+
+/// A delegation's approvals: the parent's rules, and its approver asked
+/// as the sub-agent run's ([`SubRunApprover`]).
+fn sub_run_approvals(parent: &RunApprovals, ordinal: u64) -> RunApprovals {
+    RunApprovals {
+        approver: parent
+            .approver
+            .clone()
+            .map(|inner| Arc::new(SubRunApprover { inner, ordinal }) as Arc<dyn Approver>),
+        rules: parent.rules.clone(),
+    }
+}
+
 /// Where a sub-agent runs.
 enum Target {
     Local(AgentHandle),
@@ -370,7 +471,7 @@ async fn run_local(agent: AgentHandle, job: Job) -> Result<String, ToolError> {
             vec![ChatMessage::user(job.task.clone())],
             job.cancel.clone(),
             job.depth,
-            job.approvals.clone(),
+            sub_run_approvals(&job.approvals, job.ordinal),
         )
         .await
         .map_err(|e| refused(&job.to, &e))?;
@@ -620,6 +721,7 @@ impl ToolHost for RunTools {
             to: name.to_string(),
             task,
             depth: scope.depth + 1,
+            ordinal: n,
             cancel: cancel.clone(),
             sink: scope.sink.clone(),
             children: scope.children.clone(),

@@ -20,7 +20,7 @@ use crate::store::{Backend, now_ms};
 use crate::{Run, RunStatus, Store, StoreError, new_id};
 
 /// How many parts go into one INSERT statement (SQLite allows 32766
-/// parameters a statement; five a part).
+/// parameters a statement; six a part).
 const ROWS_PER_INSERT: usize = 200;
 /// How often a batch is tried before the log gives up (a database that
 /// went away for a moment), and the wait between tries.
@@ -67,6 +67,7 @@ pub(crate) struct Queued {
     seq: u64,
     agent: String,
     depth: u32,
+    sub_run: String,
     part: AgentStreamPart,
 }
 
@@ -188,6 +189,14 @@ impl RunLog {
     /// own terminal part (depth 0 `finish` or `error`) ends the run when
     /// it is written.
     pub fn append(&self, agent: &str, depth: u32, part: AgentStreamPart) -> u64 {
+        self.append_in(agent, depth, "", part)
+    }
+
+    /// [`RunLog::append`] for a part of the sub-agent run `sub_run`
+    /// (`wma_runtime::TaggedPart::sub_run`: `"2"` for the run the second
+    /// delegation started, `""` for the run's own parts), which
+    /// [`LoggedPart::sub_run`](crate::LoggedPart::sub_run) gives back.
+    pub fn append_in(&self, agent: &str, depth: u32, sub_run: &str, part: AgentStreamPart) -> u64 {
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
         // A send fails only once the writer has stopped, which happens
         // only after a write failed: the next flush reports that.
@@ -195,6 +204,7 @@ impl RunLog {
             seq,
             agent: agent.to_string(),
             depth,
+            sub_run: sub_run.to_string(),
             part,
         }));
         seq
@@ -389,7 +399,7 @@ async fn write_batch(
     };
     if start.is_none() && ending.is_none() && batch.len() <= ROWS_PER_INSERT {
         let sql = format!(
-            "INSERT INTO parts (run_id, seq, agent, depth, body, created_at) VALUES {}",
+            "INSERT INTO parts (run_id, seq, agent, depth, body, created_at, sub_run) VALUES {}",
             part_rows(2, batch.len(), "$1, ")
         );
         return bind_parts(sqlx::query(&sql).bind(run_id), batch, &bodies, now)
@@ -419,9 +429,9 @@ async fn write_batch(
         };
         let sql = format!(
             "WITH run AS ({with})
-             INSERT INTO parts (run_id, seq, agent, depth, body, created_at)
-             SELECT run.id, v.seq, v.agent, v.depth, v.body, v.created_at
-             FROM run, (VALUES {}) AS v (seq, agent, depth, body, created_at)",
+             INSERT INTO parts (run_id, seq, agent, depth, body, created_at, sub_run)
+             SELECT run.id, v.seq, v.agent, v.depth, v.body, v.created_at, v.sub_run
+             FROM run, (VALUES {}) AS v (seq, agent, depth, body, created_at, sub_run)",
             part_rows(first, batch.len(), "")
         );
         let query = match start {
@@ -467,7 +477,7 @@ async fn write_batch(
         .zip(bodies.chunks(ROWS_PER_INSERT))
     {
         let sql = format!(
-            "INSERT INTO parts (run_id, seq, agent, depth, body, created_at) VALUES {}",
+            "INSERT INTO parts (run_id, seq, agent, depth, body, created_at, sub_run) VALUES {}",
             part_rows(2, chunk.len(), "$1, ")
         );
         bind_parts(sqlx::query(&sql).bind(run_id), chunk, bodies, now)
@@ -540,17 +550,18 @@ async fn ended_error(store: &Store, conn: &mut AnyConnection, run_id: &str) -> S
 fn part_rows(first: usize, rows: usize, prefix: &str) -> String {
     let mut sql = String::new();
     for i in 0..rows {
-        let p = first + i * 5;
+        let p = first + i * PART_VALUES;
         if i > 0 {
             sql.push_str(", ");
         }
         sql.push_str(&format!(
-            "({prefix}${}, ${}, ${}, ${}, ${})",
+            "({prefix}${}, ${}, ${}, ${}, ${}, ${})",
             p,
             p + 1,
             p + 2,
             p + 3,
-            p + 4
+            p + 4,
+            p + 5
         ));
     }
     sql
@@ -558,7 +569,11 @@ fn part_rows(first: usize, rows: usize, prefix: &str) -> String {
 
 type AnyQuery<'q> = sqlx::query::Query<'q, sqlx::Any, sqlx::any::AnyArguments<'q>>;
 
-/// Binds each part's five values, after whatever the query has bound.
+/// The values of one part's row besides its run: seq, agent, depth, body,
+/// created_at, sub_run.
+const PART_VALUES: usize = 6;
+
+/// Binds each part's six values, after whatever the query has bound.
 fn bind_parts<'q>(
     mut query: AnyQuery<'q>,
     chunk: &'q [Queued],
@@ -571,7 +586,8 @@ fn bind_parts<'q>(
             .bind(q.agent.as_str())
             .bind(i64::from(q.depth))
             .bind(body.as_str())
-            .bind(now);
+            .bind(now)
+            .bind(q.sub_run.as_str());
     }
     query
 }
@@ -581,11 +597,11 @@ mod tests {
     use super::part_rows;
 
     #[test]
-    fn part_rows_number_five_parameters_a_part() {
+    fn part_rows_number_six_parameters_a_part() {
         assert_eq!(
             part_rows(2, 2, "$1, "),
-            "($1, $2, $3, $4, $5, $6), ($1, $7, $8, $9, $10, $11)"
+            "($1, $2, $3, $4, $5, $6, $7), ($1, $8, $9, $10, $11, $12, $13)"
         );
-        assert_eq!(part_rows(9, 1, ""), "($9, $10, $11, $12, $13)");
+        assert_eq!(part_rows(9, 1, ""), "($9, $10, $11, $12, $13, $14)");
     }
 }

@@ -19,10 +19,11 @@ struct Migration {
 
 /// Every migration, oldest first. A new one is appended here, never edited
 /// in place: databases in use have the old ones applied.
-const MIGRATIONS: &[Migration] = &[Migration {
-    version: 1,
-    statements: &[
-        "CREATE TABLE sessions (
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        statements: &[
+            "CREATE TABLE sessions (
             id TEXT PRIMARY KEY,
             agent TEXT NOT NULL,
             title TEXT NOT NULL,
@@ -30,15 +31,15 @@ const MIGRATIONS: &[Migration] = &[Migration {
             updated_at BIGINT NOT NULL,
             activity BIGINT NOT NULL
         )",
-        "CREATE INDEX sessions_by_activity ON sessions (activity)",
-        "CREATE TABLE messages (
+            "CREATE INDEX sessions_by_activity ON sessions (activity)",
+            "CREATE TABLE messages (
             session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
             seq BIGINT NOT NULL,
             body TEXT NOT NULL,
             created_at BIGINT NOT NULL,
             PRIMARY KEY (session_id, seq)
         )",
-        "CREATE TABLE runs (
+            "CREATE TABLE runs (
             id TEXT PRIMARY KEY,
             session_id TEXT NOT NULL REFERENCES sessions (id) ON DELETE CASCADE,
             agent TEXT NOT NULL,
@@ -49,9 +50,9 @@ const MIGRATIONS: &[Migration] = &[Migration {
             created_at BIGINT NOT NULL,
             updated_at BIGINT NOT NULL
         )",
-        "CREATE INDEX runs_by_session ON runs (session_id, ordinal)",
-        "CREATE INDEX runs_by_host_status ON runs (host, status)",
-        "CREATE TABLE parts (
+            "CREATE INDEX runs_by_session ON runs (session_id, ordinal)",
+            "CREATE INDEX runs_by_host_status ON runs (host, status)",
+            "CREATE TABLE parts (
             run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
             seq BIGINT NOT NULL,
             agent TEXT NOT NULL,
@@ -60,7 +61,7 @@ const MIGRATIONS: &[Migration] = &[Migration {
             created_at BIGINT NOT NULL,
             PRIMARY KEY (run_id, seq)
         )",
-        "CREATE TABLE calls (
+            "CREATE TABLE calls (
             idempotency_key TEXT PRIMARY KEY,
             run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
             agent TEXT NOT NULL,
@@ -74,9 +75,9 @@ const MIGRATIONS: &[Migration] = &[Migration {
             answered_at BIGINT,
             ordinal BIGINT NOT NULL
         )",
-        "CREATE INDEX calls_by_run ON calls (run_id, ordinal)",
-        "CREATE INDEX calls_by_status ON calls (status)",
-        "CREATE TABLE approvals (
+            "CREATE INDEX calls_by_run ON calls (run_id, ordinal)",
+            "CREATE INDEX calls_by_status ON calls (status)",
+            "CREATE TABLE approvals (
             id TEXT PRIMARY KEY,
             run_id TEXT NOT NULL REFERENCES runs (id) ON DELETE CASCADE,
             loop_approval_id TEXT NOT NULL,
@@ -93,12 +94,22 @@ const MIGRATIONS: &[Migration] = &[Migration {
             decided_at BIGINT,
             ordinal BIGINT NOT NULL
         )",
-        "CREATE INDEX approvals_by_run ON approvals (run_id, ordinal)",
-    ],
-}];
+            "CREATE INDEX approvals_by_run ON approvals (run_id, ordinal)",
+        ],
+    },
+    Migration {
+        // Two runs of one sub-agent inside a run number their calls alike:
+        // which sub-agent run a part or a call is from (`""` for the run's own).
+        version: 2,
+        statements: &[
+            "ALTER TABLE parts ADD COLUMN sub_run TEXT NOT NULL DEFAULT ''",
+            "ALTER TABLE calls ADD COLUMN sub_run TEXT NOT NULL DEFAULT ''",
+        ],
+    },
+];
 
 /// The newest schema version this build knows.
-pub const SCHEMA_VERSION: i64 = 1;
+pub const SCHEMA_VERSION: i64 = 2;
 
 /// Brings the database up to [`SCHEMA_VERSION`], applying each missing
 /// migration once, in its own transaction together with its row in

@@ -899,7 +899,7 @@ impl Store {
         self.settle_run(run_id).await;
         let db = self.db();
         let rows = sqlx::query(
-            "SELECT seq, agent, depth, body, created_at FROM parts
+            "SELECT seq, agent, depth, body, created_at, sub_run FROM parts
              WHERE run_id = $1 AND seq > $2 ORDER BY seq",
         )
         .bind(run_id)
@@ -923,6 +923,7 @@ impl Store {
                     seq,
                     agent: row.try_get(1).map_err(&db)?,
                     depth: u32::try_from(row.try_get::<i64, _>(2).map_err(&db)?).unwrap_or(0),
+                    sub_run: row.try_get(5).map_err(&db)?,
                     part,
                     at: row.try_get(4).map_err(&db)?,
                 })
@@ -974,11 +975,30 @@ impl Store {
         tool: &str,
         arguments: &Value,
     ) -> Result<CallRecord, StoreError> {
+        self.begin_call_in(run_id, agent, "", call_id, tool, arguments)
+            .await
+    }
+
+    /// [`Store::begin_call`] for a call of the sub-agent run `sub_run`
+    /// inside the run (`wma_runtime::TaggedPart::sub_run`; `""` for the
+    /// run's own agent): two runs of one sub-agent number their calls
+    /// alike, and the record says which run made it. The call in doubt
+    /// that is refused is the same sub-agent run's.
+    pub async fn begin_call_in(
+        &self,
+        run_id: &str,
+        agent: &str,
+        sub_run: &str,
+        call_id: &str,
+        tool: &str,
+        arguments: &Value,
+    ) -> Result<CallRecord, StoreError> {
         self.settle_run(run_id).await;
         let record = CallRecord {
             idempotency_key: new_id(),
             run_id: run_id.to_string(),
             agent: agent.to_string(),
+            sub_run: sub_run.to_string(),
             call_id: call_id.to_string(),
             tool: tool.to_string(),
             arguments: arguments.clone(),
@@ -994,13 +1014,14 @@ impl Store {
         self.strict(&mut tx).await?;
         let inserted = sqlx::query(
             "INSERT INTO calls (idempotency_key, run_id, agent, call_id, tool, arguments, status,
-                                output, is_error, started_at, answered_at, ordinal)
+                                output, is_error, started_at, answered_at, ordinal, sub_run)
              SELECT $1, $2, $3, $4, $5, $6, 'in-flight', NULL, 0, $7, NULL,
-                    COALESCE((SELECT MAX(c.ordinal) FROM calls c WHERE c.run_id = $2), 0) + 1
+                    COALESCE((SELECT MAX(c.ordinal) FROM calls c WHERE c.run_id = $2), 0) + 1, $8
              FROM runs WHERE id = $2 AND status IN ('running', 'waiting-for-approval')
                AND NOT EXISTS (SELECT 1 FROM calls d
                                WHERE d.run_id = $2 AND d.status = 'in-doubt' AND d.agent = $3
-                                 AND d.call_id = $4 AND d.tool = $5 AND d.arguments = $6)",
+                                 AND d.call_id = $4 AND d.tool = $5 AND d.arguments = $6
+                                 AND d.sub_run = $8)",
         )
         .bind(&record.idempotency_key)
         .bind(run_id)
@@ -1009,6 +1030,7 @@ impl Store {
         .bind(tool)
         .bind(arguments.to_string())
         .bind(record.started_at)
+        .bind(sub_run)
         .execute(&mut *tx)
         .await
         .map_err(self.db())?;
@@ -1024,6 +1046,7 @@ impl Store {
             let in_doubt = self.calls_of_run(run_id).await?.into_iter().find(|c| {
                 c.status == CallStatus::InDoubt
                     && c.agent == agent
+                    && c.sub_run == sub_run
                     && c.call_id == call_id
                     && c.tool == tool
                     && &c.arguments == arguments
@@ -1147,6 +1170,7 @@ impl Store {
         Ok(CallRecord {
             run_id: row.try_get(1).map_err(&db)?,
             agent: row.try_get(2).map_err(&db)?,
+            sub_run: row.try_get(12).map_err(&db)?,
             call_id: row.try_get(3).map_err(&db)?,
             tool: row.try_get(4).map_err(&db)?,
             arguments,
@@ -1393,9 +1417,10 @@ const RUN_SELECT: &str = "SELECT r.id, r.session_id, r.agent, r.host, r.status, 
         COALESCE((SELECT MAX(p.seq) FROM parts p WHERE p.run_id = r.id), 0)
      FROM runs r";
 
-/// A call's columns; `ordinal` last, read only to order recovered calls.
+/// A call's columns; `ordinal` read only to order recovered calls, and
+/// `sub_run` after it (the column a later migration added).
 const CALL_COLUMNS: &str = "idempotency_key, run_id, agent, call_id, tool, arguments, status, \
-                            output, is_error, started_at, answered_at, ordinal";
+                            output, is_error, started_at, answered_at, ordinal, sub_run";
 
 const APPROVAL_COLUMNS: &str = "id, run_id, loop_approval_id, agent, call_id, tool, arguments, \
                                 reason, requested_at, approved, remember, decided_by, note, \

@@ -122,6 +122,10 @@ pub struct LoggedPart {
     pub agent: String,
     /// 0 for the run's agent, 1 for its sub-agents, 2 for theirs.
     pub depth: u32,
+    /// Which sub-agent run inside the run it is from
+    /// (`wma_runtime::TaggedPart::sub_run`); `""` for the run's own.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sub_run: String,
     /// The part.
     #[serde(flatten)]
     pub part: AgentStreamPart,
@@ -131,12 +135,15 @@ pub struct LoggedPart {
 
 impl LoggedPart {
     /// The SSE event's data for this part, as the live stream sends it:
-    /// `{"agent": …, "depth": …, "type": …, …}` (the event's `id:` is
-    /// [`LoggedPart::seq`]).
+    /// `{"agent": …, "depth": …, "type": …, …}`, with `"sub_run"` for a
+    /// sub-agent run's part (the event's `id:` is [`LoggedPart::seq`]).
     pub fn event_data(&self) -> Value {
         let mut data = serde_json::Map::new();
         data.insert("agent".to_string(), Value::from(self.agent.as_str()));
         data.insert("depth".to_string(), Value::from(self.depth));
+        if !self.sub_run.is_empty() {
+            data.insert("sub_run".to_string(), Value::from(self.sub_run.as_str()));
+        }
         if let Ok(Value::Object(fields)) = serde_json::to_value(&self.part) {
             data.extend(fields);
         }
@@ -195,8 +202,14 @@ pub struct CallRecord {
     pub run_id: String,
     /// The agent that made it (the run's, or a sub-agent's).
     pub agent: String,
+    /// Which sub-agent run inside the run made it
+    /// (`wma_runtime::TaggedPart::sub_run`: `"2"` for the run the second
+    /// delegation started); `""` for the run's own agent.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub sub_run: String,
     /// The loop's call id (unique within one agent's run, not across a
-    /// run's sub-agents: hence the key above).
+    /// run's sub-agents: with `agent` and `sub_run` it names the call's
+    /// part in the run's log).
     pub call_id: String,
     /// The tool's name.
     pub tool: String,
