@@ -562,3 +562,163 @@ async fn a_sub_agents_parts_stay_between_the_call_that_started_it_and_its_result
     assert_eq!(seen, expected, "{parts:#?}");
     runtime.shutdown().await;
 }
+
+/// Records, as a host's approver does, which run each call it is told
+/// about comes from.
+#[derive(Default)]
+struct WhoCalls {
+    calls: std::sync::Mutex<Vec<(String, String, String)>>,
+}
+
+#[async_trait::async_trait]
+impl webmcp_agents::agent::Approver for WhoCalls {
+    async fn ask(
+        &self,
+        _request: webmcp_agents::agent::ApprovalRequest,
+    ) -> webmcp_agents::agent::ApprovalAnswer {
+        webmcp_agents::agent::ApprovalAnswer::approve()
+    }
+
+    async fn before_call(
+        &self,
+        call: &webmcp_agents::agent::CallRecordRequest,
+    ) -> Result<Option<String>, String> {
+        let sub_run = TaggedPart::current_sub_run();
+        self.calls.lock().unwrap().push((
+            call.agent.clone(),
+            sub_run.clone(),
+            call.call_id.clone(),
+        ));
+        Ok(Some(format!("key-{sub_run}")))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_sub_agent_run_in_a_run_is_told_apart_in_its_parts_and_by_its_approver() {
+    let (_, planner_source) = model(
+        "planner-model",
+        vec![
+            task("middle", "Stamp the first form"),
+            task("middle", "Stamp the second form"),
+            text("Both are stamped."),
+        ],
+    );
+    let (_, middle_source) = model(
+        "middle-model",
+        vec![
+            task("leaf", "Stamp it"),
+            text("Stamped."),
+            task("leaf", "Stamp it"),
+            text("Stamped."),
+        ],
+    );
+    let stamp = call("stamp", json!({"form": "A"}));
+    let (_, leaf_source) = model(
+        "leaf-model",
+        vec![text(&stamp), text("Done."), text(&stamp), text("Done.")],
+    );
+    let desk = Arc::new(InMemoryToolHost::new());
+    desk.add(
+        ToolDefinition::new(
+            "stamp",
+            "Stamps a form.",
+            json!({"type": "object", "properties": {"form": {"type": "string"}}, "required": ["form"]}),
+        )
+        .with_annotations(webmcp_agents::agent::ToolAnnotations {
+            consequential: true,
+            ..Default::default()
+        }),
+        |_| Ok("stamped".to_string()),
+    );
+    let runtime = RuntimeBuilder::new()
+        .provider("planner", planner_source)
+        .provider("middle", middle_source)
+        .provider("leaf", leaf_source)
+        .tool_source(ToolSource::shared("desk", desk.clone()))
+        .agent(
+            AgentConfig::new("planner")
+                .with_provider("planner")
+                .with_sub_agents(["middle"]),
+        )
+        .agent(
+            AgentConfig::new("middle")
+                .with_provider("middle")
+                .with_description("Has forms stamped.")
+                .with_sub_agents(["leaf"]),
+        )
+        .agent(
+            AgentConfig::new("leaf")
+                .with_provider("leaf")
+                .with_description("Stamps forms.")
+                .with_tool_sources(["desk"]),
+        )
+        .start()
+        .await
+        .unwrap();
+    let who = Arc::new(WhoCalls::default());
+    let parts = runtime
+        .agent("planner")
+        .unwrap()
+        .run_with(
+            vec![ChatMessage::user("Stamp both forms")],
+            tokio_util::sync::CancellationToken::new(),
+            webmcp_agents::runtime::RunApprovals::asking(who.clone()),
+        )
+        .await
+        .unwrap()
+        .collect_tagged()
+        .await;
+    assert_eq!(desk.calls().len(), 2);
+
+    // Both of `leaf`'s runs call `call_1_1`; the delegations that started
+    // them tell them apart: the first `middle` run's first, the second's.
+    let calls: Vec<(&str, &str, &str)> = parts
+        .iter()
+        .filter_map(|p| match &p.part {
+            AgentStreamPart::ToolCall { call_id, .. } => {
+                Some((p.agent.as_str(), p.sub_run.as_str(), call_id.as_str()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            ("planner", "", "call_1_1"),
+            ("middle", "1", "call_1_1"),
+            ("leaf", "1.1", "call_1_1"),
+            ("planner", "", "call_2_1"),
+            ("middle", "2", "call_1_1"),
+            ("leaf", "2.1", "call_1_1"),
+        ]
+    );
+    // Every part of one sub-agent run carries its id, its end included.
+    for part in &parts {
+        let expected = match part.agent.as_str() {
+            "planner" => &[""][..],
+            "middle" => &["1", "2"][..],
+            _ => &["1.1", "2.1"][..],
+        };
+        assert!(expected.contains(&part.sub_run.as_str()), "{part:?}");
+    }
+    // The host's approver, told about each consequential call before it
+    // is sent, knows which run makes it: the same id its parts carry.
+    assert_eq!(
+        *who.calls.lock().unwrap(),
+        [
+            (
+                "leaf".to_string(),
+                "1.1".to_string(),
+                "call_1_1".to_string()
+            ),
+            (
+                "leaf".to_string(),
+                "2.1".to_string(),
+                "call_1_1".to_string()
+            ),
+        ]
+    );
+    // Outside an approver's call there is none.
+    assert_eq!(TaggedPart::current_sub_run(), "");
+    runtime.shutdown().await;
+}

@@ -1983,3 +1983,133 @@ async fn two_runs_of_one_sub_agent_in_a_run_are_told_apart_in_its_log_and_call_r
     server.child.kill().await.unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// `boss` hands `buyer` a task, then asks before `add_to_cart`; a new
+/// process's models start their replies afresh, so the run it resumes
+/// hands `buyer` the task again.
+fn resumed_team_config(dir: &Path, mcp_url: &str) -> PathBuf {
+    let text = format!(
+        r#"
+[providers.boss]
+kind = "scripted"
+replies = [
+    '{{"name": "buyer", "arguments": {{"task": "Buy a tent"}}}}',
+    '{{"name": "add_to_cart", "arguments": {{"product_id": "p-17"}}}}',
+    "Done.",
+    "Done.",
+    "Done.",
+]
+
+[providers.buyer]
+kind = "scripted"
+replies = [
+    '{{"name": "place_order", "arguments": {{"item": "tent"}}}}',
+    "Ordered.",
+]
+
+[tools.orders]
+kind = "mcp-http"
+url = {url}
+
+[tools.cart]
+kind = "demo-shop"
+allow = ["add_to_cart"]
+
+[agents.boss]
+provider = "boss"
+tools = ["cart"]
+sub_agents = ["buyer"]
+approval = {{ tools = {{ add_to_cart = "ask" }} }}
+
+[agents.buyer]
+provider = "buyer"
+tools = ["orders"]
+approval = {{ consequential = "auto" }}
+
+[server]
+token_file = "token"
+
+[store]
+data_dir = {data}
+"#,
+        url = toml_str(mcp_url),
+        data = toml_str(&dir.join("data").display().to_string()),
+    );
+    let file = dir.join("wma.toml");
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_resumed_after_a_restart_numbers_its_sub_agent_runs_after_those_it_holds() {
+    let dir = scratch("sub-runs-resumed");
+    let orders = wma_testkit::McpTestServer::start().unwrap();
+    let config = resumed_team_config(&dir, &orders.url());
+    let mut first = serve_process(&config, &dir).await;
+    let chat = first.api.new_session("boss").await;
+    let (run, mut events) = first.api.continue_session(&chat, "Buy a tent").await;
+    let asked = events.until("approval-requested").await;
+    let question = asked.last().unwrap().data["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_for_status(&first.api, &chat, 0, "waiting-for-approval").await;
+    first.child.kill().await.unwrap();
+    drop(events);
+
+    let mut second = serve_process(&config, &dir).await;
+    let api = &second.api;
+    let path = format!("/v1/agents/boss/runs/{run}/approvals/{question}");
+    let (status, answered) = json_of(api.post(&path, json!({"approve": true})).await).await;
+    assert_eq!(status, StatusCode::OK, "{answered}");
+    assert_eq!(answered["resumed"], true, "{answered}");
+    // The new loop hands `buyer` the task again (its model starts afresh),
+    // then asks again: denied, and the run ends.
+    let again = live_question(api, &run).await;
+    let path = format!(
+        "/v1/agents/boss/runs/{run}/approvals/{}",
+        again["approval_id"].as_str().unwrap()
+    );
+    let (status, _) = json_of(api.post(&path, json!({"approve": false})).await).await;
+    assert_eq!(status, StatusCode::OK);
+    wait_for_status(api, &chat, 0, "finished").await;
+    assert_eq!(orders.calls().len(), 2, "{:?}", orders.calls());
+
+    // `buyer`'s run before the restart is the run's first; the resumed
+    // loop's, though its first delegation, is the second.
+    let logged = api.events_after(&run, 0).await.rest().await;
+    let sub_runs: Vec<&Value> = logged
+        .iter()
+        .filter(|e| e.data["type"] == "tool-call" && e.data["agent"] == "buyer")
+        .map(|e| &e.data["sub_run"])
+        .collect();
+    assert_eq!(sub_runs, [&json!("1"), &json!("2")], "{logged:?}");
+    let records = calls_once(api, &chat, 0, |c| {
+        c.iter()
+            .filter(|c| c["agent"] == "buyer" && c["status"] == "answered")
+            .count()
+            == 2
+    })
+    .await;
+    let mut buyer: Vec<(String, String)> = records
+        .iter()
+        .filter(|c| c["agent"] == "buyer")
+        .map(|c| {
+            (
+                c["sub_run"].as_str().unwrap_or_default().to_string(),
+                c["call_id"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    buyer.sort();
+    assert_eq!(
+        buyer,
+        [
+            ("1".to_string(), "call_1_1".to_string()),
+            ("2".to_string(), "call_1_1".to_string())
+        ],
+        "{records:?}"
+    );
+    second.child.kill().await.unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -138,6 +138,10 @@ pub(crate) struct HttpApprover {
     /// Set when the host gives up on its runs at shutdown: a question
     /// whose wait ends then stays pending in the store, for the next start.
     pub(crate) stopping: Arc<std::sync::atomic::AtomicBool>,
+    /// The sub-agent runs the run held before this loop started (a run
+    /// resumed after a restart): the loop's own are recorded numbered
+    /// after them, as its driver logs their parts.
+    pub(crate) sub_runs_before: u64,
 }
 
 /// The idempotency keys of recorded calls that have not answered yet, by
@@ -162,7 +166,15 @@ impl HttpApprover {
             store: None,
             calls: CallKeys::default(),
             stopping: Arc::default(),
+            sub_runs_before: 0,
         }
+    }
+
+    /// The same for a loop that goes on with a run holding
+    /// `sub_runs_before` sub-agent runs already.
+    pub(crate) fn with_sub_runs_after(mut self, sub_runs_before: u64) -> Self {
+        self.sub_runs_before = sub_runs_before;
+        self
     }
 
     /// The same, persisting its questions and answers in `store`, and
@@ -297,7 +309,10 @@ impl Approver for HttpApprover {
         };
         // Which of the run's sub-agent runs calls (the delegator says so
         // for the length of this call), as its parts carry it.
-        let sub_run = wma_runtime::TaggedPart::current_sub_run();
+        let sub_run = super::sessions::sub_run_after(
+            &wma_runtime::TaggedPart::current_sub_run(),
+            self.sub_runs_before,
+        );
         let record = store
             .begin_call_in(
                 &self.run_id,

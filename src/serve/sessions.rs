@@ -437,7 +437,7 @@ async fn start_durable(
         (log, Vec::new()),
         (ticket, name),
         session_id,
-        calls,
+        (calls, 0),
         run,
     );
     let first = super::sse_event(
@@ -459,7 +459,7 @@ fn launch(
     (log, earlier): (RunLog, Vec<(u64, Bytes)>),
     (ticket, agent): (RunTicket, &str),
     session_id: &str,
-    calls: approvals::CallKeys,
+    (calls, sub_runs_before): (approvals::CallKeys, u64),
     run: wma_runtime::RunStream,
 ) -> Arc<Feed> {
     let id = log.run_id().to_string();
@@ -487,6 +487,7 @@ fn launch(
             agent: agent.to_string(),
             session_id: session_id.to_string(),
             calls,
+            sub_runs_before,
         },
         run.tagged(),
     ));
@@ -529,6 +530,9 @@ struct DriveRun {
     session_id: String,
     /// Calls recorded before they were sent, awaiting their answer.
     calls: approvals::CallKeys,
+    /// Sub-agent runs the run held before this loop (a resumed run's):
+    /// this loop's are numbered after them ([`sub_run_after`]).
+    sub_runs_before: u64,
 }
 
 /// Reads the run to its end: each part into the log and onto the feed;
@@ -538,11 +542,12 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
     let mut own = Vec::new();
     let stopping = || run.live.stopping.load(std::sync::atomic::Ordering::SeqCst);
     while let Some(part) = parts.next().await {
-        let part: TaggedPart = part;
+        let mut part: TaggedPart = part;
         if stopping() {
             // The host's stop, not the run's own end.
             continue;
         }
+        part.sub_run = sub_run_after(&part.sub_run, run.sub_runs_before);
         let seq = run
             .log
             .append_in(&part.agent, part.depth, &part.sub_run, part.part.clone());
@@ -849,6 +854,20 @@ async fn resume(
         .parts_after(&stored.id, 0)
         .await
         .map_err(|e| e.to_string())?;
+    // The new loop numbers its delegations from 1 again; its sub-agent
+    // runs are numbered after those the run already holds, so that none
+    // shares an id with one before the restart.
+    let recorded = store
+        .calls_of_run(&stored.id)
+        .await
+        .map_err(|e| e.to_string())?;
+    let sub_runs_before = logged
+        .iter()
+        .map(|p| p.sub_run.as_str())
+        .chain(recorded.iter().map(|c| c.sub_run.as_str()))
+        .map(top_delegation)
+        .max()
+        .unwrap_or(0);
     let mut own: Vec<AgentStreamPart> = logged
         .into_iter()
         .filter(|p| p.depth == 0)
@@ -886,7 +905,8 @@ async fn resume(
         stored.agent.clone(),
         server.approvals.clone(),
     )
-    .with_store(store.clone(), calls.clone(), server.live.stopping.clone());
+    .with_store(store.clone(), calls.clone(), server.live.stopping.clone())
+    .with_sub_runs_after(sub_runs_before);
     let approvals = RunApprovals::asking(Arc::new(approver));
     let run = agent
         .handle
@@ -900,10 +920,32 @@ async fn resume(
         (log, earlier),
         (ticket, &stored.agent),
         &stored.session_id,
-        calls,
+        (calls, sub_runs_before),
         run,
     );
     Ok(())
+}
+
+/// The ordinal of the parent run's delegation a sub-run id starts with
+/// (`3` for `"3.1"`); 0 for the run's own (`""`).
+fn top_delegation(sub_run: &str) -> u64 {
+    sub_run
+        .split('.')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A sub-run id of a resumed run's new loop as the run's log keeps it:
+/// its top delegation numbered after the `before` the run held already.
+pub(crate) fn sub_run_after(sub_run: &str, before: u64) -> String {
+    if sub_run.is_empty() || before == 0 {
+        return sub_run.to_string();
+    }
+    match sub_run.split_once('.') {
+        Some((top, rest)) => format!("{}.{rest}", top_delegation(top) + before),
+        None => (top_delegation(sub_run) + before).to_string(),
+    }
 }
 
 /// Runs an approved call of a resumed run once, recorded before it is
