@@ -1147,6 +1147,12 @@ mod tests {
             "a(".repeat(50_000),
             "```".repeat(20_000),
             "{\"a\": \"".repeat(20_000),
+            // Call-shaped text that does not read, each scanned again as
+            // JSON: once, not once per call it is nested in.
+            "a(b)".repeat(50_000),
+            "f(x, \"".repeat(20_000),
+            "f(k=[".repeat(20_000),
+            "g(q=\"<tool_call>\") ".repeat(20_000),
         ];
         for input in inputs {
             check_invariants(&input);
