@@ -2113,3 +2113,41 @@ async fn a_run_resumed_after_a_restart_numbers_its_sub_agent_runs_after_those_it
     second.child.kill().await.unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_host_of_the_same_name_is_refused_and_leaves_the_first_ones_runs_alone() {
+    let dir = scratch("one-host");
+    let config = kill_config(&dir);
+    let mut server = serve_process(&config, &dir).await;
+    let api = &server.api;
+    let chat = api.new_session("slow").await;
+    let (run, mut events) = api.continue_session(&chat, "Take your time").await;
+    events.until("message-start").await;
+
+    // A second process on the same store under the same name (`local`)
+    // would mark the first one's run interrupted as it opened the store.
+    let config = config.display().to_string();
+    let (ok, _, said) = wma(&["chat", "--config", &config, "--sessions"], "", &dir).await;
+    assert!(!ok, "{said}");
+    assert!(
+        said.contains("open as host `local`") && said.contains("[store] host"),
+        "{said}"
+    );
+    let (_, read) = api.get(&format!("/v1/sessions/{chat}")).await;
+    assert_eq!(read["runs"][0]["id"], run.as_str());
+    assert_eq!(read["runs"][0]["status"], "running", "{read}");
+
+    // Once the first is gone (killed), the name is free.
+    server.child.kill().await.unwrap();
+    drop(events);
+    let (ok, listed, said) = wma(&["chat", "--config", &config, "--sessions"], "", &dir).await;
+    assert!(ok, "{said}");
+    assert!(listed.contains(&chat), "{listed}");
+    assert!(
+        said.contains(&format!(
+            "recovered: 1 run(s) this host left running are now interrupted: {run}"
+        )),
+        "{said}"
+    );
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -28,6 +28,20 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+    /// Another live process has the store open under this host's name: two
+    /// would interrupt each other's runs (each recovers the name's runs
+    /// when it opens the store).
+    #[error(
+        "another process has the store at {location} open as host `{host}`; two hosts \
+         of one name would interrupt each other's runs: stop that one, or give this one \
+         its own `[store] host` (or `data_dir`)"
+    )]
+    HostInUse {
+        /// The host name.
+        host: String,
+        /// Where the database is (a file, or the URL without its password).
+        location: String,
+    },
     /// The database's schema is newer than this build knows.
     #[error(
         "the database at {location} has schema version {found}, newer than this build of \

@@ -42,6 +42,7 @@
 //! ```
 
 mod error;
+mod host;
 mod log;
 mod schema;
 mod store;

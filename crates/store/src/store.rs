@@ -14,6 +14,7 @@ use sqlx::{AnyPool, Executor, Row};
 use wma_agent::{AgentStreamPart, ApprovalAnswer, ApprovalRequest, ChatMessage};
 
 use crate::error::is_unique_violation;
+use crate::host::{self, HostGuard};
 use crate::log::{Msg, Starting, settle};
 use crate::schema;
 use crate::types::{
@@ -120,6 +121,10 @@ struct Inner {
     /// The file or the URL without its password, for messages.
     location: String,
     host: String,
+    /// Holds the host name while the store is open, so that a second live
+    /// process of the same name cannot open it and interrupt this one's
+    /// runs.
+    host_guard: HostGuard,
     recovery: Recovery,
     /// Runs started by [`RunLog::start`] whose row is not written yet, by
     /// id: a query about one flushes its log first.
@@ -304,12 +309,29 @@ impl Store {
             }
         }
         schema::migrate(&pool, &location).await?;
+        // Before recovering: a second process of this name would interrupt
+        // the runs the first one is running.
+        let host_guard = match backend {
+            Backend::Sqlite => match host::sqlite_file(&url) {
+                Some(file) => HostGuard::sqlite(&file, &options.host, &location)?,
+                None => HostGuard::None,
+            },
+            Backend::Postgres => {
+                let conn = pool
+                    .acquire()
+                    .await
+                    .map_err(|e| StoreError::from_sqlx(&location, e))?
+                    .detach();
+                HostGuard::postgres(conn, &options.host, &location).await?
+            }
+        };
         let mut store = Self {
             inner: Arc::new(Inner {
                 pool,
                 backend,
                 location,
                 host: options.host,
+                host_guard,
                 recovery: Recovery::default(),
                 starting: Mutex::new(HashMap::new()),
                 start_tokens: AtomicU64::new(0),
@@ -350,9 +372,12 @@ impl Store {
         &self.inner.host
     }
 
-    /// Closes the pool, waiting for connections in use to be returned.
+    /// Closes the pool, waiting for connections in use to be returned, and
+    /// lets go of the host name (another process may open the store under
+    /// it now).
     pub async fn close(&self) {
         self.inner.pool.close().await;
+        self.inner.host_guard.release().await;
     }
 
     fn db(&self) -> impl Fn(sqlx::Error) -> StoreError + '_ {

@@ -103,7 +103,103 @@ on_both!(
     a_run_started_in_its_log_is_written_with_its_parts,
     a_run_start_the_store_refuses_fails_the_log,
     a_log_killed_mid_run_keeps_every_flushed_part,
+    a_host_name_is_held_by_one_live_store_at_a_time,
+    sub_agent_runs_are_kept_apart_in_parts_and_call_records,
 );
+
+/// A second live store under a host name in use is refused before it
+/// recovers anything (it would interrupt the first one's runs); another
+/// name is not, and the name is free again once its store is closed or
+/// gone.
+async fn a_host_name_is_held_by_one_live_store_at_a_time(kind: Kind) {
+    let db = Db::new(kind);
+    let first = Store::open(db.options("host-a")).await.unwrap();
+    let session = first.create_session("shopper", "").await.unwrap();
+    let running = first.start_run(&session.id, "shopper", None).await.unwrap();
+
+    let refused = Store::open(db.options("host-a")).await.unwrap_err();
+    assert!(
+        matches!(&refused, StoreError::HostInUse { host, .. } if host == "host-a"),
+        "{refused:?}"
+    );
+    let message = refused.to_string();
+    assert!(
+        message.contains("as host `host-a`") && message.contains("[store] host"),
+        "{message}"
+    );
+    // The first store's run was left running.
+    assert_eq!(
+        first.run(&running.id).await.unwrap().unwrap().status,
+        RunStatus::Running
+    );
+    let other = Store::open(db.options("host-b")).await.unwrap();
+    assert!(other.recovery().interrupted_runs.is_empty());
+    other.close().await;
+
+    // Closed: the name is free, and the next store recovers its runs.
+    first.close().await;
+    let second = Store::open(db.options("host-a")).await.unwrap();
+    assert_eq!(second.recovery().interrupted_runs, [running.id.clone()]);
+    // Gone without closing (as a killed process): free as well.
+    drop(second);
+    let third = Store::open(db.options("host-a")).await.unwrap();
+    third.close().await;
+}
+
+/// A sub-agent run's parts and calls keep which run of the sub-agent
+/// they are from; the same call of another run of it is not the one in
+/// doubt.
+async fn sub_agent_runs_are_kept_apart_in_parts_and_call_records(kind: Kind) {
+    let db = Db::new(kind);
+    let store = Store::open(db.options("host-a")).await.unwrap();
+    let session = store.create_session("lead", "").await.unwrap();
+    let run = store.start_run(&session.id, "lead", None).await.unwrap();
+    let log = RunLog::for_run(&store, &run);
+    log.append("lead", 0, text("first"));
+    log.append_in("buyer", 1, "1", text("one"));
+    log.append_in("buyer", 1, "2", text("two"));
+    log.flush().await.unwrap();
+    let parts = store.parts_after(&run.id, 0).await.unwrap();
+    let kept: Vec<&str> = parts.iter().map(|p| p.sub_run.as_str()).collect();
+    assert_eq!(kept, ["", "1", "2"]);
+    assert!(parts[0].event_data().get("sub_run").is_none());
+    assert_eq!(parts[2].event_data()["sub_run"], "2");
+
+    let args = serde_json::json!({"item": "tent"});
+    let first = store
+        .begin_call_in(&run.id, "buyer", "1", "call_1_1", "place_order", &args)
+        .await
+        .unwrap();
+    assert!(store.abandon_call(&first.idempotency_key).await.unwrap());
+    // The same call of the same sub-agent run is the one in doubt…
+    let again = store
+        .begin_call_in(&run.id, "buyer", "1", "call_1_1", "place_order", &args)
+        .await
+        .unwrap_err();
+    assert!(matches!(again, StoreError::CallInDoubt { .. }), "{again:?}");
+    // …another run of the sub-agent made its own.
+    let second = store
+        .begin_call_in(&run.id, "buyer", "2", "call_1_1", "place_order", &args)
+        .await
+        .unwrap();
+    let calls = store.calls_of_run(&run.id).await.unwrap();
+    let sub_runs: Vec<(&str, &str)> = calls
+        .iter()
+        .map(|c| (c.sub_run.as_str(), c.idempotency_key.as_str()))
+        .collect();
+    assert_eq!(
+        sub_runs,
+        [
+            ("1", first.idempotency_key.as_str()),
+            ("2", second.idempotency_key.as_str())
+        ]
+    );
+    assert_eq!(
+        serde_json::to_value(&calls[1]).unwrap()["sub_run"],
+        serde_json::json!("2")
+    );
+    store.close().await;
+}
 
 /// A host whose run stopped while a call was in flight marks the call in
 /// doubt then, not at its next start; an answered call keeps its answer.
@@ -1170,8 +1266,9 @@ async fn a_run_started_in_its_log_is_written_with_its_parts(kind: Kind) {
     assert_eq!(quick.error.as_deref(), Some("the model went away"));
     assert_eq!(store.parts_after(&quick.id, 0).await.unwrap().len(), 2);
 
-    // Another process sees the run as committed.
-    let other = db.open().await;
+    // Another process (another host on the database) sees the run as
+    // committed.
+    let other = Store::open(db.options("reader")).await.unwrap();
     assert_eq!(
         other.run(&run.id).await.unwrap().unwrap().status,
         RunStatus::Finished
