@@ -318,7 +318,10 @@ mod tests {
         // Gone without closing: the next open recovers it.
         drop(store);
         let store = Store::open(StoreOptions::in_data_dir(dir)).await.unwrap();
-        assert_eq!(store.recovery().interrupted_runs, [run.id.clone()]);
+        assert_eq!(
+            store.recovery().interrupted_runs,
+            std::slice::from_ref(&run.id)
+        );
         (store, session, record)
     }
 

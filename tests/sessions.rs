@@ -1230,7 +1230,10 @@ async fn the_turn_after_a_crash_reads_the_cut_call_as_in_doubt_and_never_sends_i
     let store = Store::open(StoreOptions::in_data_dir(dir.join("data")))
         .await
         .unwrap();
-    assert_eq!(store.recovery().interrupted_runs, [held.clone()]);
+    assert_eq!(
+        store.recovery().interrupted_runs,
+        std::slice::from_ref(&held)
+    );
     let model = ScriptedProvider::new(["It may have gone through; please check."]);
     let second = InProcess::start_as("buyer", &model, store.clone()).await;
     let (next, mut events) = second

@@ -9,9 +9,11 @@
 //! does, however it ends (`kill -9` included), so a restart is never kept
 //! out by the process it replaces:
 //!
-//! - **SQLite**: an exclusive advisory lock on a file beside the database
-//!   (`wma.db.host-<hash>.lock`), which the operating system releases with
-//!   the process.
+//! - **SQLite**: an exclusive transaction, never committed, on a small
+//!   SQLite file of its own beside the database (`wma.db.host-<hash>.lock`),
+//!   held by a connection kept out of the pool: SQLite's own file lock,
+//!   which the operating system releases with the process, and which
+//!   SQLite also keeps between connections of one process.
 //! - **PostgreSQL**: a session-level advisory lock
 //!   (`pg_try_advisory_lock`) on a connection of its own, kept out of the
 //!   pool, which the server releases when the session ends. The server
@@ -36,40 +38,47 @@ pub(crate) const HOST_WAIT: Duration = Duration::from_secs(3);
 
 /// What holds a store's host name while it is open; dropping it lets go.
 pub(crate) enum HostGuard {
-    /// The locked file (SQLite); taken out when the store is closed.
-    File(std::sync::Mutex<Option<std::fs::File>>),
-    /// The session holding the advisory lock (PostgreSQL); taken out when
-    /// the store is closed.
-    Session(Mutex<Option<AnyConnection>>),
-    /// Nothing could hold it (a file system without locks, an in-memory
-    /// database): the name is not guarded.
+    /// The connection holding the lock: the lock file's exclusive
+    /// transaction (SQLite), or the session holding the advisory lock
+    /// (PostgreSQL). Taken out when the store is closed.
+    Held(Mutex<Option<AnyConnection>>),
+    /// Nothing could hold it (a lock file that cannot be made, an
+    /// in-memory database): the name is not guarded.
     None,
 }
 
 impl HostGuard {
     /// Holds `host` on the SQLite database `file`, or says who has it.
-    pub(crate) fn sqlite(file: &Path, host: &str, location: &str) -> Result<Self, StoreError> {
+    pub(crate) async fn sqlite(
+        file: &Path,
+        host: &str,
+        location: &str,
+    ) -> Result<Self, StoreError> {
         let path = lock_path(file, host);
-        let lock = match std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-        {
-            Ok(lock) => lock,
-            Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "the host name is not guarded: its lock file cannot be made");
-                return Ok(Self::None);
-            }
+        let url = crate::store::sqlite_url(&path);
+        let unguarded = |e: sqlx::Error| {
+            tracing::warn!(path = %path.display(), error = %e, "the host name is not guarded: its lock file cannot be used");
+            Self::None
         };
-        match lock.try_lock() {
-            Ok(()) => Ok(Self::File(std::sync::Mutex::new(Some(lock)))),
-            Err(std::fs::TryLockError::WouldBlock) => Err(in_use(host, location)),
-            Err(std::fs::TryLockError::Error(e)) => {
-                tracing::warn!(path = %path.display(), error = %e, "the host name is not guarded: the file system does not lock");
-                Ok(Self::None)
+        let mut conn = match AnyConnection::connect(&url).await {
+            Ok(conn) => conn,
+            Err(e) => return Ok(unguarded(e)),
+        };
+        // At once: a lock another process holds is held for its life.
+        for statement in ["PRAGMA busy_timeout = 0", "BEGIN EXCLUSIVE"] {
+            match sqlx::query(statement).execute(&mut conn).await {
+                Ok(_) => {}
+                Err(e) if crate::store::is_busy(&e) => {
+                    let _ = conn.close().await;
+                    return Err(in_use(host, location));
+                }
+                Err(e) => {
+                    let _ = conn.close().await;
+                    return Ok(unguarded(e));
+                }
             }
         }
+        Ok(Self::Held(Mutex::new(Some(conn))))
     }
 
     /// Holds `host` on the PostgreSQL database behind `conn`, or says who
@@ -91,7 +100,7 @@ impl HostGuard {
                 .try_get(0)
                 .map_err(|e| StoreError::from_sqlx(location, e))?;
             if held {
-                return Ok(Self::Session(Mutex::new(Some(conn))));
+                return Ok(Self::Held(Mutex::new(Some(conn))));
             }
             if started.elapsed() >= HOST_WAIT {
                 let _ = conn.close().await;
@@ -103,16 +112,12 @@ impl HostGuard {
 
     /// Lets go of the name now (the store is being closed).
     pub(crate) async fn release(&self) {
-        match self {
-            // Closing the file releases its lock.
-            Self::File(file) => drop(file.lock().unwrap_or_else(|e| e.into_inner()).take()),
-            Self::Session(conn) => {
-                if let Some(conn) = conn.lock().await.take() {
-                    // Ending the session releases its advisory locks.
-                    let _ = conn.close().await;
-                }
-            }
-            Self::None => {}
+        if let Self::Held(conn) = self
+            && let Some(conn) = conn.lock().await.take()
+        {
+            // Closing the connection ends its transaction or its session,
+            // and with it the lock.
+            let _ = conn.close().await;
         }
     }
 }

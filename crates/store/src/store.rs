@@ -49,7 +49,7 @@ const IDLE_TEST_AFTER: Duration = Duration::from_secs(1);
 const WAL_SWITCH_WAIT: Duration = Duration::from_secs(5);
 
 /// SQLite's "database is locked" (`SQLITE_BUSY`, 5, and its extended codes).
-fn is_busy(error: &sqlx::Error) -> bool {
+pub(crate) fn is_busy(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(e)
         if e.code().is_some_and(|c| c.parse::<i64>().is_ok_and(|c| c & 0xff == 5)))
 }
@@ -181,7 +181,7 @@ pub fn redact_url(url: &str) -> String {
 }
 
 /// The SQLite URL of a file (`?`, `#` and `%` escaped, as sqlx decodes them).
-fn sqlite_url(path: &Path) -> String {
+pub(crate) fn sqlite_url(path: &Path) -> String {
     let mut escaped = String::new();
     for c in path.to_string_lossy().chars() {
         match c {
@@ -313,7 +313,7 @@ impl Store {
         // the runs the first one is running.
         let host_guard = match backend {
             Backend::Sqlite => match host::sqlite_file(&url) {
-                Some(file) => HostGuard::sqlite(&file, &options.host, &location)?,
+                Some(file) => HostGuard::sqlite(&file, &options.host, &location).await?,
                 None => HostGuard::None,
             },
             Backend::Postgres => {

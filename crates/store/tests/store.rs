@@ -139,7 +139,10 @@ async fn a_host_name_is_held_by_one_live_store_at_a_time(kind: Kind) {
     // Closed: the name is free, and the next store recovers its runs.
     first.close().await;
     let second = Store::open(db.options("host-a")).await.unwrap();
-    assert_eq!(second.recovery().interrupted_runs, [running.id.clone()]);
+    assert_eq!(
+        second.recovery().interrupted_runs,
+        std::slice::from_ref(&running.id)
+    );
     // Gone without closing (as a killed process): free as well.
     drop(second);
     let third = Store::open(db.options("host-a")).await.unwrap();
