@@ -991,7 +991,8 @@ impl Store {
     ///
     /// The same call (agent, call id, tool and arguments) of the same run
     /// that is in doubt is refused with [`StoreError::CallInDoubt`]: a run
-    /// that goes on after a restart does not resend it.
+    /// that goes on after a restart does not resend it. For a call of a
+    /// sub-agent run, [`Store::begin_call_in`].
     pub async fn begin_call(
         &self,
         run_id: &str,
