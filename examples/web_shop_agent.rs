@@ -30,6 +30,7 @@ use webmcp_agents::agent::{
 };
 use webmcp_agents::display::render_part;
 use webmcp_agents::tools::{Browser, BrowserOptions, LoopbackSite, SourceOptions, ToolSet};
+use webmcp_agents::usage::UsageMeter;
 use wma_provider_ort::{OrtProvider, OrtProviderOptions, SamplingOptions};
 
 /// What the shop's agent is told about the site. The page's tools change as
@@ -109,7 +110,9 @@ async fn main() -> Result<()> {
             args.runs, args.request
         );
         let started = Instant::now();
-        let mut parts = run_local_agent(provider.clone(), request, options);
+        // Counts the run's prompt tokens, and those the KV cache served.
+        let meter = Arc::new(UsageMeter::new(provider.clone()));
+        let mut parts = run_local_agent(meter.clone(), request, options);
         let mut calls = Vec::new();
         let mut ending = String::new();
         while let Some(part) = parts.next().await {
@@ -129,7 +132,7 @@ async fn main() -> Result<()> {
             .is_some_and(|lines| lines.iter().any(|l| l["product_id"] == WANTED));
         successes += u32::from(got_it);
         let outcome = format!(
-            "run {run}: {} in {:.1} s; calls: {}; ended: {ending}; cart: {cart}",
+            "run {run}: {} in {:.1} s; calls: {}; ended: {ending}; cart: {cart}; usage: {}",
             if got_it {
                 "in the cart"
             } else {
@@ -141,6 +144,7 @@ async fn main() -> Result<()> {
             } else {
                 calls.join(" → ")
             },
+            meter.usage(),
         );
         println!("{outcome}");
         outcomes.push(outcome);

@@ -788,6 +788,75 @@ async fn every_step_opens_a_new_message() {
     assert_eq!(steps, vec![1, 2, 3]);
 }
 
+/// A step repeats the prompt of the step before it and adds to it, so a
+/// provider's cached prefix serves the whole of it: the same tools on the
+/// same page give the same system prompt whatever their rank this step,
+/// and a call laid out over several lines goes back as the model wrote it.
+#[tokio::test]
+async fn each_steps_prompt_begins_with_the_whole_prompt_of_the_step_before() {
+    let laid_out =
+        "{\n  \"name\": \"search_products\",\n  \"arguments\": {\"query\": \"backpack\"}\n}";
+    let provider = ScriptedProvider::new([
+        laid_out.to_string(),
+        call("add_to_cart", json!({"product_id": "p-17"})),
+        "Added the backpack.".to_string(),
+    ]);
+    run_all(
+        provider.clone(),
+        ask("add a backpack to my cart", shop()),
+        reference(),
+    )
+    .await;
+    let requests = provider.requests();
+    assert_eq!(requests.len(), 3);
+    for pair in requests.windows(2) {
+        let (before, after) = (&pair[0].messages, &pair[1].messages);
+        assert!(
+            after.len() > before.len() && after[..before.len()] == before[..],
+            "{before:#?}\n--- then ---\n{after:#?}"
+        );
+    }
+    assert_eq!(requests[1].messages[2].role, PromptRole::Assistant);
+    assert_eq!(requests[1].messages[2].content, laid_out);
+}
+
+/// A step on another page says so: the system prompt is written again for
+/// the page the person is on now.
+#[tokio::test]
+async fn a_step_on_another_page_names_that_page() {
+    let host = shop();
+    host.set_page(Some(PageContext {
+        path: "/search".into(),
+        title: "Search".into(),
+        h1: None,
+    }));
+    let moved = host.clone();
+    host.add(
+        ToolDefinition::new(
+            "go_to_product",
+            "Open a product's page.",
+            json!({"type": "object", "properties": {"product_id": {"type": "string"}}, "required": ["product_id"]}),
+        ),
+        move |_| {
+            moved.set_page(Some(PageContext {
+                path: "/products/p-17".into(),
+                title: "Summit 30L".into(),
+                h1: None,
+            }));
+            Ok("opened".into())
+        },
+    );
+    let provider = ScriptedProvider::new([
+        call("go_to_product", json!({"product_id": "p-17"})),
+        "Here it is.".to_string(),
+    ]);
+    run_all(provider.clone(), ask("open p-17", host), reference()).await;
+    let requests = provider.requests();
+    let system = |i: usize| requests[i].messages[0].content.clone();
+    assert!(system(0).contains("(path /search)"), "{}", system(0));
+    assert!(system(1).contains("(path /products/p-17)"), "{}", system(1));
+}
+
 #[tokio::test]
 async fn the_system_prompt_carries_page_example_codes_and_delegation() {
     let host = shop();

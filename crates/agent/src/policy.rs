@@ -94,9 +94,10 @@ pub struct Policy {
     /// request, and a tiny model left free writes `1` or a number of the
     /// tool's description. Default: on.
     pub written_numbers: bool,
-    /// A lookup that just found ids, or an action that just succeeded, is
-    /// not offered on the next step: the model uses what it found or moves
-    /// on instead of repeating itself. Default: on.
+    /// A lookup that just answered (whether it found anything or not), or
+    /// an action that just succeeded, is not offered on the next step: the
+    /// model uses what it found or moves on instead of repeating itself.
+    /// Default: on.
     pub move_on: bool,
     /// Right after the last call made tools appear (a page navigated), the
     /// step offers those alone, first. Default: on (the WebMCP shop went from
@@ -678,6 +679,8 @@ pub(crate) struct PolicyState {
     looked_up: Option<String>,
     /// A tool that changes things and succeeded in the last step.
     just_acted: Option<String>,
+    /// A read-only tool that answered in the last step, whatever it found.
+    just_looked: Option<String>,
     /// Names of the read-only tools listed this step.
     read_only: Vec<String>,
     /// Names of the tools listed the step before, once there was one.
@@ -692,6 +695,7 @@ pub(crate) struct PolicyState {
     /// `looked_up` / `just_acted` when its calls are done.
     step_looked_up: Option<String>,
     step_acted: Option<String>,
+    step_looked: Option<String>,
 }
 
 /// What the loop knows of a step when it asks for the step's offer.
@@ -967,7 +971,7 @@ impl PolicyState {
                 continue;
             }
             if policy.move_on
-                && (self.looked_up.as_deref() == Some(name)
+                && (self.just_looked.as_deref() == Some(name)
                     || self.just_acted.as_deref() == Some(name))
             {
                 withheld
@@ -1202,6 +1206,7 @@ impl PolicyState {
             .or_default()
             .extend(Identifiers::of_call(arguments));
         if self.is_read_only(name) {
+            self.step_looked = Some(name.to_string());
             if new_ids > 0 {
                 self.step_looked_up = Some(name.to_string());
             }
@@ -1215,6 +1220,7 @@ impl PolicyState {
     pub(crate) fn step_done(&mut self) {
         self.looked_up = self.step_looked_up.take();
         self.just_acted = self.step_acted.take();
+        self.just_looked = self.step_looked.take();
     }
 
     /// Whether a repeated call of `name` (same arguments, same answer) ends
@@ -1675,6 +1681,46 @@ mod tests {
         );
         assert!(fired.iter().any(|f| f.rule == Rule::MoveOn));
         assert!(fired.iter().any(|f| f.rule == Rule::GroundIdentifiers));
+    }
+
+    /// A lookup that found nothing is not offered again on the next step
+    /// either: the same call would give the same nothing.
+    #[test]
+    fn a_lookup_that_found_nothing_is_not_offered_on_the_next_step() {
+        let tools = vec![
+            tool(
+                "search",
+                json!({"type": "object", "properties": {"q": {"type": "string"}}}),
+                true,
+            ),
+            tool(
+                "add_to_cart",
+                json!({"type": "object", "properties": {"product_id": {"type": "string"}}, "required": ["product_id"]}),
+                false,
+            ),
+        ];
+        let policy = Policy::small_model();
+        let mut state = PolicyState::default();
+        state.identifiers.add_user_text("Add p-21 to my cart.");
+        state.observe_tools(&tools);
+        let ask = "Add p-21 to my cart.";
+        let o = state.offer(&policy, tools.clone(), facts(ask, true, true, true));
+        assert_eq!(o.callable.len(), 2, "{:?}", o.callable);
+        state.called("search", &json!({"q": "p-21"}), "[]", 0);
+        state.step_done();
+        state.observe_tools(&tools);
+        let o = state.offer(&policy, tools.clone(), facts(ask, true, false, true));
+        let names: Vec<&str> = o.callable.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["add_to_cart"]);
+        assert!(
+            o.fired
+                .iter()
+                .any(|f| f.rule == Rule::MoveOn && f.detail.contains("search"))
+        );
+        // One step later it is offered again.
+        state.step_done();
+        let o = state.offer(&policy, tools.clone(), facts(ask, true, false, true));
+        assert_eq!(o.callable.len(), 2);
     }
 
     #[test]

@@ -209,6 +209,9 @@ struct Run<P> {
     /// The conversation as prompt turns; append-only so a provider's prefix
     /// cache stays valid from one step to the next.
     turns: Vec<Turn>,
+    /// The system prompt the run's steps reuse while they show the same
+    /// tools on the same page.
+    kept_system: Option<KeptSystem>,
     /// The person's request: what tools are ranked against and what is restated.
     request_text: String,
     /// (name, canonical arguments) → the answer it gave, for loop detection.
@@ -234,6 +237,29 @@ struct Run<P> {
     /// calls are numbered after them (`call_2_1` after `call_1_1`), so that
     /// no two calls of one run share an id.
     call_steps_before: u32,
+}
+
+/// A system prompt a step wrote, kept for the steps after it: a step that
+/// shows the same tools on the same page writes it again as it was (the
+/// tools in the order that step listed them, its worked example), so the
+/// provider's cached prefix holds through the whole conversation. Which
+/// tools a step may call is the constraint's business, not the listing's.
+struct KeptSystem {
+    /// The tools as it lists them.
+    listed: Vec<ToolDefinition>,
+    page: Option<PageContext>,
+    text: String,
+}
+
+impl KeptSystem {
+    /// Whether a step showing `shown` on `page` writes this prompt again:
+    /// the same tools (in any order, with the same definitions) and the
+    /// same page.
+    fn serves(&self, shown: &[ToolDefinition], page: Option<&PageContext>) -> bool {
+        self.page.as_ref() == page
+            && self.listed.len() == shown.len()
+            && shown.iter().all(|t| self.listed.contains(t))
+    }
 }
 
 /// What the run needs to decide and ask about approvals.
@@ -280,6 +306,7 @@ impl<P: Provider + 'static> Run<P> {
             messages: request.messages,
             tx,
             turns: Vec::new(),
+            kept_system: None,
             request_text: String::new(),
             seen: HashMap::new(),
             loop_flagged: false,
@@ -474,11 +501,27 @@ impl<P: Provider + 'static> Run<P> {
                 sub_agents: &sub_agents,
             },
         );
-        self.report(std::mem::take(&mut offer.fired));
         let (mut request, shown) = match self.fit(&offer.ranked, page.as_ref()).await {
             Ok(fitted) => fitted,
             Err(end) => return Some(end),
         };
+        let mut fired = std::mem::take(&mut offer.fired);
+        if self
+            .kept_system
+            .as_ref()
+            .is_some_and(|k| k.serves(&shown, page.as_ref()))
+        {
+            // The kept prompt lists the tools as an earlier step did: the
+            // order this step chose changed nothing the model reads.
+            fired.retain(|f| f.rule != Rule::OrderForCalls);
+        } else {
+            self.kept_system = Some(KeptSystem {
+                listed: shown.clone(),
+                page: page.clone(),
+                text: request.messages[0].content.clone(),
+            });
+        }
+        self.report(fired);
         Span::current().record("wma.tools_shown", shown.len() as i64);
         // What the constraint offers: the shown tools the policy lets be
         // called, in their (grounded) constrained form.
@@ -652,7 +695,7 @@ impl<P: Provider + 'static> Run<P> {
                 return Some(End::Finish(FinishReason::Stop));
             }
             Span::current().record("wma.outcome", "calls");
-            return self.run_calls(step, reply).await;
+            return self.run_calls(step, reply, &generation.text).await;
         }
     }
 
@@ -728,18 +771,25 @@ impl<P: Provider + 'static> Run<P> {
         page: Option<&PageContext>,
         turns: &[Turn],
     ) -> GenerateRequest {
-        let system = system_prompt(&SystemPromptInput {
-            page,
-            instructions: self.instructions.as_deref(),
-            sub_agents: &self.sub_agents,
-            tools: shown,
-            tools_inline: self.tools_inline,
-            call_format: self.provider.call_format(),
-        });
+        let kept = self.kept_system.as_ref().filter(|k| k.serves(shown, page));
+        let (system, listed) = match kept {
+            Some(k) => (k.text.clone(), k.listed.as_slice()),
+            None => (
+                system_prompt(&SystemPromptInput {
+                    page,
+                    instructions: self.instructions.as_deref(),
+                    sub_agents: &self.sub_agents,
+                    tools: shown,
+                    tools_inline: self.tools_inline,
+                    call_format: self.provider.call_format(),
+                }),
+                shown,
+            ),
+        };
         let tools = if self.tools_inline {
             Vec::new()
         } else {
-            shown
+            listed
                 .iter()
                 .map(|t| ToolDefinition {
                     input_schema: compact_schema(&t.input_schema),
@@ -885,7 +935,8 @@ impl<P: Provider + 'static> Run<P> {
     }
 
     /// Runs a validated reply's calls in order.
-    async fn run_calls(&mut self, step: u32, reply: ParsedReply) -> Option<End> {
+    /// Runs a reply's calls; `raw` is the reply as the model wrote it.
+    async fn run_calls(&mut self, step: u32, reply: ParsedReply, raw: &str) -> Option<End> {
         let calls: Vec<ToolCall> = reply
             .calls
             .into_iter()
@@ -906,6 +957,14 @@ impl<P: Provider + 'static> Run<P> {
             content.push('\n');
         }
         content.push_str(&self.provider.call_format().write_all(&calls));
+        // A reply that is these calls and nothing else, only laid out
+        // otherwise (a constraint lets the model break lines and indent),
+        // goes back as the model wrote it: the provider holds those very
+        // tokens, so the next step's cached prefix runs on through them.
+        let squash = |t: &str| t.split_whitespace().collect::<String>();
+        if squash(raw) == squash(&content) {
+            content = raw.trim().to_string();
+        }
         self.push_turn(PromptRole::Assistant, content);
         for call in calls {
             if self.cancel.is_cancelled() {
