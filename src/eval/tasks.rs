@@ -1653,6 +1653,10 @@ struct Totals {
     secs: f64,
     input: u64,
     output: u64,
+    /// Prompt tokens after each run's first generation, and of those the
+    /// ones the provider's cache served.
+    later_input: u64,
+    later_cached: u64,
 }
 
 impl Totals {
@@ -1664,16 +1668,26 @@ impl Totals {
             self.secs += r.time.as_secs_f64();
             self.input += r.usage.input_tokens;
             self.output += r.usage.output_tokens;
+            self.later_input += r.usage.later_input_tokens;
+            self.later_cached += r.usage.later_cached_tokens;
         }
     }
 
     fn cells(&self) -> String {
         if self.runs == 0 {
-            return "- | - | - | -".to_string();
+            return "- | - | - | - | -".to_string();
         }
         let n = self.runs as f64;
+        let cached = if self.later_input > 0 {
+            format!(
+                "{:.0}%",
+                100.0 * self.later_cached as f64 / self.later_input as f64
+            )
+        } else {
+            "-".to_string()
+        };
         format!(
-            "{}/{} | {:.1} | {:.1} | {:.0}/{:.0}",
+            "{}/{} | {:.1} | {:.1} | {:.0}/{:.0} | {cached}",
             self.solved,
             self.runs,
             self.steps as f64 / n,
@@ -1698,8 +1712,10 @@ fn header(first: &str, policies: &[String]) -> String {
     let mut out = format!("| {first} |");
     let mut rule = "|---|".to_string();
     for p in policies {
-        out.push_str(&format!(" {p}: solved | steps | s | tokens in/out |"));
-        rule.push_str("---|---|---|---|");
+        out.push_str(&format!(
+            " {p}: solved | steps | s | tokens in/out | cached after step 1 |"
+        ));
+        rule.push_str("---|---|---|---|---|");
     }
     format!("{out}\n{rule}\n")
 }
@@ -1708,7 +1724,8 @@ fn header(first: &str, policies: &[String]) -> String {
 /// one per domain, a total line, and per policy the ledger of the rules
 /// that fired, the calls that changed things in read-only tasks and the
 /// runs that could not be made. Means are per run; tokens are prompt and
-/// new tokens.
+/// new tokens; "cached after step 1" is the share of the prompt tokens
+/// after each run's first generation that the provider's KV cache served.
 pub fn report(results: &[TaskResult]) -> String {
     let policies = policies_of(results);
     let mut tasks: Vec<(String, String)> = Vec::new();
@@ -1740,7 +1757,7 @@ pub fn report(results: &[TaskResult]) -> String {
                 }
                 out.push_str(&format!(" {cells} |"));
             } else {
-                out.push_str(" - | - | - | - |");
+                out.push_str(" - | - | - | - | - |");
             }
         }
         out.push('\n');
@@ -1848,6 +1865,47 @@ fn ledger(results: &[TaskResult], policy: &str, domains: &[String]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The table says which share of the prompt after each run's first
+    /// generation the cache served, over the runs of a row.
+    #[test]
+    fn rows_carry_the_cache_share_after_the_first_generation() {
+        let run = |later_input, later_cached| TaskRun {
+            solved: true,
+            usage: Usage {
+                generations: 2,
+                later_input_tokens: later_input,
+                later_cached_tokens: later_cached,
+                ..Usage::default()
+            },
+            ..TaskRun::default()
+        };
+        let result = |task: &str, runs| TaskResult {
+            task: task.into(),
+            domain: "shop".into(),
+            read_only: false,
+            policy: "small-model".into(),
+            runs,
+        };
+        let table = report(&[
+            result("two", vec![run(300, 270), run(100, 50)]),
+            result("one-step", vec![run(0, 0)]),
+        ]);
+        assert!(table.contains("cached after step 1 |"), "{table}");
+        assert!(table.contains("| two (shop) | 2/2 |"), "{table}");
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with("| two (shop) |") && l.ends_with("| 80% |")),
+            "{table}"
+        );
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with("| one-step (shop) |") && l.ends_with("| - |")),
+            "{table}"
+        );
+    }
 
     #[test]
     fn patterns_match_whole_texts() {
