@@ -414,6 +414,19 @@ async fn without_constraints_a_prose_reply_stands_as_the_reference_has_it() {
     }
 }
 
+/// The small-model policy with `move_on` off: under it a lookup is not
+/// offered right after it answered, so a model could not repeat it at once,
+/// and the rules for a repeated call would not be reached.
+fn repeats_offered() -> LocalLoopOptions {
+    LocalLoopOptions {
+        policy: Some(Policy {
+            move_on: false,
+            ..Policy::small_model()
+        }),
+        ..inline()
+    }
+}
+
 #[tokio::test]
 async fn after_an_action_a_repeated_lookup_ends_the_run_with_what_was_done() {
     let provider = ScriptedProvider::new([
@@ -426,7 +439,7 @@ async fn after_an_action_a_repeated_lookup_ends_the_run_with_what_was_done() {
     let parts = run_all(
         provider.clone(),
         ask("Add p-17 to my cart", annotated_shop()),
-        inline(),
+        repeats_offered(),
     )
     .await;
     assert_finish(&parts, FinishReason::Stop);
@@ -442,7 +455,12 @@ async fn going_in_circles_still_says_what_was_found() {
         call("view_cart", json!({})),
     ])
     .with_constraints(true);
-    let parts = run_all(provider, ask("Show my cart", annotated_shop()), inline()).await;
+    let parts = run_all(
+        provider,
+        ask("Show my cart", annotated_shop()),
+        repeats_offered(),
+    )
+    .await;
     assert_finish(&parts, FinishReason::Stop);
     assert_eq!(
         texts(&parts).pop().unwrap(),
