@@ -934,8 +934,8 @@ impl<P: Provider + 'static> Run<P> {
         outcome
     }
 
-    /// Runs a validated reply's calls in order.
-    /// Runs a reply's calls; `raw` is the reply as the model wrote it.
+    /// Runs a validated reply's calls in order; `raw` is the reply as the
+    /// model wrote it.
     async fn run_calls(&mut self, step: u32, reply: ParsedReply, raw: &str) -> Option<End> {
         let calls: Vec<ToolCall> = reply
             .calls
