@@ -501,15 +501,27 @@ async fn reconnecting_with_last_event_id_gets_exactly_the_missed_parts() {
 // ---------------------------------------------------------------------------
 // A real `wma serve`, killed and started again
 
+/// Writes a test host's config into `dir`: `body` (its providers, tools
+/// and agents) and the server and store sections every such host shares
+/// (a token file, the store in `dir/data`).
+fn write_config(dir: &Path, body: &str) -> PathBuf {
+    let text = format!(
+        "{body}\n[server]\ntoken_file = \"token\"\n\n[store]\ndata_dir = {}\n",
+        toml_str(&dir.join("data").display().to_string())
+    );
+    let file = dir.join("wma.toml");
+    std::fs::write(&file, text).unwrap();
+    file
+}
+
 /// `clerk` asks before `add_to_cart`; `slow` takes a minute to answer.
 fn kill_config(dir: &Path) -> PathBuf {
-    let text = format!(
-        r#"
+    let text = r#"
 [providers.clerk]
 kind = "scripted"
 replies = [
     "Hello! What can I find for you?",
-    '{{"name": "add_to_cart", "arguments": {{"product_id": "p-17"}}}}',
+    '{"name": "add_to_cart", "arguments": {"product_id": "p-17"}}',
     "Added.",
     "Nothing else is in your cart.",
 ]
@@ -526,22 +538,13 @@ allow = ["add_to_cart", "view_cart"]
 [agents.clerk]
 provider = "clerk"
 tools = ["cart"]
-approval = {{ tools = {{ add_to_cart = "ask" }} }}
+approval = { tools = { add_to_cart = "ask" } }
 
 [agents.slow]
 provider = "slow"
 
-[server]
-token_file = "token"
-
-[store]
-data_dir = {data}
-"#,
-        data = toml_str(&dir.join("data").display().to_string()),
-    );
-    let file = dir.join("wma.toml");
-    std::fs::write(&file, text).unwrap();
-    file
+"#;
+    write_config(dir, text)
 }
 
 fn toml_str(s: &str) -> String {
@@ -1054,19 +1057,11 @@ provider = "buyer"
 tools = ["orders"]
 approval = {{ consequential = "auto" }}
 
-[server]
-token_file = "token"
-
-[store]
-data_dir = {data}
 "#,
         url = toml_str(mcp_url),
         replies = serde_json::to_string(replies).unwrap(),
-        data = toml_str(&dir.join("data").display().to_string()),
     );
-    let file = dir.join("wma.toml");
-    std::fs::write(&file, text).unwrap();
-    file
+    write_config(dir, &text)
 }
 
 /// The session's run `index`'s recorded calls once `done` holds for them.
@@ -1346,13 +1341,12 @@ async fn a_call_its_run_stopped_in_the_middle_of_is_in_doubt_at_once() {
 /// `again` asks before `add_to_cart`; a new process's model starts its
 /// replies afresh, so the run it resumes calls `add_to_cart` once more.
 fn resume_config(dir: &Path) -> PathBuf {
-    let text = format!(
-        r#"
+    let text = r#"
 [providers.again]
 kind = "scripted"
 replies = [
-    '{{"name": "add_to_cart", "arguments": {{"product_id": "p-17"}}}}',
-    '{{"name": "view_cart", "arguments": {{}}}}',
+    '{"name": "add_to_cart", "arguments": {"product_id": "p-17"}}',
+    '{"name": "view_cart", "arguments": {}}',
     "Your cart has p-17.",
 ]
 
@@ -1363,19 +1357,10 @@ allow = ["add_to_cart", "view_cart"]
 [agents.again]
 provider = "again"
 tools = ["cart"]
-approval = {{ tools = {{ add_to_cart = "ask" }} }}
+approval = { tools = { add_to_cart = "ask" } }
 
-[server]
-token_file = "token"
-
-[store]
-data_dir = {data}
-"#,
-        data = toml_str(&dir.join("data").display().to_string()),
-    );
-    let file = dir.join("wma.toml");
-    std::fs::write(&file, text).unwrap();
-    file
+"#;
+    write_config(dir, text)
 }
 
 /// The question waiting in this process for `run`, once there is one.
@@ -1891,18 +1876,10 @@ provider = "buyer"
 tools = ["orders"]
 approval = {{ consequential = "auto" }}
 
-[server]
-token_file = "token"
-
-[store]
-data_dir = {data}
 "#,
         url = toml_str(mcp_url),
-        data = toml_str(&dir.join("data").display().to_string()),
     );
-    let file = dir.join("wma.toml");
-    std::fs::write(&file, text).unwrap();
-    file
+    write_config(dir, &text)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2029,18 +2006,10 @@ provider = "buyer"
 tools = ["orders"]
 approval = {{ consequential = "auto" }}
 
-[server]
-token_file = "token"
-
-[store]
-data_dir = {data}
 "#,
         url = toml_str(mcp_url),
-        data = toml_str(&dir.join("data").display().to_string()),
     );
-    let file = dir.join("wma.toml");
-    std::fs::write(&file, text).unwrap();
-    file
+    write_config(dir, &text)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
