@@ -1252,6 +1252,15 @@ mod tests {
         }
     }
 
+    /// A read-only search that takes words.
+    fn search_tool() -> ToolDefinition {
+        tool(
+            "search",
+            json!({"type": "object", "properties": {"q": {"type": "string"}}}),
+            true,
+        )
+    }
+
     fn files() -> Vec<ToolDefinition> {
         vec![
             tool(
@@ -1639,11 +1648,7 @@ mod tests {
     #[test]
     fn a_lookup_that_found_ids_moves_on_to_the_tools_that_take_them() {
         let tools = vec![
-            tool(
-                "search",
-                json!({"type": "object", "properties": {"q": {"type": "string"}}}),
-                true,
-            ),
+            search_tool(),
             tool(
                 "open_product",
                 json!({"type": "object", "properties": {"product_id": {"type": "string"}}, "required": ["product_id"]}),
@@ -1688,11 +1693,7 @@ mod tests {
     #[test]
     fn a_lookup_that_found_nothing_is_not_offered_on_the_next_step() {
         let tools = vec![
-            tool(
-                "search",
-                json!({"type": "object", "properties": {"q": {"type": "string"}}}),
-                true,
-            ),
+            search_tool(),
             tool(
                 "add_to_cart",
                 json!({"type": "object", "properties": {"product_id": {"type": "string"}}, "required": ["product_id"]}),
