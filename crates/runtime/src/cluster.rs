@@ -66,7 +66,7 @@ use tokio::io::{AsyncRead, ReadBuf};
 use tokio::net::tcp::OwnedReadHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{broadcast, watch};
-use tokio::task::AbortHandle;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use tracing_opentelemetry::OpenTelemetrySpanExt;
@@ -551,8 +551,9 @@ pub struct ClusterNode {
     addr: SocketAddr,
     shared: Arc<Shared>,
     /// The listener's task and the tasks that keep peers connected; aborted
-    /// at shutdown.
-    tasks: Arc<Mutex<Vec<AbortHandle>>>,
+    /// and awaited at shutdown, so the listening socket is closed (and its
+    /// port free to bind again) once `shutdown` returns.
+    tasks: Arc<Mutex<Vec<JoinHandle<()>>>>,
 }
 
 impl ClusterNode {
@@ -687,7 +688,7 @@ impl ClusterNode {
             endpoint,
             addr,
             shared,
-            tasks: Arc::new(Mutex::new(vec![accept.abort_handle()])),
+            tasks: Arc::new(Mutex::new(vec![accept])),
         })
     }
 
@@ -745,7 +746,7 @@ impl ClusterNode {
         self.tasks
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .push(task.abort_handle());
+            .push(task);
     }
 
     /// Dials `peer`; on success, the name of the node there.
@@ -863,13 +864,20 @@ impl ClusterNode {
     /// Stops dialling peers, the listener, the endpoint and the node server
     /// (connections close).
     pub async fn shutdown(&self) {
-        for task in self
+        let tasks: Vec<JoinHandle<()>> = self
             .tasks
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .drain(..)
-        {
+            .collect();
+        for task in &tasks {
             task.abort();
+        }
+        // An aborted task drops its future (and the listener in it) only
+        // when the runtime next polls it; waiting for that is what frees the
+        // port for a node started right after this one.
+        for task in tasks {
+            let _ = task.await;
         }
         if let Some(endpoint) = &self.endpoint {
             let _ = endpoint
