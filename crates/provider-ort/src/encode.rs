@@ -14,6 +14,7 @@ use std::ops::Range;
 use tokenizers::Tokenizer;
 
 use crate::error::OrtError;
+use crate::model::common_prefix;
 use crate::template::RenderedPrompt;
 
 /// Tokenizes prompts, with added tokens read only from the template's text.
@@ -168,6 +169,38 @@ impl PromptEncoder {
             .map_err(tokenizer_error)
     }
 
+    /// Whether two token lists spell the same text with the same added
+    /// tokens in the same places: the plain tokens between added tokens may
+    /// differ, as long as they decode to the same text. Used to check that
+    /// ids taken from the KV cache for a prompt are that prompt, with
+    /// control tokens exactly where its own tokenization has them.
+    pub fn same_text(&self, a: &[u32], b: &[u32]) -> Result<bool, OrtError> {
+        // What both start with is the same; comparing from the last added
+        // token in it keeps each decoded stretch whole.
+        let shared = common_prefix(a, b);
+        let start = a[..shared]
+            .iter()
+            .rposition(|id| self.is_control(*id))
+            .map_or(0, |i| i + 1);
+        Ok(self.pieces(&a[start..])? == self.pieces(&b[start..])?)
+    }
+
+    /// `ids` as its added tokens and the decoded text between them.
+    fn pieces(&self, ids: &[u32]) -> Result<Vec<Piece>, OrtError> {
+        let mut pieces = Vec::new();
+        for run in ids.split_inclusive(|id| self.is_control(*id)) {
+            let (plain, control) = match run.split_last() {
+                Some((last, rest)) if self.is_control(*last) => (rest, Some(*last)),
+                _ => (run, None),
+            };
+            if !plain.is_empty() {
+                pieces.push(Piece::Text(self.decode(plain)?));
+            }
+            pieces.extend(control.map(Piece::Control));
+        }
+        Ok(pieces)
+    }
+
     /// Turns ids back into text (added tokens kept).
     pub fn decode(&self, ids: &[u32]) -> Result<String, OrtError> {
         self.tokenizer.decode(ids, false).map_err(tokenizer_error)
@@ -176,6 +209,29 @@ impl PromptEncoder {
     /// The tokenizer, reading added tokens from text.
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
+    }
+}
+
+/// A stretch of a tokenized text: an added token, or the text of the plain
+/// tokens between two of them.
+#[derive(Debug, PartialEq, Eq)]
+enum Piece {
+    Control(u32),
+    Text(String),
+}
+
+/// The part of a rendered prompt from byte `at` on, with its given strings
+/// (clipped to it) where they were.
+pub(crate) fn prompt_from(prompt: &RenderedPrompt, at: usize) -> RenderedPrompt {
+    RenderedPrompt {
+        text: prompt.text[at..].to_string(),
+        content: prompt
+            .content
+            .iter()
+            .filter(|c| c.end > at)
+            .map(|c| c.start.max(at) - at..c.end - at)
+            .collect(),
+        exact: prompt.exact,
     }
 }
 

@@ -156,6 +156,47 @@ struct KvCache {
     ids: Vec<u32>,
     /// Where the keys and values are.
     store: KvStore,
+    /// What the cached tokens spell, as far as it is known (see
+    /// [`TextMark`]); empty for caches fed ids alone.
+    text: CachedText,
+}
+
+/// A point where the cached tokens and a text line up: the first `tokens`
+/// cached ids are a tokenization of the first `bytes` bytes of the cache's
+/// text. The provider records one at the end of each prompt and after each
+/// token the model generated, so that the next prompt, whose text repeats
+/// them, can take the cached ids for that text instead of tokenizing it
+/// again (the model's own tokenization of its reply is often not the one
+/// the tokenizer would choose, and a prefix match on ids breaks there).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TextMark {
+    /// Cached tokens up to the mark.
+    pub tokens: usize,
+    /// Bytes of the cache's text up to the mark.
+    pub bytes: usize,
+}
+
+/// The text of a cache and where its tokens line up with it.
+///
+/// Invariant: marks ascend in both fields, each `tokens` is at most the
+/// cache's length, and `text` ends at the last mark.
+#[derive(Debug, Clone, Default)]
+struct CachedText {
+    text: String,
+    marks: Vec<TextMark>,
+}
+
+impl CachedText {
+    /// Keeps the marks within the first `tokens` cached ids.
+    fn truncate(&mut self, tokens: usize) {
+        self.marks.retain(|m| m.tokens <= tokens);
+        self.text.truncate(self.marks.last().map_or(0, |m| m.bytes));
+    }
+
+    fn clear(&mut self) {
+        self.text.clear();
+        self.marks.clear();
+    }
 }
 
 /// How the keys and values are kept between runs.
@@ -320,6 +361,7 @@ impl OrtModel {
             cache: KvCache {
                 ids: Vec::new(),
                 store: KvStore::Copy(Vec::new()),
+                text: CachedText::default(),
             },
             session_key: DEFAULT_SESSION.to_string(),
             session_used: 0,
@@ -369,6 +411,7 @@ impl OrtModel {
                     &self.io,
                     SHARED_INITIAL_CAPACITY.min(self.context_length),
                 )?)),
+                text: CachedText::default(),
             };
             Ok((self.forward(&probe[..3])?, self.forward(&probe[3..])?))
         })();
@@ -392,6 +435,7 @@ impl OrtModel {
                 self.cache = KvCache {
                     ids: Vec::new(),
                     store: KvStore::Copy(Vec::new()),
+                    text: CachedText::default(),
                 };
             }
         }
@@ -430,9 +474,51 @@ impl OrtModel {
         &self.cache.ids
     }
 
+    /// Whether the next prompt may reuse the cache's common prefix.
+    pub fn reuse_prefix(&self) -> bool {
+        self.reuse_prefix
+    }
+
+    /// The text the cached tokens spell, as far as the provider recorded it,
+    /// and the points where tokens and text line up (ascending).
+    pub(crate) fn cached_text(&self) -> (&str, &[TextMark]) {
+        (&self.cache.text.text, &self.cache.text.marks)
+    }
+
+    /// Records that the cached ids line up with `text` at each of `marks`
+    /// (see [`TextMark`]); the caller vouches that they spell it. Marks
+    /// recorded before stay where `text` repeats the text they were
+    /// recorded with, and go where it does not. Marks past the cache or
+    /// past `text`, or out of order, are not recorded.
+    pub(crate) fn mark_text(&mut self, text: &str, marks: &[TextMark]) {
+        let cached = self.cache.ids.len();
+        let valid = marks
+            .windows(2)
+            .all(|w| w[0].tokens <= w[1].tokens && w[0].bytes <= w[1].bytes)
+            && marks.iter().all(|m| {
+                m.tokens <= cached && m.bytes <= text.len() && text.is_char_boundary(m.bytes)
+            });
+        let Some(first) = marks.first().filter(|_| valid) else {
+            return;
+        };
+        let old = &mut self.cache.text;
+        let shared = common_bytes(&old.text, text);
+        old.marks
+            .retain(|m| m.bytes <= shared && m.tokens <= first.tokens && m.bytes <= first.bytes);
+        for &mark in marks {
+            if old.marks.last() != Some(&mark) {
+                old.marks.push(mark);
+            }
+        }
+        let end = old.marks.last().map_or(0, |m| m.bytes);
+        old.text.clear();
+        old.text.push_str(&text[..end]);
+    }
+
     /// Forgets the cache.
     pub fn clear_cache(&mut self) {
         self.cache.ids.clear();
+        self.cache.text.clear();
         if let KvStore::Copy(values) = &mut self.cache.store {
             values.clear();
         }
@@ -556,6 +642,7 @@ impl OrtModel {
         Ok(KvCache {
             ids: Vec::new(),
             store,
+            text: CachedText::default(),
         })
     }
 
@@ -582,9 +669,12 @@ impl OrtModel {
                 KvStore::Shared(Box::new(copy))
             }
         };
+        let mut text = source.text.clone();
+        text.truncate(keep);
         Ok(KvCache {
             ids: source.ids[..keep].to_vec(),
             store,
+            text,
         })
     }
 
@@ -992,6 +1082,7 @@ impl OrtModel {
         // Shared buffers need no cut: the next run's mask says how many
         // positions count, and it overwrites the rest.
         self.cache.ids.truncate(len);
+        self.cache.text.truncate(len);
         Ok(())
     }
 }
@@ -1085,6 +1176,15 @@ where
         }
     }
     Ok(buffer.into_dyn())
+}
+
+/// Bytes two texts share at their start, at a character boundary.
+pub(crate) fn common_bytes(a: &str, b: &str) -> usize {
+    let mut n = a.bytes().zip(b.bytes()).take_while(|(x, y)| x == y).count();
+    while !a.is_char_boundary(n) {
+        n -= 1;
+    }
+    n
 }
 
 /// Length of the common prefix of two token lists.

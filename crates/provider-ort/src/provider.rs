@@ -1,5 +1,6 @@
 //! [`OrtProvider`]: the [`Provider`] the agent loop talks to.
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
@@ -16,10 +17,12 @@ use wma_agent::{
 use crate::config::{ModelConfig, ModelFiles, TokenizerConfig};
 use crate::constraint::{ConstraintEngine, ConstraintMatcher};
 use crate::copy::CopyBias;
-use crate::encode::PromptEncoder;
+use crate::encode::{PromptEncoder, prompt_from};
 use crate::error::OrtError;
 use crate::hub;
-use crate::model::{GenerateParams, IdGeneration, OrtModel, StopReason};
+use crate::model::{
+    GenerateParams, IdGeneration, OrtModel, StopReason, TextMark, common_bytes, common_prefix,
+};
 use crate::options::OrtProviderOptions;
 use crate::paths::{self, ModelSource};
 use crate::template::{ChatTemplate, RenderedPrompt};
@@ -403,6 +406,100 @@ impl Loaded {
         }
     }
 
+    /// The ids to feed for a prompt: where its text goes on from text the
+    /// cache holds (an earlier prompt and the reply the model wrote to it,
+    /// as it decoded), the cached ids for that text and the tokenization of
+    /// the rest; else its own tokenization (`canonical`).
+    ///
+    /// Why: the loop writes a reply into the history as text, and the
+    /// prompt is tokenized again from text. Under a constraint the model
+    /// often writes a tokenization of its reply that the tokenizer would
+    /// not choose (the same text in other pieces), so matching the prompt's
+    /// own ids against the cache breaks inside the reply and everything
+    /// after it is computed again. The ids chosen here always spell the
+    /// prompt with its added tokens where `canonical` has them
+    /// ([`PromptEncoder::same_text`]); where they would not, the prompt's
+    /// own ids are fed.
+    fn prompt_for_cache(
+        &self,
+        model: &OrtModel,
+        rendered: &RenderedPrompt,
+        canonical: Vec<u32>,
+    ) -> Result<Vec<u32>, OrtError> {
+        /// The marks tried, latest first, before giving up on the text: a
+        /// mark that fails the check usually has an earlier one that holds
+        /// (the end of the reply's prompt).
+        const TRIES: usize = 3;
+        if !model.reuse_prefix() {
+            return Ok(canonical);
+        }
+        let cached = model.cached_ids();
+        let (text, marks) = model.cached_text();
+        let by_ids = common_prefix(cached, &canonical);
+        let shared = common_bytes(text, &rendered.text);
+        let candidates = marks
+            .iter()
+            .rev()
+            .filter(|m| m.bytes <= shared)
+            .take_while(|m| m.tokens > by_ids)
+            .take(TRIES);
+        for mark in candidates {
+            let mut ids = cached[..mark.tokens].to_vec();
+            ids.extend(self.encode(&prompt_from(rendered, mark.bytes))?);
+            if self.encoder.same_text(&ids, &canonical)? {
+                tracing::debug!(
+                    from_text = mark.tokens,
+                    from_ids = by_ids,
+                    "KV cache: the prompt's text goes on from the cached text"
+                );
+                return Ok(ids);
+            }
+        }
+        Ok(canonical)
+    }
+
+    /// Records in the cache what text its tokens spell after a generation:
+    /// the prompt, and the reply after each token the model was fed (see
+    /// [`Loaded::prompt_for_cache`]).
+    fn mark_generation(
+        &self,
+        model: &mut OrtModel,
+        prompt_text: &str,
+        prompt: &[u32],
+        ids: &[u32],
+    ) -> Result<(), OrtError> {
+        let cached = model.cached_ids();
+        if !model.reuse_prefix() || !cached.starts_with(prompt) {
+            return Ok(());
+        }
+        // The last token chosen is never fed, and a reply cut back (a
+        // repeated call) was fed further than it reaches.
+        let fed = common_prefix(&cached[prompt.len()..], ids);
+        let reply = self.decode(&ids[..fed])?;
+        let mut marks = Vec::with_capacity(fed + 1);
+        marks.push(TextMark {
+            tokens: prompt.len(),
+            bytes: prompt_text.len(),
+        });
+        for k in 1..=fed {
+            let part = if k == fed {
+                Cow::Borrowed(reply.as_str())
+            } else {
+                Cow::Owned(self.decode(&ids[..k])?)
+            };
+            // A token that ends inside a character decodes to a
+            // replacement character, and is no place to cut the text.
+            if reply.starts_with(part.as_ref()) {
+                marks.push(TextMark {
+                    tokens: prompt.len() + k,
+                    bytes: prompt_text.len() + part.len(),
+                });
+            }
+        }
+        model.mark_text(&format!("{prompt_text}{reply}"), &marks);
+        Ok(())
+    }
+
     /// Where the earliest stop string starts in `text`.
     fn stop_at(&self, text: &str) -> Option<usize> {
         self.stop_strings
@@ -422,14 +519,14 @@ impl Loaded {
     ) -> Result<Generation, OrtError> {
         let start = Instant::now();
         let rendered = self.render(request)?;
-        let prompt = self.encode(&rendered)?;
-        let prompt_text = rendered.text;
+        let canonical = self.encode(&rendered)?;
         // The grammar and the copy phrases are compiled before the model is
         // locked: that work grows with the request, and another agent's
         // generation should not wait for it.
         let mut matcher = self.constraint_matcher(request);
         let mut model = self.lock_model();
-        model.use_session(session, &prompt)?;
+        model.use_session(session, &canonical)?;
+        let prompt = self.prompt_for_cache(&model, &rendered, canonical)?;
         let terminator = model.reset_terminator()?;
         // A forward pass over a long prompt takes seconds; cancelling must not
         // wait for it to end, so a watcher tells ONNX Runtime to stop.
@@ -455,6 +552,7 @@ impl Loaded {
                 self.decode(ids)
                     .is_ok_and(|text| self.stop_at(&text).is_some())
             })?;
+        self.mark_generation(&mut model, &rendered.text, &prompt, &generated.ids)?;
         drop(model);
         let IdGeneration { ids, reason, stats } = generated;
         if let Some(m) = &matcher {
@@ -502,7 +600,7 @@ impl Loaded {
             decode_tok_s = stats.decode_tokens_per_second(),
             "generated"
         );
-        tracing::trace!(prompt = %prompt_text, reply = %text, "generated text");
+        tracing::trace!(prompt = %rendered.text, reply = %text, "generated text");
         Ok(Generation {
             text,
             input_tokens: Some(prompt.len() as u32),
