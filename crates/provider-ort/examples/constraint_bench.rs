@@ -11,7 +11,7 @@
 //! and once with "text or calls", under the decoding the loop's small-model
 //! policy asks for (docs/providers.md), and prints one table. A second table
 //! sets the same requests with the forced tokens fed in one pass (fast
-//! forward, the default) beside one decode step each: reply tokens per
+//! forward, off by default) beside one decode step each: reply tokens per
 //! second, the share of forced tokens, and whether the replies match.
 
 use anyhow::{Context, Result, bail};

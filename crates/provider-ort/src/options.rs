@@ -111,9 +111,13 @@ pub struct OrtProviderOptions {
     /// name), feed its tokens in one forward pass instead of one decode
     /// step each; the tokens are the tokenizer's own for that text.
     /// Default: false. On the 4-bit default model, logits of tokens fed
-    /// together differ slightly from those fed one by one, and a later free
-    /// choice can come out differently ("add two of p-17" gained a
-    /// `"quantity": 1`), so it stays opt-in until the replies match.
+    /// together differ from those fed one by one (up to 0.7: the graph
+    /// quantizes activations to 8 bits, which turns GroupQueryAttention's
+    /// last-bit difference between its batched and one-token paths into
+    /// whole quantization steps), and a later free choice can come out
+    /// differently ("add two of p-17" gained a `"quantity": 1`), so it
+    /// stays opt-in. fp32 activations make the paths agree but decode
+    /// several times slower (docs/providers.md has the numbers).
     pub fast_forward: bool,
     /// Honour decoding constraints (grammars) from the loop. Default: true.
     /// When the tokenizer's vocabulary cannot be read for them, the provider

@@ -260,7 +260,7 @@ async fn copy_phrases_put_the_persons_words_into_a_free_text_argument() {
 /// the same reply, token for token, as one decode step per token: the same
 /// calls in the same tokens, for prose-or-call and calls-only constraints.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "on the 4-bit model, batched logits drift: \"add two of p-17\" gains a quantity with fast-forward; it is off by default until this passes"]
+#[ignore = "on the 4-bit model a batched pass and one-token passes differ by up to 0.7 in the logits (8-bit activations amplify GroupQueryAttention's 1e-7 difference; docs/providers.md); fast-forward stays off by default while this fails"]
 async fn fast_forward_writes_the_same_reply_as_one_step_per_token() {
     let provider = provider().await;
     let tools = shop_tools();
