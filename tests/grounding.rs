@@ -332,6 +332,8 @@ async fn the_retry_needs_two_named_words_and_the_models_own_weight_on_a_call() {
         let mut options = inline();
         let mut policy = Policy::small_model();
         policy.named_tool_retry = Some(gate);
+        // "cart" is in view_cart's name, the sign of another rule.
+        policy.question_lookup_retry = false;
         options.policy = Some(policy);
         let parts = run_all(provider.clone(), ask(request, annotated_shop()), options).await;
         assert_eq!(provider.requests().len(), 1, "no retry for {request:?}");
@@ -618,7 +620,11 @@ async fn each_rule_that_fires_is_a_part_of_the_run() {
 
 #[tokio::test]
 async fn a_question_is_not_answered_with_a_tool_that_changes_things() {
-    let provider = ScriptedProvider::new(["Your cart is empty."]).with_constraints(true);
+    let provider = ScriptedProvider::new([
+        call("view_cart", json!({})),
+        "Your cart is empty.".to_string(),
+    ])
+    .with_constraints(true);
     let parts = run_all(
         provider.clone(),
         ask("What is in my cart right now?", annotated_shop()),
@@ -797,11 +803,111 @@ async fn a_prose_reply_to_a_request_for_a_change_gets_the_calls_only_retry() {
     assert_eq!(provider.requests().len(), 4);
     assert_eq!(texts(&parts), ["Added the Trail Tent."]);
     // A tool set that marks nothing read-only says nothing of what its
-    // tools change (BFCL's): the prose stands, as does a question's.
+    // tools change (BFCL's): the prose stands, as does a question's (which
+    // is another rule's to look up: it is off here).
+    let change_only = LocalLoopOptions {
+        policy: Some(Policy {
+            question_lookup_retry: false,
+            ..Policy::small_model()
+        }),
+        ..inline()
+    };
     for (request, host) in [(request, shop()), ("Do you have tents?", annotated_shop())] {
         let provider = ScriptedProvider::new(["We have tents."]).with_constraints(true);
-        let parts = run_all(provider.clone(), ask(request, host), inline()).await;
+        let parts = run_all(provider.clone(), ask(request, host), change_only.clone()).await;
         assert_eq!(provider.requests().len(), 1, "{request}");
         assert_eq!(texts(&parts), ["We have tents."]);
     }
+}
+
+#[tokio::test]
+async fn a_prose_reply_to_a_question_a_read_only_tool_looks_up_gets_the_calls_only_retry() {
+    // A question beside a read-only tool: the answer is in the tool, not
+    // in the model's weights.
+    let request = "What is in my cart right now?";
+    let provider = ScriptedProvider::new([
+        "Your cart has two tents and a stove.".to_string(),
+        call("view_cart", json!({})),
+        "Your cart is empty.".to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(provider.clone(), ask(request, annotated_shop()), inline()).await;
+    assert_finish(&parts, FinishReason::Stop);
+    assert!(fired(&parts).contains(&"question-lookup-retry".to_string()));
+    let requests = provider.requests();
+    assert!(matches!(
+        requests[1].constraint,
+        Some(Constraint::CallsOnly { .. })
+    ));
+    // The retry may only look things up.
+    assert!(!allowed(&requests[1]).contains(&"add_to_cart".to_string()));
+    assert_eq!(calls_made(&parts), [r#"view_cart {}"#]);
+    assert_eq!(texts(&parts), ["Your cart is empty."]);
+
+    // A turn that seeks nothing is answered as written, as is a question
+    // beside tools that say nothing of what they change, and the
+    // reference policy never retries.
+    let cases = [
+        ("Thanks, that is all.", annotated_shop(), inline()),
+        (request, shop(), inline()),
+        (
+            request,
+            annotated_shop(),
+            LocalLoopOptions {
+                policy: Some(Policy::reference()),
+                ..inline()
+            },
+        ),
+    ];
+    for (request, host, options) in cases {
+        let provider = ScriptedProvider::new(["Paris."]).with_constraints(true);
+        let parts = run_all(provider.clone(), ask(request, host), options).await;
+        assert_eq!(provider.requests().len(), 1, "{request}");
+        assert_eq!(texts(&parts), ["Paris."]);
+        assert!(!fired(&parts).contains(&"question-lookup-retry".to_string()));
+    }
+}
+
+#[tokio::test]
+async fn after_a_lookup_answers_a_question_the_model_answers_from_what_it_found() {
+    let request = "Which tents do you have?";
+    let search = call("search_products", json!({"query": "tent"}));
+    // An answer that tells nothing the search found becomes its gist.
+    let provider = ScriptedProvider::new([search.clone(), "We have many things.".to_string()])
+        .with_constraints(true);
+    let parts = run_all(provider.clone(), ask(request, annotated_shop()), inline()).await;
+    assert_finish(&parts, FinishReason::Stop);
+    let requests = provider.requests();
+    assert!(
+        allowed(&requests[1]).is_empty(),
+        "the step after the answering lookup offers no tool: {:?}",
+        allowed(&requests[1])
+    );
+    assert!(fired(&parts).contains(&"answer-after-lookup".to_string()));
+    assert_eq!(
+        texts(&parts),
+        ["2 results: Summit Backpack (p-17), Trail Tent (p-4)."]
+    );
+
+    // One that tells of it stands.
+    let provider = ScriptedProvider::new([search.clone(), "We have the Trail Tent.".to_string()])
+        .with_constraints(true);
+    let parts = run_all(provider, ask(request, annotated_shop()), inline()).await;
+    assert_eq!(texts(&parts), ["We have the Trail Tent."]);
+
+    // A request for a change goes on to make it.
+    let provider = ScriptedProvider::new([
+        search,
+        call("add_to_cart", json!({"product_id": "p-4"})),
+        "Added the Trail Tent.".to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(
+        provider.clone(),
+        ask("Add a tent to my cart", annotated_shop()),
+        inline(),
+    )
+    .await;
+    assert!(allowed(&provider.requests()[1]).contains(&"add_to_cart".to_string()));
+    assert!(!fired(&parts).contains(&"answer-after-lookup".to_string()));
 }

@@ -204,6 +204,25 @@ pub struct Policy {
     /// headway). Tool sets that annotate nothing (BFCL's) are never retried
     /// by it. Default: on.
     pub change_request_retry: bool,
+    /// The calls-only retry of a prose reply on the first step when the
+    /// request seeks information (a question, or "tell me", "show", "list",
+    /// "check"…) and asks for no change, the tool set annotates tools as
+    /// read-only, and one is offered. Whatever the person asks of an agent
+    /// that can look it up lives in its tools, not in a tiny model's
+    /// weights: asked "What's on my calendar on 2026-03-12?" beside
+    /// `list_events`, the default model invented a list of dates. Tool sets
+    /// that annotate nothing (BFCL's) are never retried by it, nor is a
+    /// turn that seeks nothing ("Thanks, that's all."). Default: on.
+    pub question_lookup_retry: bool,
+    /// Once a lookup answered a request for information (its result speaks
+    /// of a word of the request), the next step offers no tool: the model
+    /// answers from what it found. An answer that then shares no word with
+    /// the run's results is the model's own invention and becomes the gist
+    /// of the result that answered. A tiny model that has called a tool
+    /// calls again and again (the default model echoed "blue harbor" and
+    /// then asked for the weather and a sum), and its own answers drift
+    /// from the result in front of it. Default: on.
+    pub answer_after_lookup: bool,
 }
 
 impl Default for Policy {
@@ -243,6 +262,8 @@ impl Policy {
             calls_within_offer: false,
             no_prompt_echo_answers: false,
             change_request_retry: false,
+            question_lookup_retry: false,
+            answer_after_lookup: false,
         }
     }
 
@@ -276,6 +297,8 @@ impl Policy {
             calls_within_offer: true,
             no_prompt_echo_answers: true,
             change_request_retry: true,
+            question_lookup_retry: true,
+            answer_after_lookup: true,
         }
     }
 
@@ -337,6 +360,7 @@ impl Policy {
             || self.skip_used_ids
             || self.read_only_questions
             || self.ground_delegation
+            || self.answer_after_lookup
     }
 
     /// The shape of a constrained reply for the tools shown.
@@ -434,6 +458,10 @@ pub enum Rule {
     NoPromptEchoAnswers,
     /// See [`Policy::change_request_retry`].
     ChangeRequestRetry,
+    /// See [`Policy::question_lookup_retry`].
+    QuestionLookupRetry,
+    /// See [`Policy::answer_after_lookup`].
+    AnswerAfterLookup,
 }
 
 impl Rule {
@@ -457,6 +485,8 @@ impl Rule {
             Self::CallsWithinOffer => "calls-within-offer",
             Self::NoPromptEchoAnswers => "no-prompt-echo-answers",
             Self::ChangeRequestRetry => "change-request-retry",
+            Self::QuestionLookupRetry => "question-lookup-retry",
+            Self::AnswerAfterLookup => "answer-after-lookup",
         }
     }
 }
@@ -585,9 +615,6 @@ fn regex_escape(text: &str) -> String {
 /// they share: "book" in "when is my library book due" is a noun, and the
 /// verb list alone took the question for a change.
 pub(crate) fn is_question(request: &str) -> bool {
-    const ASKING: &[&str] = &[
-        "what", "when", "where", "which", "who", "whom", "whose", "why", "how",
-    ];
     const AUXILIARY: &[&str] = &[
         "is", "are", "am", "was", "were", "do", "does", "did", "has", "have", "had",
     ];
@@ -615,6 +642,63 @@ pub(crate) fn is_question(request: &str) -> bool {
     }
     AUXILIARY.contains(&first.as_str())
         || words.iter().take(3).any(|w| ASKING.contains(&w.as_str()))
+}
+
+/// Whether `text` holds a term of `request` (a word that is not a common
+/// one, stemmed as the ranking stems it).
+pub(crate) fn shares_a_term(text: &str, request: &str) -> bool {
+    let mut buffer = String::new();
+    let mut wanted = Vec::new();
+    crate::rank::for_each_term(request, &mut buffer, |t| {
+        if crate::rank::is_query_term(t) {
+            wanted.push(t.to_string());
+        }
+    });
+    let mut found = false;
+    crate::rank::for_each_term(text, &mut buffer, |t| {
+        found |= wanted.iter().any(|w| w == t);
+    });
+    found
+}
+
+/// Whether `answer` tells something of `found` beyond the words of
+/// `request`: a term of the result that the request does not hold.
+pub(crate) fn tells_of(answer: &str, found: &str, request: &str) -> bool {
+    let mut buffer = String::new();
+    let mut asked = Vec::new();
+    crate::rank::for_each_term(request, &mut buffer, |t| asked.push(t.to_string()));
+    let mut new_terms = Vec::new();
+    crate::rank::for_each_term(found, &mut buffer, |t| {
+        if crate::rank::is_query_term(t) && !asked.iter().any(|a| a == t) {
+            new_terms.push(t.to_string());
+        }
+    });
+    let mut tells = false;
+    crate::rank::for_each_term(answer, &mut buffer, |t| {
+        tells |= new_terms.iter().any(|n| n == t);
+    });
+    tells
+}
+
+/// Words that ask about something.
+const ASKING: &[&str] = &[
+    "what", "when", "where", "which", "who", "whom", "whose", "why", "how",
+];
+
+/// Verbs that ask to be told or shown something.
+const TELLING: &[&str] = &[
+    "tell", "show", "list", "find", "check", "look", "read", "see", "search",
+];
+
+/// Whether the request seeks to learn something: it asks (a question mark,
+/// or one of [`ASKING`]) or asks to be told or shown (one of [`TELLING`]).
+/// "Thanks, that's all." seeks nothing.
+fn seeks_information(request: &str) -> bool {
+    request.trim_end().ends_with('?')
+        || request
+            .split(|c: char| !c.is_alphanumeric())
+            .map(str::to_lowercase)
+            .any(|w| ASKING.contains(&w.as_str()) || TELLING.contains(&w.as_str()))
 }
 
 /// Whether the request asks for a change (one of [`CHANGE_VERBS`] as a word).
@@ -681,6 +765,9 @@ pub(crate) struct PolicyState {
     just_acted: Option<String>,
     /// A read-only tool that answered in the last step, whatever it found.
     just_looked: Option<String>,
+    /// The result of a lookup in the last step that speaks of the request
+    /// (see [`Policy::answer_after_lookup`]).
+    pub(crate) answered: Option<String>,
     /// Names of the read-only tools listed this step.
     read_only: Vec<String>,
     /// Names of the tools listed the step before, once there was one.
@@ -696,6 +783,7 @@ pub(crate) struct PolicyState {
     step_looked_up: Option<String>,
     step_acted: Option<String>,
     step_looked: Option<String>,
+    step_answered: Option<String>,
 }
 
 /// What the loop knows of a step when it asks for the step's offer.
@@ -930,6 +1018,31 @@ impl PolicyState {
             && (first_step || offered.iter().any(|t| !self.is_read_only(&t.name)))
     }
 
+    /// Whether the request asks for information rather than a change, in a
+    /// tool set that annotates tools as read-only (one that annotates none
+    /// says nothing of what its tools change): a question, or a request
+    /// with no verb of change and none of a shown tool that changes things.
+    fn asks_for_information(&self, request: &str, shown: &[ToolDefinition]) -> bool {
+        !self.read_only.is_empty()
+            && (is_question(request)
+                || (!asks_for_change(request) && !names_a_change(request, shown, &self.read_only)))
+    }
+
+    /// Whether a prose reply on the first step should have looked it up
+    /// (see [`Policy::question_lookup_retry`]): the tool set annotates
+    /// read-only tools, the request asks for no change and seeks to learn
+    /// something, and a read-only tool is offered.
+    pub(crate) fn lookup_owed(
+        &self,
+        request: &str,
+        shown: &[ToolDefinition],
+        offered: &[ToolDefinition],
+    ) -> bool {
+        self.asks_for_information(request, shown)
+            && seeks_information(request)
+            && offered.iter().any(|t| self.is_read_only(&t.name))
+    }
+
     /// Whether the tool was annotated read-only this step.
     pub(crate) fn is_read_only(&self, name: &str) -> bool {
         self.read_only.iter().any(|n| n == name)
@@ -955,14 +1068,17 @@ impl PolicyState {
         let request = facts.request;
         let mut callable: Vec<ToolDefinition> = Vec::new();
         let mut withheld: HashMap<Rule, Vec<String>> = HashMap::new();
-        let annotated = !self.read_only.is_empty();
-        let question = policy.read_only_questions
-            && annotated
-            && (is_question(request)
-                || (!asks_for_change(request)
-                    && !names_a_change(request, &ranked, &self.read_only)));
+        let question = policy.read_only_questions && self.asks_for_information(request, &ranked);
+        let answer_owed = policy.answer_after_lookup && self.answer_owed(request, &ranked);
         for tool in &ranked {
             let name = tool.name.as_str();
+            if answer_owed {
+                withheld
+                    .entry(Rule::AnswerAfterLookup)
+                    .or_default()
+                    .push(tool.name.clone());
+                continue;
+            }
             if question && !self.is_read_only(name) {
                 withheld
                     .entry(Rule::ReadOnlyQuestions)
@@ -1199,14 +1315,24 @@ impl PolicyState {
     }
 
     /// Notes a successful call; `new_ids` is how many identifiers its result
-    /// brought.
-    pub(crate) fn called(&mut self, name: &str, arguments: &Value, output: &str, new_ids: usize) {
+    /// brought; `request` is the person's request.
+    pub(crate) fn called(
+        &mut self,
+        name: &str,
+        arguments: &Value,
+        output: &str,
+        new_ids: usize,
+        request: &str,
+    ) {
         self.used
             .entry(name.to_string())
             .or_default()
             .extend(Identifiers::of_call(arguments));
         if self.is_read_only(name) {
             self.step_looked = Some(name.to_string());
+            if shares_a_term(output, request) {
+                self.step_answered = Some(output.to_string());
+            }
             if new_ids > 0 {
                 self.step_looked_up = Some(name.to_string());
             }
@@ -1221,6 +1347,13 @@ impl PolicyState {
         self.looked_up = self.step_looked_up.take();
         self.just_acted = self.step_acted.take();
         self.just_looked = self.step_looked.take();
+        self.answered = self.step_answered.take();
+    }
+
+    /// Whether the step after a lookup that answered a request for
+    /// information offers no tool (see [`Policy::answer_after_lookup`]).
+    pub(crate) fn answer_owed(&self, request: &str, shown: &[ToolDefinition]) -> bool {
+        self.answered.is_some() && self.asks_for_information(request, shown)
     }
 
     /// Whether a repeated call of `name` (same arguments, same answer) ends
@@ -1427,7 +1560,13 @@ mod tests {
         let new = state
             .identifiers
             .add_result(r#"[{"id": "b-7", "title": "Stars Over the Desert"}]"#);
-        state.called("search_books", &json!({"query": "stars"}), "[]", new);
+        state.called(
+            "search_books",
+            &json!({"query": "stars"}),
+            "[]",
+            new,
+            "stars",
+        );
         state.step_done();
         state.observe_tools(&tools);
         let o = state.offer(
@@ -1669,7 +1808,13 @@ mod tests {
             "no id yet: open_product cannot be called"
         );
         let new = state.identifiers.add_result(r#"[{"id": "p-3"}]"#);
-        state.called("search", &json!({"q": "tent"}), "[{\"id\": \"p-3\"}]", new);
+        state.called(
+            "search",
+            &json!({"q": "tent"}),
+            "[{\"id\": \"p-3\"}]",
+            new,
+            "tent",
+        );
         state.step_done();
         state.observe_tools(&tools);
         let o = state.offer(
@@ -1707,7 +1852,7 @@ mod tests {
         let ask = "Add p-21 to my cart.";
         let o = state.offer(&policy, tools.clone(), facts(ask, true, true, true));
         assert_eq!(o.callable.len(), 2, "{:?}", o.callable);
-        state.called("search", &json!({"q": "p-21"}), "[]", 0);
+        state.called("search", &json!({"q": "p-21"}), "[]", 0, "p-21");
         state.step_done();
         state.observe_tools(&tools);
         let o = state.offer(&policy, tools.clone(), facts(ask, true, false, true));

@@ -181,8 +181,7 @@ impl<'a> Scorer<'a> {
         let mut buffer = String::new();
         for_each_term(query, &mut buffer, |term| {
             if terms.len() < MAX_QUERY_TERMS
-                && !STOP_WORDS.contains(&term)
-                && term.chars().count() > 1
+                && is_query_term(term)
                 && !terms.iter().any(|t| t == term)
             {
                 terms.push(term.to_string());
@@ -248,6 +247,12 @@ impl<'a> Scorer<'a> {
             + DESCRIPTION_WEIGHT * description_mask.count_ones() as f32
             + self.recency(tool)
     }
+}
+
+/// Whether a term of a query counts: not a common word, and longer than one
+/// letter.
+pub(crate) fn is_query_term(term: &str) -> bool {
+    !STOP_WORDS.contains(&term) && term.chars().count() > 1
 }
 
 /// Calls `emit` with each term of `text`, lowercased and stemmed, using

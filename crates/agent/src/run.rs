@@ -25,7 +25,7 @@ use crate::messages;
 use crate::parse::{ParsedReply, parse_tool_calls};
 use crate::part::{AgentStreamPart, FinishReason};
 use crate::policy::{
-    Fired, Policy, PolicyState, Rule, StepFacts, names_a_tool, without_prompt_echoes,
+    Fired, Policy, PolicyState, Rule, StepFacts, names_a_tool, tells_of, without_prompt_echoes,
 };
 use crate::prompt::{
     HISTORY_TURNS, RESULT_CHARS, SystemPromptInput, Turn, compact_schema, gist, history_turns,
@@ -606,13 +606,9 @@ impl<P: Provider + 'static> Run<P> {
                         // a call where no tool fits is always wrong; a model
                         // that gave a call almost no weight was explaining,
                         // not handing the work back.
-                        let held = match (
-                            self.policy.call_now_min_probability,
-                            generation.call_probability,
-                        ) {
-                            (Some(min), Some(p)) if p < min => Some(p),
-                            _ => None,
-                        };
+                        let held = generation
+                            .call_probability
+                            .filter(|&p| self.explaining(Some(p)));
                         if let Some(p) = held {
                             self.report(vec![Fired {
                                 rule: Rule::CallNowGate,
@@ -665,6 +661,16 @@ impl<P: Provider + 'static> Run<P> {
                             detail: "retried a prose reply as calls only: the request asks for a change a tool makes"
                                 .to_string(),
                         })
+                    } else if self.policy.question_lookup_retry
+                        && first_step
+                        && !self.explaining(generation.call_probability)
+                        && self.rules.lookup_owed(&self.request_text, &shown, &offered)
+                    {
+                        Some(Fired {
+                            rule: Rule::QuestionLookupRetry,
+                            detail: "retried a prose reply as calls only: a read-only tool looks up what the request asks"
+                                .to_string(),
+                        })
                     } else {
                         None
                     };
@@ -690,6 +696,20 @@ impl<P: Provider + 'static> Run<P> {
                 } else {
                     text
                 };
+                let text = match &self.rules.answered {
+                    Some(found)
+                        if self.policy.answer_after_lookup
+                            && !tells_of(&text, found, &self.request_text) =>
+                    {
+                        self.report(vec![Fired {
+                            rule: Rule::AnswerAfterLookup,
+                            detail: "an answer that told nothing the lookup found became its gist"
+                                .to_string(),
+                        }]);
+                        gist(found)
+                    }
+                    _ => text,
+                };
                 Span::current().record("wma.outcome", "answer");
                 self.emit(AgentStreamPart::Text { text });
                 return Some(End::Finish(FinishReason::Stop));
@@ -697,6 +717,18 @@ impl<P: Provider + 'static> Run<P> {
             Span::current().record("wma.outcome", "calls");
             return self.run_calls(step, reply, &generation.text).await;
         }
+    }
+
+    /// Whether a reply whose first token gave a call this probability was
+    /// explaining, not withholding a call: under the least probability of
+    /// [`Policy::call_now_min_probability`], which gates every retry that
+    /// turns a prose reply into a call for a request that did not name the
+    /// tool.
+    fn explaining(&self, call_probability: Option<f32>) -> bool {
+        matches!(
+            (self.policy.call_now_min_probability, call_probability),
+            (Some(min), Some(p)) if p < min
+        )
     }
 
     /// An answer without its lines that repeat the prompt; one that was
@@ -1017,8 +1049,13 @@ impl<P: Provider + 'static> Run<P> {
                     });
                     self.last_failure = None;
                     let new_ids = self.rules.identifiers.add_result(&output);
-                    self.rules
-                        .called(&call.name, &call.arguments, &output, new_ids);
+                    self.rules.called(
+                        &call.name,
+                        &call.arguments,
+                        &output,
+                        new_ids,
+                        &self.request_text,
+                    );
                     self.last_result = Some(output.clone());
                     self.results.push(output);
                 }
