@@ -316,6 +316,9 @@ pub struct Identifiers {
     values: Vec<Value>,
     /// The distinct numbers the person wrote, in digits ("two" as `2`).
     numbers: Vec<String>,
+    /// The distinct dates and times of day the conversation shows (the
+    /// person's words and the tools' results), as written.
+    when: Vec<String>,
 }
 
 impl Identifiers {
@@ -344,6 +347,17 @@ impl Identifiers {
                 .cloned()
                 .collect(),
             numbers: self.numbers.clone(),
+            when: self.when.clone(),
+        }
+    }
+
+    /// Notes a date or time of day (see [`is_date_or_time`]).
+    fn note_when(&mut self, word: &str) {
+        if is_date_or_time(word)
+            && self.when.len() < MAX_NUMBERS
+            && !self.when.iter().any(|w| w == word)
+        {
+            self.when.push(word.to_string());
         }
     }
 
@@ -405,6 +419,7 @@ impl Identifiers {
         for raw in text.split(|c: char| c.is_whitespace() || ",;()[]{}<>\"'`".contains(c)) {
             // Sentence punctuation around a word is not part of it.
             let word = raw.trim_matches(|c: char| ".:!?".contains(c));
+            self.note_when(word);
             if from_person
                 && self.numbers.len() < MAX_NUMBERS
                 && let Some(number) = number_in(word)
@@ -466,6 +481,7 @@ impl Identifiers {
             Value::String(s) if s.len() <= 400 => {
                 for word in s.split_whitespace() {
                     let word = word.trim_matches(|c: char| ".,:;!?()\"'".contains(c));
+                    self.note_when(word);
                     if is_result_identifier_word(word) {
                         new += usize::from(self.push(Value::String(word.to_string())));
                     }
@@ -713,6 +729,117 @@ fn narrow_numbers(schema: &mut Value, key: Option<&str>, numbers: &[f64]) {
     }
 }
 
+/// What a string argument holds when its schema says it is a date or a
+/// time of day: its `format`, or a description that spells the form out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WhenKind {
+    Date,
+    Time,
+    DateTime,
+}
+
+fn when_kind(prop: &Value) -> Option<WhenKind> {
+    if scalar_type(prop) != Some("string")
+        || prop.get("enum").is_some()
+        || prop.get("const").is_some()
+    {
+        return None;
+    }
+    match prop.get("format").and_then(Value::as_str) {
+        Some("date") => return Some(WhenKind::Date),
+        Some("time") => return Some(WhenKind::Time),
+        Some("date-time") => return Some(WhenKind::DateTime),
+        _ => {}
+    }
+    let description = prop
+        .get("description")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_uppercase();
+    match (
+        description.contains("YYYY-MM-DD"),
+        description.contains("HH:MM"),
+    ) {
+        (true, true) => Some(WhenKind::DateTime),
+        (true, false) => Some(WhenKind::Date),
+        (false, true) => Some(WhenKind::Time),
+        (false, false) => None,
+    }
+}
+
+/// Whether a date or time `word` (see [`is_date_or_time`]) is of `kind`.
+fn is_of_kind(word: &str, kind: WhenKind) -> bool {
+    let has_date = word
+        .get(..5)
+        .is_some_and(|head| head[..4].chars().all(|c| c.is_ascii_digit()) && head.ends_with('-'));
+    let has_time = word.contains(':');
+    match kind {
+        WhenKind::Date => has_date && !has_time,
+        WhenKind::Time => has_time && !has_date,
+        WhenKind::DateTime => has_date && has_time,
+    }
+}
+
+/// The tool with its date and time arguments narrowed to the dates and
+/// times the conversation shows, for a constraint (the policy's
+/// `ground_dates`). A top-level string argument whose schema says it holds
+/// a date, a time of day or both (`format`, or a description that spells
+/// `YYYY-MM-DD` / `HH:MM`) may only take one of those of its kind; an
+/// optional one with none to take is left out (the tool's default beats an
+/// invented day), a required one keeps its schema.
+pub(crate) fn ground_when_values(tool: &ToolDefinition, ids: &Identifiers) -> ToolDefinition {
+    let Some(props) = tool
+        .input_schema
+        .get("properties")
+        .and_then(Value::as_object)
+    else {
+        return tool.clone();
+    };
+    let required: Vec<&str> = tool
+        .input_schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let mut new_props = Map::new();
+    let mut changed = false;
+    for (name, prop) in props {
+        let Some(kind) = when_kind(prop) else {
+            new_props.insert(name.clone(), prop.clone());
+            continue;
+        };
+        let values: Vec<Value> = ids
+            .when
+            .iter()
+            .filter(|w| is_of_kind(w, kind))
+            .map(|w| Value::String(w.clone()))
+            .collect();
+        if !values.is_empty() {
+            let mut narrowed = prop.clone();
+            if let Some(map) = narrowed.as_object_mut() {
+                map.insert("enum".to_string(), Value::Array(values));
+            }
+            new_props.insert(name.clone(), narrowed);
+            changed = true;
+        } else if required.contains(&name.as_str()) {
+            new_props.insert(name.clone(), prop.clone());
+        } else {
+            changed = true;
+        }
+    }
+    if !changed {
+        return tool.clone();
+    }
+    let mut schema = tool.input_schema.clone();
+    if let Some(map) = schema.as_object_mut() {
+        map.insert("properties".to_string(), Value::Object(new_props));
+    }
+    ToolDefinition {
+        input_schema: schema,
+        ..tool.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -750,6 +877,48 @@ mod tests {
         assert!(!p.contains(&"0.5".to_string()), "half of what? {p:?}");
         let p = copy_phrases(["Add the tent"], &[]);
         assert!(p.iter().all(|w| w.parse::<f64>().is_err()), "{p:?}");
+    }
+
+    #[test]
+    fn date_and_time_arguments_take_the_dates_and_times_shown() {
+        let tool = ToolDefinition::new(
+            "add_event",
+            "Add an event.",
+            json!({"type": "object", "properties": {
+                "title": {"type": "string"},
+                "date": {"type": "string", "description": "The day, YYYY-MM-DD."},
+                "start": {"type": "string", "description": "Start time, HH:MM (24-hour)."},
+                "at": {"type": "string", "format": "date-time"},
+                "due": {"type": "string", "format": "date"}},
+                "required": ["title", "date"]}),
+        );
+        let props = |t: &ToolDefinition| t.input_schema["properties"].clone();
+        // Nothing shown: the optional ones are left out, the required date
+        // keeps its schema.
+        let grounded = ground_when_values(&tool, &Identifiers::new());
+        let p = props(&grounded);
+        assert_eq!(p["date"], tool.input_schema["properties"]["date"]);
+        for gone in ["start", "at", "due"] {
+            assert!(p.get(gone).is_none(), "{gone}: {p}");
+        }
+        assert!(p.get("title").is_some());
+        // Each takes what was shown of its kind: the person's day and
+        // time, a result's date-time.
+        let mut ids = Identifiers::new();
+        ids.add_user_text("Put a haircut on my calendar for 2026-03-13 at 09:00.");
+        ids.add_result(r#"[{"id": "e-5", "at": "2026-03-14T18:00:00Z"}]"#);
+        let p = props(&ground_when_values(&tool, &ids));
+        assert_eq!(p["date"]["enum"], json!(["2026-03-13"]));
+        assert_eq!(p["due"]["enum"], json!(["2026-03-13"]));
+        assert_eq!(p["start"]["enum"], json!(["09:00"]));
+        assert_eq!(p["at"]["enum"], json!(["2026-03-14T18:00:00Z"]));
+        // A tool without such arguments is unchanged.
+        let plain = ToolDefinition::new(
+            "search",
+            "Search.",
+            json!({"type": "object", "properties": {"query": {"type": "string"}}}),
+        );
+        assert_eq!(ground_when_values(&plain, &ids), plain);
     }
 
     #[test]

@@ -21,7 +21,8 @@ use serde_json::Value;
 
 use crate::error::{ToolError, ToolErrorCode};
 use crate::ground::{
-    Identifiers, ground_number_values, ground_tool, takes_free_text, takes_identifier,
+    Identifiers, ground_number_values, ground_tool, ground_when_values, takes_free_text,
+    takes_identifier,
 };
 use crate::parse::ParsedCall;
 use crate::provider::{Decoding, PromptMessage, PromptRole};
@@ -94,6 +95,15 @@ pub struct Policy {
     /// request, and a tiny model left free writes `1` or a number of the
     /// tool's description. Default: on.
     pub written_numbers: bool,
+    /// A date or time argument of a constrained call (a string whose
+    /// `format` is `date`, `time` or `date-time`, or whose description
+    /// spells `YYYY-MM-DD` / `HH:MM`) may only take a date or time of its
+    /// kind that the conversation shows; an optional one with none shown is
+    /// left to the tool's default. Asked to add a to-do with no date, the
+    /// default model gave it `"due": "2023-01-01T00:00:00Z"`, and asked for
+    /// a haircut "at 09:00" it wrote the date as the start time. Default:
+    /// on.
+    pub ground_dates: bool,
     /// A lookup that just answered (whether it found anything or not), or
     /// an action that just succeeded, is not offered on the next step: the
     /// model uses what it found or moves on instead of repeating itself.
@@ -214,8 +224,9 @@ pub struct Policy {
     /// that annotate nothing (BFCL's) are never retried by it, nor is a
     /// turn that seeks nothing ("Thanks, that's all."). Default: on.
     pub question_lookup_retry: bool,
-    /// Once a lookup answered a request for information (its result speaks
-    /// of a word of the request), the next step offers no tool: the model
+    /// Once a lookup answered a request for information (its result holds
+    /// a word of the request, and words that neither the tool's name nor
+    /// the call's arguments hold), the next step offers no tool: the model
     /// answers from what it found. An answer that then shares no word with
     /// the run's results is the model's own invention and becomes the gist
     /// of the result that answered. A tiny model that has called a tool
@@ -239,6 +250,7 @@ impl Policy {
             ground_identifiers: false,
             ground_numbers: false,
             written_numbers: false,
+            ground_dates: false,
             move_on: false,
             offer_appeared: false,
             offer_id_takers: false,
@@ -274,6 +286,7 @@ impl Policy {
             ground_identifiers: true,
             ground_numbers: true,
             written_numbers: true,
+            ground_dates: true,
             move_on: true,
             offer_appeared: true,
             offer_id_takers: true,
@@ -354,6 +367,7 @@ impl Policy {
         self.ground_identifiers
             || self.ground_numbers
             || self.written_numbers
+            || self.ground_dates
             || self.move_on
             || self.offer_appeared
             || self.offer_id_takers
@@ -429,6 +443,8 @@ pub enum Rule {
     GroundNumbers,
     /// See [`Policy::written_numbers`].
     WrittenNumbers,
+    /// See [`Policy::ground_dates`].
+    GroundDates,
     /// See [`Policy::move_on`].
     MoveOn,
     /// See [`Policy::offer_appeared`].
@@ -471,6 +487,7 @@ impl Rule {
             Self::GroundIdentifiers => "ground-identifiers",
             Self::GroundNumbers => "ground-numbers",
             Self::WrittenNumbers => "written-numbers",
+            Self::GroundDates => "ground-dates",
             Self::MoveOn => "move-on",
             Self::OfferAppeared => "offer-appeared",
             Self::OfferIdTakers => "offer-id-takers",
@@ -1144,6 +1161,16 @@ impl PolicyState {
                             grounded = narrowed;
                         }
                     }
+                    if policy.ground_dates {
+                        let narrowed = ground_when_values(&grounded, &ids);
+                        if narrowed.input_schema != grounded.input_schema {
+                            fired.push(Fired {
+                                rule: Rule::GroundDates,
+                                detail: format!("narrowed the dates and times of {name}"),
+                            });
+                            grounded = narrowed;
+                        }
+                    }
                     callable.push(grounded);
                 }
                 None => {
@@ -1330,7 +1357,10 @@ impl PolicyState {
             .extend(Identifiers::of_call(arguments));
         if self.is_read_only(name) {
             self.step_looked = Some(name.to_string());
-            if shares_a_term(output, request) {
+            // It answered when it speaks of the request and tells more than
+            // the call itself said (an echo of the arguments tells nothing).
+            let asked = format!("{name} {arguments}");
+            if shares_a_term(output, request) && tells_of(output, output, &asked) {
                 self.step_answered = Some(output.to_string());
             }
             if new_ids > 0 {
@@ -1954,5 +1984,36 @@ mod tests {
             Policy::for_model(Some(7_000_000_000)).base,
             PolicyName::Reference
         );
+    }
+
+    #[test]
+    fn a_lookup_answers_when_its_result_tells_more_than_its_call() {
+        let echo = tool(
+            "echo",
+            json!({"type": "object", "properties": {"message": {"type": "string"}}}),
+            true,
+        );
+        let request = "Which tents do you have?";
+        let mut state = PolicyState::default();
+        state.observe_tools(&[echo, search_tool()]);
+        state.called(
+            "echo",
+            &json!({"message": "tents"}),
+            "Echo: tents",
+            0,
+            request,
+        );
+        state.step_done();
+        assert_eq!(
+            state.answered, None,
+            "an echo of its arguments tells nothing"
+        );
+        let found = r#"[{"id": "p-4", "title": "Trail Tent"}]"#;
+        state.called("search", &json!({"q": "tents"}), found, 1, request);
+        state.step_done();
+        assert_eq!(state.answered.as_deref(), Some(found));
+        state.called("search", &json!({"q": "tents"}), "No results.", 0, request);
+        state.step_done();
+        assert_eq!(state.answered, None, "nothing of the request in it");
     }
 }
