@@ -117,7 +117,9 @@ pub struct OrtProviderOptions {
     /// whole quantization steps), and a later free choice can come out
     /// differently ("add two of p-17" gained a `"quantity": 1`), so it
     /// stays opt-in. fp32 activations make the paths agree but decode
-    /// several times slower (docs/providers.md has the numbers).
+    /// several times slower, and on the default model the forced runs are
+    /// too short for one pass to beat their steps one by one
+    /// (docs/providers.md has the numbers).
     pub fast_forward: bool,
     /// Honour decoding constraints (grammars) from the loop. Default: true.
     /// When the tokenizer's vocabulary cannot be read for them, the provider
