@@ -911,3 +911,27 @@ async fn after_a_lookup_answers_a_question_the_model_answers_from_what_it_found(
     assert!(allowed(&provider.requests()[1]).contains(&"add_to_cart".to_string()));
     assert!(!fired(&parts).contains(&"answer-after-lookup".to_string()));
 }
+
+#[tokio::test]
+async fn once_the_change_asked_for_is_made_no_tool_that_changes_things_is_offered() {
+    let provider = ScriptedProvider::new([
+        call("add_to_cart", json!({"product_id": "p-4"})),
+        "Added the Trail Tent.".to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(
+        provider.clone(),
+        ask("Add p-4 to my cart", annotated_shop()),
+        inline(),
+    )
+    .await;
+    assert_finish(&parts, FinishReason::Stop);
+    let requests = provider.requests();
+    assert!(allowed(&requests[0]).contains(&"add_to_cart".to_string()));
+    assert!(
+        !allowed(&requests[1]).contains(&"add_to_cart".to_string()),
+        "{:?}",
+        allowed(&requests[1])
+    );
+    assert!(fired(&parts).contains(&"stop-changing-when-done".to_string()));
+}

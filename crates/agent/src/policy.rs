@@ -225,8 +225,7 @@ pub struct Policy {
     /// turn that seeks nothing ("Thanks, that's all."). Default: on.
     pub question_lookup_retry: bool,
     /// Once a lookup answered a request for information (its result holds
-    /// a word of the request, and words that neither the tool's name nor
-    /// the call's arguments hold), the next step offers no tool: the model
+    /// a word of the request), the next step offers no tool: the model
     /// answers from what it found. An answer that then shares no word with
     /// the run's results is the model's own invention and becomes the gist
     /// of the result that answered. A tiny model that has called a tool
@@ -234,6 +233,15 @@ pub struct Policy {
     /// then asked for the weather and a sum), and its own answers drift
     /// from the result in front of it. Default: on.
     pub answer_after_lookup: bool,
+    /// Once every change the request names has been made (each of its words
+    /// that begins the name of a tool that changes things, and each common
+    /// verb of change, is the verb of a tool that succeeded in the run, and
+    /// each identifier the person wrote was acted on), the next steps offer
+    /// no tool that changes things: what is left is to
+    /// look or to answer. Asked to "Cancel the budget review on
+    /// 2026-03-10", the default model cancelled it and then added it again.
+    /// Default: on.
+    pub stop_changing_when_done: bool,
 }
 
 impl Default for Policy {
@@ -276,6 +284,7 @@ impl Policy {
             change_request_retry: false,
             question_lookup_retry: false,
             answer_after_lookup: false,
+            stop_changing_when_done: false,
         }
     }
 
@@ -312,6 +321,7 @@ impl Policy {
             change_request_retry: true,
             question_lookup_retry: true,
             answer_after_lookup: true,
+            stop_changing_when_done: true,
         }
     }
 
@@ -375,6 +385,7 @@ impl Policy {
             || self.read_only_questions
             || self.ground_delegation
             || self.answer_after_lookup
+            || self.stop_changing_when_done
     }
 
     /// The shape of a constrained reply for the tools shown.
@@ -478,6 +489,8 @@ pub enum Rule {
     QuestionLookupRetry,
     /// See [`Policy::answer_after_lookup`].
     AnswerAfterLookup,
+    /// See [`Policy::stop_changing_when_done`].
+    StopChangingWhenDone,
 }
 
 impl Rule {
@@ -504,6 +517,7 @@ impl Rule {
             Self::ChangeRequestRetry => "change-request-retry",
             Self::QuestionLookupRetry => "question-lookup-retry",
             Self::AnswerAfterLookup => "answer-after-lookup",
+            Self::StopChangingWhenDone => "stop-changing-when-done",
         }
     }
 }
@@ -732,25 +746,33 @@ pub(crate) fn asks_for_change(request: &str) -> bool {
 /// is not in [`CHANGE_VERBS`]; a noun they share ("cart" in `add_to_cart`)
 /// is no such sign.
 fn names_a_change(request: &str, shown: &[ToolDefinition], read_only: &[String]) -> bool {
-    let words: Vec<String> = request
-        .split(|c: char| !c.is_alphanumeric())
-        .filter(|w| w.len() >= 3)
-        .map(str::to_lowercase)
-        .collect();
+    let words = request_words(request);
     shown
         .iter()
         .filter(|t| !read_only.contains(&t.name))
-        .filter_map(|t| {
-            let first: String = t
-                .name
-                .chars()
-                .enumerate()
-                .take_while(|&(i, c)| c.is_alphanumeric() && !(i > 0 && c.is_uppercase()))
-                .map(|(_, c)| c.to_ascii_lowercase())
-                .collect();
-            (first.len() >= 3).then_some(first)
-        })
+        .filter_map(|t| tool_verb(&t.name))
         .any(|verb| words.iter().any(|w| w.starts_with(&verb)))
+}
+
+/// The request's words of three letters or more, lowercased.
+fn request_words(request: &str) -> Vec<String> {
+    request
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| w.len() >= 3)
+        .map(str::to_lowercase)
+        .collect()
+}
+
+/// The first word of a tool's name (`cancel` of `cancel_event` and of
+/// `cancelEvent`), when it has three letters or more.
+fn tool_verb(name: &str) -> Option<String> {
+    let first: String = name
+        .chars()
+        .enumerate()
+        .take_while(|&(i, c)| c.is_alphanumeric() && !(i > 0 && c.is_uppercase()))
+        .map(|(_, c)| c.to_ascii_lowercase())
+        .collect();
+    (first.len() >= 3).then_some(first)
 }
 
 /// Whether two words of the request (other than common ones) are in the name
@@ -801,6 +823,9 @@ pub(crate) struct PolicyState {
     step_acted: Option<String>,
     step_looked: Option<String>,
     step_answered: Option<String>,
+    /// The verbs (see [`tool_verb`]) of the tools that changed things with
+    /// success in this run.
+    acted_verbs: Vec<String>,
 }
 
 /// What the loop knows of a step when it asks for the step's offer.
@@ -1087,11 +1112,19 @@ impl PolicyState {
         let mut withheld: HashMap<Rule, Vec<String>> = HashMap::new();
         let question = policy.read_only_questions && self.asks_for_information(request, &ranked);
         let answer_owed = policy.answer_after_lookup && self.answer_owed(request, &ranked);
+        let changes_done = policy.stop_changing_when_done && self.changes_done(request, &ranked);
         for tool in &ranked {
             let name = tool.name.as_str();
             if answer_owed {
                 withheld
                     .entry(Rule::AnswerAfterLookup)
+                    .or_default()
+                    .push(tool.name.clone());
+                continue;
+            }
+            if changes_done && !self.is_read_only(name) {
+                withheld
+                    .entry(Rule::StopChangingWhenDone)
                     .or_default()
                     .push(tool.name.clone());
                 continue;
@@ -1357,10 +1390,7 @@ impl PolicyState {
             .extend(Identifiers::of_call(arguments));
         if self.is_read_only(name) {
             self.step_looked = Some(name.to_string());
-            // It answered when it speaks of the request and tells more than
-            // the call itself said (an echo of the arguments tells nothing).
-            let asked = format!("{name} {arguments}");
-            if shares_a_term(output, request) && tells_of(output, output, &asked) {
+            if shares_a_term(output, request) {
                 self.step_answered = Some(output.to_string());
             }
             if new_ids > 0 {
@@ -1369,6 +1399,11 @@ impl PolicyState {
         } else {
             self.last_action = Some(output.to_string());
             self.step_acted = Some(name.to_string());
+            if let Some(verb) = tool_verb(name)
+                && !self.acted_verbs.contains(&verb)
+            {
+                self.acted_verbs.push(verb);
+            }
         }
     }
 
@@ -1378,6 +1413,43 @@ impl PolicyState {
         self.just_acted = self.step_acted.take();
         self.just_looked = self.step_looked.take();
         self.answered = self.step_answered.take();
+    }
+
+    /// Whether every change the request names has been made (see
+    /// [`Policy::stop_changing_when_done`]); false while none was.
+    pub(crate) fn changes_done(&self, request: &str, shown: &[ToolDefinition]) -> bool {
+        if self.acted_verbs.is_empty() {
+            return false;
+        }
+        let verbs: Vec<String> = shown
+            .iter()
+            .filter(|t| !self.is_read_only(&t.name))
+            .filter_map(|t| tool_verb(&t.name))
+            .collect();
+        let made = |w: &str| self.acted_verbs.iter().any(|v| w.starts_with(v.as_str()));
+        let verbs_made = request_words(request)
+            .iter()
+            .filter(|w| {
+                CHANGE_VERBS.contains(&w.as_str())
+                    || verbs.iter().any(|v| w.starts_with(v.as_str()))
+            })
+            .all(|w| made(w));
+        // Every identifier the person wrote is acted on ("add p-17 and
+        // p-21" is two adds).
+        let mut written = Identifiers::new();
+        written.add_user_text(request);
+        let acted_on: Vec<&Value> = self
+            .used
+            .iter()
+            .filter(|(tool, _)| !self.is_read_only(tool))
+            .flat_map(|(_, ids)| ids.iter())
+            .collect();
+        verbs_made
+            && written
+                .values()
+                .iter()
+                .filter(|v| v.is_string())
+                .all(|v| acted_on.contains(&v))
     }
 
     /// Whether the step after a lookup that answered a request for
@@ -1987,27 +2059,10 @@ mod tests {
     }
 
     #[test]
-    fn a_lookup_answers_when_its_result_tells_more_than_its_call() {
-        let echo = tool(
-            "echo",
-            json!({"type": "object", "properties": {"message": {"type": "string"}}}),
-            true,
-        );
+    fn a_lookup_answers_when_its_result_speaks_of_the_request() {
         let request = "Which tents do you have?";
         let mut state = PolicyState::default();
-        state.observe_tools(&[echo, search_tool()]);
-        state.called(
-            "echo",
-            &json!({"message": "tents"}),
-            "Echo: tents",
-            0,
-            request,
-        );
-        state.step_done();
-        assert_eq!(
-            state.answered, None,
-            "an echo of its arguments tells nothing"
-        );
+        state.observe_tools(&[search_tool()]);
         let found = r#"[{"id": "p-4", "title": "Trail Tent"}]"#;
         state.called("search", &json!({"q": "tents"}), found, 1, request);
         state.step_done();
@@ -2015,5 +2070,23 @@ mod tests {
         state.called("search", &json!({"q": "tents"}), "No results.", 0, request);
         state.step_done();
         assert_eq!(state.answered, None, "nothing of the request in it");
+    }
+
+    #[test]
+    fn changes_are_done_when_every_verb_of_change_was_made() {
+        let change = |name: &str| tool(name, json!({"type": "object", "properties": {}}), false);
+        let shown = [change("cancel_event"), change("add_event"), search_tool()];
+        let mut state = PolicyState::default();
+        state.observe_tools(&shown);
+        let request = "Cancel the budget review and add a dentist visit";
+        assert!(!state.changes_done(request, &shown), "nothing made yet");
+        state.called("cancel_event", &json!({}), "Cancelled.", 0, request);
+        assert!(
+            !state.changes_done(request, &shown),
+            "the add is still owed"
+        );
+        state.called("add_event", &json!({}), "Added.", 0, request);
+        assert!(state.changes_done(request, &shown));
+        assert!(state.changes_done("Cancel the budget review", &shown));
     }
 }
