@@ -754,6 +754,37 @@ fn names_a_change(request: &str, shown: &[ToolDefinition], read_only: &[String])
         .any(|verb| words.iter().any(|w| w.starts_with(&verb)))
 }
 
+/// The text without its quoted parts: between double quotes, and between
+/// a single quote that begins a word and one that ends a word (an
+/// apostrophe inside a word, as in "what's", is no quote).
+fn without_quotes(text: &str) -> String {
+    let chars: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    let mut closing: Option<char> = None;
+    for (i, &c) in chars.iter().enumerate() {
+        let before = i.checked_sub(1).map(|j| chars[j]);
+        let after = chars.get(i + 1).copied();
+        let starts_word = before.is_none_or(|b| !b.is_alphanumeric());
+        let ends_word = after.is_none_or(|a| !a.is_alphanumeric());
+        match closing {
+            Some(q) if c == q && (q != '\'' || ends_word) => closing = None,
+            Some(_) => {}
+            None if matches!(c, '"' | '\u{201c}') => {
+                closing = Some(if c == '"' { '"' } else { '\u{201d}' })
+            }
+            None if matches!(c, '\'' | '\u{2018}') && starts_word => {
+                closing = Some(if c == '\'' { '\'' } else { '\u{2019}' })
+            }
+            None => out.push(c),
+        }
+    }
+    // An unclosed quote quoted nothing.
+    if closing.is_some() {
+        return text.to_string();
+    }
+    out
+}
+
 /// The request's words of three letters or more, lowercased.
 fn request_words(request: &str) -> Vec<String> {
     request
@@ -1427,7 +1458,9 @@ impl PolicyState {
             .filter_map(|t| tool_verb(&t.name))
             .collect();
         let made = |w: &str| self.acted_verbs.iter().any(|v| w.starts_with(v.as_str()));
-        let verbs_made = request_words(request)
+        // A quoted text is what to write, not what to do: "Add 'book a
+        // dentist appointment'" asks for one add, not a booking.
+        let verbs_made = request_words(&without_quotes(request))
             .iter()
             .filter(|w| {
                 CHANGE_VERBS.contains(&w.as_str())
@@ -2088,5 +2121,20 @@ mod tests {
         state.called("add_event", &json!({}), "Added.", 0, request);
         assert!(state.changes_done(request, &shown));
         assert!(state.changes_done("Cancel the budget review", &shown));
+        // A quoted title's verbs are what to write.
+        let mut added = PolicyState::default();
+        added.observe_tools(&shown);
+        let request = "Add 'cancel the gym' to my calendar";
+        added.called("add_event", &json!({}), "Added.", 0, request);
+        assert!(added.changes_done(request, &shown));
+        assert!(!added.changes_done("Add the gym and cancel yoga", &shown));
+        assert_eq!(
+            without_quotes("Add 'book a table' and \"buy milk\" now"),
+            "Add  and  now"
+        );
+        assert_eq!(
+            without_quotes("What's on? It's fine"),
+            "What's on? It's fine"
+        );
     }
 }
