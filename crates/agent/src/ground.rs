@@ -573,6 +573,22 @@ pub(crate) fn takes_identifier(tool: &ToolDefinition) -> bool {
         .is_some_and(|props| props.keys().any(|k| is_identifier_key(k)))
 }
 
+/// A tool's top-level properties and the names its schema requires; `None`
+/// when the schema has no properties.
+fn properties_of(tool: &ToolDefinition) -> Option<(&Map<String, Value>, Vec<&str>)> {
+    let props = tool
+        .input_schema
+        .get("properties")
+        .and_then(Value::as_object)?;
+    let required = tool
+        .input_schema
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    Some((props, required))
+}
+
 /// The tool with its identifier arguments narrowed to `ids`, for a
 /// constraint. An optional identifier with no value to take is left out of
 /// the constrained schema; a required one makes the tool uncallable for now
@@ -589,19 +605,9 @@ pub fn ground_tool(
     identifiers: bool,
     numbers: bool,
 ) -> Option<ToolDefinition> {
-    let Some(props) = tool
-        .input_schema
-        .get("properties")
-        .and_then(Value::as_object)
-    else {
+    let Some((props, required)) = properties_of(tool) else {
         return Some(tool.clone());
     };
-    let required: Vec<&str> = tool
-        .input_schema
-        .get("required")
-        .and_then(Value::as_array)
-        .map(|r| r.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
     let is_count = |name: &str, prop: &Value| {
         matches!(scalar_type(prop), Some("integer" | "number")) && !is_identifier_key(name)
     };
@@ -788,19 +794,9 @@ fn is_of_kind(word: &str, kind: WhenKind) -> bool {
 /// optional one with none to take is left out (the tool's default beats an
 /// invented day), a required one keeps its schema.
 pub(crate) fn ground_when_values(tool: &ToolDefinition, ids: &Identifiers) -> ToolDefinition {
-    let Some(props) = tool
-        .input_schema
-        .get("properties")
-        .and_then(Value::as_object)
-    else {
+    let Some((props, required)) = properties_of(tool) else {
         return tool.clone();
     };
-    let required: Vec<&str> = tool
-        .input_schema
-        .get("required")
-        .and_then(Value::as_array)
-        .map(|r| r.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
     let mut new_props = Map::new();
     let mut changed = false;
     for (name, prop) in props {

@@ -1146,35 +1146,24 @@ impl PolicyState {
         let changes_done = policy.stop_changing_when_done && self.changes_done(request, &ranked);
         for tool in &ranked {
             let name = tool.name.as_str();
-            if answer_owed {
-                withheld
-                    .entry(Rule::AnswerAfterLookup)
-                    .or_default()
-                    .push(tool.name.clone());
-                continue;
-            }
-            if changes_done && !self.is_read_only(name) {
-                withheld
-                    .entry(Rule::StopChangingWhenDone)
-                    .or_default()
-                    .push(tool.name.clone());
-                continue;
-            }
-            if question && !self.is_read_only(name) {
-                withheld
-                    .entry(Rule::ReadOnlyQuestions)
-                    .or_default()
-                    .push(tool.name.clone());
-                continue;
-            }
-            if policy.move_on
+            // The first rule that holds the tool back this step, if any.
+            let read_only = self.is_read_only(name);
+            let held_by = if answer_owed {
+                Some(Rule::AnswerAfterLookup)
+            } else if changes_done && !read_only {
+                Some(Rule::StopChangingWhenDone)
+            } else if question && !read_only {
+                Some(Rule::ReadOnlyQuestions)
+            } else if policy.move_on
                 && (self.just_looked.as_deref() == Some(name)
                     || self.just_acted.as_deref() == Some(name))
             {
-                withheld
-                    .entry(Rule::MoveOn)
-                    .or_default()
-                    .push(tool.name.clone());
+                Some(Rule::MoveOn)
+            } else {
+                None
+            };
+            if let Some(rule) = held_by {
+                withheld.entry(rule).or_default().push(tool.name.clone());
                 continue;
             }
             let ids = match self.used.get(name).filter(|_| policy.skip_used_ids) {
