@@ -913,6 +913,43 @@ async fn after_a_lookup_answers_a_question_the_model_answers_from_what_it_found(
 }
 
 #[tokio::test]
+async fn an_answer_that_tells_nothing_of_the_line_that_answered_becomes_that_line() {
+    // A plain-text file whose second line answers; its first shares a word
+    // with the request too.
+    let host = Arc::new(InMemoryToolHost::new());
+    host.add(
+        ToolDefinition::new(
+            "read_text_file",
+            "Read a text file.",
+            json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+        )
+        .with_annotations(ToolAnnotations {
+            read_only: true,
+            ..ToolAnnotations::default()
+        }),
+        |_| Ok("Wifi network: Larkspur\nWifi password: teal-otter-42\nBins go out on Tuesday.\n".to_string()),
+    );
+    let request = "I forgot the wifi password, can you check house-notes.txt?";
+    let read = call("read_text_file", json!({"path": "house-notes.txt"}));
+    // The refusal names the network, a word of the file but not of the
+    // line that answers.
+    let provider = ScriptedProvider::new([
+        read.clone(),
+        "I'm unable to check your home network.".to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(provider, ask(request, host.clone()), inline()).await;
+    assert!(fired(&parts).contains(&"answer-after-lookup".to_string()));
+    assert_eq!(texts(&parts), ["Wifi password: teal-otter-42"]);
+
+    // An answer that gives the password stands.
+    let provider = ScriptedProvider::new([read, "The password is teal-otter-42.".to_string()])
+        .with_constraints(true);
+    let parts = run_all(provider, ask(request, host), inline()).await;
+    assert_eq!(texts(&parts), ["The password is teal-otter-42."]);
+}
+
+#[tokio::test]
 async fn once_the_change_asked_for_is_made_no_tool_that_changes_things_is_offered() {
     let provider = ScriptedProvider::new([
         call("add_to_cart", json!({"product_id": "p-4"})),

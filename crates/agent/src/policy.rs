@@ -693,8 +693,13 @@ pub(crate) fn shares_a_term(text: &str, request: &str) -> bool {
 }
 
 /// Whether `answer` tells something of `found` beyond the words of
-/// `request`: a term of the result that the request does not hold.
+/// `request`: a term of the result that the request does not hold. Of a
+/// plain-text result only the part that answers the request counts (see
+/// [`crate::prompt::relevant_part`]): "I'm unable to check your home
+/// network" tells nothing of a note whose line "Wifi password: …" answered
+/// "I forgot the wifi password", though the line above names the network.
 pub(crate) fn tells_of(answer: &str, found: &str, request: &str) -> bool {
+    let found = crate::prompt::relevant_part(found, request).unwrap_or(found);
     let mut buffer = String::new();
     let mut asked = Vec::new();
     crate::rank::for_each_term(request, &mut buffer, |t| asked.push(t.to_string()));

@@ -411,17 +411,63 @@ pub(crate) fn prompt_messages(
         .collect()
 }
 
-/// A short, readable summary of a tool result, for the person: a message or
-/// status field when the result has one, the names of listed items, or the
-/// first line of plain text.
-pub fn gist(result: &str) -> String {
+/// A short, readable summary of a tool result, for the person who asked
+/// `request`: a message or status field when the result has one, the names
+/// of listed items, or the lines of plain text that speak of the request
+/// (see [`relevant_part`]; the first line when none does).
+pub fn gist(result: &str, request: &str) -> String {
     const MAX: usize = 240;
     let trimmed = result.trim();
     let Ok(value) = serde_json::from_str::<Value>(trimmed) else {
-        let line = trimmed.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-        return truncate_chars(line.trim(), MAX);
+        let text = relevant_part(trimmed, request)
+            .unwrap_or_else(|| trimmed.lines().find(|l| !l.trim().is_empty()).unwrap_or(""));
+        return truncate_chars(text.trim(), MAX);
     };
     truncate_chars(&gist_value(&value), MAX)
+}
+
+/// The part of a plain-text result that answers `request`: from the first
+/// to the last of its lines that share the most distinct query terms with
+/// it (a note's "Wifi password: teal-otter-42" for "I forgot the wifi
+/// password", not the line above that only names the network; every line
+/// of a folder listing for "which files are in it?"). `None` when the
+/// result is JSON (its gist reads its fields) or no line shares a term.
+pub(crate) fn relevant_part<'a>(result: &'a str, request: &str) -> Option<&'a str> {
+    let trimmed = result.trim();
+    if serde_json::from_str::<Value>(trimmed).is_ok() {
+        return None;
+    }
+    let mut buffer = String::new();
+    let mut wanted: Vec<String> = Vec::new();
+    crate::rank::for_each_term(request, &mut buffer, |t| {
+        if crate::rank::is_query_term(t) && !wanted.iter().any(|w| w == t) {
+            wanted.push(t.to_string());
+        }
+    });
+    // Each line with its byte range in `trimmed` and how many distinct
+    // wanted terms it holds.
+    let mut lines: Vec<(usize, usize, usize)> = Vec::new();
+    let mut offset = 0;
+    for piece in trimmed.split_inclusive('\n') {
+        let line = piece.trim_end_matches(['\n', '\r']);
+        let mut shared: Vec<usize> = Vec::new();
+        crate::rank::for_each_term(line, &mut buffer, |t| {
+            if let Some(i) = wanted.iter().position(|w| w == t)
+                && !shared.contains(&i)
+            {
+                shared.push(i);
+            }
+        });
+        lines.push((offset, offset + line.len(), shared.len()));
+        offset += piece.len();
+    }
+    let best = lines.iter().map(|l| l.2).max().unwrap_or(0);
+    if best == 0 {
+        return None;
+    }
+    let first = lines.iter().find(|l| l.2 == best)?;
+    let last = lines.iter().rev().find(|l| l.2 == best)?;
+    Some(&trimmed[first.0..last.1])
 }
 
 fn gist_value(value: &Value) -> String {
@@ -595,25 +641,54 @@ mod tests {
     #[test]
     fn gist_reads_messages_lists_and_plain_text() {
         assert_eq!(
-            gist(r#"{"ok": true, "message": "Added 2 x Tent to the cart"}"#),
+            gist(
+                r#"{"ok": true, "message": "Added 2 x Tent to the cart"}"#,
+                ""
+            ),
             "Added 2 x Tent to the cart"
         );
         assert_eq!(
-            gist(r#"[{"id": "p1", "title": "Tent"}, {"id": "p2", "title": "Stove"}]"#),
+            gist(
+                r#"[{"id": "p1", "title": "Tent"}, {"id": "p2", "title": "Stove"}]"#,
+                ""
+            ),
             "2 results: Tent (p1), Stove (p2)."
         );
         assert_eq!(
             gist(
-                r#"[{"book_id": "b-7", "title": "Stars Over the Desert", "due": "2026-03-14", "blurb": "A long story about the desert and the stars over it", "tags": ["sf"]}]"#
+                r#"[{"book_id": "b-7", "title": "Stars Over the Desert", "due": "2026-03-14", "blurb": "A long story about the desert and the stars over it", "tags": ["sf"]}]"#,
+                ""
             ),
             "1 result: Stars Over the Desert (b-7), due: 2026-03-14."
         );
-        assert_eq!(gist(r#"{"items": []}"#), "items: No results.");
-        assert_eq!(gist("first line\nsecond"), "first line");
+        assert_eq!(gist(r#"{"items": []}"#, ""), "items: No results.");
+        assert_eq!(gist("first line\nsecond", ""), "first line");
         assert_eq!(
-            gist(r#"{"total": 12.5, "count": 2}"#),
+            gist(r#"{"total": 12.5, "count": 2}"#, ""),
             "total: 12.5, count: 2"
         );
+    }
+
+    #[test]
+    fn the_gist_of_plain_text_is_the_lines_that_answer_the_request() {
+        let notes =
+            "Wifi network: Larkspur\nWifi password: teal-otter-42\nBins go out on Tuesday.\n";
+        // Two words of the request beat one.
+        assert_eq!(
+            gist(notes, "I forgot the wifi password"),
+            "Wifi password: teal-otter-42"
+        );
+        // Every line that ties is kept, from the first to the last.
+        let listing = "[FILE] feb.csv\n[FILE] jan.csv\n[DIR] old";
+        assert_eq!(
+            gist(listing, "Which files are in the reports folder?"),
+            "[FILE] feb.csv\n[FILE] jan.csv"
+        );
+        // No shared word: the first line, as before.
+        assert_eq!(gist(notes, "What day is it?"), "Wifi network: Larkspur");
+        assert_eq!(relevant_part(notes, "What day is it?"), None);
+        // JSON is read by its fields, whatever the request.
+        assert_eq!(relevant_part(r#"{"wifi": "x"}"#, "wifi"), None);
     }
 
     #[test]

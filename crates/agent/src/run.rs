@@ -411,7 +411,7 @@ impl<P: Provider + 'static> Run<P> {
         }
         let mut text = String::new();
         if let Some(result) = &self.last_result {
-            text.push_str(&gist(result));
+            text.push_str(&gist(result, &self.request_text));
             text.push_str("\n\n");
         }
         text.push_str(&messages::max_steps(self.max_steps));
@@ -688,7 +688,9 @@ impl<P: Provider + 'static> Run<P> {
                     }
                 }
                 let text = match &self.last_result {
-                    Some(last) if echoes_a_result(&text, &self.results) => gist(last),
+                    Some(last) if echoes_a_result(&text, &self.results) => {
+                        gist(last, &self.request_text)
+                    }
                     _ => text,
                 };
                 let text = if self.policy.no_prompt_echo_answers {
@@ -706,7 +708,7 @@ impl<P: Provider + 'static> Run<P> {
                             detail: "an answer that told nothing the lookup found became its gist"
                                 .to_string(),
                         }]);
-                        gist(found)
+                        gist(found, &self.request_text)
                     }
                     _ => text,
                 };
@@ -740,7 +742,7 @@ impl<P: Provider + 'static> Run<P> {
         let (text, detail) = match (&self.last_result, kept.is_empty()) {
             (_, false) => (kept, "cut the answer's lines that repeat the prompt"),
             (Some(last), true) => (
-                gist(last),
+                gist(last, &self.request_text),
                 "an answer that repeats the prompt became the last result's gist",
             ),
             (None, true) => return text,
@@ -1070,7 +1072,7 @@ impl<P: Provider + 'static> Run<P> {
             }
             if repeated {
                 if let Some(done) = self.rules.done_on_repeat(&self.policy, &call.name) {
-                    let text = gist(done);
+                    let text = gist(done, &self.request_text);
                     self.report(vec![Fired {
                         rule: Rule::DoneOnRepeatedLookup,
                         detail: format!("{} repeated after an action succeeded", call.name),
@@ -1090,7 +1092,11 @@ impl<P: Provider + 'static> Run<P> {
                             .as_ref()
                             .or(self.last_result.as_ref())
                         {
-                            Some(done) => format!("{}\n\n{}", gist(done), messages::CIRCLES),
+                            Some(done) => format!(
+                                "{}\n\n{}",
+                                gist(done, &self.request_text),
+                                messages::CIRCLES
+                            ),
                             None => messages::CIRCLES.to_string(),
                         },
                     });
