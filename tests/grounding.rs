@@ -736,6 +736,41 @@ async fn a_call_written_in_prose_is_held_to_the_steps_offer() {
 }
 
 #[tokio::test]
+async fn a_call_written_in_prose_when_an_answer_is_owed_is_sent_back() {
+    // After the search answered the question the step offers no tool; a
+    // provider without a "text or calls" grammar can still write a call.
+    let prose_call = format!(
+        "```json\n{}\n```",
+        call("add_to_cart", json!({"product_id": "p-4"}))
+    );
+    let provider = ScriptedProvider::new([
+        call("search_products", json!({"query": "tent"})),
+        prose_call,
+        "We have the Trail Tent.".to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(
+        provider.clone(),
+        ask("Which tents do you have?", annotated_shop()),
+        inline(),
+    )
+    .await;
+    assert_finish(&parts, FinishReason::Stop);
+    assert_eq!(
+        calls_made(&parts),
+        [r#"search_products {"query":"tent"}"#],
+        "a question is not answered with a write"
+    );
+    assert!(fired(&parts).contains(&"calls-within-offer".to_string()));
+    let repair = prompt_text(&provider.requests()[2]);
+    assert!(
+        repair.contains("Answer the person with what the conversation shows"),
+        "{repair}"
+    );
+    assert_eq!(texts(&parts), ["We have the Trail Tent."]);
+}
+
+#[tokio::test]
 async fn an_answer_that_only_repeats_the_prompt_becomes_the_last_results_gist() {
     let provider = ScriptedProvider::new([
         call("search_products", json!({"query": "tent"})),

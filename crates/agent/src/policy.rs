@@ -897,19 +897,23 @@ impl Offer {
     /// [`Policy::calls_within_offer`]). `offered` is what the step's
     /// constraint offers: the shown tools the offer lets be called, in
     /// their grounded form. A call of a tool the step did not rank is left
-    /// to the reference's own checks, and with nothing offered there is no
-    /// other call to ask for.
+    /// to the reference's own checks. A held tool is sent back even when
+    /// nothing is offered: a provider without a "text or calls" grammar (a
+    /// served model) can still write the call, and the step that owes an
+    /// answer would otherwise run it (Qwen2.5-Coder on llama.cpp added an
+    /// event after the lookup that answered "What's on my calendar?").
     pub(crate) fn outside(
         &self,
         calls: &[ParsedCall],
         offered: &[ToolDefinition],
         validators: &ValidatorCache,
     ) -> Option<(Fired, ToolError)> {
-        if offered.is_empty() {
-            return None;
-        }
         let names: Vec<&str> = offered.iter().map(|t| t.name.as_str()).collect();
-        let names = names.join(", ");
+        let instead = if names.is_empty() {
+            "Answer the person with what the conversation shows.".to_string()
+        } else {
+            format!("Call one of {} instead, or answer.", names.join(", "))
+        };
         for call in calls {
             if let Some((_, rule)) = self.held.iter().find(|(n, _)| *n == call.name) {
                 let why = why_held(*rule, &call.name);
@@ -918,10 +922,7 @@ impl Offer {
                         rule: Rule::CallsWithinOffer,
                         detail: format!("sent back a call of {}: {why}", call.name),
                     },
-                    ToolError::new(
-                        ToolErrorCode::Unavailable,
-                        format!("{why}. Call one of {names} instead, or answer."),
-                    ),
+                    ToolError::new(ToolErrorCode::Unavailable, format!("{why}. {instead}")),
                 ));
             }
             let Some(tool) = offered.iter().find(|t| t.name == call.name) else {
@@ -1048,6 +1049,12 @@ fn why_held(rule: Rule, tool: &str) -> String {
         Rule::OfferAppeared => format!("new tools just appeared for the next step, not {tool}"),
         Rule::OfferIdTakers => {
             format!("the ids just found are for a tool that takes an id, not {tool}")
+        }
+        Rule::AnswerAfterLookup => {
+            format!("what was looked up answers the request: {tool} is not needed")
+        }
+        Rule::StopChangingWhenDone => {
+            format!("every change the request asks for is made: {tool} is not needed")
         }
         _ => format!("{tool} is not the next step"),
     }

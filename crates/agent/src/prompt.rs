@@ -413,8 +413,8 @@ pub(crate) fn prompt_messages(
 
 /// A short, readable summary of a tool result, for the person who asked
 /// `request`: a message or status field when the result has one, the names
-/// of listed items, or the lines of plain text that speak of the request
-/// (see [`relevant_part`]; the first line when none does).
+/// of listed items, or the lines of plain text that share the most of the
+/// request's words (the first line when none does).
 pub fn gist(result: &str, request: &str) -> String {
     const MAX: usize = 240;
     let trimmed = result.trim();
