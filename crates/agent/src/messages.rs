@@ -25,10 +25,15 @@ pub fn max_steps(steps: u32) -> String {
     )
 }
 
+/// The label the loop puts before the person's request when it restates it.
+/// It is the loop's word, not the person's: a value of a constrained call
+/// may not begin with it (see `Policy::no_prompt_names_in_values`).
+pub const REQUEST_LABEL: &str = "My request";
+
 /// The person's request, restated after a step so a small model continues it
 /// instead of echoing the last result.
 pub fn restate(request: &str) -> String {
-    format!("My request: {request}\nDo the next step for it, or answer me if it is done.")
+    format!("{REQUEST_LABEL}: {request}\nDo the next step for it, or answer me if it is done.")
 }
 
 /// The turn added when a run resumes after a finished call.
@@ -44,19 +49,22 @@ pub fn dont_say_it_worked(failure: &str) -> String {
 }
 
 /// Correction: a reply that tells the person to use a tool the agent has.
-/// The request is restated last, so the words the call needs (what to search
-/// for, which item) are the freshest in the prompt and not the tool's name.
+/// The request is restated last, on a line of its own, so the words the call
+/// needs (what to search for, which item) are the freshest in the prompt and
+/// not the tool's name; without a label, since behind "My request:" the
+/// default model searched for "my request".
 pub fn call_now(request: &str) -> String {
     format!(
-        "Don't tell me to do it: the tool is right here, so you do it. Call now. Reply with only the tool call.\nMy request: {request}"
+        "Don't tell me to do it: the tool is right here, so you do it. Call now. Reply with only the tool call.\n{request}"
     )
 }
 
 /// Correction under constraints: a prose reply, with nothing called yet, to
-/// a request that names a tool shown.
+/// a request a tool plainly serves. The request is its last line, as in
+/// [`call_now`].
 pub fn use_the_tool(request: &str) -> String {
     format!(
-        "A tool here does this, so do it: call it now. Reply with only the tool call.\nMy request: {request}"
+        "A tool here does this, so do it: call it now. Reply with only the tool call.\n{request}"
     )
 }
 

@@ -234,9 +234,10 @@ pub struct Policy {
     /// from the result in front of it. Default: on.
     pub answer_after_lookup: bool,
     /// Once every change the request names has been made (each of its words
-    /// that begins the name of a tool that changes things, and each common
-    /// verb of change, is the verb of a tool that succeeded in the run, and
-    /// each identifier the person wrote was acted on), the next steps offer
+    /// that begins the name of a tool that changes things is the verb of a
+    /// tool that succeeded in the run, a common verb of change that names
+    /// no tool is made by any change that succeeded, and each identifier
+    /// the person wrote was acted on), the next steps offer
     /// no tool that changes things: what is left is to
     /// look or to answer. Asked to "Cancel the budget review on
     /// 2026-03-10", the default model cancelled it and then added it again.
@@ -419,30 +420,99 @@ impl Policy {
 /// The names of the prompt a value may not begin with (see
 /// [`Policy::no_prompt_names_in_values`]): the shown tools' names of two or
 /// more words, and `<` + each argument name (the worked example's
-/// placeholder, without its end so that `<query_1>` is caught too). A name
-/// the person wrote (`written`, any case) is theirs to use.
+/// placeholder, without its end so that `<query_1>` is caught too), and the
+/// label the loop restates the request under (asked to call now, the
+/// default model searched for `"my request"`, and then for `"my_request"`).
+/// A name of several words is avoided in each way of writing it
+/// ([`spellings`]). A name the person wrote (`written`, any case, any of its
+/// spellings) is theirs to use.
 fn prompt_names(shown: &[ToolDefinition], written: &str) -> Vec<String> {
     let written = written.to_lowercase();
-    let mut names: Vec<String> = Vec::new();
     let mut buffer = String::new();
+    let mut names: Vec<String> = Vec::new();
+    let mut avoid_name = |name: &str| {
+        let all = spellings(&name_words(name));
+        if !all.iter().any(|n| written.contains(&n.to_lowercase())) {
+            names.extend(all);
+        }
+    };
+    avoid_name(crate::messages::REQUEST_LABEL);
     for tool in shown {
         let mut words = 0;
         crate::rank::for_each_term(&tool.name, &mut buffer, |_| words += 1);
         if words >= 2 {
-            names.push(tool.name.clone());
+            avoid_name(&tool.name);
         }
+    }
+    for tool in shown {
         if let Some(props) = tool
             .input_schema
             .get("properties")
             .and_then(Value::as_object)
         {
-            names.extend(props.keys().map(|k| format!("<{k}")));
+            names.extend(
+                props
+                    .keys()
+                    .map(|k| format!("<{k}"))
+                    .filter(|n| !written.contains(&n.to_lowercase())),
+            );
         }
     }
-    names.retain(|n| !written.contains(&n.to_lowercase()));
     names.sort();
     names.dedup();
     names
+}
+
+/// The words of a name as written, in small letters: split at anything but
+/// a letter or digit and where a small letter meets a capital (`writeFile`).
+fn name_words(name: &str) -> Vec<String> {
+    let mut words: Vec<String> = Vec::new();
+    let mut word = String::new();
+    let mut prev_lower = false;
+    for c in name.chars() {
+        if !c.is_alphanumeric() || (prev_lower && c.is_uppercase()) {
+            if !word.is_empty() {
+                words.push(std::mem::take(&mut word));
+            }
+        }
+        if c.is_alphanumeric() {
+            word.extend(c.to_lowercase());
+        }
+        prev_lower = c.is_lowercase();
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    words
+}
+
+/// The ways a name of several words is commonly written: joined by `_`, `-`
+/// or a space, or in camel case, each with its first letter small or
+/// capital (`write_file`, `write file`, `writeFile`, `Write_file`,
+/// `WriteFile`…). A tiny model kept from one spelling writes the next.
+fn spellings(terms: &[String]) -> Vec<String> {
+    if terms.is_empty() {
+        return Vec::new();
+    }
+    let capital = |w: &str| {
+        let mut c = w.chars();
+        c.next()
+            .map(|f| f.to_uppercase().chain(c).collect::<String>())
+            .unwrap_or_default()
+    };
+    let camel: String = terms
+        .iter()
+        .enumerate()
+        .map(|(i, t)| if i == 0 { t.clone() } else { capital(t) })
+        .collect();
+    let mut out: Vec<String> = ["_", "-", " "]
+        .iter()
+        .map(|sep| terms.join(sep))
+        .chain([camel])
+        .collect();
+    let capitals: Vec<String> = out.iter().map(|n| capital(n)).collect();
+    out.extend(capitals);
+    out
 }
 
 /// One rule of the policy, as traces, stream parts and tables name it.
@@ -1458,15 +1528,19 @@ impl PolicyState {
             .filter(|t| !self.is_read_only(&t.name))
             .filter_map(|t| tool_verb(&t.name))
             .collect();
-        let made = |w: &str| self.acted_verbs.iter().any(|v| w.starts_with(v.as_str()));
+        let names_a_tool = |w: &str| verbs.iter().any(|v| w.starts_with(v.as_str()));
+        // A common verb of change that no shown tool is named by is the
+        // person's word for what some tool does ("rename" beside
+        // `move_file`): any change that succeeded made it. One that names a
+        // tool is made only by that tool's verb.
+        let made = |w: &str| {
+            !names_a_tool(w) || self.acted_verbs.iter().any(|v| w.starts_with(v.as_str()))
+        };
         // A quoted text is what to write, not what to do: "Add 'book a
         // dentist appointment'" asks for one add, not a booking.
         let verbs_made = request_words(&without_quotes(request))
             .iter()
-            .filter(|w| {
-                CHANGE_VERBS.contains(&w.as_str())
-                    || verbs.iter().any(|v| w.starts_with(v.as_str()))
-            })
+            .filter(|w| CHANGE_VERBS.contains(&w.as_str()) || names_a_tool(w))
             .all(|w| made(w));
         // Every identifier the person wrote is acted on ("add p-17 and
         // p-21" is two adds).
@@ -1591,10 +1665,33 @@ mod tests {
         let avoid = Policy::small_model()
             .decoding(&tools, "Read notes.txt")
             .avoid_in_values;
-        assert_eq!(
-            avoid,
-            ["<content", "<path", "<query", "read_file", "write_file"],
-            "names of two words or more, and the example's placeholders; a one-word name may be a value"
+        assert!(
+            ["<content", "<path", "<query"]
+                .iter()
+                .all(|n| avoid.contains(&n.to_string())),
+            "the example's placeholders: {avoid:?}"
+        );
+        for name in [
+            "read_file",
+            "readFile",
+            "Read file",
+            "write-file",
+            "my request",
+            "My_request",
+            "myRequest",
+        ] {
+            assert!(avoid.contains(&name.to_string()), "{name} in {avoid:?}");
+        }
+        assert!(
+            !avoid.iter().any(|n| n.eq_ignore_ascii_case("search")),
+            "a one-word name may be a value: {avoid:?}"
+        );
+        let theirs = Policy::small_model()
+            .decoding(&tools, "Search for my request form")
+            .avoid_in_values;
+        assert!(
+            !theirs.iter().any(|n| n.eq_ignore_ascii_case("my request")),
+            "{theirs:?}"
         );
         let written = Policy::small_model()
             .decoding(&tools, "What does Read_File return?")
@@ -2104,6 +2201,25 @@ mod tests {
         state.called("search", &json!({"q": "tents"}), "No results.", 0, request);
         state.step_done();
         assert_eq!(state.answered, None, "nothing of the request in it");
+    }
+
+    #[test]
+    fn a_verb_of_change_no_tool_is_named_by_is_made_by_any_change() {
+        let change = |name: &str| tool(name, json!({"type": "object", "properties": {}}), false);
+        let shown = [change("move_file"), change("write_file"), search_tool()];
+        let mut state = PolicyState::default();
+        state.observe_tools(&shown);
+        let request = "Please rename draft.txt to plan-final.txt";
+        assert!(!state.changes_done(request, &shown), "nothing made yet");
+        state.called("move_file", &json!({}), "Moved.", 0, request);
+        assert!(
+            state.changes_done(request, &shown),
+            "the move was the rename"
+        );
+        // A verb that names a shown tool still needs that tool.
+        assert!(!state.changes_done("Rename draft.txt and write a note", &shown));
+        state.called("write_file", &json!({}), "Written.", 0, request);
+        assert!(state.changes_done("Rename draft.txt and write a note", &shown));
     }
 
     #[test]
