@@ -11,6 +11,12 @@ use tokio_util::sync::CancellationToken;
 use wma_agent::{GenerateRequest, PromptMessage, PromptRole, Provider};
 use wma_provider_ort::{GenerateParams, OrtProvider};
 
+/// A question whose greedy answer names Paris on every CPU tried. The bare
+/// "What is the capital of France?" is a near tie at the first token ("The"
+/// leads "L" by 0.08 logits in float32), and on an AVX2-only CPU the 4-bit
+/// kernels start "L'Étoile, la Cité…" instead.
+const PARIS: &str = "What is the capital of France? Answer in one sentence.";
+
 fn user(text: &str) -> GenerateRequest {
     GenerateRequest {
         messages: vec![PromptMessage::new(PromptRole::User, text)],
@@ -29,10 +35,7 @@ async fn greedy_answer_to_the_capital_of_france_names_paris() {
     assert!(provider.tools_inline(), "SmolLM2's template has no tools");
     assert_eq!(provider.call_format(), wma_agent::CallFormat::Json);
     let g = provider
-        .generate(
-            user("What is the capital of France?"),
-            CancellationToken::new(),
-        )
+        .generate(user(PARIS), CancellationToken::new())
         .await
         .unwrap();
     assert!(g.text.contains("Paris"), "{:?}", g.text);
@@ -72,10 +75,7 @@ async fn cancelling_stops_a_long_prefill_promptly() {
     // The next generation works from a consistent cache.
     let started = std::time::Instant::now();
     let g = provider
-        .generate(
-            user("What is the capital of France?"),
-            CancellationToken::new(),
-        )
+        .generate(user(PARIS), CancellationToken::new())
         .await
         .unwrap();
     assert!(g.text.contains("Paris"), "{:?}", g.text);
