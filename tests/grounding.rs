@@ -771,6 +771,41 @@ async fn a_call_written_in_prose_when_an_answer_is_owed_is_sent_back() {
 }
 
 #[tokio::test]
+async fn a_lookup_written_in_prose_when_an_answer_is_owed_runs() {
+    // A lookup changes nothing: sent back, a model that then fails the
+    // repair ends the run in the apology instead of answering.
+    let prose_call = format!(
+        "```json\n{}\n```",
+        call("search_products", json!({"query": "tent"}))
+    );
+    let provider = ScriptedProvider::new([
+        call("search_products", json!({"query": "tent"})),
+        prose_call,
+        "We have the Trail Tent.".to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(
+        provider.clone(),
+        ask("Which tents do you have?", annotated_shop()),
+        inline(),
+    )
+    .await;
+    assert_finish(&parts, FinishReason::Stop);
+    assert!(
+        !fired(&parts).contains(&"calls-within-offer".to_string()),
+        "{:?}",
+        fired(&parts)
+    );
+    assert_eq!(
+        calls_made(&parts).len(),
+        2,
+        "the lookup ran: {:?}",
+        calls_made(&parts)
+    );
+    assert!(!texts(&parts).iter().any(|t| t.contains(messages::APOLOGY)));
+}
+
+#[tokio::test]
 async fn an_answer_that_only_repeats_the_prompt_becomes_the_last_results_gist() {
     let provider = ScriptedProvider::new([
         call("search_products", json!({"query": "tent"})),

@@ -965,11 +965,15 @@ impl Offer {
     /// [`Policy::calls_within_offer`]). `offered` is what the step's
     /// constraint offers: the shown tools the offer lets be called, in
     /// their grounded form. A call of a tool the step did not rank is left
-    /// to the reference's own checks. A held tool is sent back even when
-    /// nothing is offered: a provider without a "text or calls" grammar (a
-    /// served model) can still write the call, and the step that owes an
-    /// answer would otherwise run it (Qwen2.5-Coder on llama.cpp added an
-    /// event after the lookup that answered "What's on my calendar?").
+    /// to the reference's own checks. A held tool that changes things is
+    /// sent back even when nothing is offered: a provider without a "text
+    /// or calls" grammar (a served model) can still write the call, and the
+    /// step that owes an answer would otherwise run it (Qwen2.5-Coder on
+    /// llama.cpp added an event after the lookup that answered "What's on
+    /// my calendar?"). A lookup there runs as the reference would run it:
+    /// it changes nothing, and sent back it cost Qwen2.5-Coder on ONNX
+    /// Runtime its answer (the repair failed too, and the run ended in the
+    /// apology).
     pub(crate) fn outside(
         &self,
         calls: &[ParsedCall],
@@ -982,8 +986,19 @@ impl Offer {
         } else {
             format!("Call one of {} instead, or answer.", names.join(", "))
         };
+        let harmless = |name: &str| {
+            offered.is_empty()
+                && self
+                    .ranked
+                    .iter()
+                    .any(|t| t.name == name && t.annotations.read_only)
+        };
         for call in calls {
-            if let Some((_, rule)) = self.held.iter().find(|(n, _)| *n == call.name) {
+            if let Some((_, rule)) = self
+                .held
+                .iter()
+                .find(|(n, _)| *n == call.name && !harmless(n))
+            {
                 let why = why_held(*rule, &call.name);
                 return Some((
                     Fired {
