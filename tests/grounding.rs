@@ -735,17 +735,16 @@ async fn a_call_written_in_prose_is_held_to_the_steps_offer() {
     assert_eq!(calls_made(&parts), [r#"add_to_cart {"product_id":"p-99"}"#]);
 }
 
-#[tokio::test]
-async fn a_call_written_in_prose_when_an_answer_is_owed_is_sent_back() {
-    // After the search answered the question the step offers no tool; a
-    // provider without a "text or calls" grammar can still write a call.
-    let prose_call = format!(
-        "```json\n{}\n```",
-        call("add_to_cart", json!({"product_id": "p-4"}))
-    );
+/// "Which tents do you have?" on the annotated shop: a search that answers
+/// it, then `second` written in a Markdown fence (a provider without a "text
+/// or calls" grammar can still write a call where the step offers no tool),
+/// then an answer.
+async fn a_call_in_prose_after_the_answering_search(
+    second: String,
+) -> (ScriptedProvider, Vec<AgentStreamPart>) {
     let provider = ScriptedProvider::new([
         call("search_products", json!({"query": "tent"})),
-        prose_call,
+        format!("```json\n{second}\n```"),
         "We have the Trail Tent.".to_string(),
     ])
     .with_constraints(true);
@@ -754,6 +753,16 @@ async fn a_call_written_in_prose_when_an_answer_is_owed_is_sent_back() {
         ask("Which tents do you have?", annotated_shop()),
         inline(),
     )
+    .await;
+    (provider, parts)
+}
+
+#[tokio::test]
+async fn a_call_written_in_prose_when_an_answer_is_owed_is_sent_back() {
+    let (provider, parts) = a_call_in_prose_after_the_answering_search(call(
+        "add_to_cart",
+        json!({"product_id": "p-4"}),
+    ))
     .await;
     assert_finish(&parts, FinishReason::Stop);
     assert_eq!(
@@ -774,21 +783,10 @@ async fn a_call_written_in_prose_when_an_answer_is_owed_is_sent_back() {
 async fn a_lookup_written_in_prose_when_an_answer_is_owed_runs() {
     // A lookup changes nothing: sent back, a model that then fails the
     // repair ends the run in the apology instead of answering.
-    let prose_call = format!(
-        "```json\n{}\n```",
-        call("search_products", json!({"query": "tent"}))
-    );
-    let provider = ScriptedProvider::new([
-        call("search_products", json!({"query": "tent"})),
-        prose_call,
-        "We have the Trail Tent.".to_string(),
-    ])
-    .with_constraints(true);
-    let parts = run_all(
-        provider.clone(),
-        ask("Which tents do you have?", annotated_shop()),
-        inline(),
-    )
+    let (_, parts) = a_call_in_prose_after_the_answering_search(call(
+        "search_products",
+        json!({"query": "tent"}),
+    ))
     .await;
     assert_finish(&parts, FinishReason::Stop);
     assert!(

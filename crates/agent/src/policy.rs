@@ -2216,12 +2216,18 @@ mod tests {
         assert_eq!(state.answered, None, "nothing of the request in it");
     }
 
+    /// A fresh state that has seen `shown`, for the changes-done tests.
+    fn seen(shown: &[ToolDefinition]) -> PolicyState {
+        let mut state = PolicyState::default();
+        state.observe_tools(shown);
+        state
+    }
+
     #[test]
     fn a_verb_of_change_no_tool_is_named_by_is_made_by_any_change() {
         let change = |name: &str| tool(name, json!({"type": "object", "properties": {}}), false);
         let shown = [change("move_file"), change("write_file"), search_tool()];
-        let mut state = PolicyState::default();
-        state.observe_tools(&shown);
+        let mut state = seen(&shown);
         let request = "Please rename draft.txt to plan-final.txt";
         assert!(!state.changes_done(request, &shown), "nothing made yet");
         state.called("move_file", &json!({}), "Moved.", 0, request);
@@ -2239,8 +2245,7 @@ mod tests {
     fn changes_are_done_when_every_verb_of_change_was_made() {
         let change = |name: &str| tool(name, json!({"type": "object", "properties": {}}), false);
         let shown = [change("cancel_event"), change("add_event"), search_tool()];
-        let mut state = PolicyState::default();
-        state.observe_tools(&shown);
+        let mut state = seen(&shown);
         let request = "Cancel the budget review and add a dentist visit";
         assert!(!state.changes_done(request, &shown), "nothing made yet");
         state.called("cancel_event", &json!({}), "Cancelled.", 0, request);
@@ -2252,8 +2257,7 @@ mod tests {
         assert!(state.changes_done(request, &shown));
         assert!(state.changes_done("Cancel the budget review", &shown));
         // A quoted title's verbs are what to write.
-        let mut added = PolicyState::default();
-        added.observe_tools(&shown);
+        let mut added = seen(&shown);
         let request = "Add 'cancel the gym' to my calendar";
         added.called("add_event", &json!({}), "Added.", 0, request);
         assert!(added.changes_done(request, &shown));
