@@ -319,6 +319,12 @@ pub struct Identifiers {
     /// The distinct dates and times of day the conversation shows (the
     /// person's words and the tools' results), as written.
     when: Vec<String>,
+    /// What the person wrote, message by message, oldest first (a delegated
+    /// run's task among them): free strings quote its phrases.
+    said: Vec<String>,
+    /// The pieces of the successful results a free string may quote (their
+    /// short values and lines, and the parts of those), oldest first.
+    found: Vec<String>,
 }
 
 impl Identifiers {
@@ -348,6 +354,8 @@ impl Identifiers {
                 .collect(),
             numbers: self.numbers.clone(),
             when: self.when.clone(),
+            said: self.said.clone(),
+            found: self.found.clone(),
         }
     }
 
@@ -411,6 +419,13 @@ impl Identifiers {
     /// Takes the identifier-shaped words and the numbers of something the
     /// person wrote; how many identifiers were new.
     pub fn add_user_text(&mut self, text: &str) -> usize {
+        let text = text.trim();
+        if !text.is_empty() && !self.said.iter().any(|s| s == text) {
+            self.said.push(text.to_string());
+            if self.said.len() > MAX_SAID {
+                self.said.remove(0);
+            }
+        }
         self.add_words(text, true)
     }
 
@@ -447,9 +462,70 @@ impl Identifiers {
     /// text; how many were new.
     pub fn add_result(&mut self, result: &str) -> usize {
         match serde_json::from_str::<Value>(result.trim()) {
-            Ok(value) => self.add_json(&value, false),
-            Err(_) => self.add_words(result, false),
+            Ok(value) => {
+                let mut texts = Vec::new();
+                string_leaves(&value, &mut texts);
+                for text in texts {
+                    self.note_found(text);
+                }
+                self.add_json(&value, false)
+            }
+            Err(_) => {
+                for line in result.lines() {
+                    self.note_found(line);
+                }
+                self.add_words(result, false)
+            }
         }
+    }
+
+    /// Notes a value or line of a result, and its parts, as pieces a free
+    /// string may quote; the newest are kept.
+    fn note_found(&mut self, text: &str) {
+        for piece in std::iter::once(text).chain(text.split([',', ';', ':'])) {
+            let piece = trim_piece(piece);
+            if piece.is_empty() || piece.chars().count() > MAX_PIECE_CHARS {
+                continue;
+            }
+            self.found.retain(|f| f != piece);
+            self.found.push(piece.to_string());
+        }
+        if self.found.len() > MAX_FOUND {
+            let extra = self.found.len() - MAX_FOUND;
+            self.found.drain(..extra);
+        }
+    }
+
+    /// The phrases a free string argument may take (see
+    /// [`ground_string_values`]): the person's phrases that could be quoted
+    /// beside `tools` ([`copy_phrases`]), what the person dictated (quoted,
+    /// or after a colon), then the pieces of the results, newest first; at
+    /// most [`MAX_STRING_CHOICES`].
+    pub fn string_choices(&self, tools: &[ToolDefinition]) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        let mut seen: HashSet<String> = HashSet::new();
+        let mut push = |piece: &str, out: &mut Vec<String>| {
+            let piece = trim_piece(piece);
+            if !piece.is_empty()
+                && piece.chars().count() <= MAX_PIECE_CHARS
+                && out.len() < MAX_STRING_CHOICES
+                && seen.insert(piece.to_string())
+            {
+                out.push(piece.to_string());
+            }
+        };
+        for said in self.said.iter().rev() {
+            for piece in dictated(said) {
+                push(piece, &mut out);
+            }
+        }
+        for phrase in copy_phrases(self.said.iter().rev().map(String::as_str), tools) {
+            push(&phrase, &mut out);
+        }
+        for piece in self.found.iter().rev() {
+            push(piece, &mut out);
+        }
+        out
     }
 
     fn add_json(&mut self, value: &Value, under_id_key: bool) -> usize {
@@ -503,6 +579,144 @@ impl Identifiers {
             })
             .cloned()
             .collect()
+    }
+}
+
+/// The most messages of the person's kept for [`Identifiers::string_choices`].
+const MAX_SAID: usize = 8;
+
+/// The most result pieces kept for [`Identifiers::string_choices`].
+const MAX_FOUND: usize = 200;
+
+/// The longest piece a free string may take, in characters: a longer value
+/// is a document, not something to pass on whole.
+const MAX_PIECE_CHARS: usize = 100;
+
+/// The most phrases one free string may choose from: enough for a request
+/// and a few results, few enough for a grammar compiled every step.
+pub const MAX_STRING_CHOICES: usize = 400;
+
+/// A piece without the white space and sentence punctuation around it.
+fn trim_piece(piece: &str) -> &str {
+    piece
+        .trim()
+        .trim_matches(|c: char| "\"'`".contains(c))
+        .trim_end_matches(['.', '!', '?', ',', ';', ':'])
+        .trim()
+}
+
+/// What the person dictated in `text`, to be passed on as written: each
+/// quoted run ('…', "…", `…`) and what follows a colon to the end of its
+/// sentence ("a file that says: Pick up the dry cleaning on Friday.").
+fn dictated(text: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    for quote in ['\'', '"', '`', '“'] {
+        let close = if quote == '“' { '”' } else { quote };
+        let mut rest = text;
+        while let Some(open) = rest.find(quote) {
+            // An apostrophe inside a word ("what's") opens nothing.
+            let before = rest[..open].chars().next_back();
+            if quote == '\'' && before.is_some_and(char::is_alphanumeric) {
+                rest = &rest[open + 1..];
+                continue;
+            }
+            let inner = &rest[open + quote.len_utf8()..];
+            let Some(end) = inner.find(close) else {
+                break;
+            };
+            if end > 0 {
+                out.push(&inner[..end]);
+            }
+            rest = &inner[end + close.len_utf8()..];
+        }
+    }
+    if let Some(colon) = text.find(": ") {
+        let after = &text[colon + 2..];
+        let end = after
+            .char_indices()
+            .find(|&(i, c)| {
+                matches!(c, '.' | '!' | '?')
+                    && after[i + 1..]
+                        .chars()
+                        .next()
+                        .is_none_or(char::is_whitespace)
+            })
+            .map_or(after.len(), |(i, _)| i);
+        out.push(&after[..end]);
+    }
+    out
+}
+
+/// The string values inside a result, at any depth (not its keys).
+fn string_leaves<'a>(value: &'a Value, out: &mut Vec<&'a str>) {
+    match value {
+        Value::String(s) => out.push(s),
+        Value::Array(items) => items.iter().for_each(|v| string_leaves(v, out)),
+        Value::Object(map) => map.values().for_each(|v| string_leaves(v, out)),
+        _ => {}
+    }
+}
+
+/// Whether a property holds free text: a string that is not an identifier,
+/// not a date or time and that lists no values, pattern or format.
+fn is_free_string(key: Option<&str>, prop: &Value) -> bool {
+    scalar_type(prop) == Some("string")
+        && !key.is_some_and(is_identifier_key)
+        && ["enum", "const", "pattern", "format"]
+            .iter()
+            .all(|k| prop.get(*k).is_none())
+        && when_kind(prop).is_none()
+}
+
+/// The tool with its free string arguments narrowed to `choices` (the
+/// conversation's phrases, [`Identifiers::string_choices`]), for a
+/// constraint (the policy's `ground_strings`). A free string (see
+/// [`is_free_string`]; at any depth of objects and arrays) may only take a
+/// choice that fits its length bounds; one that none fit keeps its schema.
+pub(crate) fn ground_string_values(tool: &ToolDefinition, choices: &[String]) -> ToolDefinition {
+    if choices.is_empty() {
+        return tool.clone();
+    }
+    let mut schema = tool.input_schema.clone();
+    narrow_strings(&mut schema, None, choices, 0);
+    ToolDefinition {
+        input_schema: schema,
+        ..tool.clone()
+    }
+}
+
+/// Narrows the free strings inside `schema` (see [`ground_string_values`]);
+/// `key` is the property name it sits under.
+fn narrow_strings(schema: &mut Value, key: Option<&str>, choices: &[String], depth: usize) {
+    // Deeper than any tool's arguments go in practice: leave it as it is.
+    if depth > 8 {
+        return;
+    }
+    if is_free_string(key, schema) {
+        let bound = |k: &str| schema.get(k).and_then(Value::as_u64).map(|n| n as usize);
+        let (min, max) = (bound("minLength").unwrap_or(0), bound("maxLength"));
+        let fit: Vec<Value> = choices
+            .iter()
+            .filter(|c| {
+                let n = c.chars().count();
+                n >= min && max.is_none_or(|m| n <= m)
+            })
+            .map(|c| Value::String(c.clone()))
+            .collect();
+        if !fit.is_empty()
+            && let Some(map) = schema.as_object_mut()
+        {
+            map.insert("enum".to_string(), Value::Array(fit));
+        }
+        return;
+    }
+    if let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) {
+        for (name, prop) in props.iter_mut() {
+            narrow_strings(prop, Some(name), choices, depth + 1);
+        }
+    }
+    if let Some(items) = schema.get_mut("items") {
+        narrow_strings(items, key, choices, depth + 1);
     }
 }
 
@@ -840,6 +1054,21 @@ pub(crate) fn ground_when_values(tool: &ToolDefinition, ids: &Identifiers) -> To
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn dictated_text_is_what_is_quoted_or_follows_a_colon() {
+        assert_eq!(
+            dictated(
+                "Create a file called reminder.txt that says: Pick up the dry cleaning on Friday."
+            ),
+            vec!["Pick up the dry cleaning on Friday"]
+        );
+        assert_eq!(
+            dictated("Add 'book a dentist appointment' to my to-do list."),
+            vec!["book a dentist appointment"]
+        );
+        assert!(dictated("What's on it? I don't know.").is_empty());
+    }
 
     #[test]
     fn phrases_start_and_end_on_words_about_the_arguments() {

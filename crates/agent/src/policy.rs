@@ -21,8 +21,8 @@ use serde_json::Value;
 
 use crate::error::{ToolError, ToolErrorCode};
 use crate::ground::{
-    Identifiers, ground_number_values, ground_tool, ground_when_values, takes_free_text,
-    takes_identifier,
+    Identifiers, ground_number_values, ground_string_values, ground_tool, ground_when_values,
+    takes_free_text, takes_identifier,
 };
 use crate::parse::ParsedCall;
 use crate::provider::{Decoding, PromptMessage, PromptRole};
@@ -104,6 +104,20 @@ pub struct Policy {
     /// a haircut "at 09:00" it wrote the date as the start time. Default:
     /// on.
     pub ground_dates: bool,
+    /// A free string argument of a constrained call (a string, at any depth,
+    /// that is not an identifier, a date or a time and lists no values,
+    /// pattern or format of its own) may only take a phrase the
+    /// conversation shows: a run of up to six of the person's words that
+    /// begins and ends on a word that says something (not a common word,
+    /// not a verb of the request, not a word of a shown tool's name), what
+    /// the person quoted or wrote after a colon, or a value or line of a
+    /// successful result (and the parts of it between commas and colons).
+    /// A tiny model left free fills strings with the nearest words of its
+    /// prompt: the tool's description as a search (`"Borrow a book that is
+    /// on the shelf, by its id."`), `"todos_list_todos"`,
+    /// `"path/to/your/directory"`, the whole request and then some.
+    /// Default: on.
+    pub ground_strings: bool,
     /// A lookup that just answered (whether it found anything or not), or
     /// an action that just succeeded, is not offered on the next step: the
     /// model uses what it found or moves on instead of repeating itself.
@@ -137,12 +151,32 @@ pub struct Policy {
     /// its task, and a parent that found a product and then asks the cart
     /// agent to "add it to the cart" hands it nothing to act on. Default: on.
     pub ground_delegation: bool,
+    /// A delegation's free-text task is chosen from the person's words:
+    /// the whole request, each of its sentences and each clause of those
+    /// (split at "and", "then", commas and semicolons), and once a
+    /// sub-agent answered, each of them followed by the newest answer (an
+    /// `enum` on the task; it replaces the id `pattern` of
+    /// `ground_delegation`, since the answer carries the ids). The
+    /// sub-agent sees only its task, and the default model wrote tasks
+    /// such as "read_to_do_list_task_1" and "to-do_agent"; choosing among
+    /// the person's own phrases hands over what they asked for, and the
+    /// answer appended hands over what was found. Default: on.
+    pub ground_tasks: bool,
     /// A delegated run (its task handed over by a parent agent) starts with a
     /// call: its first attempt allows calls only, when a tool can be
     /// called. The parent delegated because this agent's tools do the task;
     /// a tiny sub-agent otherwise chats about the task ("A waterproof
     /// backpack is a great idea.") and hands back nothing. Default: on.
     pub delegated_calls_first: bool,
+    /// A run whose every offered tool is a sub-agent (a coordinator with no
+    /// tools of its own) starts with a delegation when the request seeks
+    /// information or asks for a change: its first attempt allows calls
+    /// only. Such an agent can learn or change nothing itself, so a prose
+    /// first reply only invents: the default model, asked to "tell me
+    /// what's still open on my to-do list" beside `todo_agent`, wrote "I'm
+    /// glad you asked…" for 160 tokens. A turn that seeks nothing
+    /// ("Thanks!") is answered in words. Default: on.
+    pub coordinator_calls_first: bool,
     /// The calls-only retry of a prose reply on the first step, when the
     /// request names a shown tool (two of its name's words, or one and an id
     /// for a tool that takes one) and the model gave a call at least this
@@ -260,6 +294,7 @@ impl Policy {
             ground_numbers: false,
             written_numbers: false,
             ground_dates: false,
+            ground_strings: false,
             move_on: false,
             offer_appeared: false,
             offer_id_takers: false,
@@ -268,7 +303,9 @@ impl Policy {
             one_id_per_reply: false,
             read_only_questions: false,
             ground_delegation: false,
+            ground_tasks: false,
             delegated_calls_first: false,
+            coordinator_calls_first: false,
             named_tool_retry: None,
             call_now_min_probability: None,
             done_on_repeated_lookup: false,
@@ -297,6 +334,7 @@ impl Policy {
             ground_numbers: true,
             written_numbers: true,
             ground_dates: true,
+            ground_strings: true,
             move_on: true,
             offer_appeared: true,
             offer_id_takers: true,
@@ -305,7 +343,9 @@ impl Policy {
             one_id_per_reply: true,
             read_only_questions: true,
             ground_delegation: true,
+            ground_tasks: true,
             delegated_calls_first: true,
+            coordinator_calls_first: true,
             named_tool_retry: Some(0.0),
             call_now_min_probability: Some(0.0005),
             done_on_repeated_lookup: true,
@@ -379,12 +419,14 @@ impl Policy {
             || self.ground_numbers
             || self.written_numbers
             || self.ground_dates
+            || self.ground_strings
             || self.move_on
             || self.offer_appeared
             || self.offer_id_takers
             || self.skip_used_ids
             || self.read_only_questions
             || self.ground_delegation
+            || self.ground_tasks
             || self.answer_after_lookup
             || self.stop_changing_when_done
     }
@@ -524,6 +566,8 @@ pub enum Rule {
     WrittenNumbers,
     /// See [`Policy::ground_dates`].
     GroundDates,
+    /// See [`Policy::ground_strings`].
+    GroundStrings,
     /// See [`Policy::move_on`].
     MoveOn,
     /// See [`Policy::offer_appeared`].
@@ -538,8 +582,12 @@ pub enum Rule {
     ReadOnlyQuestions,
     /// See [`Policy::ground_delegation`].
     GroundDelegation,
+    /// See [`Policy::ground_tasks`].
+    GroundTasks,
     /// See [`Policy::delegated_calls_first`].
     DelegatedCallsFirst,
+    /// See [`Policy::coordinator_calls_first`].
+    CoordinatorCallsFirst,
     /// See [`Policy::named_tool_retry`].
     NamedToolRetry,
     /// See [`Policy::call_now_min_probability`]: the reference's correction
@@ -569,6 +617,7 @@ impl Rule {
             Self::GroundNumbers => "ground-numbers",
             Self::WrittenNumbers => "written-numbers",
             Self::GroundDates => "ground-dates",
+            Self::GroundStrings => "ground-strings",
             Self::MoveOn => "move-on",
             Self::OfferAppeared => "offer-appeared",
             Self::OfferIdTakers => "offer-id-takers",
@@ -576,7 +625,9 @@ impl Rule {
             Self::OrderForCalls => "order-for-calls",
             Self::ReadOnlyQuestions => "read-only-questions",
             Self::GroundDelegation => "ground-delegation",
+            Self::GroundTasks => "ground-tasks",
             Self::DelegatedCallsFirst => "delegated-calls-first",
+            Self::CoordinatorCallsFirst => "coordinator-calls-first",
             Self::NamedToolRetry => "named-tool-retry",
             Self::CallNowGate => "call-now-gate",
             Self::DoneOnRepeatedLookup => "done-on-repeated-lookup",
@@ -695,6 +746,181 @@ fn with_required_identifiers(tool: &ToolDefinition) -> ToolDefinition {
 /// The most identifiers a delegation's task may choose from (the newest).
 const MAX_DELEGATION_IDS: usize = 8;
 
+/// The longest answer of a sub-agent a grounded task hands on, in
+/// characters: about as long as a gist.
+const MAX_HANDED_CHARS: usize = 240;
+
+/// Narrows the free-text task of a delegation to the person's phrases,
+/// each followed by the newest sub-agent `answer` when there is one (see
+/// [`Policy::ground_tasks`]). A delegation without a free-text string
+/// property is left alone; false then.
+fn ground_task(
+    tool: &mut ToolDefinition,
+    request: &str,
+    answer: Option<&str>,
+    handed: &[String],
+    fired: &mut Vec<Fired>,
+) -> bool {
+    let Some(properties) = tool
+        .input_schema
+        .get_mut("properties")
+        .and_then(Value::as_object_mut)
+    else {
+        return false;
+    };
+    let Some((key, prop)) = properties.iter_mut().find(|(_, p)| {
+        p.get("type").and_then(Value::as_str) == Some("string")
+            && !p.as_object().is_some_and(|o| o.contains_key("enum"))
+    }) else {
+        return false;
+    };
+    let Some(phrases) = next_phrases(request, handed).filter(|p| !p.is_empty()) else {
+        return false;
+    };
+    let handed = answer.map(|a| {
+        let one_line = a.split_whitespace().collect::<Vec<_>>().join(" ");
+        crate::prompt::truncate_chars(&one_line, MAX_HANDED_CHARS)
+    });
+    let mut choices: Vec<String> = match &handed {
+        Some(a) => phrases.iter().map(|p| format!("{p}: {a}")).collect(),
+        None => Vec::new(),
+    };
+    choices.extend(phrases.iter().cloned());
+    let Some(prop) = prop.as_object_mut() else {
+        return false;
+    };
+    prop.remove("pattern");
+    prop.insert(
+        "enum".to_string(),
+        Value::Array(choices.iter().cloned().map(Value::String).collect()),
+    );
+    fired.push(Fired {
+        rule: Rule::GroundTasks,
+        detail: format!(
+            "the {key} for {} is one of {} phrases of the request{}",
+            tool.name,
+            phrases.len(),
+            if handed.is_some() {
+                ", with the newest answer or without"
+            } else {
+                ""
+            }
+        ),
+    });
+    true
+}
+
+/// The phrases of the request a task can be next (see
+/// [`Policy::ground_tasks`]): the request works through its parts in the
+/// order it names them, and a later part needs what the earlier ones find.
+/// So a request of one part is handed on whole; one of several parts,
+/// first its first sentence and clause (a tiny model offered the whole
+/// request too took it, and gave it to the wrong helper), then the
+/// sentence and clause that begin first after the phrases already handed
+/// on (a task counts as handing on each phrase it begins with). Once every
+/// part was handed on, none: the delegations are held, and the agent
+/// answers from what its helpers found. `None` when the request has no
+/// phrase of two words.
+fn next_phrases(request: &str, handed: &[String]) -> Option<Vec<String>> {
+    let phrases = request_phrases(request);
+    if phrases.is_empty() {
+        return None;
+    }
+    let done = |p: &str| handed.iter().any(|h| h.starts_with(p));
+    let cursor = phrases
+        .iter()
+        .filter(|(_, _, p)| done(p))
+        .map(|&(_, end, _)| end)
+        .max();
+    let after = |start: usize| cursor.is_none_or(|c| start >= c);
+    let Some(first) = phrases
+        .iter()
+        .skip(1)
+        .filter(|(start, _, p)| after(*start) && !done(p))
+        .map(|&(start, _, _)| start)
+        .min()
+    else {
+        // One part, or every part handed on: the whole request is left
+        // while it was not handed on itself.
+        return Some(
+            match done(&phrases[0].2) || cursor.is_some() && phrases.len() > 1 {
+                true => Vec::new(),
+                false => vec![phrases[0].2.clone()],
+            },
+        );
+    };
+    Some(
+        phrases
+            .into_iter()
+            .enumerate()
+            .filter(|(i, (start, _, p))| *i > 0 && *start == first && !done(p))
+            .map(|(_, (_, _, p))| p)
+            .collect(),
+    )
+}
+
+/// The person's phrases a task can be, with where each begins and ends in
+/// the request: the whole request first, then each of its sentences, then
+/// each clause of a sentence (split at "and", "then", commas and
+/// semicolons); of two words at least, without end punctuation, each once.
+fn request_phrases(request: &str) -> Vec<(usize, usize, String)> {
+    let mut out: Vec<(usize, usize, String)> = Vec::new();
+    let mut push = |start: usize, piece: &str| {
+        let lead = piece.len() - piece.trim_start().len();
+        let text = piece
+            .trim()
+            .trim_end_matches(['.', '!', '?', ',', ';', ':'])
+            .trim_end();
+        if text.split_whitespace().count() >= 2 && !out.iter().any(|(_, _, p)| p == text) {
+            let start = start + lead;
+            out.push((start, start + text.len(), text.to_string()));
+        }
+    };
+    push(0, request);
+    let mut sentences: Vec<(usize, &str)> = Vec::new();
+    let mut start = 0;
+    let chars: Vec<(usize, char)> = request.char_indices().collect();
+    for (i, &(at, c)) in chars.iter().enumerate() {
+        let ends = matches!(c, '.' | '!' | '?')
+            && chars.get(i + 1).is_none_or(|&(_, n)| n.is_whitespace());
+        if ends {
+            let end = at + c.len_utf8();
+            sentences.push((start, &request[start..end]));
+            start = end;
+        }
+    }
+    if start < request.len() {
+        sentences.push((start, &request[start..]));
+    }
+    for &(at, sentence) in &sentences {
+        push(at, sentence);
+    }
+    for &(at, sentence) in &sentences {
+        let mut from = 0;
+        let mut cuts: Vec<(usize, usize)> = Vec::new();
+        for cut in [";", ",", " and then ", " then ", " and "] {
+            let mut search = 0;
+            while let Some(found) = sentence[search..].find(cut) {
+                let begin = search + found;
+                if !cuts
+                    .iter()
+                    .any(|&(b, e)| begin < e && b < begin + cut.len())
+                {
+                    cuts.push((begin, begin + cut.len()));
+                }
+                search = begin + cut.len();
+            }
+        }
+        cuts.sort_unstable();
+        for (begin, end) in cuts {
+            push(at + from, &sentence[from..begin]);
+            from = end;
+        }
+        push(at + from, &sentence[from..]);
+    }
+    out
+}
+
 /// `text` as a regular expression that matches it literally.
 fn regex_escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len() * 2);
@@ -797,7 +1023,7 @@ const TELLING: &[&str] = &[
 /// Whether the request seeks to learn something: it asks (a question mark,
 /// or one of [`ASKING`]) or asks to be told or shown (one of [`TELLING`]).
 /// "Thanks, that's all." seeks nothing.
-fn seeks_information(request: &str) -> bool {
+pub(crate) fn seeks_information(request: &str) -> bool {
     request.trim_end().ends_with('?')
         || request
             .split(|c: char| !c.is_alphanumeric())
@@ -921,6 +1147,15 @@ pub(crate) struct PolicyState {
     used: HashMap<String, Vec<Value>>,
     /// The newest successful result of a tool that changes things.
     pub(crate) last_action: Option<String>,
+    /// The newest successful result of each tool, by name (a sub-agent's
+    /// answer is handed on by [`Policy::ground_tasks`]).
+    latest: Vec<(String, String)>,
+    /// The strings of the successful calls' arguments in this run (the
+    /// tasks handed to sub-agents among them).
+    handed: Vec<String>,
+    /// The names of the tools that delegate to a sub-agent, as the newest
+    /// step's facts gave them.
+    sub_agents: Vec<String>,
     /// Found-ids and acted markers of the step being run, moved into
     /// `looked_up` / `just_acted` when its calls are done.
     step_looked_up: Option<String>,
@@ -1139,11 +1374,19 @@ fn why_held(rule: Rule, tool: &str) -> String {
         Rule::StopChangingWhenDone => {
             format!("every change the request asks for is made: {tool} is not needed")
         }
+        Rule::GroundTasks => {
+            format!("every part of the request was handed on: {tool} is not needed")
+        }
         _ => format!("{tool} is not the next step"),
     }
 }
 
 impl PolicyState {
+    /// Notes which tools delegate to a sub-agent.
+    pub(crate) fn observe_sub_agents(&mut self, names: &[String]) {
+        self.sub_agents = names.to_vec();
+    }
+
     /// Starts a step: notes which tools are read-only and which appeared.
     pub(crate) fn observe_tools(&mut self, all: &[ToolDefinition]) {
         self.read_only = all
@@ -1239,12 +1482,23 @@ impl PolicyState {
         let question = policy.read_only_questions && self.asks_for_information(request, &ranked);
         let answer_owed = policy.answer_after_lookup && self.answer_owed(request, &ranked);
         let changes_done = policy.stop_changing_when_done && self.changes_done(request, &ranked);
+        let string_choices = policy
+            .ground_strings
+            .then(|| self.identifiers.string_choices(&ranked))
+            .filter(|c| !c.is_empty());
         for tool in &ranked {
             let name = tool.name.as_str();
             // The first rule that holds the tool back this step, if any.
             let read_only = self.is_read_only(name);
+            let delegation = facts.sub_agents.contains(&tool.name);
             let held_by = if answer_owed {
                 Some(Rule::AnswerAfterLookup)
+            } else if policy.ground_tasks
+                && delegation
+                && facts.constrained
+                && next_phrases(request, &self.handed).is_some_and(|left| left.is_empty())
+            {
+                Some(Rule::GroundTasks)
             } else if changes_done && !read_only {
                 Some(Rule::StopChangingWhenDone)
             } else if question && !read_only {
@@ -1267,7 +1521,6 @@ impl PolicyState {
             };
             // A delegation that takes an id is for acting on it: under
             // `ground_delegation` it waits until one was shown.
-            let delegation = facts.sub_agents.contains(&tool.name);
             let needs_id = policy.ground_delegation && delegation && takes_identifier(tool);
             let required_id;
             let tool = if needs_id {
@@ -1285,7 +1538,19 @@ impl PolicyState {
                 Some(mut grounded) => {
                     // A delegation that asks for the id itself is grounded
                     // by it; one that takes only a task must name one.
-                    if policy.ground_delegation && delegation && !takes_identifier(tool) {
+                    // Phrases of the request (and the answer that carries
+                    // the ids) come first; the id pattern is the fallback.
+                    let answer = self
+                        .latest
+                        .iter()
+                        .rev()
+                        .find(|(n, _)| facts.sub_agents.contains(n))
+                        .map(|(_, a)| a.as_str());
+                    let tasked = policy.ground_tasks
+                        && delegation
+                        && ground_task(&mut grounded, request, answer, &self.handed, &mut fired);
+                    if !tasked && policy.ground_delegation && delegation && !takes_identifier(tool)
+                    {
                         self.ground_delegation(&mut grounded, &mut fired);
                     }
                     if grounded.input_schema != tool.input_schema {
@@ -1315,6 +1580,19 @@ impl PolicyState {
                             fired.push(Fired {
                                 rule: Rule::GroundDates,
                                 detail: format!("narrowed the dates and times of {name}"),
+                            });
+                            grounded = narrowed;
+                        }
+                    }
+                    if let Some(choices) = &string_choices {
+                        let narrowed = ground_string_values(&grounded, choices);
+                        if narrowed.input_schema != grounded.input_schema {
+                            fired.push(Fired {
+                                rule: Rule::GroundStrings,
+                                detail: format!(
+                                    "the free strings of {name} take one of {} phrases of the conversation",
+                                    choices.len()
+                                ),
                             });
                             grounded = narrowed;
                         }
@@ -1503,6 +1781,26 @@ impl PolicyState {
             .entry(name.to_string())
             .or_default()
             .extend(Identifiers::of_call(arguments));
+        self.latest.retain(|(n, _)| n != name);
+        self.latest.push((name.to_string(), output.to_string()));
+        if let Value::Object(args) = arguments {
+            self.handed
+                .extend(args.values().filter_map(Value::as_str).map(str::to_string));
+        }
+        if self.sub_agents.iter().any(|n| n == name) {
+            // What a sub-agent did is its own run's business: its answer is
+            // no change of the parent's and no lookup either, until it
+            // answers the last part of the request (see
+            // `Policy::ground_tasks`).
+            self.last_action = Some(output.to_string());
+            self.step_acted = Some(name.to_string());
+            if next_phrases(request, &self.handed).is_some_and(|left| left.is_empty())
+                && shares_a_term(output, request)
+            {
+                self.step_answered = Some(output.to_string());
+            }
+            return;
+        }
         if self.is_read_only(name) {
             self.step_looked = Some(name.to_string());
             if shares_a_term(output, request) {
@@ -2132,7 +2430,13 @@ mod tests {
             has_phrases: false,
             sub_agents: &subs,
         };
-        let o = state.offer(&Policy::small_model(), vec![delegate.clone()], facts(true));
+        // The id pattern is what grounds a task when the person's phrases
+        // do not (`ground_tasks`, tested on its own).
+        let policy = Policy {
+            ground_tasks: false,
+            ..Policy::small_model()
+        };
+        let o = state.offer(&policy, vec![delegate.clone()], facts(true));
         assert_eq!(
             o.callable,
             vec![delegate.clone()],
@@ -2141,7 +2445,7 @@ mod tests {
         state
             .identifiers
             .add_result("The Summit 30L Backpack (p-17) costs $89.");
-        let o = state.offer(&Policy::small_model(), vec![delegate.clone()], facts(false));
+        let o = state.offer(&policy, vec![delegate.clone()], facts(false));
         assert_eq!(
             o.callable[0].input_schema["properties"]["task"]["pattern"],
             json!("(p\\-17)"),
@@ -2150,6 +2454,195 @@ mod tests {
         assert!(o.fired.iter().any(|f| f.rule == Rule::GroundDelegation));
         let o = state.offer(&Policy::reference(), vec![delegate.clone()], facts(false));
         assert_eq!(o.callable, vec![delegate]);
+    }
+
+    #[test]
+    fn a_task_is_a_phrase_of_the_request_and_carries_the_newest_answer() {
+        let delegate = tool(
+            "todo_agent",
+            json!({"type": "object", "properties": {"task": {"type": "string"}}, "required": ["task"]}),
+            false,
+        );
+        let files = tool(
+            "files_agent",
+            json!({"type": "object", "properties": {"task": {"type": "string"}}, "required": ["task"]}),
+            false,
+        );
+        let subs = vec!["todo_agent".to_string(), "files_agent".to_string()];
+        let request = "Read meeting.txt and add its action item to my to-do list.";
+        let mut state = PolicyState::default();
+        state.observe_sub_agents(&subs);
+        state.observe_tools(&[delegate.clone(), files.clone()]);
+        let facts = |first_step| StepFacts {
+            request,
+            constrained: true,
+            first_step,
+            has_phrases: false,
+            sub_agents: &subs,
+        };
+        let tasks = |o: &Offer, name: &str| -> Vec<Value> {
+            o.callable
+                .iter()
+                .find(|t| t.name == name)
+                .map(|t| {
+                    t.input_schema["properties"]["task"]["enum"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .unwrap_or_default()
+        };
+        // First the first part of a request of several parts.
+        let o = state.offer(
+            &Policy::small_model(),
+            vec![files.clone(), delegate.clone()],
+            facts(true),
+        );
+        assert_eq!(tasks(&o, "files_agent"), vec![json!("Read meeting.txt")]);
+        assert!(o.fired.iter().any(|f| f.rule == Rule::GroundTasks));
+        // The helper answered: the next part, with its answer or without.
+        state.called(
+            "files_agent",
+            &json!({"task": "Read meeting.txt"}),
+            "Action item: order new chairs",
+            0,
+            request,
+        );
+        state.step_done();
+        let o = state.offer(
+            &Policy::small_model(),
+            vec![files.clone(), delegate.clone()],
+            facts(false),
+        );
+        assert_eq!(
+            tasks(&o, "todo_agent"),
+            vec![
+                json!("add its action item to my to-do list: Action item: order new chairs"),
+                json!("add its action item to my to-do list"),
+            ]
+        );
+        // Every part handed on: no more delegations; the reference never narrows.
+        state.called(
+            "todo_agent",
+            &json!({"task": "add its action item to my to-do list: Action item: order new chairs"}),
+            "Added t-5 order new chairs",
+            0,
+            request,
+        );
+        state.step_done();
+        let o = state.offer(
+            &Policy::small_model(),
+            vec![files.clone(), delegate.clone()],
+            facts(false),
+        );
+        assert!(o.callable.is_empty(), "{:?}", o.callable);
+        let o = state.offer(
+            &Policy::reference(),
+            vec![files.clone(), delegate.clone()],
+            facts(false),
+        );
+        assert_eq!(o.callable, vec![files, delegate]);
+    }
+
+    #[test]
+    fn free_strings_take_the_phrases_of_the_conversation() {
+        let search = tool(
+            "search_books",
+            json!({"type": "object", "properties": {
+                "query": {"type": "string"},
+                "limit": {"type": "integer"},
+                "sort": {"type": "string", "enum": ["title", "year"]},
+                "day": {"type": "string", "format": "date"},
+                "book_id": {"type": "string"},
+                "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}}
+            }, "required": ["query"]}),
+            true,
+        );
+        let request = "I'd like to borrow Learning Rust the Slow Way.";
+        let mut state = PolicyState::default();
+        state.observe_tools(std::slice::from_ref(&search));
+        state.identifiers.add_user_text(request);
+        let facts = StepFacts {
+            request,
+            constrained: true,
+            first_step: true,
+            has_phrases: true,
+            sub_agents: &[],
+        };
+        // A word of a shown tool's name chooses the tool: no phrase begins
+        // with it.
+        let borrow = tool(
+            "borrow_book",
+            json!({"type": "object", "properties": {"book_id": {"type": "string"}}, "required": ["book_id"]}),
+            false,
+        );
+        let o = state.offer(&Policy::small_model(), vec![search.clone(), borrow], facts);
+        let props = &o.callable[0].input_schema["properties"];
+        let choices = props["query"]["enum"]
+            .as_array()
+            .expect("an enum on the query");
+        assert!(
+            choices.contains(&json!("Learning Rust the Slow Way")),
+            "{choices:?}"
+        );
+        assert!(
+            !choices.contains(&json!(request)),
+            "the whole request is no phrase"
+        );
+        assert!(
+            !choices
+                .iter()
+                .any(|c| c.as_str().unwrap().starts_with("borrow"))
+        );
+        // Values, formats, dates and identifiers keep their own grounding;
+        // array items are narrowed within their bounds.
+        assert_eq!(
+            props["sort"],
+            json!({"type": "string", "enum": ["title", "year"]})
+        );
+        assert!(props["day"].get("enum").is_none());
+        assert!(
+            props["book_id"].get("enum").is_none()
+                || props["book_id"]["enum"] != props["query"]["enum"]
+        );
+        let items = props["tags"]["items"]["enum"]
+            .as_array()
+            .expect("items narrowed");
+        assert!(
+            items
+                .iter()
+                .all(|c| c.as_str().unwrap().chars().count() <= 8)
+        );
+        assert!(o.fired.iter().any(|f| f.rule == Rule::GroundStrings));
+        // A result's values and their parts become choices too.
+        state
+            .identifiers
+            .add_result("Sam Ortiz: 3 Harbour Road, Eastfield");
+        let o = state.offer(&Policy::small_model(), vec![search.clone()], facts);
+        let choices = o.callable[0].input_schema["properties"]["query"]["enum"].clone();
+        for piece in [
+            "Sam Ortiz: 3 Harbour Road, Eastfield",
+            "3 Harbour Road",
+            "Eastfield",
+        ] {
+            assert!(
+                choices.as_array().unwrap().contains(&json!(piece)),
+                "{piece}: {choices}"
+            );
+        }
+        // Off in the reference policy, and with the rule off.
+        let o = state.offer(&Policy::reference(), vec![search.clone()], facts);
+        assert_eq!(o.callable, vec![search.clone()]);
+        let off = Policy {
+            ground_strings: false,
+            ..Policy::small_model()
+        };
+        let o = state.offer(&off, vec![search], facts);
+        assert!(
+            o.callable[0].input_schema["properties"]["query"]
+                .get("enum")
+                .is_none()
+        );
     }
 
     #[test]

@@ -413,8 +413,9 @@ pub(crate) fn prompt_messages(
 
 /// A short, readable summary of a tool result, for the person who asked
 /// `request`: a message or status field when the result has one, the names
-/// of listed items, or the lines of plain text that share the most of the
-/// request's words (the first line when none does).
+/// of listed items (with the short fields of those that share the most of
+/// the request's words), or the lines of plain text that share the most of
+/// them (the first line when none does).
 pub fn gist(result: &str, request: &str) -> String {
     const MAX: usize = 240;
     let trimmed = result.trim();
@@ -423,7 +424,32 @@ pub fn gist(result: &str, request: &str) -> String {
             .unwrap_or_else(|| trimmed.lines().find(|l| !l.trim().is_empty()).unwrap_or(""));
         return truncate_chars(text.trim(), MAX);
     };
-    truncate_chars(&gist_value(&value), MAX)
+    truncate_chars(&gist_value(&value, &query_terms(request)), MAX)
+}
+
+/// The distinct query terms of `text` (lowercased, stemmed, no stop words).
+fn query_terms(text: &str) -> Vec<String> {
+    let mut buffer = String::new();
+    let mut wanted: Vec<String> = Vec::new();
+    crate::rank::for_each_term(text, &mut buffer, |t| {
+        if crate::rank::is_query_term(t) && !wanted.iter().any(|w| w == t) {
+            wanted.push(t.to_string());
+        }
+    });
+    wanted
+}
+
+/// How many distinct terms of `wanted` the text holds.
+fn shared_terms(text: &str, wanted: &[String], buffer: &mut String) -> usize {
+    let mut shared: Vec<usize> = Vec::new();
+    crate::rank::for_each_term(text, buffer, |t| {
+        if let Some(i) = wanted.iter().position(|w| w == t)
+            && !shared.contains(&i)
+        {
+            shared.push(i);
+        }
+    });
+    shared.len()
 }
 
 /// The part of a plain-text result that answers `request`: from the first
@@ -437,28 +463,19 @@ pub(crate) fn relevant_part<'a>(result: &'a str, request: &str) -> Option<&'a st
     if serde_json::from_str::<Value>(trimmed).is_ok() {
         return None;
     }
+    let wanted = query_terms(request);
     let mut buffer = String::new();
-    let mut wanted: Vec<String> = Vec::new();
-    crate::rank::for_each_term(request, &mut buffer, |t| {
-        if crate::rank::is_query_term(t) && !wanted.iter().any(|w| w == t) {
-            wanted.push(t.to_string());
-        }
-    });
     // Each line with its byte range in `trimmed` and how many distinct
     // wanted terms it holds.
     let mut lines: Vec<(usize, usize, usize)> = Vec::new();
     let mut offset = 0;
     for piece in trimmed.split_inclusive('\n') {
         let line = piece.trim_end_matches(['\n', '\r']);
-        let mut shared: Vec<usize> = Vec::new();
-        crate::rank::for_each_term(line, &mut buffer, |t| {
-            if let Some(i) = wanted.iter().position(|w| w == t)
-                && !shared.contains(&i)
-            {
-                shared.push(i);
-            }
-        });
-        lines.push((offset, offset + line.len(), shared.len()));
+        lines.push((
+            offset,
+            offset + line.len(),
+            shared_terms(line, &wanted, &mut buffer),
+        ));
         offset += piece.len();
     }
     let best = lines.iter().map(|l| l.2).max().unwrap_or(0);
@@ -470,16 +487,41 @@ pub(crate) fn relevant_part<'a>(result: &'a str, request: &str) -> Option<&'a st
     Some(&trimmed[first.0..last.1])
 }
 
-fn gist_value(value: &Value) -> String {
+fn gist_value(value: &Value, wanted: &[String]) -> String {
     match value {
         Value::String(s) => s.clone(),
         Value::Array(items) => {
-            let names: Vec<String> = items.iter().take(5).map(item_label).collect();
-            let more = if items.len() > 5 { ", …" } else { "" };
+            let more = if items.len() > 5 { "; …" } else { "" };
             match items.len() {
                 0 => "No results.".to_string(),
-                1 => format!("1 result: {}{}.", names[0], item_details(&items[0])),
-                n => format!("{n} results: {}{more}.", names.join(", ")),
+                1 => format!(
+                    "1 result: {}{}.",
+                    item_label(&items[0]),
+                    item_details(&items[0])
+                ),
+                n => {
+                    // The items the request picks out keep their short
+                    // fields: "By when do I need to call the plumber?" is
+                    // answered by the due date of the one item about the
+                    // plumber, not by the names of all of them.
+                    let picked = picked_items(&items[..n.min(5)], wanted);
+                    let shown: Vec<String> = items
+                        .iter()
+                        .take(5)
+                        .enumerate()
+                        .map(|(i, item)| match picked.contains(&i) {
+                            true => format!("{}{}", item_label(item), item_details(item)),
+                            false => item_label(item),
+                        })
+                        .collect();
+                    let separator = if picked.is_empty() { ", " } else { "; " };
+                    let more = if picked.is_empty() {
+                        more.replace(';', ",")
+                    } else {
+                        more.to_string()
+                    };
+                    format!("{n} results: {}{more}.", shown.join(separator))
+                }
             }
         }
         Value::Object(map) => {
@@ -490,7 +532,7 @@ fn gist_value(value: &Value) -> String {
             }
             for (key, inner) in map {
                 if inner.is_array() && map.len() <= 3 {
-                    return format!("{}: {}", key, gist_value(inner));
+                    return format!("{}: {}", key, gist_value(inner, wanted));
                 }
             }
             let fields: Vec<String> = map
@@ -533,6 +575,35 @@ fn item_label(item: &Value) -> String {
     truncate_chars(&scalar(item), 60)
 }
 
+/// The indexes of the listed items that share the most of the request's
+/// terms in their texts, when that singles out at most two of them: a
+/// request that names none of them, or all of them alike, picks none.
+fn picked_items(items: &[Value], wanted: &[String]) -> Vec<usize> {
+    const MOST: usize = 2;
+    let mut buffer = String::new();
+    let scores: Vec<usize> = items
+        .iter()
+        .map(|item| match item {
+            Value::Object(map) => map
+                .values()
+                .filter_map(Value::as_str)
+                .map(|text| shared_terms(text, wanted, &mut buffer))
+                .max()
+                .unwrap_or(0),
+            _ => 0,
+        })
+        .collect();
+    let best = scores.iter().copied().max().unwrap_or(0);
+    let picked: Vec<usize> = (0..items.len())
+        .filter(|&i| best > 0 && scores[i] == best)
+        .collect();
+    if picked.len() <= MOST && picked.len() < items.len() {
+        picked
+    } else {
+        Vec::new()
+    }
+}
+
 /// The short fields of a lone listed item beyond its label (`, due:
 /// 2026-03-14, start: 14:30`): a question about one thing ("when is my book
 /// due?") is answered by them, and a list of one is short enough to show
@@ -554,8 +625,41 @@ fn item_details(item: &Value) -> String {
                 }
         })
         .take(MAX_FIELDS)
-        .map(|(k, v)| format!(", {k}: {}", scalar(v)))
+        .map(|(k, v)| match v {
+            Value::Bool(b) => format!(", {}", flag(k, *b)),
+            _ => format!(", {k}: {}", scalar(v)),
+        })
         .collect()
+}
+
+/// A yes-or-no field in words: `in_stock: false` is "not in stock",
+/// `isOpen: true` is "open", `has_ramp: false` is "no ramp". A person
+/// reads the words; `false` after a key name is easily misread.
+fn flag(key: &str, value: bool) -> String {
+    let mut words = String::with_capacity(key.len() + 4);
+    for c in key.chars() {
+        match c {
+            '_' | '-' => words.push(' '),
+            c if c.is_uppercase() => {
+                words.push(' ');
+                words.extend(c.to_lowercase());
+            }
+            c => words.push(c),
+        }
+    }
+    let words = words.split_whitespace().collect::<Vec<_>>().join(" ");
+    let words = words.as_str();
+    if let Some(thing) = words.strip_prefix("has ") {
+        return match value {
+            true => format!("has {thing}"),
+            false => format!("no {thing}"),
+        };
+    }
+    let words = words.strip_prefix("is ").unwrap_or(words);
+    match value {
+        true => words.to_string(),
+        false => format!("not {words}"),
+    }
 }
 
 fn scalar(v: &Value) -> String {
@@ -689,6 +793,37 @@ mod tests {
         assert_eq!(relevant_part(notes, "What day is it?"), None);
         // JSON is read by its fields, whatever the request.
         assert_eq!(relevant_part(r#"{"wifi": "x"}"#, "wifi"), None);
+    }
+
+    #[test]
+    fn the_gist_of_a_list_keeps_the_fields_of_the_items_the_request_picks_out() {
+        let todos = r#"[{"id": "t-1", "title": "Buy milk", "due": null, "done": false},
+            {"id": "t-2", "title": "Call the plumber about the kitchen sink", "due": "2026-03-12", "done": false},
+            {"id": "t-3", "title": "Renew passport", "due": "2026-04-30", "done": false}]"#;
+        assert_eq!(
+            gist(todos, "By when do I need to call the plumber?"),
+            "3 results: Buy milk (t-1); Call the plumber about the kitchen sink (t-2), \
+             due: 2026-03-12, not done; Renew passport (t-3)."
+        );
+        // A request that picks out none of them, or all of them alike,
+        // gets the names alone.
+        let names = "3 results: Buy milk (t-1), Call the plumber about the kitchen sink (t-2), \
+                     Renew passport (t-3).";
+        assert_eq!(gist(todos, "What do I still have to do?"), names);
+        let alike = r#"[{"id": "a", "title": "Red tent"}, {"id": "b", "title": "Blue tent"}]"#;
+        assert_eq!(
+            gist(alike, "tent"),
+            "2 results: Red tent (a), Blue tent (b)."
+        );
+        // Yes-or-no fields read as words.
+        let boots = r#"[{"id": "p-41", "title": "Ridge Hiking Boots", "price": 139, "in_stock": false},
+            {"id": "p-17", "title": "Summit Backpack", "price": 109, "in_stock": true}]"#;
+        assert_eq!(
+            gist(boots, "Are the Ridge hiking boots in stock?"),
+            "2 results: Ridge Hiking Boots (p-41), price: 139, not in stock; Summit Backpack (p-17)."
+        );
+        assert_eq!(flag("isOpen", true), "open");
+        assert_eq!(flag("has_ramp", false), "no ramp");
     }
 
     #[test]

@@ -25,7 +25,8 @@ use crate::messages;
 use crate::parse::{ParsedReply, parse_tool_calls};
 use crate::part::{AgentStreamPart, FinishReason};
 use crate::policy::{
-    Fired, Policy, PolicyState, Rule, StepFacts, names_a_tool, tells_of, without_prompt_echoes,
+    Fired, Policy, PolicyState, Rule, StepFacts, asks_for_change, names_a_tool, seeks_information,
+    tells_of, without_prompt_echoes,
 };
 use crate::prompt::{
     HISTORY_TURNS, RESULT_CHARS, SystemPromptInput, Turn, compact_schema, gist, history_turns,
@@ -490,6 +491,7 @@ impl<P: Provider + 'static> Run<P> {
             && first_step
             && !copy_phrases(std::iter::once(self.request_text.as_str()), &ranked).is_empty();
         let sub_agents: Vec<String> = self.sub_agents.iter().map(|s| s.name.clone()).collect();
+        self.rules.observe_sub_agents(&sub_agents);
         let mut offer = self.rules.offer(
             &self.policy,
             ranked,
@@ -541,6 +543,19 @@ impl<P: Provider + 'static> Run<P> {
             self.report(vec![Fired {
                 rule: Rule::DelegatedCallsFirst,
                 detail: "a delegated run's first attempt allows calls only".to_string(),
+            }]);
+        } else if self.policy.coordinator_calls_first
+            && first_step
+            && self.constraints == ConstraintMode::Auto
+            && self.constrains(&shown)
+            && !offered.is_empty()
+            && offered.iter().all(|t| sub_agents.contains(&t.name))
+            && (asks_for_change(&self.request_text) || seeks_information(&self.request_text))
+        {
+            attempt = Attempt::DelegatedFirst;
+            self.report(vec![Fired {
+                rule: Rule::CoordinatorCallsFirst,
+                detail: "a coordinator's first attempt allows only delegations".to_string(),
             }]);
         }
         let mut corrected = false;
@@ -663,7 +678,6 @@ impl<P: Provider + 'static> Run<P> {
                         })
                     } else if self.policy.question_lookup_retry
                         && first_step
-                        && !self.explaining(generation.call_probability)
                         && self.rules.lookup_owed(&self.request_text, &shown, &offered)
                     {
                         Some(Fired {
@@ -723,9 +737,10 @@ impl<P: Provider + 'static> Run<P> {
 
     /// Whether a reply whose first token gave a call this probability was
     /// explaining, not withholding a call: under the least probability of
-    /// [`Policy::call_now_min_probability`], which gates every retry that
-    /// turns a prose reply into a call for a request that did not name the
-    /// tool.
+    /// [`Policy::call_now_min_probability`], which gates the "call now"
+    /// correction. The lookup retry is not gated: a lookup changes nothing,
+    /// and a tiny model gives one almost no weight before a question about
+    /// the person's own data ("What do I still have to do?": 0.01–0.03%).
     fn explaining(&self, call_probability: Option<f32>) -> bool {
         matches!(
             (self.policy.call_now_min_probability, call_probability),
