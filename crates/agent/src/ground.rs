@@ -67,6 +67,12 @@ pub(crate) const ACTION_VERBS: &[&str] = &[
     "call",
 ];
 
+/// Question words that begin a contraction ("what's", "where's"): no
+/// phrase to quote begins or ends with one.
+const ASKING_HEADS: &[&str] = &[
+    "what", "where", "who", "when", "how", "that", "there", "here", "let",
+];
+
 /// The most words in one phrase of [`copy_phrases`].
 pub const MAX_PHRASE_WORDS: usize = 6;
 
@@ -89,6 +95,29 @@ pub fn copy_phrases<'a>(
     texts: impl IntoIterator<Item = &'a str>,
     tools: &[ToolDefinition],
 ) -> Vec<String> {
+    phrases_of(texts, tools, false)
+}
+
+/// The phrases of `texts` a free string argument may take whole (the
+/// policy's `ground_strings`): those of [`copy_phrases`] whose every word,
+/// not only the first and last, is no verb of the request and no word of a
+/// shown tool's name ("I'd like to borrow Learning Rust" is a request, not
+/// a title), with neither a date or time of day (those go to the arguments
+/// for them: "2026-03-13 at 09:00" is no title) nor only digits (a number
+/// goes to a number argument), and without the digits of number words.
+pub(crate) fn quotable_phrases<'a>(
+    texts: impl IntoIterator<Item = &'a str>,
+    tools: &[ToolDefinition],
+) -> Vec<String> {
+    phrases_of(texts, tools, true)
+}
+
+/// [`copy_phrases`], or with `strict` [`quotable_phrases`].
+fn phrases_of<'a>(
+    texts: impl IntoIterator<Item = &'a str>,
+    tools: &[ToolDefinition],
+    strict: bool,
+) -> Vec<String> {
     let mut buffer = String::new();
     let mut tool_terms: Vec<String> = Vec::new();
     for tool in tools {
@@ -97,8 +126,14 @@ pub fn copy_phrases<'a>(
     let bounds = |word: &str, buffer: &mut String| {
         let lower = word.to_lowercase();
         // "a", "I": one letter says nothing; one digit may ("room 5").
-        let one_letter = lower.chars().count() == 1 && lower.chars().all(char::is_alphabetic);
-        if one_letter
+        let one_letter = |w: &str| w.chars().count() == 1 && w.chars().all(char::is_alphabetic);
+        // "I'd", "what's", "don't": a common word with its contraction.
+        let head = lower.split('\'').next().unwrap_or("");
+        let contracted = strict
+            && lower.contains('\'')
+            && (one_letter(head) || STOP_WORDS.contains(&head) || ASKING_HEADS.contains(&head));
+        if one_letter(&lower)
+            || contracted
             || STOP_WORDS.contains(&lower.as_str())
             || ACTION_VERBS.contains(&lower.as_str())
         {
@@ -109,6 +144,17 @@ pub fn copy_phrases<'a>(
             tool_word |= tool_terms.iter().any(|n| n == t)
         });
         !tool_word
+    };
+    let chooses_the_tool = |word: &str, buffer: &mut String| {
+        let lower = word.to_lowercase();
+        if ACTION_VERBS.contains(&lower.as_str()) {
+            return true;
+        }
+        let mut tool_word = false;
+        for_each_term(word, buffer, |t| {
+            tool_word |= tool_terms.iter().any(|n| n == t)
+        });
+        tool_word
     };
     let mut out: Vec<String> = Vec::new();
     // A set beside the list keeps the pass linear in the text: a long
@@ -126,10 +172,32 @@ pub fn copy_phrases<'a>(
                 out.push(phrase.to_string());
             }
         };
+        // Under `strict`, a phrase stops before a word that may not be in
+        // one at all: a verb of the request or a word of a tool's name.
+        let inner_ok: Vec<bool> = words
+            .iter()
+            .map(|&(s, e)| !strict || !chooses_the_tool(&text[s..e], &mut buffer))
+            .collect();
         for i in (0..words.len()).filter(|&i| ok[i]) {
-            for j in (i..words.len().min(i + MAX_PHRASE_WORDS)).filter(|&j| ok[j]) {
-                push(&text[words[i].0..words[j].1]);
+            for j in i..words.len().min(i + MAX_PHRASE_WORDS) {
+                if !inner_ok[j] {
+                    break;
+                }
+                if !ok[j] {
+                    continue;
+                }
+                let phrase = &text[words[i].0..words[j].1];
+                let when_or_number = phrase
+                    .split_whitespace()
+                    .any(|w| is_date_or_time(w.trim_matches(|c: char| !c.is_alphanumeric())))
+                    || phrase.chars().all(|c| !c.is_alphabetic());
+                if !(strict && when_or_number) {
+                    push(phrase);
+                }
             }
+        }
+        if strict {
+            continue;
         }
         // "two" goes into a quantity as 2: the digits are a phrase too (a
         // provider copies a phrase that is a number into number values).
@@ -498,10 +566,10 @@ impl Identifiers {
 
     /// The phrases a free string argument may take (see
     /// [`ground_string_values`]): the person's phrases that could be quoted
-    /// beside `tools` ([`copy_phrases`]), what the person dictated (quoted,
+    /// beside `tools` ([`quotable_phrases`]), what the person dictated (quoted,
     /// or after a colon), then the pieces of the results, newest first; at
     /// most [`MAX_STRING_CHOICES`].
-    pub fn string_choices(&self, tools: &[ToolDefinition]) -> Vec<String> {
+    pub(crate) fn string_choices(&self, tools: &[ToolDefinition]) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
         let mut seen: HashSet<String> = HashSet::new();
         let mut push = |piece: &str, out: &mut Vec<String>| {
@@ -519,7 +587,7 @@ impl Identifiers {
                 push(piece, &mut out);
             }
         }
-        for phrase in copy_phrases(self.said.iter().rev().map(String::as_str), tools) {
+        for phrase in quotable_phrases(self.said.iter().rev().map(String::as_str), tools) {
             push(&phrase, &mut out);
         }
         for piece in self.found.iter().rev() {
@@ -594,7 +662,7 @@ const MAX_PIECE_CHARS: usize = 100;
 
 /// The most phrases one free string may choose from: enough for a request
 /// and a few results, few enough for a grammar compiled every step.
-pub const MAX_STRING_CHOICES: usize = 400;
+const MAX_STRING_CHOICES: usize = 400;
 
 /// A piece without the white space and sentence punctuation around it.
 fn trim_piece(piece: &str) -> &str {
@@ -777,6 +845,47 @@ pub(crate) fn takes_free_text(tool: &ToolDefinition) -> bool {
                     && p.get("const").is_none()
             })
         })
+}
+
+/// Whether a top-level argument of the tool lists (`enum`) a string value
+/// of three or more characters that `request` holds as words of its own,
+/// in any case ("Chicago" for a `location` of `New York`, `Chicago` and
+/// `Los Angeles`).
+pub(crate) fn lists_a_written_value(tool: &ToolDefinition, request: &str) -> bool {
+    let lower = request.to_lowercase();
+    let holds = |value: &str| {
+        let value = value.to_lowercase();
+        lower.match_indices(&value).any(|(at, _)| {
+            let before = lower[..at].chars().next_back();
+            let after = lower[at + value.len()..].chars().next();
+            !before.is_some_and(char::is_alphanumeric) && !after.is_some_and(char::is_alphanumeric)
+        })
+    };
+    properties_of(tool).is_some_and(|(props, _)| {
+        props.values().any(|p| {
+            p.get("enum")
+                .and_then(Value::as_array)
+                .is_some_and(|values| {
+                    values
+                        .iter()
+                        .filter_map(Value::as_str)
+                        .any(|v| v.chars().count() >= 3 && holds(v))
+                })
+        })
+    })
+}
+
+/// Whether the tool requires a number that is not an identifier (a sum's
+/// terms, a quantity it cannot do without).
+pub(crate) fn requires_a_number(tool: &ToolDefinition) -> bool {
+    properties_of(tool).is_some_and(|(props, required)| {
+        props.iter().any(|(k, p)| {
+            required.contains(&k.as_str())
+                && !is_identifier_key(k)
+                && matches!(scalar_type(p), Some("integer" | "number"))
+                && p.get("enum").is_none()
+        })
+    })
 }
 
 /// Whether one of the tool's top-level arguments is an identifier.
@@ -1054,6 +1163,72 @@ pub(crate) fn ground_when_values(tool: &ToolDefinition, ids: &Identifiers) -> To
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn quotable_phrases_hold_no_verb_tool_word_date_or_bare_number() {
+        let borrow = [ToolDefinition::new("borrow_book", "", json!({}))];
+        let p = quotable_phrases(["I'd like to borrow Learning Rust the Slow Way."], &borrow);
+        assert!(
+            p.contains(&"Learning Rust the Slow Way".to_string()),
+            "{p:?}"
+        );
+        assert!(
+            p.iter()
+                .all(|w| !w.contains("borrow") && !w.starts_with("I'd")),
+            "{p:?}"
+        );
+        let p = quotable_phrases(
+            ["Put a haircut on my calendar for 2026-03-13 at 09:00."],
+            &[],
+        );
+        assert!(p.contains(&"haircut".to_string()), "{p:?}");
+        assert!(
+            p.iter().all(|w| !w.contains("2026") && !w.contains("09")),
+            "{p:?}"
+        );
+        let p = quotable_phrases(["I need a camp stove, could you add one?"], &[]);
+        assert!(p.contains(&"camp stove".to_string()), "{p:?}");
+        assert!(!p.contains(&"1".to_string()), "{p:?}");
+        // copy_phrases, for the copy bias, keeps its looser phrases.
+        let p = copy_phrases(["I'd like to borrow Learning Rust the Slow Way."], &borrow);
+        assert!(
+            p.contains(&"I'd like to borrow Learning Rust".to_string()),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn a_tool_is_told_by_a_value_it_lists_or_the_numbers_it_needs() {
+        let weather = ToolDefinition::new(
+            "get-structured-content",
+            "",
+            json!({"type": "object", "properties": {"location": {"type": "string", "enum": ["New York", "Chicago", "Los Angeles"]}}}),
+        );
+        assert!(lists_a_written_value(
+            &weather,
+            "What's the weather like in Chicago right now?"
+        ));
+        assert!(lists_a_written_value(
+            &weather,
+            "How humid is it in los angeles today?"
+        ));
+        assert!(!lists_a_written_value(
+            &weather,
+            "Is it warm in Chicagoland?"
+        ));
+        let sum = ToolDefinition::new(
+            "get-sum",
+            "",
+            json!({"type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}),
+        );
+        let echo = ToolDefinition::new(
+            "echo",
+            "",
+            json!({"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}),
+        );
+        assert!(requires_a_number(&sum));
+        assert!(!requires_a_number(&echo));
+    }
 
     #[test]
     fn dictated_text_is_what_is_quoted_or_follows_a_colon() {

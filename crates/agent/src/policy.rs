@@ -22,7 +22,7 @@ use serde_json::Value;
 use crate::error::{ToolError, ToolErrorCode};
 use crate::ground::{
     Identifiers, ground_number_values, ground_string_values, ground_tool, ground_when_values,
-    takes_free_text, takes_identifier,
+    lists_a_written_value, requires_a_number, takes_free_text, takes_identifier,
 };
 use crate::parse::ParsedCall;
 use crate::provider::{Decoding, PromptMessage, PromptRole};
@@ -135,13 +135,22 @@ pub struct Policy {
     pub skip_used_ids: bool,
     /// The tools that can be called now are listed first (a tiny model calls
     /// the first tool listed, and the worked example shows it); on the first
-    /// step, tools that take free text come first among them when the
-    /// request has phrases to copy. Default: on.
+    /// step, when the request has phrases to copy, tools that require a
+    /// number come first among them when the person wrote one, then tools
+    /// that take free text. Default: on.
     pub order_for_calls: bool,
     /// A constrained reply calls a tool that takes an id at most once (a
     /// tiny model given a list of ids calls the tool with each in turn).
     /// Default: on.
     pub one_id_per_reply: bool,
+    /// A constrained reply calls a tool annotated as changing things at most
+    /// once, when the tool set annotates tools as read-only (a delegation
+    /// to a sub-agent counts as a change). The default model renamed
+    /// draft.txt to plan-final.txt and, in the same reply, back again; the
+    /// next change waits for the result of the first. Tool sets that
+    /// annotate nothing (BFCL's parallel calls) are not affected.
+    /// Default: on.
+    pub one_change_per_reply: bool,
     /// A request that asks for information (no verb that asks for a change)
     /// is offered only the tools annotated read-only, when the tool set
     /// annotates any: a question is never answered with a write. Default: on.
@@ -301,6 +310,7 @@ impl Policy {
             skip_used_ids: false,
             order_for_calls: false,
             one_id_per_reply: false,
+            one_change_per_reply: false,
             read_only_questions: false,
             ground_delegation: false,
             ground_tasks: false,
@@ -341,6 +351,7 @@ impl Policy {
             skip_used_ids: true,
             order_for_calls: true,
             one_id_per_reply: true,
+            one_change_per_reply: true,
             read_only_questions: true,
             ground_delegation: true,
             ground_tasks: true,
@@ -443,14 +454,16 @@ impl Policy {
             max_array_items: self.max_array_items,
             max_calls: self.max_calls,
             one_tool_per_reply: self.one_tool_per_reply,
-            single_call: if self.one_id_per_reply {
+            single_call: {
+                let annotated = shown.iter().any(|t| t.annotations.read_only);
                 shown
                     .iter()
-                    .filter(|t| takes_identifier(t))
+                    .filter(|t| {
+                        (self.one_id_per_reply && takes_identifier(t))
+                            || (self.one_change_per_reply && annotated && !t.annotations.read_only)
+                    })
                     .map(|t| t.name.clone())
                     .collect()
-            } else {
-                Vec::new()
             },
             call_threshold: self.call_threshold,
             copy_bias: self.copy_bias,
@@ -781,11 +794,13 @@ fn ground_task(
         let one_line = a.split_whitespace().collect::<Vec<_>>().join(" ");
         crate::prompt::truncate_chars(&one_line, MAX_HANDED_CHARS)
     });
-    let mut choices: Vec<String> = match &handed {
+    // Once a helper answered, what it found goes with the next part: the
+    // default model, offered the part alone too, took it and handed on
+    // nothing ("add its action item to my to-do list").
+    let choices: Vec<String> = match &handed {
         Some(a) => phrases.iter().map(|p| format!("{p}: {a}")).collect(),
-        None => Vec::new(),
+        None => phrases.clone(),
     };
-    choices.extend(phrases.iter().cloned());
     let Some(prop) = prop.as_object_mut() else {
         return false;
     };
@@ -808,6 +823,26 @@ fn ground_task(
         ),
     });
     true
+}
+
+/// The one helper (among `ranked`'s delegations) whose name and
+/// description share the most of the words of `part`; `None` when none
+/// shares any or two share the most alike.
+fn route_part(part: &str, ranked: &[ToolDefinition], sub_agents: &[String]) -> Option<String> {
+    let helpers: Vec<ToolDefinition> = ranked
+        .iter()
+        .filter(|t| sub_agents.contains(&t.name))
+        .cloned()
+        .collect();
+    if helpers.len() < 2 {
+        return None;
+    }
+    let mut scores = score_tools(&helpers, part, &[]);
+    scores.sort_by(|a, b| b.score.total_cmp(&a.score));
+    match scores.as_slice() {
+        [best, next, ..] if best.score > 0.0 && best.score > next.score => Some(best.name.clone()),
+        _ => None,
+    }
 }
 
 /// The phrases of the request a task can be next (see
@@ -1375,7 +1410,7 @@ fn why_held(rule: Rule, tool: &str) -> String {
             format!("every change the request asks for is made: {tool} is not needed")
         }
         Rule::GroundTasks => {
-            format!("every part of the request was handed on: {tool} is not needed")
+            format!("{tool} is not the helper for what is left of the request")
         }
         _ => format!("{tool} is not the next step"),
     }
@@ -1482,6 +1517,15 @@ impl PolicyState {
         let question = policy.read_only_questions && self.asks_for_information(request, &ranked);
         let answer_owed = policy.answer_after_lookup && self.answer_owed(request, &ranked);
         let changes_done = policy.stop_changing_when_done && self.changes_done(request, &ranked);
+        // The helper whose name and description share the most words with
+        // the next part of the request takes it, when one does.
+        let route = if policy.ground_tasks && !facts.sub_agents.is_empty() {
+            next_phrases(request, &self.handed)
+                .filter(|p| !p.is_empty())
+                .and_then(|parts| route_part(&parts.join(" "), &ranked, facts.sub_agents))
+        } else {
+            None
+        };
         let string_choices = policy
             .ground_strings
             .then(|| self.identifiers.string_choices(&ranked))
@@ -1498,6 +1542,8 @@ impl PolicyState {
                 && facts.constrained
                 && next_phrases(request, &self.handed).is_some_and(|left| left.is_empty())
             {
+                Some(Rule::GroundTasks)
+            } else if delegation && route.as_ref().is_some_and(|r| r != name) {
                 Some(Rule::GroundTasks)
             } else if changes_done && !read_only {
                 Some(Rule::StopChangingWhenDone)
@@ -1667,7 +1713,7 @@ impl PolicyState {
             self.order(
                 ranked,
                 &callable,
-                facts.first_step && facts.has_phrases,
+                (facts.first_step && facts.has_phrases).then_some(request),
                 &mut fired,
             )
         } else {
@@ -1741,19 +1787,30 @@ impl PolicyState {
         &self,
         ranked: Vec<ToolDefinition>,
         callable: &[ToolDefinition],
-        phrases: bool,
+        phrases: Option<&str>,
         fired: &mut Vec<Fired>,
     ) -> Vec<ToolDefinition> {
         let found_ids = self.looked_up.is_some();
+        // A value a tool lists for an argument that the person wrote says
+        // which tool is meant ("Chicago" beside a `location` of three
+        // cities); numbers the person wrote are there to be used: a tool
+        // that needs numbers comes before one that takes any text ("What is
+        // 48 plus 27?" beside `echo` and `get-sum`).
+        let request = phrases;
+        let phrases = phrases.is_some();
         let before: Vec<String> = ranked.iter().map(|t| t.name.clone()).collect();
-        let mut keyed: Vec<((bool, bool, bool, bool), ToolDefinition)> = ranked
+        let numbers = phrases && self.identifiers.has_numbers();
+        type Key = (bool, bool, bool, bool, bool, bool);
+        let mut keyed: Vec<(Key, ToolDefinition)> = ranked
             .into_iter()
             .map(|t| {
                 let can = callable.iter().any(|c| c.name == t.name);
                 let new = self.appeared.contains(&t.name);
                 let uses_ids = found_ids && takes_identifier(&t);
+                let named = request.is_some_and(|r| lists_a_written_value(&t, r));
+                let counts = numbers && requires_a_number(&t);
                 let text = phrases && takes_free_text(&t);
-                ((!can, !new, !uses_ids, !text), t)
+                ((!can, !new, !uses_ids, !named, !counts, !text), t)
             })
             .collect();
         keyed.sort_by_key(|(key, _)| *key);
@@ -2468,6 +2525,9 @@ mod tests {
             json!({"type": "object", "properties": {"task": {"type": "string"}}, "required": ["task"]}),
             false,
         );
+        let (mut delegate, mut files) = (delegate, files);
+        delegate.description = "Reads and changes the person's to-do list.".into();
+        files.description = "Reads and writes the person's files (paths like notes.txt).".into();
         let subs = vec!["todo_agent".to_string(), "files_agent".to_string()];
         let request = "Read meeting.txt and add its action item to my to-do list.";
         let mut state = PolicyState::default();
@@ -2499,6 +2559,10 @@ mod tests {
             facts(true),
         );
         assert_eq!(tasks(&o, "files_agent"), vec![json!("Read meeting.txt")]);
+        assert!(
+            o.held
+                .contains(&("todo_agent".to_string(), Rule::GroundTasks))
+        );
         assert!(o.fired.iter().any(|f| f.rule == Rule::GroundTasks));
         // The helper answered: the next part, with its answer or without.
         state.called(
@@ -2516,10 +2580,15 @@ mod tests {
         );
         assert_eq!(
             tasks(&o, "todo_agent"),
-            vec![
-                json!("add its action item to my to-do list: Action item: order new chairs"),
-                json!("add its action item to my to-do list"),
-            ]
+            vec![json!(
+                "add its action item to my to-do list: Action item: order new chairs"
+            )]
+        );
+        // Each part goes to the helper it speaks of.
+        assert!(o.callable.iter().all(|t| t.name == "todo_agent"));
+        assert!(
+            o.held
+                .contains(&("files_agent".to_string(), Rule::GroundTasks))
         );
         // Every part handed on: no more delegations; the reference never narrows.
         state.called(
