@@ -387,6 +387,8 @@ pub struct Identifiers {
     /// The distinct dates and times of day the conversation shows (the
     /// person's words and the tools' results), as written.
     when: Vec<String>,
+    /// Whether a successful result showed a number (not an identifier).
+    result_numbers: bool,
     /// What the person wrote, message by message, oldest first (a delegated
     /// run's task among them): free strings quote its phrases.
     said: Vec<String>,
@@ -422,6 +424,7 @@ impl Identifiers {
                 .collect(),
             numbers: self.numbers.clone(),
             when: self.when.clone(),
+            result_numbers: self.result_numbers,
             said: self.said.clone(),
             found: self.found.clone(),
         }
@@ -503,6 +506,9 @@ impl Identifiers {
             // Sentence punctuation around a word is not part of it.
             let word = raw.trim_matches(|c: char| ".:!?".contains(c));
             self.note_when(word);
+            if !from_person && number_in(word).is_some() {
+                self.result_numbers = true;
+            }
             if from_person
                 && self.numbers.len() < MAX_NUMBERS
                 && let Some(number) = number_in(word)
@@ -614,6 +620,9 @@ impl Identifiers {
                 if let Ok(n) = s.parse::<i64>() {
                     new += usize::from(self.push(Value::from(n)));
                 }
+            }
+            Value::Number(_) if !under_id_key => {
+                self.result_numbers = true;
             }
             Value::Number(n) if under_id_key => {
                 new += usize::from(self.push(Value::Number(n.clone())));
@@ -917,7 +926,9 @@ fn properties_of(tool: &ToolDefinition) -> Option<(&Map<String, Value>, Vec<&str
 /// the constrained schema; a required one makes the tool uncallable for now
 /// (`None`). An optional number (a quantity, a limit) is left out too when
 /// the person wrote no number: the tool's default is a better guess than
-/// the one a tiny model makes up. When the person wrote more numbers than
+/// the one a tiny model makes up; a required number with none in the
+/// conversation (the person's words or a result) makes the tool uncallable
+/// for now. When the person wrote more numbers than
 /// the tool requires, as many optional numbers become required (in the
 /// schema's order). Tools without such arguments come back unchanged.
 /// `identifiers` and `numbers` switch the two halves (the policy's
@@ -948,6 +959,18 @@ pub fn ground_tool(
     let mut changed = false;
     for (name, prop) in props {
         let optional = !required.contains(&name.as_str());
+        // A number the tool cannot do without, and none in the
+        // conversation: a tiny model makes one up (`get-sum {"a": 10, "b":
+        // 20}` asked for the weather). The tool waits for one.
+        if numbers
+            && !optional
+            && is_count(name, prop)
+            && prop.get("enum").is_none()
+            && !ids.has_numbers()
+            && !ids.result_numbers
+        {
+            return None;
+        }
         if numbers && optional && is_count(name, prop) {
             if !ids.has_numbers() {
                 changed = true;
@@ -1228,6 +1251,23 @@ mod tests {
         );
         assert!(requires_a_number(&sum));
         assert!(!requires_a_number(&echo));
+        // A required number waits for one in the conversation.
+        let mut ids = Identifiers::new();
+        ids.add_user_text("What's the weather like in Chicago?");
+        assert_eq!(ground_tool(&sum, &ids, true, true), None);
+        assert_eq!(
+            ground_tool(&sum, &ids, true, false),
+            Some(sum.clone()),
+            "the rule is off"
+        );
+        ids.add_result(r#"{"temperature": 22.5}"#);
+        assert!(
+            ground_tool(&sum, &ids, true, true).is_some(),
+            "a result showed one"
+        );
+        let mut written = Identifiers::new();
+        written.add_user_text("What is 48 plus 27?");
+        assert!(ground_tool(&sum, &written, true, true).is_some());
     }
 
     #[test]

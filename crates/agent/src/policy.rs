@@ -86,8 +86,10 @@ pub struct Policy {
     pub ground_identifiers: bool,
     /// Numbers the person wrote go to number arguments: with none written an
     /// optional count is left to the tool's default, and numbers beyond the
-    /// required ones make optional counts required. Default: on ("add two
-    /// of p-21" adds 2, was 1).
+    /// required ones make optional counts required; a tool that requires a
+    /// number waits while the conversation (the person's words or a result)
+    /// shows none. Default: on ("add two of p-21" adds 2, was 1; asked for
+    /// the weather, the default model called `get-sum {"a": 10, "b": 20}`).
     pub ground_numbers: bool,
     /// A number argument of a constrained call may only take a number the
     /// person wrote (one that fits its type and bounds), when they wrote
@@ -1021,6 +1023,27 @@ pub(crate) fn shares_a_term(text: &str, request: &str) -> bool {
     found
 }
 
+/// Whether a result found nothing: empty, an empty list or object, or
+/// `null`.
+fn finds_nothing(output: &str) -> bool {
+    match serde_json::from_str::<Value>(output.trim()) {
+        Ok(Value::Array(items)) => items.is_empty(),
+        Ok(Value::Object(map)) => map.is_empty(),
+        Ok(Value::Null) => true,
+        Ok(Value::String(s)) => s.trim().is_empty(),
+        Ok(_) => false,
+        // "No results.", "Nothing found", "None matched".
+        Err(_) => {
+            let text = output.trim().to_lowercase();
+            let first = text
+                .split(|c: char| !c.is_alphanumeric())
+                .next()
+                .unwrap_or("");
+            text.is_empty() || (text.len() < 80 && matches!(first, "no" | "nothing" | "none"))
+        }
+    }
+}
+
 /// Whether `answer` tells something of `found` beyond the words of
 /// `request`: a term of the result that the request does not hold. Of a
 /// plain-text result only the part that answers the request counts (see
@@ -1648,6 +1671,11 @@ impl PolicyState {
                 None => {
                     let rule = if self.used.contains_key(name) && policy.skip_used_ids {
                         Rule::SkipUsedIds
+                    } else if policy.ground_numbers
+                        && requires_a_number(tool)
+                        && !takes_identifier(tool)
+                    {
+                        Rule::GroundNumbers
                     } else if needs_id {
                         Rule::GroundDelegation
                     } else {
@@ -1860,7 +1888,18 @@ impl PolicyState {
         }
         if self.is_read_only(name) {
             self.step_looked = Some(name.to_string());
-            if shares_a_term(output, request) {
+            // A lookup made with the person's own words that found something
+            // answered too, though its result may not repeat them
+            // (`{"location": "Chicago"}` gave a temperature and conditions);
+            // one that found ids found them to be used.
+            let asked_in_their_words = new_ids == 0
+                && arguments.as_object().is_some_and(|args| {
+                    args.values()
+                        .filter_map(Value::as_str)
+                        .any(|v| shares_a_term(v, request))
+                })
+                && !finds_nothing(output);
+            if shares_a_term(output, request) || asked_in_their_words {
                 self.step_answered = Some(output.to_string());
             }
             if new_ids > 0 {
@@ -2776,6 +2815,16 @@ mod tests {
         state.called("search", &json!({"q": "tents"}), "No results.", 0, request);
         state.step_done();
         assert_eq!(state.answered, None, "nothing of the request in it");
+        // A lookup made with the person's words that found something
+        // answered, though its result does not repeat them.
+        let request = "What's the weather like in Chicago right now?";
+        let weather = r#"{"temperature": 22.5, "conditions": "Partly cloudy"}"#;
+        state.called("search", &json!({"q": "Chicago"}), weather, 0, request);
+        state.step_done();
+        assert_eq!(state.answered.as_deref(), Some(weather));
+        state.called("search", &json!({"q": "Chicago"}), "[]", 0, request);
+        state.step_done();
+        assert_eq!(state.answered, None, "it found nothing");
     }
 
     /// A fresh state that has seen `shown`, for the changes-done tests.
