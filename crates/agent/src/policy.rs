@@ -1560,13 +1560,13 @@ impl PolicyState {
             let delegation = facts.sub_agents.contains(&tool.name);
             let held_by = if answer_owed {
                 Some(Rule::AnswerAfterLookup)
-            } else if policy.ground_tasks
-                && delegation
-                && facts.constrained
-                && next_phrases(request, &self.handed).is_some_and(|left| left.is_empty())
+            } else if delegation
+                && ((policy.ground_tasks
+                    && facts.constrained
+                    && next_phrases(request, &self.handed).is_some_and(|left| left.is_empty()))
+                    || route.as_ref().is_some_and(|r| r != name))
             {
-                Some(Rule::GroundTasks)
-            } else if delegation && route.as_ref().is_some_and(|r| r != name) {
+                // Every part was handed on, or another helper takes the next.
                 Some(Rule::GroundTasks)
             } else if changes_done && !read_only {
                 Some(Rule::StopChangingWhenDone)
