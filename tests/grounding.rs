@@ -473,6 +473,8 @@ async fn going_in_circles_still_says_what_was_found() {
 #[tokio::test]
 async fn under_constraints_call_now_needs_some_weight_on_a_call() {
     let reply = "You can use the formula for the area of a circle.";
+    // A request that seeks no information: the lookup retry, which is not
+    // gated, stays out of it.
     for (p, retried) in [(call_now_probability() / 10.0, false), (0.01, true)] {
         let provider = ScriptedProvider::new([
             reply.to_string(),
@@ -483,7 +485,7 @@ async fn under_constraints_call_now_needs_some_weight_on_a_call() {
         .with_call_probability(p);
         run_all(
             provider.clone(),
-            ask("Find the area of a circle", annotated_shop()),
+            ask("Get the area of a circle", annotated_shop()),
             inline(),
         )
         .await;

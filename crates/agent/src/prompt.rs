@@ -504,7 +504,9 @@ fn gist_value(value: &Value, wanted: &[String]) -> String {
                     // fields: "By when do I need to call the plumber?" is
                     // answered by the due date of the one item about the
                     // plumber, not by the names of all of them.
-                    let picked = picked_items(&items[..n.min(5)], wanted);
+                    let mut picked = picked_items(&items[..n.min(5)], wanted);
+                    // Picked items with no short field to add read as the rest.
+                    picked.retain(|&i| !item_details(&items[i]).is_empty());
                     let shown: Vec<String> = items
                         .iter()
                         .take(5)
