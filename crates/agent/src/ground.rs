@@ -856,6 +856,12 @@ pub(crate) fn takes_free_text(tool: &ToolDefinition) -> bool {
         })
 }
 
+/// Whether the tool requires a number (see [`requires_a_number`]) while the
+/// conversation shows none: neither the person's words nor a result.
+pub(crate) fn waits_for_a_number(tool: &ToolDefinition, ids: &Identifiers) -> bool {
+    requires_a_number(tool) && !ids.has_numbers() && !ids.result_numbers
+}
+
 /// Whether a top-level argument of the tool lists (`enum`) a string value
 /// of three or more characters that `request` holds as words of its own,
 /// in any case ("Chicago" for a `location` of `New York`, `Chicago` and
@@ -926,9 +932,7 @@ fn properties_of(tool: &ToolDefinition) -> Option<(&Map<String, Value>, Vec<&str
 /// the constrained schema; a required one makes the tool uncallable for now
 /// (`None`). An optional number (a quantity, a limit) is left out too when
 /// the person wrote no number: the tool's default is a better guess than
-/// the one a tiny model makes up; a required number with none in the
-/// conversation (the person's words or a result) makes the tool uncallable
-/// for now. When the person wrote more numbers than
+/// the one a tiny model makes up. When the person wrote more numbers than
 /// the tool requires, as many optional numbers become required (in the
 /// schema's order). Tools without such arguments come back unchanged.
 /// `identifiers` and `numbers` switch the two halves (the policy's
@@ -959,18 +963,6 @@ pub fn ground_tool(
     let mut changed = false;
     for (name, prop) in props {
         let optional = !required.contains(&name.as_str());
-        // A number the tool cannot do without, and none in the
-        // conversation: a tiny model makes one up (`get-sum {"a": 10, "b":
-        // 20}` asked for the weather). The tool waits for one.
-        if numbers
-            && !optional
-            && is_count(name, prop)
-            && prop.get("enum").is_none()
-            && !ids.has_numbers()
-            && !ids.result_numbers
-        {
-            return None;
-        }
         if numbers && optional && is_count(name, prop) {
             if !ids.has_numbers() {
                 changed = true;
@@ -1254,20 +1246,13 @@ mod tests {
         // A required number waits for one in the conversation.
         let mut ids = Identifiers::new();
         ids.add_user_text("What's the weather like in Chicago?");
-        assert_eq!(ground_tool(&sum, &ids, true, true), None);
-        assert_eq!(
-            ground_tool(&sum, &ids, true, false),
-            Some(sum.clone()),
-            "the rule is off"
-        );
+        assert!(waits_for_a_number(&sum, &ids));
+        assert!(!waits_for_a_number(&echo, &ids));
         ids.add_result(r#"{"temperature": 22.5}"#);
-        assert!(
-            ground_tool(&sum, &ids, true, true).is_some(),
-            "a result showed one"
-        );
+        assert!(!waits_for_a_number(&sum, &ids), "a result showed one");
         let mut written = Identifiers::new();
         written.add_user_text("What is 48 plus 27?");
-        assert!(ground_tool(&sum, &written, true, true).is_some());
+        assert!(!waits_for_a_number(&sum, &written));
     }
 
     #[test]

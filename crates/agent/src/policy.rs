@@ -23,6 +23,7 @@ use crate::error::{ToolError, ToolErrorCode};
 use crate::ground::{
     Identifiers, ground_number_values, ground_string_values, ground_tool, ground_when_values,
     lists_a_written_value, requires_a_number, takes_free_text, takes_identifier,
+    waits_for_a_number,
 };
 use crate::parse::ParsedCall;
 use crate::provider::{Decoding, PromptMessage, PromptRole};
@@ -88,7 +89,7 @@ pub struct Policy {
     /// optional count is left to the tool's default, and numbers beyond the
     /// required ones make optional counts required; a tool that requires a
     /// number waits while the conversation (the person's words or a result)
-    /// shows none. Default: on ("add two of p-21" adds 2, was 1; asked for
+    /// shows none and another tool is shown. Default: on ("add two of p-21" adds 2, was 1; asked for
     /// the weather, the default model called `get-sum {"a": 10, "b": 20}`).
     pub ground_numbers: bool,
     /// A number argument of a constrained call may only take a number the
@@ -1572,6 +1573,16 @@ impl PolicyState {
                 Some(Rule::StopChangingWhenDone)
             } else if question && !read_only {
                 Some(Rule::ReadOnlyQuestions)
+            } else if policy.ground_numbers
+                && ranked.len() > 1
+                && waits_for_a_number(tool, &self.identifiers)
+            {
+                // A number the tool cannot do without, none in the
+                // conversation, and another tool to call: a tiny model makes
+                // one up (asked for the weather, `get-sum {"a": 10, "b":
+                // 20}`). A lone tool is left to the model, whose number may
+                // be implied ("a unit circle").
+                Some(Rule::GroundNumbers)
             } else if policy.move_on
                 && (self.just_looked.as_deref() == Some(name)
                     || self.just_acted.as_deref() == Some(name))
@@ -1671,11 +1682,6 @@ impl PolicyState {
                 None => {
                     let rule = if self.used.contains_key(name) && policy.skip_used_ids {
                         Rule::SkipUsedIds
-                    } else if policy.ground_numbers
-                        && requires_a_number(tool)
-                        && !takes_identifier(tool)
-                    {
-                        Rule::GroundNumbers
                     } else if needs_id {
                         Rule::GroundDelegation
                     } else {
