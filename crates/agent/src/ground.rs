@@ -123,6 +123,18 @@ fn phrases_of<'a>(
     for tool in tools {
         for_each_term(&tool.name, &mut buffer, |t| tool_terms.push(t.to_string()));
     }
+    // A verb of the request or a word of a tool's name chooses the tool; it
+    // is not what goes in the arguments.
+    let chooses_the_tool = |word: &str, buffer: &mut String| {
+        if ACTION_VERBS.contains(&word.to_lowercase().as_str()) {
+            return true;
+        }
+        let mut tool_word = false;
+        for_each_term(word, buffer, |t| {
+            tool_word |= tool_terms.iter().any(|n| n == t)
+        });
+        tool_word
+    };
     let bounds = |word: &str, buffer: &mut String| {
         let lower = word.to_lowercase();
         // "a", "I": one letter says nothing; one digit may ("room 5").
@@ -132,29 +144,10 @@ fn phrases_of<'a>(
         let contracted = strict
             && lower.contains('\'')
             && (one_letter(head) || STOP_WORDS.contains(&head) || ASKING_HEADS.contains(&head));
-        if one_letter(&lower)
+        !(one_letter(&lower)
             || contracted
             || STOP_WORDS.contains(&lower.as_str())
-            || ACTION_VERBS.contains(&lower.as_str())
-        {
-            return false;
-        }
-        let mut tool_word = false;
-        for_each_term(word, buffer, |t| {
-            tool_word |= tool_terms.iter().any(|n| n == t)
-        });
-        !tool_word
-    };
-    let chooses_the_tool = |word: &str, buffer: &mut String| {
-        let lower = word.to_lowercase();
-        if ACTION_VERBS.contains(&lower.as_str()) {
-            return true;
-        }
-        let mut tool_word = false;
-        for_each_term(word, buffer, |t| {
-            tool_word |= tool_terms.iter().any(|n| n == t)
-        });
-        tool_word
+            || chooses_the_tool(word, buffer))
     };
     let mut out: Vec<String> = Vec::new();
     // A set beside the list keeps the pass linear in the text: a long

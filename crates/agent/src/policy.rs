@@ -89,8 +89,9 @@ pub struct Policy {
     /// optional count is left to the tool's default, and numbers beyond the
     /// required ones make optional counts required; a tool that requires a
     /// number waits while the conversation (the person's words or a result)
-    /// shows none and another tool is shown. Default: on ("add two of p-21" adds 2, was 1; asked for
-    /// the weather, the default model called `get-sum {"a": 10, "b": 20}`).
+    /// shows none and another tool is shown. Default: on ("add two of p-21"
+    /// adds 2, was 1; asked for the weather, the default model called
+    /// `get-sum {"a": 10, "b": 20}`).
     pub ground_numbers: bool,
     /// A number argument of a constrained call may only take a number the
     /// person wrote (one that fits its type and bounds), when they wrote
@@ -164,15 +165,18 @@ pub struct Policy {
     /// agent to "add it to the cart" hands it nothing to act on. Default: on.
     pub ground_delegation: bool,
     /// A delegation's free-text task is chosen from the person's words:
-    /// the whole request, each of its sentences and each clause of those
-    /// (split at "and", "then", commas and semicolons), and once a
-    /// sub-agent answered, each of them followed by the newest answer (an
-    /// `enum` on the task; it replaces the id `pattern` of
-    /// `ground_delegation`, since the answer carries the ids). The
-    /// sub-agent sees only its task, and the default model wrote tasks
-    /// such as "read_to_do_list_task_1" and "to-do_agent"; choosing among
-    /// the person's own phrases hands over what they asked for, and the
-    /// answer appended hands over what was found. Default: on.
+    /// the whole request when it has one part, else its next sentence or
+    /// clause (split at "and", "then", commas and semicolons) in the order
+    /// the request names them; once a sub-agent answered, each followed by
+    /// the newest answer (an `enum` on the task; it replaces the id
+    /// `pattern` of `ground_delegation`, since the answer carries the ids).
+    /// The part goes to the one helper whose name and description share the
+    /// most of its words, when one does; once every part was handed on, no
+    /// delegation is offered. The sub-agent sees only its task, and the
+    /// default model wrote tasks such as "read_to_do_list_task_1", handed
+    /// on "add its action item to my to-do list" without the item, and gave
+    /// "write what's on it into agenda.txt" to the to-do helper.
+    /// Default: on.
     pub ground_tasks: bool,
     /// A delegated run (its task handed over by a parent agent) starts with a
     /// call: its first attempt allows calls only, when a tool can be
@@ -766,17 +770,20 @@ const MAX_DELEGATION_IDS: usize = 8;
 /// characters: about as long as a gist.
 const MAX_HANDED_CHARS: usize = 240;
 
-/// Narrows the free-text task of a delegation to the person's phrases,
-/// each followed by the newest sub-agent `answer` when there is one (see
+/// Narrows the free-text task of a delegation to `phrases` (the parts of
+/// the request to hand on next, [`next_phrases`]), each followed by the
+/// newest sub-agent `answer` when there is one (see
 /// [`Policy::ground_tasks`]). A delegation without a free-text string
-/// property is left alone; false then.
+/// property, or no phrase to hand on, leaves the tool alone; false then.
 fn ground_task(
     tool: &mut ToolDefinition,
-    request: &str,
+    phrases: &[String],
     answer: Option<&str>,
-    handed: &[String],
     fired: &mut Vec<Fired>,
 ) -> bool {
+    if phrases.is_empty() {
+        return false;
+    }
     let Some(properties) = tool
         .input_schema
         .get_mut("properties")
@@ -790,9 +797,6 @@ fn ground_task(
     }) else {
         return false;
     };
-    let Some(phrases) = next_phrases(request, handed).filter(|p| !p.is_empty()) else {
-        return false;
-    };
     let handed = answer.map(|a| {
         let one_line = a.split_whitespace().collect::<Vec<_>>().join(" ");
         crate::prompt::truncate_chars(&one_line, MAX_HANDED_CHARS)
@@ -802,7 +806,7 @@ fn ground_task(
     // nothing ("add its action item to my to-do list").
     let choices: Vec<String> = match &handed {
         Some(a) => phrases.iter().map(|p| format!("{p}: {a}")).collect(),
-        None => phrases.clone(),
+        None => phrases.to_vec(),
     };
     let Some(prop) = prop.as_object_mut() else {
         return false;
@@ -819,7 +823,7 @@ fn ground_task(
             tool.name,
             phrases.len(),
             if handed.is_some() {
-                ", with the newest answer or without"
+                ", each with the newest answer"
             } else {
                 ""
             }
@@ -1010,18 +1014,8 @@ pub(crate) fn is_question(request: &str) -> bool {
 /// Whether `text` holds a term of `request` (a word that is not a common
 /// one, stemmed as the ranking stems it).
 pub(crate) fn shares_a_term(text: &str, request: &str) -> bool {
-    let mut buffer = String::new();
-    let mut wanted = Vec::new();
-    crate::rank::for_each_term(request, &mut buffer, |t| {
-        if crate::rank::is_query_term(t) {
-            wanted.push(t.to_string());
-        }
-    });
-    let mut found = false;
-    crate::rank::for_each_term(text, &mut buffer, |t| {
-        found |= wanted.iter().any(|w| w == t);
-    });
-    found
+    let wanted = crate::prompt::query_terms(request);
+    crate::prompt::shared_terms(text, &wanted, &mut String::new()) > 0
 }
 
 /// Whether a result found nothing: empty, an empty list or object, or
@@ -1541,15 +1535,24 @@ impl PolicyState {
         let question = policy.read_only_questions && self.asks_for_information(request, &ranked);
         let answer_owed = policy.answer_after_lookup && self.answer_owed(request, &ranked);
         let changes_done = policy.stop_changing_when_done && self.changes_done(request, &ranked);
-        // The helper whose name and description share the most words with
-        // the next part of the request takes it, when one does.
-        let route = if policy.ground_tasks && !facts.sub_agents.is_empty() {
+        // What of the request is left to hand on, the newest helper's
+        // answer to go with it, and the helper whose name and description
+        // share the most words with that part (when one does).
+        let next = if policy.ground_tasks && !facts.sub_agents.is_empty() {
             next_phrases(request, &self.handed)
-                .filter(|p| !p.is_empty())
-                .and_then(|parts| route_part(&parts.join(" "), &ranked, facts.sub_agents))
         } else {
             None
         };
+        let answer = self
+            .latest
+            .iter()
+            .rev()
+            .find(|(n, _)| facts.sub_agents.contains(n))
+            .map(|(_, a)| a.as_str());
+        let route = next
+            .as_ref()
+            .filter(|p| !p.is_empty())
+            .and_then(|parts| route_part(&parts.join(" "), &ranked, facts.sub_agents));
         let string_choices = policy
             .ground_strings
             .then(|| self.identifiers.string_choices(&ranked))
@@ -1562,9 +1565,7 @@ impl PolicyState {
             let held_by = if answer_owed {
                 Some(Rule::AnswerAfterLookup)
             } else if delegation
-                && ((policy.ground_tasks
-                    && facts.constrained
-                    && next_phrases(request, &self.handed).is_some_and(|left| left.is_empty()))
+                && (next.as_ref().is_some_and(Vec::is_empty)
                     || route.as_ref().is_some_and(|r| r != name))
             {
                 // Every part was handed on, or another helper takes the next.
@@ -1620,15 +1621,10 @@ impl PolicyState {
                     // by it; one that takes only a task must name one.
                     // Phrases of the request (and the answer that carries
                     // the ids) come first; the id pattern is the fallback.
-                    let answer = self
-                        .latest
-                        .iter()
-                        .rev()
-                        .find(|(n, _)| facts.sub_agents.contains(n))
-                        .map(|(_, a)| a.as_str());
-                    let tasked = policy.ground_tasks
-                        && delegation
-                        && ground_task(&mut grounded, request, answer, &self.handed, &mut fired);
+                    let tasked = delegation
+                        && next.as_ref().is_some_and(|parts| {
+                            ground_task(&mut grounded, parts, answer, &mut fired)
+                        });
                     if !tasked && policy.ground_delegation && delegation && !takes_identifier(tool)
                     {
                         self.ground_delegation(&mut grounded, &mut fired);
@@ -1821,17 +1817,17 @@ impl PolicyState {
         &self,
         ranked: Vec<ToolDefinition>,
         callable: &[ToolDefinition],
-        phrases: Option<&str>,
+        first_request: Option<&str>,
         fired: &mut Vec<Fired>,
     ) -> Vec<ToolDefinition> {
         let found_ids = self.looked_up.is_some();
-        // A value a tool lists for an argument that the person wrote says
-        // which tool is meant ("Chicago" beside a `location` of three
-        // cities); numbers the person wrote are there to be used: a tool
-        // that needs numbers comes before one that takes any text ("What is
-        // 48 plus 27?" beside `echo` and `get-sum`).
-        let request = phrases;
-        let phrases = phrases.is_some();
+        // On a first step with phrases to copy: a value a tool lists for an
+        // argument that the person wrote says which tool is meant
+        // ("Chicago" beside a `location` of three cities); numbers the
+        // person wrote are there to be used: a tool that needs numbers
+        // comes before one that takes any text ("What is 48 plus 27?"
+        // beside `echo` and `get-sum`).
+        let phrases = first_request.is_some();
         let before: Vec<String> = ranked.iter().map(|t| t.name.clone()).collect();
         let numbers = phrases && self.identifiers.has_numbers();
         type Key = (bool, bool, bool, bool, bool, bool);
@@ -1841,7 +1837,7 @@ impl PolicyState {
                 let can = callable.iter().any(|c| c.name == t.name);
                 let new = self.appeared.contains(&t.name);
                 let uses_ids = found_ids && takes_identifier(&t);
-                let named = request.is_some_and(|r| lists_a_written_value(&t, r));
+                let named = first_request.is_some_and(|r| lists_a_written_value(&t, r));
                 let counts = numbers && requires_a_number(&t);
                 let text = phrases && takes_free_text(&t);
                 ((!can, !new, !uses_ids, !named, !counts, !text), t)
@@ -2597,38 +2593,29 @@ mod tests {
                 })
                 .unwrap_or_default()
         };
+        let both = || vec![files.clone(), delegate.clone()];
+        let answered = |state: &mut PolicyState, name: &str, task: &str, answer: &str| {
+            state.called(name, &json!({ "task": task }), answer, 0, request);
+            state.step_done();
+        };
         // First the first part of a request of several parts.
-        let o = state.offer(
-            &Policy::small_model(),
-            vec![files.clone(), delegate.clone()],
-            facts(true),
-        );
+        let o = state.offer(&Policy::small_model(), both(), facts(true));
         assert_eq!(tasks(&o, "files_agent"), vec![json!("Read meeting.txt")]);
         assert!(
             o.held
                 .contains(&("todo_agent".to_string(), Rule::GroundTasks))
         );
         assert!(o.fired.iter().any(|f| f.rule == Rule::GroundTasks));
-        // The helper answered: the next part, with its answer or without.
-        state.called(
+        // The helper answered: the next part, with its answer.
+        answered(
+            &mut state,
             "files_agent",
-            &json!({"task": "Read meeting.txt"}),
+            "Read meeting.txt",
             "Action item: order new chairs",
-            0,
-            request,
         );
-        state.step_done();
-        let o = state.offer(
-            &Policy::small_model(),
-            vec![files.clone(), delegate.clone()],
-            facts(false),
-        );
-        assert_eq!(
-            tasks(&o, "todo_agent"),
-            vec![json!(
-                "add its action item to my to-do list: Action item: order new chairs"
-            )]
-        );
+        let o = state.offer(&Policy::small_model(), both(), facts(false));
+        let handed = "add its action item to my to-do list: Action item: order new chairs";
+        assert_eq!(tasks(&o, "todo_agent"), vec![json!(handed)]);
         // Each part goes to the helper it speaks of.
         assert!(o.callable.iter().all(|t| t.name == "todo_agent"));
         assert!(
@@ -2636,26 +2623,16 @@ mod tests {
                 .contains(&("files_agent".to_string(), Rule::GroundTasks))
         );
         // Every part handed on: no more delegations; the reference never narrows.
-        state.called(
+        answered(
+            &mut state,
             "todo_agent",
-            &json!({"task": "add its action item to my to-do list: Action item: order new chairs"}),
+            handed,
             "Added t-5 order new chairs",
-            0,
-            request,
         );
-        state.step_done();
-        let o = state.offer(
-            &Policy::small_model(),
-            vec![files.clone(), delegate.clone()],
-            facts(false),
-        );
+        let o = state.offer(&Policy::small_model(), both(), facts(false));
         assert!(o.callable.is_empty(), "{:?}", o.callable);
-        let o = state.offer(
-            &Policy::reference(),
-            vec![files.clone(), delegate.clone()],
-            facts(false),
-        );
-        assert_eq!(o.callable, vec![files, delegate]);
+        let o = state.offer(&Policy::reference(), both(), facts(false));
+        assert_eq!(o.callable, both());
     }
 
     #[test]

@@ -428,7 +428,7 @@ pub fn gist(result: &str, request: &str) -> String {
 }
 
 /// The distinct query terms of `text` (lowercased, stemmed, no stop words).
-fn query_terms(text: &str) -> Vec<String> {
+pub(crate) fn query_terms(text: &str) -> Vec<String> {
     let mut buffer = String::new();
     let mut wanted: Vec<String> = Vec::new();
     crate::rank::for_each_term(text, &mut buffer, |t| {
@@ -440,7 +440,7 @@ fn query_terms(text: &str) -> Vec<String> {
 }
 
 /// How many distinct terms of `wanted` the text holds.
-fn shared_terms(text: &str, wanted: &[String], buffer: &mut String) -> usize {
+pub(crate) fn shared_terms(text: &str, wanted: &[String], buffer: &mut String) -> usize {
     let mut shared: Vec<usize> = Vec::new();
     crate::rank::for_each_term(text, buffer, |t| {
         if let Some(i) = wanted.iter().position(|w| w == t)

@@ -532,31 +532,33 @@ impl<P: Provider + 'static> Run<P> {
             .filter_map(|t| offer.callable.iter().find(|c| c.name == t.name).cloned())
             .collect();
         let mut attempt = Attempt::First;
-        if self.policy.delegated_calls_first
-            && self.delegated
-            && first_step
+        // A first step that can start with a call under a constraint may
+        // have to: a delegated run, or a coordinator asked for something.
+        let can_start_with_a_call = first_step
             && self.constraints == ConstraintMode::Auto
             && self.constrains(&shown)
-            && !offered.is_empty()
-        {
-            attempt = Attempt::DelegatedFirst;
-            self.report(vec![Fired {
+            && !offered.is_empty();
+        let calls_first = if !can_start_with_a_call {
+            None
+        } else if self.policy.delegated_calls_first && self.delegated {
+            Some(Fired {
                 rule: Rule::DelegatedCallsFirst,
                 detail: "a delegated run's first attempt allows calls only".to_string(),
-            }]);
+            })
         } else if self.policy.coordinator_calls_first
-            && first_step
-            && self.constraints == ConstraintMode::Auto
-            && self.constrains(&shown)
-            && !offered.is_empty()
             && offered.iter().all(|t| sub_agents.contains(&t.name))
             && (asks_for_change(&self.request_text) || seeks_information(&self.request_text))
         {
-            attempt = Attempt::DelegatedFirst;
-            self.report(vec![Fired {
+            Some(Fired {
                 rule: Rule::CoordinatorCallsFirst,
                 detail: "a coordinator's first attempt allows only delegations".to_string(),
-            }]);
+            })
+        } else {
+            None
+        };
+        if let Some(fired) = calls_first {
+            attempt = Attempt::DelegatedFirst;
+            self.report(vec![fired]);
         }
         let mut corrected = false;
         let mut repaired = false;
