@@ -490,42 +490,45 @@ pub(crate) fn relevant_part<'a>(result: &'a str, request: &str) -> Option<&'a st
 fn gist_value(value: &Value, wanted: &[String]) -> String {
     match value {
         Value::String(s) => s.clone(),
-        Value::Array(items) => {
-            let more = if items.len() > 5 { "; …" } else { "" };
-            match items.len() {
-                0 => "No results.".to_string(),
-                1 => format!(
-                    "1 result: {}{}.",
-                    item_label(&items[0]),
-                    item_details(&items[0])
-                ),
-                n => {
-                    // The items the request picks out keep their short
-                    // fields: "By when do I need to call the plumber?" is
-                    // answered by the due date of the one item about the
-                    // plumber, not by the names of all of them.
-                    let mut picked = picked_items(&items[..n.min(5)], wanted);
-                    // Picked items with no short field to add read as the rest.
-                    picked.retain(|&i| !item_details(&items[i]).is_empty());
-                    let shown: Vec<String> = items
-                        .iter()
-                        .take(5)
-                        .enumerate()
-                        .map(|(i, item)| match picked.contains(&i) {
-                            true => format!("{}{}", item_label(item), item_details(item)),
-                            false => item_label(item),
-                        })
-                        .collect();
-                    let separator = if picked.is_empty() { ", " } else { "; " };
-                    let more = if picked.is_empty() {
-                        more.replace(';', ",")
-                    } else {
-                        more.to_string()
-                    };
-                    format!("{n} results: {}{more}.", shown.join(separator))
-                }
+        Value::Array(items) => match items.len() {
+            0 => "No results.".to_string(),
+            1 => format!(
+                "1 result: {}{}.",
+                item_label(&items[0]),
+                item_details(&items[0])
+            ),
+            n => {
+                // The items the request picks out keep their short fields:
+                // "By when do I need to call the plumber?" is answered by
+                // the due date of the one item about the plumber, not by
+                // the names of all of them. When they add any, items are
+                // set apart with semicolons.
+                let picked = picked_items(&items[..n.min(5)], wanted);
+                let shown: Vec<(String, String)> = items
+                    .iter()
+                    .take(5)
+                    .enumerate()
+                    .map(|(i, item)| {
+                        let details = match picked.contains(&i) {
+                            true => item_details(item),
+                            false => String::new(),
+                        };
+                        (item_label(item), details)
+                    })
+                    .collect();
+                let separator = match shown.iter().any(|(_, d)| !d.is_empty()) {
+                    true => "; ",
+                    false => ", ",
+                };
+                let more = if n > 5 {
+                    format!("{separator}…")
+                } else {
+                    String::new()
+                };
+                let shown: Vec<String> = shown.into_iter().map(|(l, d)| l + &d).collect();
+                format!("{n} results: {}{more}.", shown.join(separator))
             }
-        }
+        },
         Value::Object(map) => {
             for key in ["message", "summary", "status", "result", "text"] {
                 if let Some(Value::String(s)) = map.get(key) {
