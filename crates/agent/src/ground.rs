@@ -738,6 +738,40 @@ fn is_free_string(key: Option<&str>, prop: &Value) -> bool {
         && when_kind(prop).is_none()
 }
 
+/// Whether a free string names a file or folder: its property name says
+/// path, file, folder or directory, or its description says path.
+fn names_a_path(key: Option<&str>, prop: &Value) -> bool {
+    let key = key.unwrap_or("").to_lowercase();
+    let described = prop
+        .get("description")
+        .and_then(Value::as_str)
+        .is_some_and(|d| {
+            d.split(|c: char| !c.is_alphanumeric())
+                .any(|w| w.eq_ignore_ascii_case("path"))
+        });
+    ["path", "file", "folder", "dir"]
+        .iter()
+        .any(|w| key.contains(w))
+        || described
+}
+
+/// Whether a phrase is written like a path: one word with a slash, or a
+/// name with an extension of letters ("agenda.txt", "reports/jan.csv").
+fn looks_like_path(phrase: &str) -> bool {
+    if phrase.is_empty() || phrase.contains(char::is_whitespace) {
+        return false;
+    }
+    if phrase.contains('/') || phrase.contains('\\') {
+        return true;
+    }
+    phrase.rsplit_once('.').is_some_and(|(stem, ext)| {
+        !stem.is_empty()
+            && (1..=5).contains(&ext.len())
+            && ext.chars().all(|c| c.is_ascii_alphanumeric())
+            && ext.chars().any(|c| c.is_ascii_alphabetic())
+    })
+}
+
 /// The tool with its free string arguments narrowed to `choices` (the
 /// conversation's phrases, [`Identifiers::string_choices`]), for a
 /// constraint (the policy's `ground_strings`). A free string (see
@@ -765,11 +799,15 @@ fn narrow_strings(schema: &mut Value, key: Option<&str>, choices: &[String], dep
     if is_free_string(key, schema) {
         let bound = |k: &str| schema.get(k).and_then(Value::as_u64).map(|n| n as usize);
         let (min, max) = (bound("minLength").unwrap_or(0), bound("maxLength"));
+        // A path takes a path when the conversation wrote one: the default
+        // model wrote a file to "Project kickoff", a title it had read,
+        // when the person had named agenda.txt.
+        let paths_only = names_a_path(key, schema) && choices.iter().any(|c| looks_like_path(c));
         let fit: Vec<Value> = choices
             .iter()
             .filter(|c| {
                 let n = c.chars().count();
-                n >= min && max.is_none_or(|m| n <= m)
+                n >= min && max.is_none_or(|m| n <= m) && (!paths_only || looks_like_path(c))
             })
             .map(|c| Value::String(c.clone()))
             .collect();
@@ -1615,5 +1653,27 @@ mod tests {
         let mut ids = Identifiers::new();
         ids.add_user_text("turn it to 55.5 or 70");
         assert_eq!(ground_number_values(&tool, &ids), tool);
+    }
+
+    #[test]
+    fn a_path_takes_the_paths_the_conversation_wrote() {
+        let tool = ToolDefinition::new(
+            "write_file",
+            "Write a file",
+            json!({"type": "object", "properties": {
+                "path": {"type": "string"},
+                "content": {"type": "string"}}}),
+        );
+        let choices: Vec<String> = ["Project kickoff", "agenda.txt", "notes/march.md", "12.5"]
+            .map(String::from)
+            .to_vec();
+        let grounded = ground_string_values(&tool, &choices);
+        let props = &grounded.input_schema["properties"];
+        assert_eq!(props["path"]["enum"], json!(["agenda.txt", "notes/march.md"]));
+        assert_eq!(props["content"]["enum"], json!(choices));
+        // With no path written, a path may take any phrase.
+        let phrases: Vec<String> = vec!["reports".into(), "Project kickoff".into()];
+        let grounded = ground_string_values(&tool, &phrases);
+        assert_eq!(grounded.input_schema["properties"]["path"]["enum"], json!(phrases));
     }
 }

@@ -797,17 +797,26 @@ fn ground_task(
     }) else {
         return false;
     };
-    let handed = answer.map(|a| {
-        let one_line = a.split_whitespace().collect::<Vec<_>>().join(" ");
-        crate::prompt::truncate_chars(&one_line, MAX_HANDED_CHARS)
-    });
+    // Of a helper's answer in lines, a part gets the lines it asks about
+    // ("add its action item" gets "Action item: order new chairs", not the
+    // minutes' title line the next helper took), else all of it.
+    let handed = |part: &str| {
+        answer.map(|a| {
+            let lines = crate::prompt::relevant_part(a, part, "").unwrap_or(a);
+            let one_line = lines.split_whitespace().collect::<Vec<_>>().join(" ");
+            crate::prompt::truncate_chars(&one_line, MAX_HANDED_CHARS)
+        })
+    };
     // Once a helper answered, what it found goes with the next part: the
     // default model, offered the part alone too, took it and handed on
     // nothing ("add its action item to my to-do list").
-    let choices: Vec<String> = match &handed {
-        Some(a) => phrases.iter().map(|p| format!("{p}: {a}")).collect(),
-        None => phrases.to_vec(),
-    };
+    let choices: Vec<String> = phrases
+        .iter()
+        .map(|p| match handed(p) {
+            Some(a) => format!("{p}: {a}"),
+            None => p.clone(),
+        })
+        .collect();
     let Some(prop) = prop.as_object_mut() else {
         return false;
     };
@@ -822,7 +831,7 @@ fn ground_task(
             "the {key} for {} is one of {} phrases of the request{}",
             tool.name,
             phrases.len(),
-            if handed.is_some() {
+            if answer.is_some() {
                 ", each with the newest answer"
             } else {
                 ""
@@ -1045,8 +1054,9 @@ fn finds_nothing(output: &str) -> bool {
 /// [`crate::prompt::relevant_part`]): "I'm unable to check your home
 /// network" tells nothing of a note whose line "Wifi password: …" answered
 /// "I forgot the wifi password", though the line above names the network.
-pub(crate) fn tells_of(answer: &str, found: &str, request: &str) -> bool {
-    let found = crate::prompt::relevant_part(found, request).unwrap_or(found);
+pub(crate) fn tells_of(answer: &str, found: &Found, request: &str) -> bool {
+    let found =
+        crate::prompt::relevant_part(&found.output, request, &found.named).unwrap_or(&found.output);
     let mut buffer = String::new();
     let mut asked = Vec::new();
     crate::rank::for_each_term(request, &mut buffer, |t| asked.push(t.to_string()));
@@ -1177,6 +1187,35 @@ pub(crate) fn names_a_tool(request: &str, shown: &[ToolDefinition]) -> bool {
 }
 
 /// What the small-model rules remember across the steps of one run.
+/// A call's result, and what the call named.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Found {
+    /// The result.
+    pub(crate) output: String,
+    /// The strings of the call's arguments, one per line (see
+    /// [`crate::prompt::gist_of_call`]); none for a sub-agent's answer.
+    pub(crate) named: String,
+}
+
+impl Found {
+    /// The result `output` of a call with `arguments`.
+    pub(crate) fn of_call(arguments: &Value, output: &str) -> Self {
+        let named: Vec<&str> = arguments
+            .as_object()
+            .map(|args| args.values().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        Found {
+            output: output.to_string(),
+            named: named.join("\n"),
+        }
+    }
+
+    /// The result's gist for `request` (see [`crate::prompt::gist_of_call`]).
+    pub(crate) fn gist(&self, request: &str) -> String {
+        crate::prompt::gist_of_call(&self.output, request, &self.named)
+    }
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct PolicyState {
     /// Identifiers the conversation has shown, for grounding.
@@ -1189,7 +1228,7 @@ pub(crate) struct PolicyState {
     just_looked: Option<String>,
     /// The result of a lookup in the last step that speaks of the request
     /// (see [`Policy::answer_after_lookup`]).
-    pub(crate) answered: Option<String>,
+    pub(crate) answered: Option<Found>,
     /// Names of the read-only tools listed this step.
     read_only: Vec<String>,
     /// Names of the tools listed the step before, once there was one.
@@ -1214,7 +1253,7 @@ pub(crate) struct PolicyState {
     step_looked_up: Option<String>,
     step_acted: Option<String>,
     step_looked: Option<String>,
-    step_answered: Option<String>,
+    step_answered: Option<Found>,
     /// The verbs (see [`tool_verb`]) of the tools that changed things with
     /// success in this run.
     acted_verbs: Vec<String>,
@@ -1884,7 +1923,10 @@ impl PolicyState {
             if next_phrases(request, &self.handed).is_some_and(|left| left.is_empty())
                 && shares_a_term(output, request)
             {
-                self.step_answered = Some(output.to_string());
+                self.step_answered = Some(Found {
+                    output: output.to_string(),
+                    named: String::new(),
+                });
             }
             return;
         }
@@ -1902,7 +1944,7 @@ impl PolicyState {
                 })
                 && !finds_nothing(output);
             if shares_a_term(output, request) || asked_in_their_words {
-                self.step_answered = Some(output.to_string());
+                self.step_answered = Some(Found::of_call(arguments, output));
             }
             if new_ids > 0 {
                 self.step_looked_up = Some(name.to_string());
@@ -2606,12 +2648,13 @@ mod tests {
                 .contains(&("todo_agent".to_string(), Rule::GroundTasks))
         );
         assert!(o.fired.iter().any(|f| f.rule == Rule::GroundTasks));
-        // The helper answered: the next part, with its answer.
+        // The helper answered: the next part, with the lines of its answer
+        // that the part asks about.
         answered(
             &mut state,
             "files_agent",
             "Read meeting.txt",
-            "Action item: order new chairs",
+            "Minutes of the March meeting\nAction item: order new chairs\n",
         );
         let o = state.offer(&Policy::small_model(), both(), facts(false));
         let handed = "add its action item to my to-do list: Action item: order new chairs";
@@ -2794,7 +2837,10 @@ mod tests {
         let found = r#"[{"id": "p-4", "title": "Trail Tent"}]"#;
         state.called("search", &json!({"q": "tents"}), found, 1, request);
         state.step_done();
-        assert_eq!(state.answered.as_deref(), Some(found));
+        assert_eq!(
+            state.answered.as_ref().map(|a| a.output.as_str()),
+            Some(found)
+        );
         state.called("search", &json!({"q": "tents"}), "No results.", 0, request);
         state.step_done();
         assert_eq!(state.answered, None, "nothing of the request in it");
@@ -2804,7 +2850,10 @@ mod tests {
         let weather = r#"{"temperature": 22.5, "conditions": "Partly cloudy"}"#;
         state.called("search", &json!({"q": "Chicago"}), weather, 0, request);
         state.step_done();
-        assert_eq!(state.answered.as_deref(), Some(weather));
+        assert_eq!(
+            state.answered.as_ref().map(|a| a.output.as_str()),
+            Some(weather)
+        );
         state.called("search", &json!({"q": "Chicago"}), "[]", 0, request);
         state.step_done();
         assert_eq!(state.answered, None, "it found nothing");

@@ -415,16 +415,35 @@ pub(crate) fn prompt_messages(
 /// `request`: a message or status field when the result has one, the names
 /// of listed items (with the short fields of those that share the most of
 /// the request's words), or the lines of plain text that share the most of
-/// them (the first line when none does).
+/// them (the text's beginning when none does).
 pub fn gist(result: &str, request: &str) -> String {
+    gist_of_call(result, request, "")
+}
+
+/// [`gist`] of the result of a call whose arguments' strings are `named`.
+/// Of plain text, the request's words that the call already used name what
+/// was read ("meeting" of "Read meeting.txt" called with `meeting.txt`),
+/// not the lines that answer, so they pick none. Of a list they still pick
+/// the items: those a search for "Ridge hiking boots" found are the ones
+/// named.
+pub(crate) fn gist_of_call(result: &str, request: &str, named: &str) -> String {
     const MAX: usize = 240;
     let trimmed = result.trim();
     let Ok(value) = serde_json::from_str::<Value>(trimmed) else {
-        let text = relevant_part(trimmed, request)
-            .unwrap_or_else(|| trimmed.lines().find(|l| !l.trim().is_empty()).unwrap_or(""));
+        // With no line that answers, the text's beginning: a short note is
+        // all of it, a long one starts with what it is about.
+        let text = relevant_lines(trimmed, &wanted_terms(request, named)).unwrap_or(trimmed);
         return truncate_chars(text.trim(), MAX);
     };
     truncate_chars(&gist_value(&value, &query_terms(request)), MAX)
+}
+
+/// The query terms of `request` that `named` does not hold.
+fn wanted_terms(request: &str, named: &str) -> Vec<String> {
+    let named = query_terms(named);
+    let mut wanted = query_terms(request);
+    wanted.retain(|t| !named.contains(t));
+    wanted
 }
 
 /// The distinct query terms of `text` (lowercased, stemmed, no stop words).
@@ -458,12 +477,19 @@ pub(crate) fn shared_terms(text: &str, wanted: &[String], buffer: &mut String) -
 /// password", not the line above that only names the network; every line
 /// of a folder listing for "which files are in it?"). `None` when the
 /// result is JSON (its gist reads its fields) or no line shares a term.
-pub(crate) fn relevant_part<'a>(result: &'a str, request: &str) -> Option<&'a str> {
+/// The words of `request` that `named` holds do not count (see
+/// [`gist_of_call`]).
+pub(crate) fn relevant_part<'a>(result: &'a str, request: &str, named: &str) -> Option<&'a str> {
     let trimmed = result.trim();
     if serde_json::from_str::<Value>(trimmed).is_ok() {
         return None;
     }
-    let wanted = query_terms(request);
+    relevant_lines(trimmed, &wanted_terms(request, named))
+}
+
+/// From the first to the last of the lines of `trimmed` that hold the most
+/// distinct terms of `wanted`; `None` when no line holds one.
+fn relevant_lines<'a>(trimmed: &'a str, wanted: &[String]) -> Option<&'a str> {
     let mut buffer = String::new();
     // Each line with its byte range in `trimmed` and how many distinct
     // wanted terms it holds.
@@ -474,7 +500,7 @@ pub(crate) fn relevant_part<'a>(result: &'a str, request: &str) -> Option<&'a st
         lines.push((
             offset,
             offset + line.len(),
-            shared_terms(line, &wanted, &mut buffer),
+            shared_terms(line, wanted, &mut buffer),
         ));
         offset += piece.len();
     }
@@ -771,7 +797,7 @@ mod tests {
             "1 result: Stars Over the Desert (b-7), due: 2026-03-14."
         );
         assert_eq!(gist(r#"{"items": []}"#, ""), "items: No results.");
-        assert_eq!(gist("first line\nsecond", ""), "first line");
+        assert_eq!(gist("first line\nsecond", ""), "first line\nsecond");
         assert_eq!(
             gist(r#"{"total": 12.5, "count": 2}"#, ""),
             "total: 12.5, count: 2"
@@ -793,11 +819,31 @@ mod tests {
             gist(listing, "Which files are in the reports folder?"),
             "[FILE] feb.csv\n[FILE] jan.csv"
         );
-        // No shared word: the first line, as before.
-        assert_eq!(gist(notes, "What day is it?"), "Wifi network: Larkspur");
-        assert_eq!(relevant_part(notes, "What day is it?"), None);
+        // No shared word: the text from its beginning.
+        assert_eq!(gist(notes, "What day is it?"), notes.trim());
+        assert_eq!(relevant_part(notes, "What day is it?", ""), None);
         // JSON is read by its fields, whatever the request.
-        assert_eq!(relevant_part(r#"{"wifi": "x"}"#, "wifi"), None);
+        assert_eq!(relevant_part(r#"{"wifi": "x"}"#, "wifi", ""), None);
+        // The words that named what was read pick no line: "Read
+        // meeting.txt" wants the whole note, not its line about a meeting.
+        let minutes = "Minutes of the 9 March meeting\nAction item: order new chairs\n";
+        assert_eq!(
+            gist(minutes, "Read meeting.txt"),
+            "Minutes of the 9 March meeting"
+        );
+        assert_eq!(
+            gist_of_call(minutes, "Read meeting.txt", "meeting.txt"),
+            minutes.trim()
+        );
+        // Those the call did not use still pick their lines.
+        assert_eq!(
+            gist_of_call(
+                notes,
+                "The wifi password in house-notes.txt?",
+                "house-notes.txt"
+            ),
+            "Wifi password: teal-otter-42"
+        );
     }
 
     #[test]
@@ -826,6 +872,15 @@ mod tests {
         assert_eq!(
             gist(boots, "Are the Ridge hiking boots in stock?"),
             "2 results: Ridge Hiking Boots (p-41), price: 139, not in stock; Summit Backpack (p-17)."
+        );
+        // The words the search was made with still pick what it found.
+        assert_eq!(
+            gist_of_call(
+                boots,
+                "Are the Ridge hiking boots in stock?",
+                "Ridge hiking boots"
+            ),
+            gist(boots, "Are the Ridge hiking boots in stock?")
         );
         assert_eq!(flag("isOpen", true), "open");
         assert_eq!(flag("has_ramp", false), "no ramp");

@@ -25,8 +25,8 @@ use crate::messages;
 use crate::parse::{ParsedReply, parse_tool_calls};
 use crate::part::{AgentStreamPart, FinishReason};
 use crate::policy::{
-    Fired, Policy, PolicyState, Rule, StepFacts, asks_for_change, names_a_tool, seeks_information,
-    tells_of, without_prompt_echoes,
+    Fired, Found, Policy, PolicyState, Rule, StepFacts, asks_for_change, names_a_tool,
+    seeks_information, tells_of, without_prompt_echoes,
 };
 use crate::prompt::{
     HISTORY_TURNS, RESULT_CHARS, SystemPromptInput, Turn, compact_schema, gist, history_turns,
@@ -222,7 +222,7 @@ struct Run<P> {
     /// The newest call's failure, until a later call succeeds.
     last_failure: Option<String>,
     /// The newest successful result, for gists.
-    last_result: Option<String>,
+    last_result: Option<Found>,
     /// Every result of this run, to spot a reply that only echoes one.
     results: Vec<String>,
     /// Tools used, most recent first, for the ranking bonus.
@@ -412,7 +412,7 @@ impl<P: Provider + 'static> Run<P> {
         }
         let mut text = String::new();
         if let Some(result) = &self.last_result {
-            text.push_str(&gist(result, &self.request_text));
+            text.push_str(&result.gist(&self.request_text));
             text.push_str("\n\n");
         }
         text.push_str(&messages::max_steps(self.max_steps));
@@ -448,7 +448,7 @@ impl<P: Provider + 'static> Run<P> {
                         self.last_failure = Some(content.clone());
                     } else {
                         self.last_failure = None;
-                        self.last_result = Some(content.clone());
+                        self.last_result = Some(Found::of_call(&arguments, content));
                         self.results.push(content.clone());
                     }
                 }
@@ -705,7 +705,7 @@ impl<P: Provider + 'static> Run<P> {
                 }
                 let text = match &self.last_result {
                     Some(last) if echoes_a_result(&text, &self.results) => {
-                        gist(last, &self.request_text)
+                        last.gist(&self.request_text)
                     }
                     _ => text,
                 };
@@ -724,7 +724,7 @@ impl<P: Provider + 'static> Run<P> {
                             detail: "an answer that told nothing the lookup found became its gist"
                                 .to_string(),
                         }]);
-                        gist(found, &self.request_text)
+                        found.gist(&self.request_text)
                     }
                     _ => text,
                 };
@@ -759,7 +759,7 @@ impl<P: Provider + 'static> Run<P> {
         let (text, detail) = match (&self.last_result, kept.is_empty()) {
             (_, false) => (kept, "cut the answer's lines that repeat the prompt"),
             (Some(last), true) => (
-                gist(last, &self.request_text),
+                last.gist(&self.request_text),
                 "an answer that repeats the prompt became the last result's gist",
             ),
             (None, true) => return text,
@@ -1075,7 +1075,7 @@ impl<P: Provider + 'static> Run<P> {
                         new_ids,
                         &self.request_text,
                     );
-                    self.last_result = Some(output.clone());
+                    self.last_result = Some(Found::of_call(&call.arguments, &output));
                     self.results.push(output);
                 }
                 Err(error) => {
@@ -1103,18 +1103,18 @@ impl<P: Provider + 'static> Run<P> {
                     self.emit(AgentStreamPart::Text {
                         // What was done (or found) is worth more to the
                         // person than how the run ended.
-                        text: match self
-                            .rules
-                            .last_action
-                            .as_ref()
-                            .or(self.last_result.as_ref())
-                        {
-                            Some(done) => format!(
+                        text: match (&self.rules.last_action, &self.last_result) {
+                            (Some(done), _) => format!(
                                 "{}\n\n{}",
                                 gist(done, &self.request_text),
                                 messages::CIRCLES
                             ),
-                            None => messages::CIRCLES.to_string(),
+                            (None, Some(found)) => format!(
+                                "{}\n\n{}",
+                                found.gist(&self.request_text),
+                                messages::CIRCLES
+                            ),
+                            (None, None) => messages::CIRCLES.to_string(),
                         },
                     });
                     return Some(End::Finish(FinishReason::Stop));
