@@ -1669,11 +1669,17 @@ mod tests {
             .to_vec();
         let grounded = ground_string_values(&tool, &choices);
         let props = &grounded.input_schema["properties"];
-        assert_eq!(props["path"]["enum"], json!(["agenda.txt", "notes/march.md"]));
+        assert_eq!(
+            props["path"]["enum"],
+            json!(["agenda.txt", "notes/march.md"])
+        );
         assert_eq!(props["content"]["enum"], json!(choices));
         // With no path written, a path may take any phrase.
         let phrases: Vec<String> = vec!["reports".into(), "Project kickoff".into()];
         let grounded = ground_string_values(&tool, &phrases);
-        assert_eq!(grounded.input_schema["properties"]["path"]["enum"], json!(phrases));
+        assert_eq!(
+            grounded.input_schema["properties"]["path"]["enum"],
+            json!(phrases)
+        );
     }
 }

@@ -868,14 +868,26 @@ fn route_part(part: &str, ranked: &[ToolDefinition], sub_agents: &[String]) -> O
 /// first its first sentence and clause (a tiny model offered the whole
 /// request too took it, and gave it to the wrong helper), then the
 /// sentence and clause that begin first after the phrases already handed
-/// on (a task counts as handing on each phrase it begins with). Once every
-/// part was handed on, none: the delegations are held, and the agent
-/// answers from what its helpers found. `None` when the request has no
-/// phrase of two words.
-fn next_phrases(request: &str, handed: &[String]) -> Option<Vec<String>> {
-    let phrases = request_phrases(request);
+/// on (a task counts as handing on each phrase it begins with). A part
+/// that does not `speak` of any helper ("Ask around") is no task of its
+/// own while another part does. Once every part was handed on, none: the
+/// delegations are held, and the agent answers from what its helpers
+/// found. `None` when the request has no phrase of two words.
+fn next_phrases(
+    request: &str,
+    handed: &[String],
+    speaks: &dyn Fn(&str) -> bool,
+) -> Option<Vec<String>> {
+    let mut phrases = request_phrases(request);
     if phrases.is_empty() {
         return None;
+    }
+    if phrases.iter().skip(1).any(|(_, _, p)| speaks(p)) {
+        let mut index = 0;
+        phrases.retain(|(_, _, p)| {
+            index += 1;
+            index == 1 || speaks(p)
+        });
     }
     let done = |p: &str| handed.iter().any(|h| h.starts_with(p));
     let cursor = phrases
@@ -1055,8 +1067,18 @@ fn finds_nothing(output: &str) -> bool {
 /// network" tells nothing of a note whose line "Wifi password: …" answered
 /// "I forgot the wifi password", though the line above names the network.
 pub(crate) fn tells_of(answer: &str, found: &Found, request: &str) -> bool {
-    let found =
-        crate::prompt::relevant_part(&found.output, request, &found.named).unwrap_or(&found.output);
+    // Of JSON only the values speak: its keys and literals ("done":
+    // false) are the tool's vocabulary, and an answer that says "done"
+    // tells nothing of the items.
+    let values;
+    let found = match serde_json::from_str::<Value>(found.output.trim()) {
+        Ok(value) => {
+            values = value_words(&value);
+            values.as_str()
+        }
+        Err(_) => crate::prompt::relevant_part(&found.output, request, &found.named)
+            .unwrap_or(&found.output),
+    };
     let mut buffer = String::new();
     let mut asked = Vec::new();
     crate::rank::for_each_term(request, &mut buffer, |t| asked.push(t.to_string()));
@@ -1071,6 +1093,28 @@ pub(crate) fn tells_of(answer: &str, found: &Found, request: &str) -> bool {
         tells |= new_terms.iter().any(|n| n == t);
     });
     tells
+}
+
+/// The strings and numbers inside a JSON value, one per line.
+fn value_words(value: &Value) -> String {
+    let mut out = String::new();
+    let mut stack = vec![value];
+    while let Some(v) = stack.pop() {
+        match v {
+            Value::String(s) => {
+                out.push_str(s);
+                out.push('\n');
+            }
+            Value::Number(n) => {
+                out.push_str(&n.to_string());
+                out.push('\n');
+            }
+            Value::Array(items) => stack.extend(items.iter().rev()),
+            Value::Object(map) => stack.extend(map.values().rev()),
+            Value::Bool(_) | Value::Null => {}
+        }
+    }
+    out
 }
 
 /// Words that ask about something.
@@ -1248,6 +1292,8 @@ pub(crate) struct PolicyState {
     /// The names of the tools that delegate to a sub-agent, as the newest
     /// step's facts gave them.
     sub_agents: Vec<String>,
+    /// Those of the tools listed this step.
+    helpers: Vec<ToolDefinition>,
     /// Found-ids and acted markers of the step being run, moved into
     /// `looked_up` / `just_acted` when its calls are done.
     step_looked_up: Option<String>,
@@ -1474,13 +1520,31 @@ fn why_held(rule: Rule, tool: &str) -> String {
 }
 
 impl PolicyState {
-    /// Notes which tools delegate to a sub-agent.
+    /// Notes which tools delegate to a sub-agent (before
+    /// [`PolicyState::observe_tools`], which keeps their definitions).
     pub(crate) fn observe_sub_agents(&mut self, names: &[String]) {
         self.sub_agents = names.to_vec();
     }
 
+    /// The parts of `request` a delegation's task can be next (see
+    /// [`next_phrases`]); a part speaks of a helper when it shares a word
+    /// with the helper's name or description.
+    fn next_parts(&self, request: &str) -> Option<Vec<String>> {
+        let speaks = |part: &str| {
+            score_tools(&self.helpers, part, &[])
+                .iter()
+                .any(|s| !s.name_matches.is_empty() || !s.description_matches.is_empty())
+        };
+        next_phrases(request, &self.handed, &speaks)
+    }
+
     /// Starts a step: notes which tools are read-only and which appeared.
     pub(crate) fn observe_tools(&mut self, all: &[ToolDefinition]) {
+        self.helpers = all
+            .iter()
+            .filter(|t| self.sub_agents.contains(&t.name))
+            .cloned()
+            .collect();
         self.read_only = all
             .iter()
             .filter(|t| t.annotations.read_only)
@@ -1578,7 +1642,7 @@ impl PolicyState {
         // answer to go with it, and the helper whose name and description
         // share the most words with that part (when one does).
         let next = if policy.ground_tasks && !facts.sub_agents.is_empty() {
-            next_phrases(request, &self.handed)
+            self.next_parts(request)
         } else {
             None
         };
@@ -1917,12 +1981,11 @@ impl PolicyState {
             // What a sub-agent did is its own run's business: its answer is
             // no change of the parent's and no lookup either, until it
             // answers the last part of the request (see
-            // `Policy::ground_tasks`).
+            // `Policy::ground_tasks`), whatever words it answers in ("3
+            // results: Buy milk, …" for "tell me what's still open").
             self.last_action = Some(output.to_string());
             self.step_acted = Some(name.to_string());
-            if next_phrases(request, &self.handed).is_some_and(|left| left.is_empty())
-                && shares_a_term(output, request)
-            {
+            if self.next_parts(request).is_some_and(|left| left.is_empty()) {
                 self.step_answered = Some(Found {
                     output: output.to_string(),
                     named: String::new(),
@@ -2597,6 +2660,33 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_tells_of_a_result_by_its_values_not_its_keys() {
+        let todos = Found {
+            output: r#"[{"id": "t-2", "title": "Call the plumber", "due": "2026-03-12", "done": false}]"#
+                .into(),
+            named: String::new(),
+        };
+        let request = "When is the plumber call due?";
+        assert!(tells_of("It is due on 2026-03-12.", &todos, request));
+        assert!(!tells_of(
+            "If it is done, I will answer your next question.",
+            &todos,
+            request
+        ));
+        let note = Found {
+            output: "Wifi network: Larkspur\nWifi password: teal-otter-42\n".into(),
+            named: "house-notes.txt".into(),
+        };
+        let request = "I forgot the wifi password";
+        assert!(tells_of("It is teal-otter-42.", &note, request));
+        assert!(!tells_of(
+            "I can't check the Larkspur network.",
+            &note,
+            request
+        ));
+    }
+
+    #[test]
     fn a_task_is_a_phrase_of_the_request_and_carries_the_newest_answer() {
         let delegate = tool(
             "todo_agent",
@@ -2676,6 +2766,23 @@ mod tests {
         assert!(o.callable.is_empty(), "{:?}", o.callable);
         let o = state.offer(&Policy::reference(), both(), facts(false));
         assert_eq!(o.callable, both());
+        // A part that speaks of no helper is no task of its own.
+        let request = "Ask around and tell me what's still open on my to-do list.";
+        let mut state = PolicyState::default();
+        state.observe_sub_agents(&subs);
+        state.observe_tools(&both());
+        let o = state.offer(
+            &Policy::small_model(),
+            both(),
+            StepFacts {
+                request,
+                ..facts(true)
+            },
+        );
+        assert_eq!(
+            tasks(&o, "todo_agent"),
+            vec![json!("tell me what's still open on my to-do list")]
+        );
     }
 
     #[test]

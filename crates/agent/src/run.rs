@@ -473,6 +473,8 @@ impl<P: Provider + 'static> Run<P> {
             _ = self.cancel.cancelled() => return Some(End::Finish(FinishReason::Aborted)),
             page = self.tools.page_context() => page,
         };
+        let sub_agents: Vec<String> = self.sub_agents.iter().map(|s| s.name.clone()).collect();
+        self.rules.observe_sub_agents(&sub_agents);
         self.rules.observe_tools(&all_tools);
         self.untrusted = all_tools
             .iter()
@@ -490,8 +492,6 @@ impl<P: Provider + 'static> Run<P> {
             && constrained
             && first_step
             && !copy_phrases(std::iter::once(self.request_text.as_str()), &ranked).is_empty();
-        let sub_agents: Vec<String> = self.sub_agents.iter().map(|s| s.name.clone()).collect();
-        self.rules.observe_sub_agents(&sub_agents);
         let mut offer = self.rules.offer(
             &self.policy,
             ranked,
