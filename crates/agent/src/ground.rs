@@ -388,6 +388,10 @@ pub struct Identifiers {
     /// The pieces of the successful results a free string may quote (their
     /// short values and lines, and the parts of those), oldest first.
     found: Vec<String>,
+    /// The identifiers of the items that the person's newest words pick out
+    /// of the newest result that brought new ones (see
+    /// [`crate::prompt::picked_items`]); none when it picked none.
+    picked: Vec<Value>,
 }
 
 impl Identifiers {
@@ -420,6 +424,12 @@ impl Identifiers {
             result_numbers: self.result_numbers,
             said: self.said.clone(),
             found: self.found.clone(),
+            picked: self
+                .picked
+                .iter()
+                .filter(|v| !used.contains(v))
+                .cloned()
+                .collect(),
         }
     }
 
@@ -535,7 +545,11 @@ impl Identifiers {
                 for text in texts {
                     self.note_found(text);
                 }
-                self.add_json(&value, false)
+                let new = self.add_json(&value, false);
+                if new > 0 {
+                    self.picked = self.picked_in(&value);
+                }
+                new
             }
             Err(_) => {
                 for line in result.lines() {
@@ -544,6 +558,30 @@ impl Identifiers {
                 self.add_words(result, false)
             }
         }
+    }
+
+    /// The identifiers of the items of a listed result (an array, or the
+    /// array of an object of a few fields) that the person's newest words
+    /// pick out: "Stars Over the Desert" picks b-7 of the books a search
+    /// for it found, not the others that only share "the".
+    fn picked_in(&self, value: &Value) -> Vec<Value> {
+        let items = match value {
+            Value::Array(items) => items,
+            Value::Object(map) if map.len() <= 3 => match map.values().find_map(Value::as_array) {
+                Some(items) => items,
+                None => return Vec::new(),
+            },
+            _ => return Vec::new(),
+        };
+        let Some(said) = self.said.last() else {
+            return Vec::new();
+        };
+        let wanted = crate::prompt::query_terms(said);
+        let mut ids = Identifiers::default();
+        for i in crate::prompt::picked_items(items, &wanted) {
+            ids.add_json(&items[i], false);
+        }
+        ids.values
     }
 
     /// Notes a value or line of a result, and its parts, as pieces a free
@@ -853,9 +891,20 @@ fn ground_property(prop: &Value, ids: &Identifiers) -> Option<Value> {
     let mut out = prop.as_object().cloned().unwrap_or_default();
     match scalar_type(prop)? {
         ty @ ("string" | "integer" | "number") => {
-            let values = ids.of_type(ty);
+            let mut values = ids.of_type(ty);
             if values.is_empty() {
                 return None;
+            }
+            // The items the person's words pick out of the newest list are
+            // the ones meant; the list's other ids are not.
+            let picked: Vec<Value> = ids
+                .picked
+                .iter()
+                .filter(|v| values.contains(v))
+                .cloned()
+                .collect();
+            if !picked.is_empty() {
+                values = picked;
             }
             out.remove("pattern");
             out.remove("format");
@@ -1460,6 +1509,38 @@ mod tests {
                 json!("T-88")
             ]
         );
+    }
+
+    #[test]
+    fn an_identifier_takes_the_items_the_persons_words_pick_out() {
+        let ret = ToolDefinition::new(
+            "return_book",
+            "Return",
+            json!({"type": "object", "properties": {"book_id": {"type": "string"}},
+                   "required": ["book_id"]}),
+        );
+        let id_enum = |ids: &Identifiers| {
+            ground_tool(&ret, ids, true, true).unwrap().input_schema["properties"]["book_id"]
+                ["enum"]
+                .clone()
+        };
+        let books = r#"[{"id": "b-7", "title": "Stars Over the Desert"},
+            {"id": "b-1", "title": "The Salt Road"}, {"id": "b-5", "title": "The Quiet Orchard"}]"#;
+        let mut ids = Identifiers::new();
+        ids.add_user_text("I've finished Stars Over the Desert, please return it.");
+        ids.add_result(books);
+        assert_eq!(id_enum(&ids), json!(["b-7"]));
+        // Words that pick out none, or all alike: every id stays.
+        let mut ids = Identifiers::new();
+        ids.add_user_text("Return one of them.");
+        ids.add_result(books);
+        assert_eq!(id_enum(&ids), json!(["b-7", "b-1", "b-5"]));
+        // A used id is no pick any more.
+        let mut ids = Identifiers::new();
+        ids.add_user_text("Return Stars Over the Desert.");
+        ids.add_result(books);
+        let rest = ids.without(&[json!("b-7")]);
+        assert_eq!(id_enum(&rest), json!(["b-1", "b-5"]));
     }
 
     #[test]

@@ -1217,10 +1217,19 @@ fn tool_verb(name: &str) -> Option<String> {
 /// shared word is too weak a sign: requests no tool fits often share one (a
 /// "time" question and `calculate_time`). An identifier the person wrote
 /// counts as the second sign for a tool that takes one: "put three of p-17
-/// in my cart" hands `add_to_cart` its product.
-pub(crate) fn names_a_tool(request: &str, shown: &[ToolDefinition]) -> bool {
+/// in my cart" hands `add_to_cart` its product. A tool that requires a
+/// number while the conversation (`ids`) shows none is not named: "What
+/// type of blood cells clot?" shares two words with `getCellType`, whose
+/// `nucleus_count` nothing in it gives.
+pub(crate) fn names_a_tool(request: &str, shown: &[ToolDefinition], ids: &Identifiers) -> bool {
     let mut written = Identifiers::new();
     let hands_an_id = written.add_user_text(request) > 0;
+    let shown: Vec<ToolDefinition> = shown
+        .iter()
+        .filter(|t| !waits_for_a_number(t, ids))
+        .cloned()
+        .collect();
+    let shown = shown.as_slice();
     score_tools(shown, request, &[]).iter().any(|s| {
         let id_sign = hands_an_id
             && shown
@@ -1230,7 +1239,6 @@ pub(crate) fn names_a_tool(request: &str, shown: &[ToolDefinition]) -> bool {
     })
 }
 
-/// What the small-model rules remember across the steps of one run.
 /// A call's result, and what the call named.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Found {
@@ -1260,6 +1268,7 @@ impl Found {
     }
 }
 
+/// What the small-model rules remember across the steps of one run.
 #[derive(Debug, Default)]
 pub(crate) struct PolicyState {
     /// Identifiers the conversation has shown, for grounding.
@@ -2657,6 +2666,26 @@ mod tests {
         assert!(o.fired.iter().any(|f| f.rule == Rule::GroundDelegation));
         let o = state.offer(&Policy::reference(), vec![delegate.clone()], facts(false));
         assert_eq!(o.callable, vec![delegate]);
+    }
+
+    #[test]
+    fn a_tool_that_needs_a_number_nobody_gave_is_not_named() {
+        let cell = tool(
+            "getCellType",
+            json!({"type": "object", "properties": {
+                "nucleus_count": {"type": "integer"}, "organism_type": {"type": "string"}},
+                "required": ["nucleus_count", "organism_type"]}),
+            true,
+        );
+        let named = |request: &str| {
+            let mut ids = Identifiers::new();
+            ids.add_user_text(request);
+            names_a_tool(request, std::slice::from_ref(&cell), &ids)
+        };
+        assert!(!named(
+            "What type of blood cells are responsible for clotting?"
+        ));
+        assert!(named("What type of cell has 2 nuclei in a fungus?"));
     }
 
     #[test]

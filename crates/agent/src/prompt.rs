@@ -609,7 +609,7 @@ fn item_label(item: &Value) -> String {
 /// The indexes of the listed items that share the most of the request's
 /// terms in their texts, when that singles out at most two of them: a
 /// request that names none of them, or all of them alike, picks none.
-fn picked_items(items: &[Value], wanted: &[String]) -> Vec<usize> {
+pub(crate) fn picked_items(items: &[Value], wanted: &[String]) -> Vec<usize> {
     const MOST: usize = 2;
     let mut buffer = String::new();
     let scores: Vec<usize> = items

@@ -658,7 +658,7 @@ impl<P: Provider + 'static> Run<P> {
                     } else if let Some(min) = self.policy.named_tool_retry
                         && first_step
                         && generation.call_probability.is_some_and(|p| p >= min)
-                        && names_a_tool(&self.request_text, &shown)
+                        && names_a_tool(&self.request_text, &shown, &self.rules.identifiers)
                     {
                         Some(Fired {
                             rule: Rule::NamedToolRetry,
