@@ -103,8 +103,9 @@ pub fn copy_phrases<'a>(
 /// not only the first and last, is no verb of the request and no word of a
 /// shown tool's name ("I'd like to borrow Learning Rust" is a request, not
 /// a title), with neither a date or time of day (those go to the arguments
-/// for them: "2026-03-13 at 09:00" is no title) nor only digits (a number
-/// goes to a number argument), and without the digits of number words.
+/// for them: "2026-03-13 at 09:00" is no title) nor only digits or one
+/// number word (a number goes to a number argument: "add one" is a count),
+/// and without the digits of number words.
 pub(crate) fn quotable_phrases<'a>(
     texts: impl IntoIterator<Item = &'a str>,
     tools: &[ToolDefinition],
@@ -180,10 +181,13 @@ fn phrases_of<'a>(
                     continue;
                 }
                 let phrase = &text[words[i].0..words[j].1];
+                // A lone number word ("add one to the cart") is a count,
+                // not a name.
                 let when_or_number = phrase
                     .split_whitespace()
                     .any(|w| is_date_or_time(w.trim_matches(|c: char| !c.is_alphanumeric())))
-                    || phrase.chars().all(|c| !c.is_alphabetic());
+                    || phrase.chars().all(|c| !c.is_alphabetic())
+                    || number_of_word(phrase).is_some();
                 if !(strict && when_or_number) {
                     push(phrase);
                 }
@@ -578,7 +582,27 @@ impl Identifiers {
         };
         let wanted = crate::prompt::query_terms(said);
         let mut ids = Identifiers::default();
-        for i in crate::prompt::picked_items(items, &wanted) {
+        let picked = match items.as_slice() {
+            // A list of one that the words name is picked too ("Put two of
+            // the Daytrip 20L backpacks in my basket" found one backpack):
+            // its id, not a size the person wrote, is the one meant.
+            [one] => {
+                let mut buffer = String::new();
+                let texts: Vec<&str> = match one {
+                    Value::Object(map) => map.values().filter_map(Value::as_str).collect(),
+                    _ => Vec::new(),
+                };
+                match texts
+                    .iter()
+                    .any(|t| crate::prompt::shared_terms(t, &wanted, &mut buffer) > 0)
+                {
+                    true => vec![0],
+                    false => Vec::new(),
+                }
+            }
+            _ => crate::prompt::picked_items(items, &wanted),
+        };
+        for i in picked {
             ids.add_json(&items[i], false);
         }
         ids.values
@@ -1260,7 +1284,7 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn quotable_phrases_hold_no_verb_tool_word_date_or_bare_number() {
+    fn quotable_phrases_hold_no_verb_tool_word_date_bare_number_or_number_word() {
         let borrow = [ToolDefinition::new("borrow_book", "", json!({}))];
         let p = quotable_phrases(["I'd like to borrow Learning Rust the Slow Way."], &borrow);
         assert!(
@@ -1284,6 +1308,7 @@ mod tests {
         let p = quotable_phrases(["I need a camp stove, could you add one?"], &[]);
         assert!(p.contains(&"camp stove".to_string()), "{p:?}");
         assert!(!p.contains(&"1".to_string()), "{p:?}");
+        assert!(!p.contains(&"one".to_string()), "a count is no name: {p:?}");
         // copy_phrases, for the copy bias, keeps its looser phrases.
         let p = copy_phrases(["I'd like to borrow Learning Rust the Slow Way."], &borrow);
         assert!(
@@ -1535,6 +1560,21 @@ mod tests {
         ids.add_user_text("Return one of them.");
         ids.add_result(books);
         assert_eq!(id_enum(&ids), json!(["b-7", "b-1", "b-5"]));
+        // A list of one that the words name is picked as well.
+        let mut ids = Identifiers::new();
+        ids.add_user_text("Put two of the Daytrip 20L backpacks in my basket.");
+        ids.add_result(r#"[{"id": "p-21", "title": "Daytrip 20L Backpack"}]"#);
+        let add = ToolDefinition::new(
+            "add_to_cart",
+            "Add",
+            json!({"type": "object", "properties": {"product_id": {"type": "string"}},
+                   "required": ["product_id"]}),
+        );
+        let grounded = ground_tool(&add, &ids, true, true).unwrap();
+        assert_eq!(
+            grounded.input_schema["properties"]["product_id"]["enum"],
+            json!(["p-21"])
+        );
         // A used id is no pick any more.
         let mut ids = Identifiers::new();
         ids.add_user_text("Return Stars Over the Desert.");
