@@ -134,6 +134,12 @@ pub struct Policy {
     /// Right after a lookup found ids, the step offers the tools that take
     /// an id, first (when one can be called). Default: on.
     pub offer_id_takers: bool,
+    /// Among the tools a constrained step may call, one whose whole name
+    /// (two words or more) the request holds and that was not called yet in
+    /// the run is offered alone ("Can you renew my loan of …?" after the
+    /// search: `renew_loan`, not `return_book`, listed beside it). Default:
+    /// on.
+    pub offer_named_tool: bool,
     /// A tool is not offered an id it was already called with in this run.
     /// Default: on.
     pub skip_used_ids: bool,
@@ -314,6 +320,7 @@ impl Policy {
             move_on: false,
             offer_appeared: false,
             offer_id_takers: false,
+            offer_named_tool: false,
             skip_used_ids: false,
             order_for_calls: false,
             one_id_per_reply: false,
@@ -355,6 +362,7 @@ impl Policy {
             move_on: true,
             offer_appeared: true,
             offer_id_takers: true,
+            offer_named_tool: true,
             skip_used_ids: true,
             order_for_calls: true,
             one_id_per_reply: true,
@@ -441,6 +449,7 @@ impl Policy {
             || self.move_on
             || self.offer_appeared
             || self.offer_id_takers
+            || self.offer_named_tool
             || self.skip_used_ids
             || self.read_only_questions
             || self.ground_delegation
@@ -594,6 +603,8 @@ pub enum Rule {
     OfferAppeared,
     /// See [`Policy::offer_id_takers`].
     OfferIdTakers,
+    /// See [`Policy::offer_named_tool`].
+    OfferNamedTool,
     /// See [`Policy::skip_used_ids`].
     SkipUsedIds,
     /// See [`Policy::order_for_calls`].
@@ -641,6 +652,7 @@ impl Rule {
             Self::MoveOn => "move-on",
             Self::OfferAppeared => "offer-appeared",
             Self::OfferIdTakers => "offer-id-takers",
+            Self::OfferNamedTool => "offer-named-tool",
             Self::SkipUsedIds => "skip-used-ids",
             Self::OrderForCalls => "order-for-calls",
             Self::ReadOnlyQuestions => "read-only-questions",
@@ -1268,6 +1280,25 @@ impl Found {
     }
 }
 
+/// Whether the request holds every word of the tool's name, and the name
+/// has two words or more ("renew my loan" names `renew_loan`; a one-word
+/// name is too weak a sign).
+fn names_whole_tool(request: &str, tool: &ToolDefinition) -> bool {
+    let mut buffer = String::new();
+    let mut name_terms: Vec<String> = Vec::new();
+    crate::rank::for_each_term(&tool.name, &mut buffer, |t| {
+        if crate::rank::is_query_term(t) && !name_terms.iter().any(|n| n == t) {
+            name_terms.push(t.to_string());
+        }
+    });
+    name_terms.len() >= 2
+        && crate::prompt::shared_terms(
+            &tool.name,
+            &crate::prompt::query_terms(request),
+            &mut buffer,
+        ) == name_terms.len()
+}
+
 /// What the small-model rules remember across the steps of one run.
 #[derive(Debug, Default)]
 pub(crate) struct PolicyState {
@@ -1850,6 +1881,28 @@ impl PolicyState {
                 });
             }
             callable = keep;
+        }
+        // A tool the request calls by its whole name is the one meant.
+        if policy.offer_named_tool && callable.len() > 1 {
+            let named: Vec<usize> = (0..callable.len())
+                .filter(|&i| {
+                    !self.used.contains_key(&callable[i].name)
+                        && names_whole_tool(request, &callable[i])
+                })
+                .collect();
+            if let [only] = named[..] {
+                let keep = callable.swap_remove(only);
+                held.extend(
+                    callable
+                        .iter()
+                        .map(|t| (t.name.clone(), Rule::OfferNamedTool)),
+                );
+                fired.push(Fired {
+                    rule: Rule::OfferNamedTool,
+                    detail: format!("offered {} alone: the request names it", keep.name),
+                });
+                callable = vec![keep];
+            }
         }
         let ranked = if policy.order_for_calls {
             self.order(
@@ -2601,7 +2654,11 @@ mod tests {
                 false,
             ),
         ];
-        let policy = Policy::small_model();
+        // The request names add_to_cart whole: that rule is not this test's.
+        let policy = Policy {
+            offer_named_tool: false,
+            ..Policy::small_model()
+        };
         let mut state = PolicyState::default();
         state.identifiers.add_user_text("Add p-21 to my cart.");
         state.observe_tools(&tools);
@@ -2666,6 +2723,49 @@ mod tests {
         assert!(o.fired.iter().any(|f| f.rule == Rule::GroundDelegation));
         let o = state.offer(&Policy::reference(), vec![delegate.clone()], facts(false));
         assert_eq!(o.callable, vec![delegate]);
+    }
+
+    #[test]
+    fn a_tool_the_request_names_whole_is_offered_alone() {
+        let id = json!({"type": "object", "properties": {"book_id": {"type": "string"}}, "required": ["book_id"]});
+        let renew = tool("renew_loan", id.clone(), false);
+        let ret = tool("return_book", id.clone(), false);
+        let get = tool("get_book", id, true);
+        let all = || vec![ret.clone(), renew.clone(), get.clone()];
+        let request = "Can you renew my loan of Stars Over the Desert?";
+        let mut state = PolicyState::default();
+        state.observe_tools(&all());
+        state.identifiers.add_user_text(request);
+        state
+            .identifiers
+            .add_result(r#"[{"id": "b-7", "title": "Stars Over the Desert"}]"#);
+        let facts = StepFacts {
+            request,
+            constrained: true,
+            first_step: false,
+            has_phrases: false,
+            sub_agents: &[],
+        };
+        let o = state.offer(&Policy::small_model(), all(), facts);
+        let names: Vec<&str> = o.callable.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["renew_loan"]);
+        assert!(o.fired.iter().any(|f| f.rule == Rule::OfferNamedTool));
+        assert!(
+            o.held
+                .contains(&("return_book".to_string(), Rule::OfferNamedTool))
+        );
+        // Once called, it narrows nothing; the reference never does.
+        state.called("renew_loan", &json!({"book_id": "b-7"}), "{}", 0, request);
+        state.step_done();
+        let o = state.offer(&Policy::small_model(), all(), facts);
+        assert!(o.fired.iter().all(|f| f.rule != Rule::OfferNamedTool));
+        let o = state.offer(&Policy::reference(), all(), facts);
+        assert_eq!(o.callable.len(), 3);
+        // A name of one word is too weak a sign.
+        assert!(!names_whole_tool(
+            "get the book",
+            &tool("get", json!({}), true)
+        ));
     }
 
     #[test]
