@@ -134,11 +134,11 @@ pub struct Policy {
     /// Right after a lookup found ids, the step offers the tools that take
     /// an id, first (when one can be called). Default: on.
     pub offer_id_takers: bool,
-    /// Among the tools a constrained step may call, one whose whole name
-    /// (two words or more) the request holds and that was not called yet in
-    /// the run is offered alone ("Can you renew my loan of …?" after the
-    /// search: `renew_loan`, not `return_book`, listed beside it). Default:
-    /// on.
+    /// Among the tools a constrained step may call, one that the request
+    /// names (two words of its name or more, and all of them or all but
+    /// one) and that was not called yet in the run is offered alone ("Can
+    /// you renew my loan of …?" after the search: `renew_loan`, not
+    /// `return_book`, listed beside it). Default: on.
     pub offer_named_tool: bool,
     /// A tool is not offered an id it was already called with in this run.
     /// Default: on.
@@ -1280,9 +1280,10 @@ impl Found {
     }
 }
 
-/// Whether the request holds every word of the tool's name, and the name
-/// has two words or more ("renew my loan" names `renew_loan`; a one-word
-/// name is too weak a sign).
+/// Whether the request holds two words or more of the tool's name, and
+/// all of them or all but one ("renew my loan" names `renew_loan`, "turn
+/// on the simulated logging" names `toggle-simulated-logging`; a one-word
+/// name, or one word of `add_to_cart`, is too weak a sign).
 fn names_whole_tool(request: &str, tool: &ToolDefinition) -> bool {
     let mut buffer = String::new();
     let mut name_terms: Vec<String> = Vec::new();
@@ -1291,12 +1292,12 @@ fn names_whole_tool(request: &str, tool: &ToolDefinition) -> bool {
             name_terms.push(t.to_string());
         }
     });
-    name_terms.len() >= 2
-        && crate::prompt::shared_terms(
-            &tool.name,
-            &crate::prompt::query_terms(request),
-            &mut buffer,
-        ) == name_terms.len()
+    let held = crate::prompt::shared_terms(
+        &tool.name,
+        &crate::prompt::query_terms(request),
+        &mut buffer,
+    );
+    held >= 2 && held + 1 >= name_terms.len()
 }
 
 /// What the small-model rules remember across the steps of one run.
@@ -2761,10 +2762,18 @@ mod tests {
         assert!(o.fired.iter().all(|f| f.rule != Rule::OfferNamedTool));
         let o = state.offer(&Policy::reference(), all(), facts);
         assert_eq!(o.callable.len(), 3);
-        // A name of one word is too weak a sign.
+        // All of a name's words but one name it too; a name of one word,
+        // or one word of two, is too weak a sign.
+        let logging = tool("toggle-simulated-logging", json!({}), false);
+        assert!(names_whole_tool("Turn on the simulated logging", &logging));
+        assert!(!names_whole_tool("Turn on the logging", &logging));
         assert!(!names_whole_tool(
             "get the book",
             &tool("get", json!({}), true)
+        ));
+        assert!(!names_whole_tool(
+            "add a tent",
+            &tool("add_to_cart", json!({}), false)
         ));
     }
 
