@@ -100,8 +100,8 @@ async fn a_tool_that_needs_an_id_nobody_has_shown_cannot_be_called_yet() {
     );
     assert_eq!(
         argument_schema(&requests[1], "add_to_cart", "product_id"),
-        Some(json!({"type": "string", "enum": ["p-17", "p-4"]})),
-        "after the search, the ids it returned"
+        Some(json!({"type": "string", "enum": ["p-4"]})),
+        "after the search, the id of the one item it found that the request names"
     );
     assert!(
         !allowed(&requests[1]).contains(&"search_products".to_string()),
