@@ -1236,9 +1236,12 @@ fn tool_verb(name: &str) -> Option<String> {
 pub(crate) fn names_a_tool(request: &str, shown: &[ToolDefinition], ids: &Identifiers) -> bool {
     let mut written = Identifiers::new();
     let hands_an_id = written.add_user_text(request) > 0;
+    // Any digit counts here, an id's or a formula's too ("y=x^2 from x=1
+    // to x=3" gives `calculate_area_under_curve` its numbers).
+    let digits = request.chars().any(|c| c.is_ascii_digit());
     let shown: Vec<ToolDefinition> = shown
         .iter()
-        .filter(|t| !waits_for_a_number(t, ids))
+        .filter(|t| digits || !waits_for_a_number(t, ids))
         .cloned()
         .collect();
     let shown = shown.as_slice();
