@@ -586,20 +586,7 @@ impl Identifiers {
             // A list of one that the words name is picked too ("Put two of
             // the Daytrip 20L backpacks in my basket" found one backpack):
             // its id, not a size the person wrote, is the one meant.
-            [one] => {
-                let mut buffer = String::new();
-                let texts: Vec<&str> = match one {
-                    Value::Object(map) => map.values().filter_map(Value::as_str).collect(),
-                    _ => Vec::new(),
-                };
-                match texts
-                    .iter()
-                    .any(|t| crate::prompt::shared_terms(t, &wanted, &mut buffer) > 0)
-                {
-                    true => vec![0],
-                    false => Vec::new(),
-                }
-            }
+            [_] if crate::prompt::item_scores(items, &wanted)[0] > 0 => vec![0],
             _ => crate::prompt::picked_items(items, &wanted),
         };
         for i in picked {

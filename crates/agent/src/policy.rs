@@ -1239,18 +1239,11 @@ pub(crate) fn names_a_tool(request: &str, shown: &[ToolDefinition], ids: &Identi
     // Any digit counts here, an id's or a formula's too ("y=x^2 from x=1
     // to x=3" gives `calculate_area_under_curve` its numbers).
     let digits = request.chars().any(|c| c.is_ascii_digit());
-    let shown: Vec<ToolDefinition> = shown
-        .iter()
-        .filter(|t| digits || !waits_for_a_number(t, ids))
-        .cloned()
-        .collect();
-    let shown = shown.as_slice();
     score_tools(shown, request, &[]).iter().any(|s| {
-        let id_sign = hands_an_id
-            && shown
-                .iter()
-                .any(|t| t.name == s.name && takes_identifier(t));
+        let tool = &shown[s.index];
+        let id_sign = hands_an_id && takes_identifier(tool);
         s.name_matches.len() + usize::from(id_sign) >= 2
+            && (digits || !waits_for_a_number(tool, ids))
     })
 }
 

@@ -611,8 +611,23 @@ fn item_label(item: &Value) -> String {
 /// request that names none of them, or all of them alike, picks none.
 pub(crate) fn picked_items(items: &[Value], wanted: &[String]) -> Vec<usize> {
     const MOST: usize = 2;
+    let scores = item_scores(items, wanted);
+    let best = scores.iter().copied().max().unwrap_or(0);
+    let picked: Vec<usize> = (0..items.len())
+        .filter(|&i| best > 0 && scores[i] == best)
+        .collect();
+    if picked.len() <= MOST && picked.len() < items.len() {
+        picked
+    } else {
+        Vec::new()
+    }
+}
+
+/// For each listed item, the most distinct terms of `wanted` that one of
+/// its string fields holds (0 for an item that is no object).
+pub(crate) fn item_scores(items: &[Value], wanted: &[String]) -> Vec<usize> {
     let mut buffer = String::new();
-    let scores: Vec<usize> = items
+    items
         .iter()
         .map(|item| match item {
             Value::Object(map) => map
@@ -623,16 +638,7 @@ pub(crate) fn picked_items(items: &[Value], wanted: &[String]) -> Vec<usize> {
                 .unwrap_or(0),
             _ => 0,
         })
-        .collect();
-    let best = scores.iter().copied().max().unwrap_or(0);
-    let picked: Vec<usize> = (0..items.len())
-        .filter(|&i| best > 0 && scores[i] == best)
-        .collect();
-    if picked.len() <= MOST && picked.len() < items.len() {
-        picked
-    } else {
-        Vec::new()
-    }
+        .collect()
 }
 
 /// The short fields of a lone listed item beyond its label (`, due:

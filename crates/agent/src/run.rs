@@ -1104,18 +1104,14 @@ impl<P: Provider + 'static> Run<P> {
                         // What was done (or found) is worth more to the
                         // person than how the run ended.
                         text: match (&self.rules.last_action, &self.last_result) {
-                            (Some(done), _) => format!(
-                                "{}\n\n{}",
-                                gist(done, &self.request_text),
-                                messages::CIRCLES
-                            ),
-                            (None, Some(found)) => format!(
-                                "{}\n\n{}",
-                                found.gist(&self.request_text),
-                                messages::CIRCLES
-                            ),
-                            (None, None) => messages::CIRCLES.to_string(),
-                        },
+                            (Some(done), _) => Some(gist(done, &self.request_text)),
+                            (None, Some(found)) => Some(found.gist(&self.request_text)),
+                            (None, None) => None,
+                        }
+                        .map_or_else(
+                            || messages::CIRCLES.to_string(),
+                            |done| format!("{done}\n\n{}", messages::CIRCLES),
+                        ),
                     });
                     return Some(End::Finish(FinishReason::Stop));
                 }
