@@ -229,6 +229,13 @@ pub struct Decoding {
     /// arguments greedily even when sampling (whether to call stays
     /// sampled).
     pub greedy_calls: bool,
+    /// When the token limit falls inside a constrained call, up to this
+    /// many more tokens finish it along a short way the grammar allows
+    /// (strings, arrays and objects closed as soon as they may be), so the
+    /// reply holds a whole call that validates instead of a cut one; the
+    /// reply still ends as `length`. `None` leaves a cut call as it was
+    /// written.
+    pub finish_cut_calls: Option<u32>,
 }
 
 /// What a generation produced, with the counts and timings the provider knows.

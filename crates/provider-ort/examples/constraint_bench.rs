@@ -59,7 +59,8 @@ fn tools() -> Vec<ToolDefinition> {
 }
 
 /// The small-model policy's decoding: bounded values, up to four calls to
-/// one tool, a 0.5% call threshold, a copy bias of 3 and greedy calls.
+/// one tool, a 0.5% call threshold, a copy bias of 3, greedy calls and cut
+/// calls finished.
 fn small_model_decoding() -> Decoding {
     Decoding {
         avoid_in_values: Vec::new(),
@@ -70,6 +71,7 @@ fn small_model_decoding() -> Decoding {
         call_threshold: Some(0.005),
         copy_bias: 3.0,
         greedy_calls: true,
+        finish_cut_calls: Some(64),
         ..Decoding::default()
     }
 }

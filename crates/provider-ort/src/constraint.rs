@@ -118,6 +118,9 @@ pub struct ConstraintEngine {
     /// The tokenizer's added tokens, one bit each: the copy bias never
     /// lifts them.
     control: Arc<Vec<u32>>,
+    /// How far each token goes towards closing an open call, from outside
+    /// and from inside a string ([`closing_score`]).
+    closing: Arc<[Vec<i16>; 2]>,
     /// Tool schema (as JSON text) and the limits it was tightened with →
     /// the schema the grammar uses for it, so a schema is only probed once.
     schemas: Mutex<HashMap<(String, Limits), ArgumentsSchema>>,
@@ -240,6 +243,11 @@ impl ConstraintEngine {
                 .filter(|&id| trie.token(id).first() == Some(&b'"'))
                 .collect(),
         );
+        let closing = Arc::new([false, true].map(|in_string| {
+            (0..size as u32)
+                .map(|id| closing_score(trie.token(id), in_string))
+                .collect()
+        }));
         let mut control = vec![0u32; size.div_ceil(32)];
         for id in tokenizer.get_added_tokens_decoder().into_keys() {
             if let Some(word) = control.get_mut(id as usize / 32) {
@@ -263,6 +271,7 @@ impl ConstraintEngine {
             call_starts,
             quote_tokens,
             control: Arc::new(control),
+            closing,
             schemas: Mutex::new(HashMap::new()),
         })
     }
@@ -360,6 +369,7 @@ impl ConstraintEngine {
             avoid: AvoidNames::new(&decoding.avoid_in_values),
             quote_tokens: Arc::clone(&self.quote_tokens),
             control: Arc::clone(&self.control),
+            closing: Arc::clone(&self.closing),
         })
     }
 
@@ -594,6 +604,8 @@ pub struct ConstraintMatcher {
     quote_tokens: Arc<Vec<u32>>,
     /// The tokenizer's added tokens, one bit each.
     control: Arc<Vec<u32>>,
+    /// How far each token goes towards closing an open call.
+    closing: Arc<[Vec<i16>; 2]>,
 }
 
 /// Whether `output` begins a call (after any whitespace: the model may
@@ -642,6 +654,7 @@ impl ConstraintMatcher {
             avoid: self.avoid.clone(),
             quote_tokens: Arc::clone(&self.quote_tokens),
             control: Arc::clone(&self.control),
+            closing: Arc::clone(&self.closing),
         }
     }
 
@@ -686,6 +699,39 @@ impl ConstraintMatcher {
         self.mask_time += started.elapsed();
         self.masks += 1;
         Ok(())
+    }
+
+    /// Keeps, of the tokens `logits` still allows (call it after
+    /// [`mask_logits`](Self::mask_logits)), only those that go furthest
+    /// towards closing the call being written: a quote that ends the open
+    /// string, a `}` or `]` that ends an object or array, the least new
+    /// content where the grammar requires some (a missing required key, a
+    /// value after a colon). Taking the model's best of them step after
+    /// step finishes the call along a short way the grammar allows, so a
+    /// call the token limit cut short becomes a whole one that validates.
+    /// Leaves the logits alone right after a backslash in a string, where
+    /// any escape the grammar allows will do.
+    pub fn close_out(&self, logits: &mut [f32]) {
+        let scores = match string_state(&self.output) {
+            StringState::Outside => &self.closing[0],
+            StringState::Inside => &self.closing[1],
+            StringState::Escaped => return,
+        };
+        let score = |id: usize| scores.get(id).copied().unwrap_or(i16::MIN);
+        let Some(best) = logits
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| l.is_finite())
+            .map(|(id, _)| score(id))
+            .max()
+        else {
+            return;
+        };
+        for (id, logit) in logits.iter_mut().enumerate() {
+            if logit.is_finite() && score(id) < best {
+                *logit = f32::NEG_INFINITY;
+            }
+        }
     }
 
     /// Settles "text or calls" for a call when the model gives the call
@@ -910,6 +956,66 @@ fn calls_rules(tools: &[ToolDefinition], decoding: &Decoding) -> String {
     let shapes: Vec<String> = shapes.into_iter().map(|s| format!("({s})")).collect();
     out.push_str(&format!("calls: ({}) SEP?\n", shapes.join(" | ")));
     out
+}
+
+/// Where the end of `output` stands with respect to JSON strings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StringState {
+    /// Between JSON tokens (or in prose, which holds no quotes a call reads).
+    Outside,
+    /// Inside a string.
+    Inside,
+    /// Inside a string, right after a backslash.
+    Escaped,
+}
+
+/// Where `output` ends: in a string or not, read from its first byte
+/// (prose before a call is never written: a reply is prose or calls).
+fn string_state(output: &[u8]) -> StringState {
+    let mut state = StringState::Outside;
+    for &b in output {
+        state = match (state, b) {
+            (StringState::Outside, b'"') => StringState::Inside,
+            (StringState::Outside, _) => StringState::Outside,
+            (StringState::Inside, b'"') => StringState::Outside,
+            (StringState::Inside, b'\\') => StringState::Escaped,
+            (StringState::Inside | StringState::Escaped, _) => StringState::Inside,
+        };
+    }
+    state
+}
+
+/// How far a token's bytes go towards closing an open call, starting
+/// inside a string or not: a quote that ends a string or a `}` / `]` earns
+/// 2, every byte of new content (an opened string, its letters, digits,
+/// whitespace) costs 1 and an opened object or array 2; commas and colons
+/// are neutral (they lead to the next required key). Control tokens are
+/// neutral too: where one is allowed (`</tool_call>`) it closes a call.
+fn closing_score(bytes: &[u8], in_string: bool) -> i16 {
+    if bytes.first() == Some(&TokTrie::SPECIAL_TOKEN_MARKER) {
+        return 0;
+    }
+    let mut state = if in_string {
+        StringState::Inside
+    } else {
+        StringState::Outside
+    };
+    let mut score: i16 = 0;
+    for &b in bytes {
+        let (next, gain) = match (state, b) {
+            (StringState::Inside, b'"') => (StringState::Outside, 2),
+            (StringState::Inside, b'\\') => (StringState::Escaped, -1),
+            (StringState::Inside | StringState::Escaped, _) => (StringState::Inside, -1),
+            (StringState::Outside, b'"') => (StringState::Inside, -1),
+            (StringState::Outside, b'}' | b']') => (StringState::Outside, 2),
+            (StringState::Outside, b'{' | b'[') => (StringState::Outside, -2),
+            (StringState::Outside, b',' | b':') => (StringState::Outside, 0),
+            (StringState::Outside, _) => (StringState::Outside, -1),
+        };
+        state = next;
+        score = score.saturating_add(gain);
+    }
+    score
 }
 
 /// Sets the logits of tokens whose bit is clear to negative infinity

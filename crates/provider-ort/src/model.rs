@@ -56,6 +56,12 @@ pub struct GenerateParams {
     /// for `"<query>"` or `"C5.1.1.0.100"` where greedy decoding writes the
     /// person's words.
     pub greedy_calls: bool,
+    /// Under a constraint, when the token limit falls inside the reply's
+    /// first call (later ones are cut back to the calls before them), up to
+    /// this many more tokens finish it greedily along the shortest way the
+    /// grammar allows ([`ConstraintMatcher::close_out`]); 0 cuts the reply
+    /// back as without it (the request's `Decoding::finish_cut_calls`).
+    pub finish_cut_calls: usize,
 }
 
 impl GenerateParams {
@@ -66,6 +72,7 @@ impl GenerateParams {
             sampling: SamplingOptions::greedy(),
             stop_ids: stop_ids.into(),
             greedy_calls: false,
+            finish_cut_calls: 0,
         }
     }
 }
@@ -879,9 +886,12 @@ impl OrtModel {
     /// more, when the model picks a stop token the grammar allows (the
     /// grammar's end-of-sequence is the model's stop tokens), or when it
     /// writes a call it has already written (the copy is cut off). When the token
-    /// limit cuts a reply short of a complete output, the reply is cut back to
-    /// the last point where the grammar was complete (a whole call rather than
-    /// half of the next one); `stats` still counts every token generated.
+    /// limit falls inside a call and `params.finish_cut_calls` allows, the
+    /// call is finished along the shortest way the grammar allows, within
+    /// that many more tokens (and the context). Otherwise, when the limit
+    /// cuts a reply short of a complete output, the reply is cut back to
+    /// the last point where the grammar was complete (a whole call rather
+    /// than half of the next one); `stats` still counts every token generated.
     pub fn generate_ids_constrained(
         &mut self,
         prompt: &[u32],
@@ -908,9 +918,10 @@ impl OrtModel {
         }
         // New tokens are fed back one by one, and the last one never is, so
         // the context bounds the count at `context - prompt + 1`.
-        let max_new = params
-            .max_new_tokens
-            .min(self.context_length - prompt.len() + 1);
+        let room = self.context_length - prompt.len() + 1;
+        let mut max_new = params.max_new_tokens.min(room);
+        // Whether the limit fell inside a call that is now being finished.
+        let mut closing = false;
         let mut stats = GenerationStats {
             prompt_tokens: prompt.len(),
             ..GenerationStats::default()
@@ -972,7 +983,21 @@ impl OrtModel {
                         if grammar_done || should_stop(&ids) {
                             break 'generation StopReason::Stop;
                         }
+                        if closing && c.is_accepting() {
+                            break 'generation StopReason::Length;
+                        }
                         if ids.len() >= max_new {
+                            if !closing
+                                && complete_at == 0
+                                && c.writing_call()
+                                && params.finish_cut_calls > 0
+                            {
+                                closing = true;
+                                max_new = (max_new + params.finish_cut_calls).min(room);
+                                if ids.len() < max_new {
+                                    continue;
+                                }
+                            }
                             if complete_at > 0 && complete_at < ids.len() {
                                 ids.truncate(complete_at);
                             }
@@ -994,10 +1019,14 @@ impl OrtModel {
             if let Some(c) = constraint.as_deref_mut() {
                 let started = Instant::now();
                 c.mask_logits(&mut logits)?;
+                if closing {
+                    c.close_out(&mut logits);
+                }
                 stats.constraint_time += started.elapsed();
                 stats.constrained_tokens += 1;
             }
             let greedy = params.sampling.is_greedy()
+                || closing
                 || (params.greedy_calls && constraint.as_deref().is_some_and(|c| c.writing_call()));
             let id = sampler.sample_as(&mut logits, greedy);
             if ids.is_empty() {
@@ -1027,11 +1056,21 @@ impl OrtModel {
             if params.stop_ids.contains(&id) || grammar_done || should_stop(&ids) {
                 break StopReason::Stop;
             }
-            if ids.len() >= max_new {
-                if constraint.is_some() && complete_at > 0 && complete_at < ids.len() {
-                    ids.truncate(complete_at);
-                }
+            if closing && complete_at == ids.len() {
                 break StopReason::Length;
+            }
+            if ids.len() >= max_new {
+                let cut_call = constraint.as_deref().is_some_and(|c| c.writing_call());
+                if !closing && cut_call && complete_at == 0 && params.finish_cut_calls > 0 {
+                    closing = true;
+                    max_new = (max_new + params.finish_cut_calls).min(room);
+                }
+                if ids.len() >= max_new {
+                    if constraint.is_some() && complete_at > 0 && complete_at < ids.len() {
+                        ids.truncate(complete_at);
+                    }
+                    break StopReason::Length;
+                }
             }
             // Checked again so that a cancellation during sampling or the
             // stop check does not pay for one more forward pass.

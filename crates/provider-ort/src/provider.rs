@@ -326,6 +326,7 @@ impl OrtProvider {
             sampling,
             stop_ids: stop_ids.to_vec(),
             greedy_calls: request.decoding.greedy_calls,
+            finish_cut_calls: request.decoding.finish_cut_calls.unwrap_or(0) as usize,
         }
     }
 

@@ -14,8 +14,8 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
     AgentRunRequest, AgentStreamPart, CallFormat, ChatMessage, Constraint, ConstraintMode,
-    GenerateRequest, Generation, LocalLoopOptions, ProgressFn, PromptMessage, PromptRole, Provider,
-    ProviderError, ProviderInfo, SystemPromptInput, ToolDefinition, parse_tool_calls,
+    Decoding, GenerateRequest, Generation, LocalLoopOptions, ProgressFn, PromptMessage, PromptRole,
+    Provider, ProviderError, ProviderInfo, SystemPromptInput, ToolDefinition, parse_tool_calls,
     run_local_agent, system_prompt, validate_args,
 };
 use wma_provider_ort::OrtProvider;
@@ -328,4 +328,64 @@ async fn fast_forward_writes_the_same_reply_as_one_step_per_token() {
             );
         }
     }
+}
+
+/// A call the token limit cuts is finished into a whole one that validates
+/// (`Decoding::finish_cut_calls`); without it the reply holds half a call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_the_token_limit_cuts_is_finished_and_validates() {
+    let provider = provider().await;
+    let tools = shop_tools();
+    let system = system_prompt(&SystemPromptInput {
+        tools: &tools,
+        tools_inline: provider.tools_inline(),
+        call_format: provider.call_format(),
+        ..SystemPromptInput::default()
+    });
+    let request = |finish_cut_calls| GenerateRequest {
+        messages: vec![
+            PromptMessage::new(PromptRole::System, system.clone()),
+            PromptMessage::new(
+                PromptRole::User,
+                "Search the catalog for a waterproof hiking backpack with a rain cover.",
+            ),
+        ],
+        // `{"name": "search_products", "arguments": {"query": "` alone
+        // takes more than this.
+        max_new_tokens: Some(14),
+        constraint: Some(Constraint::CallsOnly {
+            tools: tools.clone(),
+        }),
+        decoding: Decoding {
+            finish_cut_calls,
+            ..small_model_decoding()
+        },
+        ..GenerateRequest::default()
+    };
+    let cut = provider
+        .generate(request(None), CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(cut.finish_reason.as_deref(), Some("length"));
+    assert!(
+        parse_tool_calls(&cut.text).malformed.is_some(),
+        "14 tokens were expected to cut the call: {:?}",
+        cut.text
+    );
+
+    let finished = provider
+        .generate(request(Some(64)), CancellationToken::new())
+        .await
+        .unwrap();
+    let calls = valid_calls(&finished.text, &tools);
+    assert_eq!(calls.len(), 1, "{:?}", finished.text);
+    assert_eq!(calls[0].0, "search_products");
+    assert!(
+        finished.text.starts_with(cut.text.trim_end()),
+        "the finished call goes on from what was cut: {:?} then {:?}",
+        cut.text,
+        finished.text
+    );
+    assert_eq!(finished.finish_reason.as_deref(), Some("length"));
+    assert!(finished.output_tokens.unwrap() > 14);
 }

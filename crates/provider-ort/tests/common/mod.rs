@@ -119,6 +119,7 @@ pub fn small_model_decoding() -> Decoding {
         call_threshold: Some(0.005),
         copy_bias: 3.0,
         greedy_calls: true,
+        finish_cut_calls: Some(64),
     }
 }
 
