@@ -316,6 +316,89 @@ async fn a_prose_reply_to_a_request_naming_a_tool_gets_the_calls_only_retry() {
     assert_eq!(texts(&parts), ["Your cart is empty."]);
 }
 
+/// A game tracker whose one tool needs two strings.
+fn game_tracker() -> Arc<InMemoryToolHost> {
+    let host = Arc::new(InMemoryToolHost::new());
+    host.add(
+        ToolDefinition::new(
+            "game_high_score",
+            "The highest score recorded in a game on a platform.",
+            json!({"type": "object", "properties": {
+                "game_name": {"type": "string"}, "platform": {"type": "string"}
+            }, "required": ["game_name", "platform"]}),
+        ),
+        |_| Ok(json!({"high_score": 999}).to_string()),
+    );
+    host
+}
+
+#[tokio::test]
+async fn a_retried_call_that_gives_one_phrase_to_two_arguments_is_dropped_for_the_prose() {
+    let request = "What's the lowest score in the Flappy Bird game?";
+    let prose = "The lowest score in Flappy Bird is 0.";
+    // (the retried call, whether it is dropped): the request names no
+    // platform, so the call gives the game's name twice; a request that
+    // names both gets its call.
+    for (arguments, dropped) in [
+        (
+            json!({"game_name": "Flappy Bird", "platform": "flappy bird "}),
+            true,
+        ),
+        (
+            json!({"game_name": "Flappy Bird", "platform": "Android"}),
+            false,
+        ),
+    ] {
+        let provider = ScriptedProvider::new([
+            prose.to_string(),
+            call("game_high_score", arguments.clone()),
+            "The high score is 999.".to_string(),
+        ])
+        .with_constraints(true)
+        .with_call_probability(retry_probability());
+        let host = game_tracker();
+        let parts = run_all(provider.clone(), ask(request, host.clone()), inline()).await;
+        assert_finish(&parts, FinishReason::Stop);
+        assert!(
+            fired(&parts).contains(&"named-tool-retry".to_string()),
+            "{:?}",
+            fired(&parts)
+        );
+        assert_eq!(
+            fired(&parts).contains(&"distinct-retry-values".to_string()),
+            dropped,
+            "{arguments}"
+        );
+        if dropped {
+            assert!(host.calls().is_empty(), "the made-up call ran");
+            assert_eq!(texts(&parts), [prose]);
+        } else {
+            assert_eq!(host.calls().len(), 1);
+            assert_eq!(texts(&parts), ["The high score is 999."]);
+        }
+    }
+    // With the rule off, what the retry wrote runs.
+    let provider = ScriptedProvider::new([
+        prose.to_string(),
+        call(
+            "game_high_score",
+            json!({"game_name": "Flappy Bird", "platform": "Flappy Bird"}),
+        ),
+        "The high score is 999.".to_string(),
+    ])
+    .with_constraints(true)
+    .with_call_probability(retry_probability());
+    let mut policy = Policy::small_model();
+    policy.distinct_retry_values = false;
+    let options = LocalLoopOptions {
+        policy: Some(policy),
+        ..inline()
+    };
+    let host = game_tracker();
+    run_all(provider, ask(request, host.clone()), options).await;
+    assert_eq!(host.calls().len(), 1);
+}
+
 #[tokio::test]
 async fn the_retry_needs_two_named_words_and_the_models_own_weight_on_a_call() {
     // (request, call probability the model gave, the policy's least

@@ -984,14 +984,43 @@ pub(crate) fn lists_a_written_value(tool: &ToolDefinition, request: &str) -> boo
 /// Whether the tool requires a number that is not an identifier (a sum's
 /// terms, a quantity it cannot do without).
 pub(crate) fn requires_a_number(tool: &ToolDefinition) -> bool {
-    properties_of(tool).is_some_and(|(props, required)| {
-        props.iter().any(|(k, p)| {
-            required.contains(&k.as_str())
-                && !is_identifier_key(k)
-                && matches!(scalar_type(p), Some("integer" | "number"))
-                && p.get("enum").is_none()
-        })
+    required_numbers(tool) > 0
+}
+
+/// How many numbers that are not identifiers (nor picked from an `enum`)
+/// the tool requires.
+fn required_numbers(tool: &ToolDefinition) -> usize {
+    properties_of(tool).map_or(0, |(props, required)| {
+        props
+            .iter()
+            .filter(|(k, p)| {
+                required.contains(&k.as_str())
+                    && !is_identifier_key(k)
+                    && matches!(scalar_type(p), Some("integer" | "number"))
+                    && p.get("enum").is_none()
+            })
+            .count()
     })
+}
+
+/// Whether the tool requires more numbers than the conversation gives it:
+/// the person wrote fewer distinct numbers (in words, or any run of digits
+/// in `request`, a formula's too) than it has required number arguments,
+/// and no result showed one. A call would have to make the rest up: "the
+/// final price after a 25% discount and 10% tax" gives
+/// `calculateFinalPrice` its rates but no price.
+pub(crate) fn short_of_numbers(tool: &ToolDefinition, ids: &Identifiers, request: &str) -> bool {
+    let needed = required_numbers(tool);
+    if needed == 0 || ids.result_numbers {
+        return false;
+    }
+    let mut runs: Vec<&str> = request
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|r| !r.is_empty())
+        .collect();
+    runs.sort_unstable();
+    runs.dedup();
+    ids.number_count().max(runs.len()) < needed
 }
 
 /// Whether one of the tool's top-level arguments is an identifier.
@@ -1345,6 +1374,55 @@ mod tests {
         let mut written = Identifiers::new();
         written.add_user_text("What is 48 plus 27?");
         assert!(!waits_for_a_number(&sum, &written));
+    }
+
+    #[test]
+    fn a_tool_is_short_of_numbers_while_the_conversation_gives_fewer_than_it_requires() {
+        let price = ToolDefinition::new(
+            "calculateFinalPrice",
+            "",
+            json!({"type": "object", "properties": {
+                "price": {"type": "number"}, "discount_rate": {"type": "number"},
+                "sales_tax": {"type": "number"}, "currency": {"type": "string"},
+                "rounding": {"type": "integer", "enum": [0, 2]}
+            }, "required": ["price", "discount_rate", "sales_tax", "currency", "rounding"]}),
+        );
+        let asked = |text: &str| {
+            let mut ids = Identifiers::new();
+            ids.add_user_text(text);
+            short_of_numbers(&price, &ids, text)
+        };
+        // Two numbers for three: the price would be made up. An enum's
+        // number is a choice, not one to be given.
+        assert!(asked("The final price after a 25% discount and 10% tax?"));
+        assert!(!asked(
+            "The final price of $80 after a 25% discount and 10% tax?"
+        ));
+        assert!(!asked(
+            "Price 80, discount of a quarter, tax ten percent: 80 25 10"
+        ));
+        assert!(asked("What's the final price?"));
+        // Digits of a formula count as given.
+        let area = ToolDefinition::new(
+            "area_under_curve",
+            "",
+            json!({"type": "object", "properties": {
+                "function": {"type": "string"}, "start": {"type": "number"}, "end": {"type": "number"}
+            }, "required": ["function", "start", "end"]}),
+        );
+        let text = "Area under y=x^2 from x=1 to x=3";
+        let mut ids = Identifiers::new();
+        ids.add_user_text(text);
+        assert!(!short_of_numbers(&area, &ids, text));
+        // A result that showed a number may give the rest.
+        let mut looked = Identifiers::new();
+        looked.add_user_text("What's the final price?");
+        looked.add_result(r#"{"price": 80}"#);
+        assert!(!short_of_numbers(
+            &price,
+            &looked,
+            "What's the final price?"
+        ));
     }
 
     #[test]

@@ -22,7 +22,7 @@ use serde_json::Value;
 use crate::error::{ToolError, ToolErrorCode};
 use crate::ground::{
     Identifiers, ground_number_values, ground_string_values, ground_tool, ground_when_values,
-    lists_a_written_value, requires_a_number, takes_free_text, takes_identifier,
+    lists_a_written_value, requires_a_number, short_of_numbers, takes_free_text, takes_identifier,
     waits_for_a_number,
 };
 use crate::parse::ParsedCall;
@@ -209,6 +209,14 @@ pub struct Policy {
     /// simple_python records it made 20% right calls, with no gate 44%,
     /// while irrelevance stayed at 96% (its tools are not named).
     pub named_tool_retry: Option<f32>,
+    /// A call that a calls-only retry forced (`named_tool_retry`,
+    /// `change_request_retry`, `question_lookup_retry`) is dropped, and the
+    /// prose reply it replaced stands, when it fills two different
+    /// arguments with one string: the request did not give the tool what
+    /// it needs, and the call made the rest up (`season` and `league` both
+    /// "LeBron James"). Default: on. On BFCL irrelevance (240 records) it
+    /// dropped three such calls.
+    pub distinct_retry_values: bool,
     /// The reference's "you do it. Call now" correction runs only when the
     /// model gave a call at least this probability (when the provider
     /// reports one). `None` is the reference: no gate. Default 0.05%: on
@@ -339,6 +347,7 @@ impl Policy {
             delegated_calls_first: false,
             coordinator_calls_first: false,
             named_tool_retry: None,
+            distinct_retry_values: false,
             call_now_min_probability: None,
             done_on_repeated_lookup: false,
             max_string_chars: None,
@@ -382,6 +391,7 @@ impl Policy {
             delegated_calls_first: true,
             coordinator_calls_first: true,
             named_tool_retry: Some(0.0),
+            distinct_retry_values: true,
             call_now_min_probability: Some(0.0005),
             done_on_repeated_lookup: true,
             max_string_chars: Some(100),
@@ -632,6 +642,8 @@ pub enum Rule {
     CoordinatorCallsFirst,
     /// See [`Policy::named_tool_retry`].
     NamedToolRetry,
+    /// See [`Policy::distinct_retry_values`].
+    DistinctRetryValues,
     /// See [`Policy::call_now_min_probability`]: the reference's correction
     /// was held back.
     CallNowGate,
@@ -672,6 +684,7 @@ impl Rule {
             Self::DelegatedCallsFirst => "delegated-calls-first",
             Self::CoordinatorCallsFirst => "coordinator-calls-first",
             Self::NamedToolRetry => "named-tool-retry",
+            Self::DistinctRetryValues => "distinct-retry-values",
             Self::CallNowGate => "call-now-gate",
             Self::DoneOnRepeatedLookup => "done-on-repeated-lookup",
             Self::CallsWithinOffer => "calls-within-offer",
@@ -1240,22 +1253,37 @@ fn tool_verb(name: &str) -> Option<String> {
 /// shared word is too weak a sign: requests no tool fits often share one (a
 /// "time" question and `calculate_time`). An identifier the person wrote
 /// counts as the second sign for a tool that takes one: "put three of p-17
-/// in my cart" hands `add_to_cart` its product. A tool that requires a
-/// number while the conversation (`ids`) shows none is not named: "What
-/// type of blood cells clot?" shares two words with `getCellType`, whose
-/// `nucleus_count` nothing in it gives.
+/// in my cart" hands `add_to_cart` its product. A tool that requires more
+/// numbers than the conversation (`ids`) gives ([`short_of_numbers`]) is
+/// not named: "What type of blood cells clot?" shares two words with
+/// `getCellType`, whose `nucleus_count` nothing in it gives.
 pub(crate) fn names_a_tool(request: &str, shown: &[ToolDefinition], ids: &Identifiers) -> bool {
     let mut written = Identifiers::new();
     let hands_an_id = written.add_user_text(request) > 0;
-    // Any digit counts here, an id's or a formula's too ("y=x^2 from x=1
-    // to x=3" gives `calculate_area_under_curve` its numbers).
-    let digits = request.chars().any(|c| c.is_ascii_digit());
     score_tools(shown, request, &[]).iter().any(|s| {
         let tool = &shown[s.index];
         let id_sign = hands_an_id && takes_identifier(tool);
-        s.name_matches.len() + usize::from(id_sign) >= 2
-            && (digits || !waits_for_a_number(tool, ids))
+        s.name_matches.len() + usize::from(id_sign) >= 2 && !short_of_numbers(tool, ids, request)
     })
+}
+
+/// The first string that a call's arguments give to two different
+/// top-level arguments (case and surrounding space aside).
+pub(crate) fn repeated_value(arguments: &Value) -> Option<String> {
+    let mut seen: Vec<String> = Vec::new();
+    for value in arguments.as_object()?.values() {
+        let Some(text) = value.as_str().map(|t| t.trim().to_lowercase()) else {
+            continue;
+        };
+        if text.is_empty() {
+            continue;
+        }
+        if seen.contains(&text) {
+            return Some(text);
+        }
+        seen.push(text);
+    }
+    None
 }
 
 /// A call's result, and what the call named.

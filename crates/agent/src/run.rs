@@ -18,7 +18,7 @@ use crate::approval::{
     Reason, Verdict, decide, needs_record, next_approval_id,
 };
 use crate::error::{ProviderError, ToolError, ToolErrorCode};
-use crate::ground::{ACTION_VERBS, copy_phrases};
+use crate::ground::{ACTION_VERBS, copy_phrases, short_of_numbers};
 use crate::host::{AgentRunRequest, CallContext, ToolHost};
 use crate::message::{ChatMessage, ToolCall};
 use crate::messages;
@@ -26,7 +26,7 @@ use crate::parse::{ParsedReply, parse_tool_calls};
 use crate::part::{AgentStreamPart, FinishReason};
 use crate::policy::{
     Fired, Found, Policy, PolicyState, Rule, StepFacts, asks_for_change, names_a_tool,
-    seeks_information, tells_of, without_prompt_echoes,
+    repeated_value, seeks_information, tells_of, without_prompt_echoes,
 };
 use crate::prompt::{
     HISTORY_TURNS, RESULT_CHARS, SystemPromptInput, Turn, compact_schema, gist, history_turns,
@@ -560,8 +560,32 @@ impl<P: Provider + 'static> Run<P> {
             attempt = Attempt::DelegatedFirst;
             self.report(vec![fired]);
         }
+        // The call threshold settles prose or a call in favour of a call on
+        // little weight; that takes a tool the conversation can fill. When
+        // every tool offered requires more numbers than it gives, whether
+        // to call is left to the model.
+        if self.policy.ground_numbers
+            && request.decoding.call_threshold.is_some()
+            && !offered.is_empty()
+            && offered.iter().all(|o| {
+                // The shown form: the offered one may hold its numbers to
+                // those written, which no longer reads as requiring them.
+                shown
+                    .iter()
+                    .filter(|t| t.name == o.name)
+                    .all(|t| short_of_numbers(t, &self.rules.identifiers, &self.request_text))
+            })
+        {
+            request.decoding.call_threshold = None;
+            self.report(vec![Fired {
+                rule: Rule::GroundNumbers,
+                detail: "no call threshold: every tool offered requires more numbers than the conversation gives".to_string(),
+            }]);
+        }
         let mut corrected = false;
         let mut repaired = false;
+        // The prose reply a calls-only retry replaced, while the retry runs.
+        let mut before_retry: Option<String> = None;
         loop {
             request.constraint = self.constraint(attempt, &shown, &offered);
             let generation = match self.generate(request.clone(), attempt).await {
@@ -603,6 +627,23 @@ impl<P: Provider + 'static> Run<P> {
                 self.append_to(&mut request);
                 continue;
             }
+            let retried_prose = before_retry.take();
+            let made_up = reply.calls.iter().find_map(|c| {
+                repeated_value(&c.arguments).map(|v| format!("{} gave \"{v}\" twice", c.name))
+            });
+            let reply = match (retried_prose, made_up) {
+                (Some(prose), Some(why)) if self.policy.distinct_retry_values => {
+                    self.report(vec![Fired {
+                        rule: Rule::DistinctRetryValues,
+                        detail: format!("dropped the retried call ({why}); the prose reply stands"),
+                    }]);
+                    ParsedReply {
+                        text: prose,
+                        ..ParsedReply::default()
+                    }
+                }
+                _ => reply,
+            };
             if reply.calls.is_empty() {
                 let text = reply.text;
                 if !corrected {
@@ -692,6 +733,7 @@ impl<P: Provider + 'static> Run<P> {
                     };
                     if let Some(fired) = retry {
                         corrected = true;
+                        before_retry = Some(text.clone());
                         self.report(vec![fired]);
                         self.push_turn(PromptRole::Assistant, text.clone());
                         self.push_turn(
