@@ -587,9 +587,12 @@ async fn eval_bfcl(args: BfclArgs) -> Result<()> {
             })
             .await;
             eprintln!(
-                "\r{name} (constraints {label}): {total} records in {:.0} s, accuracy {}",
+                "\r{name} (constraints {label}): {total} records in {:.0} s, accuracy {} ({} of {total}; {} of {} calls parse and validate)",
                 started.elapsed().as_secs_f64(),
-                score.accuracy()
+                score.accuracy(),
+                score.correct,
+                score.valid_calls,
+                score.calls,
             );
             scores.push(Some(score));
         }
@@ -623,9 +626,10 @@ async fn eval_bfcl_direct(
         })
         .await;
         eprintln!(
-            "\r{name} (direct): {total} records in {:.0} s, accuracy {}",
+            "\r{name} (direct): {total} records in {:.0} s, accuracy {} ({} of {total})",
             started.elapsed().as_secs_f64(),
-            score.accuracy()
+            score.accuracy(),
+            score.correct,
         );
         rows.push((name, score));
     }

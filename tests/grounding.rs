@@ -333,15 +333,19 @@ fn game_tracker() -> Arc<InMemoryToolHost> {
 }
 
 #[tokio::test]
-async fn a_retried_call_that_gives_one_phrase_to_two_arguments_is_dropped_for_the_prose() {
+async fn a_retried_call_whose_values_are_made_up_is_dropped_for_the_prose() {
     let request = "What's the lowest score in the Flappy Bird game?";
     let prose = "The lowest score in Flappy Bird is 0.";
     // (the retried call, whether it is dropped): the request names no
-    // platform, so the call gives the game's name twice; a request that
-    // names both gets its call.
+    // platform, so the call gives the game's name twice, or the argument's
+    // own name; a call that names a platform runs.
     for (arguments, dropped) in [
         (
             json!({"game_name": "Flappy Bird", "platform": "flappy bird "}),
+            true,
+        ),
+        (
+            json!({"game_name": "Flappy Bird", "platform": "platform"}),
             true,
         ),
         (
@@ -365,7 +369,7 @@ async fn a_retried_call_that_gives_one_phrase_to_two_arguments_is_dropped_for_th
             fired(&parts)
         );
         assert_eq!(
-            fired(&parts).contains(&"distinct-retry-values".to_string()),
+            fired(&parts).contains(&"grounded-retry-values".to_string()),
             dropped,
             "{arguments}"
         );
@@ -389,7 +393,7 @@ async fn a_retried_call_that_gives_one_phrase_to_two_arguments_is_dropped_for_th
     .with_constraints(true)
     .with_call_probability(retry_probability());
     let mut policy = Policy::small_model();
-    policy.distinct_retry_values = false;
+    policy.grounded_retry_values = false;
     let options = LocalLoopOptions {
         policy: Some(policy),
         ..inline()

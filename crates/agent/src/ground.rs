@@ -1023,6 +1023,19 @@ pub(crate) fn short_of_numbers(tool: &ToolDefinition, ids: &Identifiers, request
     ids.number_count().max(runs.len()) < needed
 }
 
+/// Whether the tool, in the form a step offers it (its free strings
+/// narrowed to the conversation's phrases by [`ground_string_values`]),
+/// still requires a free string: no phrase of the conversation fits it, so
+/// a call would have to make one up. "What is a holy book?" gives
+/// `search_holy_books` no `book`: its only words name the tool.
+pub(crate) fn short_of_strings(offered: &ToolDefinition) -> bool {
+    properties_of(offered).is_some_and(|(props, required)| {
+        props
+            .iter()
+            .any(|(k, p)| required.contains(&k.as_str()) && is_free_string(Some(k), p))
+    })
+}
+
 /// Whether one of the tool's top-level arguments is an identifier.
 pub(crate) fn takes_identifier(tool: &ToolDefinition) -> bool {
     tool.input_schema
@@ -1423,6 +1436,39 @@ mod tests {
             &looked,
             "What's the final price?"
         ));
+    }
+
+    #[test]
+    fn a_tool_is_short_of_strings_while_no_phrase_of_the_conversation_fits_one_it_requires() {
+        let books = ToolDefinition::new(
+            "search_holy_books",
+            "Search content, chapters or authors of holy books.",
+            json!({"type": "object", "properties": {
+                "book": {"type": "string"}, "chapter": {"type": "integer"},
+                "content": {"type": "string"}
+            }, "required": ["book"]}),
+        );
+        let offered = |request: &str| {
+            let mut ids = Identifiers::new();
+            ids.add_user_text(request);
+            let choices = ids.string_choices(std::slice::from_ref(&books));
+            ground_string_values(&books, &choices)
+        };
+        // The request's only words name the tool: nothing to search for.
+        assert!(short_of_strings(&offered("What is a holy book?")));
+        assert!(!short_of_strings(&offered(
+            "Find the chapter on charity in the Quran."
+        )));
+        // An optional free string, an id or an enum is never short.
+        let optional = ToolDefinition::new(
+            "search",
+            "",
+            json!({"type": "object", "properties": {
+                "query": {"type": "string"}, "item_id": {"type": "string"},
+                "sort": {"type": "string", "enum": ["new", "old"]}
+            }, "required": ["item_id", "sort"]}),
+        );
+        assert!(!short_of_strings(&optional));
     }
 
     #[test]

@@ -22,8 +22,8 @@ use serde_json::Value;
 use crate::error::{ToolError, ToolErrorCode};
 use crate::ground::{
     Identifiers, ground_number_values, ground_string_values, ground_tool, ground_when_values,
-    lists_a_written_value, requires_a_number, short_of_numbers, takes_free_text, takes_identifier,
-    waits_for_a_number,
+    lists_a_written_value, requires_a_number, short_of_numbers, short_of_strings, takes_free_text,
+    takes_identifier, waits_for_a_number,
 };
 use crate::parse::ParsedCall;
 use crate::provider::{Decoding, PromptMessage, PromptRole};
@@ -119,8 +119,11 @@ pub struct Policy {
     /// A tiny model left free fills strings with the nearest words of its
     /// prompt: the tool's description as a search (`"Borrow a book that is
     /// on the shelf, by its id."`), `"todos_list_todos"`,
-    /// `"path/to/your/directory"`, the whole request and then some.
-    /// Default: on.
+    /// `"path/to/your/directory"`, the whole request and then some. A tool
+    /// that requires a free string no phrase fits is short of it: the
+    /// named-tool retry does not count it as named, and a step that offers
+    /// only such tools has no call threshold ("What is a holy book?"
+    /// beside `search_holy_books`). Default: on.
     pub ground_strings: bool,
     /// A lookup that just answered (whether it found anything or not), or
     /// an action that just succeeded, is not offered on the next step: the
@@ -211,12 +214,14 @@ pub struct Policy {
     pub named_tool_retry: Option<f32>,
     /// A call that a calls-only retry forced (`named_tool_retry`,
     /// `change_request_retry`, `question_lookup_retry`) is dropped, and the
-    /// prose reply it replaced stands, when it fills two different
-    /// arguments with one string: the request did not give the tool what
-    /// it needs, and the call made the rest up (`season` and `league` both
-    /// "LeBron James"). Default: on. On BFCL irrelevance (240 records) it
-    /// dropped three such calls.
-    pub distinct_retry_values: bool,
+    /// prose reply it replaced stands, when its values look made up (see
+    /// `made_up_value`): one string for two different arguments (`season`
+    /// and `league` both "LeBron James"), a list that repeats a number
+    /// nobody wrote that often, or a string that is only its argument's
+    /// name (`case_year: "year"`). The request did not give the tool what
+    /// it needs. Default: on. On BFCL irrelevance (240 records) it dropped
+    /// five such calls.
+    pub grounded_retry_values: bool,
     /// The reference's "you do it. Call now" correction runs only when the
     /// model gave a call at least this probability (when the provider
     /// reports one). `None` is the reference: no gate. Default 0.05%: on
@@ -347,7 +352,7 @@ impl Policy {
             delegated_calls_first: false,
             coordinator_calls_first: false,
             named_tool_retry: None,
-            distinct_retry_values: false,
+            grounded_retry_values: false,
             call_now_min_probability: None,
             done_on_repeated_lookup: false,
             max_string_chars: None,
@@ -391,7 +396,7 @@ impl Policy {
             delegated_calls_first: true,
             coordinator_calls_first: true,
             named_tool_retry: Some(0.0),
-            distinct_retry_values: true,
+            grounded_retry_values: true,
             call_now_min_probability: Some(0.0005),
             done_on_repeated_lookup: true,
             max_string_chars: Some(100),
@@ -642,8 +647,8 @@ pub enum Rule {
     CoordinatorCallsFirst,
     /// See [`Policy::named_tool_retry`].
     NamedToolRetry,
-    /// See [`Policy::distinct_retry_values`].
-    DistinctRetryValues,
+    /// See [`Policy::grounded_retry_values`].
+    GroundedRetryValues,
     /// See [`Policy::call_now_min_probability`]: the reference's correction
     /// was held back.
     CallNowGate,
@@ -684,7 +689,7 @@ impl Rule {
             Self::DelegatedCallsFirst => "delegated-calls-first",
             Self::CoordinatorCallsFirst => "coordinator-calls-first",
             Self::NamedToolRetry => "named-tool-retry",
-            Self::DistinctRetryValues => "distinct-retry-values",
+            Self::GroundedRetryValues => "grounded-retry-values",
             Self::CallNowGate => "call-now-gate",
             Self::DoneOnRepeatedLookup => "done-on-repeated-lookup",
             Self::CallsWithinOffer => "calls-within-offer",
@@ -1257,21 +1262,43 @@ fn tool_verb(name: &str) -> Option<String> {
 /// numbers than the conversation (`ids`) gives ([`short_of_numbers`]) is
 /// not named: "What type of blood cells clot?" shares two words with
 /// `getCellType`, whose `nucleus_count` nothing in it gives.
-pub(crate) fn names_a_tool(request: &str, shown: &[ToolDefinition], ids: &Identifiers) -> bool {
+///
+/// With `grounded` (the step's offer, its free strings narrowed to the
+/// conversation's phrases), a tool whose offered form is still short of a
+/// required string ([`short_of_strings`]) is not named either.
+pub(crate) fn names_a_tool(
+    request: &str,
+    shown: &[ToolDefinition],
+    ids: &Identifiers,
+    grounded: Option<&[ToolDefinition]>,
+) -> bool {
     let mut written = Identifiers::new();
     let hands_an_id = written.add_user_text(request) > 0;
     score_tools(shown, request, &[]).iter().any(|s| {
         let tool = &shown[s.index];
         let id_sign = hands_an_id && takes_identifier(tool);
-        s.name_matches.len() + usize::from(id_sign) >= 2 && !short_of_numbers(tool, ids, request)
+        let lacks_strings = grounded.is_some_and(|offered| {
+            offered
+                .iter()
+                .filter(|o| o.name == tool.name)
+                .any(short_of_strings)
+        });
+        s.name_matches.len() + usize::from(id_sign) >= 2
+            && !short_of_numbers(tool, ids, request)
+            && !lacks_strings
     })
 }
 
-/// The first string that a call's arguments give to two different
-/// top-level arguments (case and surrounding space aside).
-pub(crate) fn repeated_value(arguments: &Value) -> Option<String> {
+/// Why a call's arguments look made up rather than taken from `request`,
+/// if they do: one string given to two different top-level arguments (case
+/// and surrounding space aside), a number used more often than the request
+/// writes it in one list (`[120, 120, 120]` for a request that wrote 120
+/// once), or a string that is only words of its own argument's name
+/// (`case_year: "year"`).
+pub(crate) fn made_up_value(arguments: &Value, request: &str) -> Option<String> {
+    let args = arguments.as_object()?;
     let mut seen: Vec<String> = Vec::new();
-    for value in arguments.as_object()?.values() {
+    for value in args.values() {
         let Some(text) = value.as_str().map(|t| t.trim().to_lowercase()) else {
             continue;
         };
@@ -1279,11 +1306,104 @@ pub(crate) fn repeated_value(arguments: &Value) -> Option<String> {
             continue;
         }
         if seen.contains(&text) {
-            return Some(text);
+            return Some(format!("gave \"{text}\" to two arguments"));
         }
         seen.push(text);
     }
-    None
+    let written = digit_runs(request);
+    if let Some((number, n)) = args.values().find_map(|v| repeated_item(v, &written)) {
+        return Some(format!("listed {number} {n} times"));
+    }
+    args.iter().find_map(|(key, value)| {
+        let text = value.as_str()?;
+        let key_words = words_of_name(key);
+        let words: Vec<String> = text
+            .split(|c: char| !c.is_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .map(|w| w.to_lowercase())
+            .collect();
+        let of_key = |w: &String| {
+            key_words
+                .iter()
+                .any(|k| k == w || k.strip_suffix('s') == Some(w) || w.strip_suffix('s') == Some(k))
+        };
+        (!words.is_empty() && words.iter().all(of_key))
+            .then(|| format!("gave {key} its own name, \"{text}\""))
+    })
+}
+
+/// The runs of digits in `text`, in order ("-$100, 40" gives 100 and 40).
+fn digit_runs(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_ascii_digit())
+        .filter(|r| !r.is_empty())
+        .map(without_leading_zeros)
+        .collect()
+}
+
+/// Digits without their leading zeros ("007" and "7" are one number).
+fn without_leading_zeros(digits: &str) -> String {
+    match digits.trim_start_matches('0') {
+        "" => "0".to_string(),
+        rest => rest.to_string(),
+    }
+}
+
+/// A whole number that one array inside `value` lists more than once and
+/// more often than `written` holds it, with its count. Arguments of their
+/// own may share a number (a square's two sides); a list that repeats one
+/// is filling items nobody gave.
+fn repeated_item(value: &Value, written: &[String]) -> Option<(String, usize)> {
+    match value {
+        Value::Array(items) => {
+            let mut counts: Vec<(String, usize)> = Vec::new();
+            for digits in items.iter().filter_map(whole_digits) {
+                match counts.iter_mut().find(|(d, _)| *d == digits) {
+                    Some((_, n)) => *n += 1,
+                    None => counts.push((digits, 1)),
+                }
+            }
+            counts
+                .into_iter()
+                .find(|(d, n)| *n > 1 && *n > written.iter().filter(|w| *w == d).count())
+                .or_else(|| items.iter().find_map(|v| repeated_item(v, written)))
+        }
+        Value::Object(map) => map.values().find_map(|v| repeated_item(v, written)),
+        _ => None,
+    }
+}
+
+/// The digits of a whole number (sign aside); fractions are left out,
+/// since "5%" may be written 0.05.
+fn whole_digits(value: &Value) -> Option<String> {
+    let n = value.as_number()?;
+    let whole = n
+        .as_i64()
+        .map(i64::unsigned_abs)
+        .or(n.as_u64())
+        .or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0)
+                .map(|f| f.abs() as u64)
+        })?;
+    Some(without_leading_zeros(&whole.to_string()))
+}
+
+/// The lowercase words of an argument's name (`case_year`, `caseYear`).
+fn words_of_name(name: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    for c in name.chars() {
+        if (!c.is_alphanumeric() || c.is_uppercase()) && !word.is_empty() {
+            words.push(std::mem::take(&mut word));
+        }
+        if c.is_alphanumeric() {
+            word.extend(c.to_lowercase());
+        }
+    }
+    if !word.is_empty() {
+        words.push(word);
+    }
+    words
 }
 
 /// A call's result, and what the call named.
@@ -2824,12 +2944,55 @@ mod tests {
         let named = |request: &str| {
             let mut ids = Identifiers::new();
             ids.add_user_text(request);
-            names_a_tool(request, std::slice::from_ref(&cell), &ids)
+            names_a_tool(request, std::slice::from_ref(&cell), &ids, None)
         };
         assert!(!named(
             "What type of blood cells are responsible for clotting?"
         ));
         assert!(named("What type of cell has 2 nuclei in a fungus?"));
+    }
+
+    #[test]
+    fn a_call_that_repeats_a_value_or_its_own_name_looks_made_up() {
+        let made_up = |arguments: Value, request: &str| made_up_value(&arguments, request);
+        // One phrase for two arguments.
+        assert!(
+            made_up(
+                json!({"game_name": "Flappy Bird", "platform": "flappy bird "}),
+                "What's the lowest score in the Flappy Bird game?"
+            )
+            .is_some()
+        );
+        // A number used more often than written, array items included.
+        let flows = "cash flows of -$100, $40, $60, $80, $120?";
+        assert!(
+            made_up(
+                json!({"cash_flows": [120, 120, 120, 120], "guess": 120}),
+                flows
+            )
+            .is_some()
+        );
+        assert!(made_up(json!({"cash_flows": [-100, 40, 60, 80, 120]}), flows).is_none());
+        assert!(made_up(json!({"sides": [5, 5]}), "A rectangle of 5 by 5").is_none());
+        // Arguments of their own may share one: a square's two sides.
+        assert!(made_up(json!({"a": 5, "b": 5}), "A square with sides of 5").is_none());
+        // A value that is only its argument's name.
+        assert!(
+            made_up(
+                json!({"case_id": "2020", "case_year": "year"}),
+                "cases of 2020"
+            )
+            .is_some()
+        );
+        assert!(made_up(json!({"caseYear": "Years"}), "cases").is_some());
+        assert!(made_up(json!({"case_year": "2020"}), "cases of 2020").is_none());
+        assert!(
+            made_up(
+                json!({"city": "Paris", "country": "France"}),
+                "Paris, France"
+            )
+            .is_none()
+        );
     }
 
     #[test]

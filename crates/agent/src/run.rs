@@ -18,15 +18,15 @@ use crate::approval::{
     Reason, Verdict, decide, needs_record, next_approval_id,
 };
 use crate::error::{ProviderError, ToolError, ToolErrorCode};
-use crate::ground::{ACTION_VERBS, copy_phrases, short_of_numbers};
+use crate::ground::{ACTION_VERBS, copy_phrases, short_of_numbers, short_of_strings};
 use crate::host::{AgentRunRequest, CallContext, ToolHost};
 use crate::message::{ChatMessage, ToolCall};
 use crate::messages;
 use crate::parse::{ParsedReply, parse_tool_calls};
 use crate::part::{AgentStreamPart, FinishReason};
 use crate::policy::{
-    Fired, Found, Policy, PolicyState, Rule, StepFacts, asks_for_change, names_a_tool,
-    repeated_value, seeks_information, tells_of, without_prompt_echoes,
+    Fired, Found, Policy, PolicyState, Rule, StepFacts, asks_for_change, made_up_value,
+    names_a_tool, seeks_information, tells_of, without_prompt_echoes,
 };
 use crate::prompt::{
     HISTORY_TURNS, RESULT_CHARS, SystemPromptInput, Turn, compact_schema, gist, history_turns,
@@ -562,25 +562,34 @@ impl<P: Provider + 'static> Run<P> {
         }
         // The call threshold settles prose or a call in favour of a call on
         // little weight; that takes a tool the conversation can fill. When
-        // every tool offered requires more numbers than it gives, whether
-        // to call is left to the model.
-        if self.policy.ground_numbers
-            && request.decoding.call_threshold.is_some()
-            && !offered.is_empty()
-            && offered.iter().all(|o| {
+        // every tool offered requires more numbers, or a string, than it
+        // gives, whether to call is left to the model.
+        if request.decoding.call_threshold.is_some() && !offered.is_empty() {
+            let lacks_numbers = |o: &ToolDefinition| {
                 // The shown form: the offered one may hold its numbers to
                 // those written, which no longer reads as requiring them.
-                shown
-                    .iter()
-                    .filter(|t| t.name == o.name)
-                    .all(|t| short_of_numbers(t, &self.rules.identifiers, &self.request_text))
-            })
-        {
-            request.decoding.call_threshold = None;
-            self.report(vec![Fired {
-                rule: Rule::GroundNumbers,
-                detail: "no call threshold: every tool offered requires more numbers than the conversation gives".to_string(),
-            }]);
+                self.policy.ground_numbers
+                    && shown
+                        .iter()
+                        .filter(|t| t.name == o.name)
+                        .all(|t| short_of_numbers(t, &self.rules.identifiers, &self.request_text))
+            };
+            let lacks_strings =
+                |o: &ToolDefinition| self.policy.ground_strings && short_of_strings(o);
+            let fired = if offered.iter().all(lacks_numbers) {
+                Some((Rule::GroundNumbers, "numbers"))
+            } else if offered.iter().all(|o| lacks_numbers(o) || lacks_strings(o)) {
+                Some((Rule::GroundStrings, "numbers or a string"))
+            } else {
+                None
+            };
+            if let Some((rule, what)) = fired {
+                request.decoding.call_threshold = None;
+                self.report(vec![Fired {
+                    rule,
+                    detail: format!("no call threshold: every tool offered requires more {what} than the conversation gives"),
+                }]);
+            }
         }
         let mut corrected = false;
         let mut repaired = false;
@@ -628,13 +637,21 @@ impl<P: Provider + 'static> Run<P> {
                 continue;
             }
             let retried_prose = before_retry.take();
-            let made_up = reply.calls.iter().find_map(|c| {
-                repeated_value(&c.arguments).map(|v| format!("{} gave \"{v}\" twice", c.name))
+            // A retried call's values must come from what the conversation
+            // wrote: the person's words and the results.
+            let made_up = retried_prose.as_ref().and_then(|_| {
+                let written = std::iter::once(self.request_text.as_str())
+                    .chain(self.results.iter().map(String::as_str))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                reply.calls.iter().find_map(|c| {
+                    made_up_value(&c.arguments, &written).map(|why| format!("{} {why}", c.name))
+                })
             });
             let reply = match (retried_prose, made_up) {
-                (Some(prose), Some(why)) if self.policy.distinct_retry_values => {
+                (Some(prose), Some(why)) if self.policy.grounded_retry_values => {
                     self.report(vec![Fired {
-                        rule: Rule::DistinctRetryValues,
+                        rule: Rule::GroundedRetryValues,
                         detail: format!("dropped the retried call ({why}); the prose reply stands"),
                     }]);
                     ParsedReply {
@@ -699,7 +716,12 @@ impl<P: Provider + 'static> Run<P> {
                     } else if let Some(min) = self.policy.named_tool_retry
                         && first_step
                         && generation.call_probability.is_some_and(|p| p >= min)
-                        && names_a_tool(&self.request_text, &shown, &self.rules.identifiers)
+                        && names_a_tool(
+                            &self.request_text,
+                            &shown,
+                            &self.rules.identifiers,
+                            self.policy.ground_strings.then_some(offered.as_slice()),
+                        )
                     {
                         Some(Fired {
                             rule: Rule::NamedToolRetry,
