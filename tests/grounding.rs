@@ -404,6 +404,64 @@ async fn a_retried_call_whose_values_are_made_up_is_dropped_for_the_prose() {
 }
 
 #[tokio::test]
+async fn with_threshold_on_evidence_the_first_steps_call_threshold_takes_the_evidence_a_retry_takes()
+ {
+    // (request, whether the threshold stands): a request naming the tool
+    // keeps it; one about something else leaves the choice to the model.
+    for (request, kept) in [
+        ("What's the high score of Flappy Bird on Android?", true),
+        (
+            "What is the volume of a sphere of radius 3 on Android?",
+            false,
+        ),
+    ] {
+        // A prose reply the named tool's retry turns into a call.
+        let provider = ScriptedProvider::new([
+            "I cannot tell.".to_string(),
+            call(
+                "game_high_score",
+                json!({"game_name": "Flappy Bird", "platform": "Android"}),
+            ),
+            "It is 999.".to_string(),
+        ])
+        .with_constraints(true)
+        .with_call_probability(retry_probability());
+        let mut policy = Policy::small_model();
+        policy.threshold_on_evidence = true;
+        let options = LocalLoopOptions {
+            policy: Some(policy),
+            ..inline()
+        };
+        let parts = run_all(provider.clone(), ask(request, game_tracker()), options).await;
+        assert_finish(&parts, FinishReason::Stop);
+        let first = &provider.requests()[0];
+        assert_eq!(
+            first.decoding.call_threshold.is_some(),
+            kept,
+            "{request}: {:?}",
+            fired(&parts)
+        );
+        assert_eq!(
+            fired(&parts).contains(&"threshold-on-evidence".to_string()),
+            !kept,
+            "{request}"
+        );
+    }
+    // Off (the small-model default), the threshold stands either way.
+    let provider = ScriptedProvider::new(["I cannot tell.".to_string()]).with_constraints(true);
+    run_all(
+        provider.clone(),
+        ask(
+            "What is the volume of a sphere of radius 3 on Android?",
+            game_tracker(),
+        ),
+        inline(),
+    )
+    .await;
+    assert!(provider.requests()[0].decoding.call_threshold.is_some());
+}
+
+#[tokio::test]
 async fn the_retry_needs_two_named_words_and_the_models_own_weight_on_a_call() {
     // (request, call probability the model gave, the policy's least
     // probability): one named word only; no tool named at all; a gate set

@@ -245,6 +245,19 @@ pub struct Policy {
     /// Where prose and a call are both allowed, call once the model gives a
     /// call at least this probability at the first token. Default 0.5%.
     pub call_threshold: Option<f32>,
+    /// On a run's first step, the call threshold applies only where a
+    /// calls-only retry would follow a prose reply anyway: the request
+    /// names a shown tool (`named_tool_retry`), asks for a change a tool
+    /// makes (`change_request_retry`) or seeks what a read-only tool looks
+    /// up (`question_lookup_retry`). For a host where no call beats a wrong
+    /// one. Default: off. On BFCL irrelevance (240 records) it stopped the
+    /// three calls the threshold still forced, all to tools that do
+    /// something else (the model gave each call 0.7–0.8%): 235 -> 238
+    /// right. But the first 100 records of simple_python, multiple and
+    /// parallel lost 7 right calls (76 -> 69), where the request describes
+    /// the tool in other words than its name ("the distance between New
+    /// York City and Los Angeles" for `geodistance.find`).
+    pub threshold_on_evidence: bool,
     /// Logit bonus for copying the person's phrases into string and number
     /// arguments. Default 3.0; 0 is off.
     pub copy_bias: f32,
@@ -360,6 +373,7 @@ impl Policy {
             max_calls: None,
             one_tool_per_reply: false,
             call_threshold: None,
+            threshold_on_evidence: false,
             copy_bias: 0.0,
             greedy_calls: false,
             finish_cut_calls: None,
@@ -404,6 +418,7 @@ impl Policy {
             max_calls: Some(4),
             one_tool_per_reply: true,
             call_threshold: Some(0.005),
+            threshold_on_evidence: false,
             copy_bias: 3.0,
             greedy_calls: true,
             finish_cut_calls: Some(64),
@@ -649,6 +664,8 @@ pub enum Rule {
     NamedToolRetry,
     /// See [`Policy::grounded_retry_values`].
     GroundedRetryValues,
+    /// See [`Policy::threshold_on_evidence`].
+    ThresholdOnEvidence,
     /// See [`Policy::call_now_min_probability`]: the reference's correction
     /// was held back.
     CallNowGate,
@@ -690,6 +707,7 @@ impl Rule {
             Self::CoordinatorCallsFirst => "coordinator-calls-first",
             Self::NamedToolRetry => "named-tool-retry",
             Self::GroundedRetryValues => "grounded-retry-values",
+            Self::ThresholdOnEvidence => "threshold-on-evidence",
             Self::CallNowGate => "call-now-gate",
             Self::DoneOnRepeatedLookup => "done-on-repeated-lookup",
             Self::CallsWithinOffer => "calls-within-offer",

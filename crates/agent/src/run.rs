@@ -560,6 +560,23 @@ impl<P: Provider + 'static> Run<P> {
             attempt = Attempt::DelegatedFirst;
             self.report(vec![fired]);
         }
+        // On the first step, a call on little weight takes the evidence a
+        // calls-only retry would take after a prose reply.
+        if self.policy.threshold_on_evidence
+            && attempt == Attempt::First
+            && first_step
+            && request.decoding.call_threshold.is_some()
+            && !offered.is_empty()
+            && self
+                .calls_only_retry(&shown, &offered, true, request.decoding.call_threshold)
+                .is_none()
+        {
+            request.decoding.call_threshold = None;
+            self.report(vec![Fired {
+                rule: Rule::ThresholdOnEvidence,
+                detail: "no call threshold: the request names no shown tool, asks no change a tool makes and seeks nothing a read-only tool looks up".to_string(),
+            }]);
+        }
         // The call threshold settles prose or a call in favour of a call on
         // little weight; that takes a tool the conversation can fill. When
         // every tool offered requires more numbers, or a string, than it
@@ -711,48 +728,12 @@ impl<P: Provider + 'static> Run<P> {
                     // since a call where none fits is always wrong: the
                     // request names the tool, and the model itself gave a
                     // call some weight.
-                    let retry = if offered.is_empty() || !self.constrains(&shown) {
-                        None
-                    } else if let Some(min) = self.policy.named_tool_retry
-                        && first_step
-                        && generation.call_probability.is_some_and(|p| p >= min)
-                        && names_a_tool(
-                            &self.request_text,
-                            &shown,
-                            &self.rules.identifiers,
-                            self.policy.ground_strings.then_some(offered.as_slice()),
-                        )
-                    {
-                        Some(Fired {
-                            rule: Rule::NamedToolRetry,
-                            detail: "retried a prose reply as calls only: the request names a tool"
-                                .to_string(),
-                        })
-                    } else if self.policy.change_request_retry
-                        && self.rules.change_still_owed(
-                            &self.request_text,
-                            &shown,
-                            &offered,
-                            first_step,
-                        )
-                    {
-                        Some(Fired {
-                            rule: Rule::ChangeRequestRetry,
-                            detail: "retried a prose reply as calls only: the request asks for a change a tool makes"
-                                .to_string(),
-                        })
-                    } else if self.policy.question_lookup_retry
-                        && first_step
-                        && self.rules.lookup_owed(&self.request_text, &shown, &offered)
-                    {
-                        Some(Fired {
-                            rule: Rule::QuestionLookupRetry,
-                            detail: "retried a prose reply as calls only: a read-only tool looks up what the request asks"
-                                .to_string(),
-                        })
-                    } else {
-                        None
-                    };
+                    let retry = self.calls_only_retry(
+                        &shown,
+                        &offered,
+                        first_step,
+                        generation.call_probability,
+                    );
                     if let Some(fired) = retry {
                         corrected = true;
                         before_retry = Some(text.clone());
@@ -799,6 +780,57 @@ impl<P: Provider + 'static> Run<P> {
             Span::current().record("wma.outcome", "calls");
             return self.run_calls(step, reply, &generation.text).await;
         }
+    }
+
+    /// The calls-only retry a prose reply gets, if any, and the rule that
+    /// takes it: the request names a shown tool and the model gave a call
+    /// at least `named_tool_retry` (`call_probability`: what the provider
+    /// reported), or the request asks for a change a tool makes, or (on the
+    /// first step) seeks what a read-only tool looks up.
+    fn calls_only_retry(
+        &self,
+        shown: &[ToolDefinition],
+        offered: &[ToolDefinition],
+        first_step: bool,
+        call_probability: Option<f32>,
+    ) -> Option<Fired> {
+        if offered.is_empty() || !self.constrains(shown) {
+            return None;
+        }
+        let (rule, why) = if let Some(min) = self.policy.named_tool_retry
+            && first_step
+            && call_probability.is_some_and(|p| p >= min)
+            && names_a_tool(
+                &self.request_text,
+                shown,
+                &self.rules.identifiers,
+                self.policy.ground_strings.then_some(offered),
+            ) {
+            (Rule::NamedToolRetry, "the request names a tool")
+        } else if self.policy.change_request_retry
+            && self
+                .rules
+                .change_still_owed(&self.request_text, shown, offered, first_step)
+        {
+            (
+                Rule::ChangeRequestRetry,
+                "the request asks for a change a tool makes",
+            )
+        } else if self.policy.question_lookup_retry
+            && first_step
+            && self.rules.lookup_owed(&self.request_text, shown, offered)
+        {
+            (
+                Rule::QuestionLookupRetry,
+                "a read-only tool looks up what the request asks",
+            )
+        } else {
+            return None;
+        };
+        Some(Fired {
+            rule,
+            detail: format!("retried a prose reply as calls only: {why}"),
+        })
     }
 
     /// Whether a reply whose first token gave a call this probability was
