@@ -203,7 +203,9 @@ struct BfclArgs {
     #[arg(long = "category")]
     categories: Vec<String>,
     /// More data files in the same format (a possible_answer/ folder beside
-    /// them holds the answers; without one they are scored as irrelevance).
+    /// them holds the answers; without one they are scored as irrelevance,
+    /// or as relevance, any call right, when the file's name ends in
+    /// `relevance`).
     #[arg(long = "file")]
     files: Vec<PathBuf>,
     /// Records per category (all when not given).

@@ -6,7 +6,10 @@
 //! its `possible_answer/` twin holds the ground truth: for every expected
 //! call, each argument's allowed values (`""` among them means the argument
 //! may be left out). A file without an answer file is scored as
-//! irrelevance: the right reply is no call at all.
+//! irrelevance (the right reply is no call at all), except a relevance
+//! category (`live_relevance`: a file whose name ends in `relevance` but not
+//! `irrelevance`), where any call is right: BFCL checks there only that the
+//! model saw a tool could serve the request.
 
 use std::path::{Path, PathBuf};
 
@@ -29,8 +32,30 @@ pub struct Record {
     pub messages: Vec<ChatMessage>,
     /// The functions offered, as tools with JSON Schemas.
     pub tools: Vec<ToolDefinition>,
-    /// The expected calls; `None` means no call is the right answer.
-    pub expected: Option<Vec<ExpectedCall>>,
+    /// What the right reply is.
+    pub expected: Expected,
+}
+
+/// What a record's right reply is.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Expected {
+    /// These calls, each argument among its allowed values.
+    Calls(Vec<ExpectedCall>),
+    /// No call at all (irrelevance: no tool fits).
+    NoCall,
+    /// At least one call, whatever it is (relevance: a tool fits).
+    AnyCall,
+}
+
+impl Expected {
+    /// How a category of such records is scored, for tables.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Expected::Calls(_) => "exact call",
+            Expected::NoCall => "irrelevance",
+            Expected::AnyCall => "relevance",
+        }
+    }
 }
 
 /// One expected call: the function and, per argument, the allowed values.
@@ -94,6 +119,12 @@ pub fn load(data: &Path) -> Result<Vec<Record>, DataError> {
         ),
         None => None,
     };
+    let stem = data
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or_default()
+        .to_lowercase();
+    let relevance = stem.ends_with("relevance") && !stem.ends_with("irrelevance");
     let mut records = Vec::new();
     for (line, value) in lines(data)? {
         let bad = |reason: &str| DataError::Record {
@@ -132,14 +163,17 @@ pub fn load(data: &Path) -> Result<Vec<Record>, DataError> {
             })
             .collect();
         let expected = match &answers {
-            None => None,
+            None if relevance => Expected::AnyCall,
+            None => Expected::NoCall,
             Some(answers) => {
                 let truth = answers
                     .iter()
                     .find(|(aid, _)| *aid == id)
                     .map(|(_, t)| t)
                     .ok_or_else(|| bad("no ground truth for this id"))?;
-                Some(expected_calls(truth).ok_or_else(|| bad("unreadable ground truth"))?)
+                Expected::Calls(
+                    expected_calls(truth).ok_or_else(|| bad("unreadable ground truth"))?,
+                )
             }
         };
         records.push(Record {
@@ -199,10 +233,12 @@ pub struct MadeCall {
 /// calls as expected, each matched (in any order) to one expected call with
 /// the same name, no argument the ground truth does not know, every argument
 /// that may not be left out present, and every value among the allowed ones.
-/// With no expected calls (irrelevance), the right answer is no call.
-pub fn score(made: &[MadeCall], expected: Option<&[ExpectedCall]>) -> bool {
-    let Some(expected) = expected else {
-        return made.is_empty();
+/// For irrelevance the right answer is no call; for relevance, any call.
+pub fn score(made: &[MadeCall], expected: &Expected) -> bool {
+    let expected = match expected {
+        Expected::Calls(calls) => calls,
+        Expected::NoCall => return made.is_empty(),
+        Expected::AnyCall => return !made.is_empty(),
     };
     if made.len() != expected.len() {
         return false;
@@ -356,13 +392,14 @@ mod tests {
             ),
             (vec![], false),
         ];
+        let truth = Expected::Calls(truth.to_vec());
         for (calls, ok) in cases {
-            assert_eq!(score(&calls, Some(&truth)), ok, "{calls:?}");
+            assert_eq!(score(&calls, &truth), ok, "{calls:?}");
         }
     }
 
     #[test]
-    fn parallel_calls_match_in_any_order_and_irrelevance_wants_none() {
+    fn parallel_calls_match_in_any_order_irrelevance_wants_none_and_relevance_any() {
         let truth = [
             want(
                 "play",
@@ -374,10 +411,13 @@ mod tests {
             made("play", json!({"artist": "maroon 5", "duration": 15})),
             made("play", json!({"artist": "taylor swift", "duration": 20})),
         ];
-        assert!(score(&calls, Some(&truth)));
-        assert!(!score(&calls[..1], Some(&truth)));
-        assert!(score(&[], None));
-        assert!(!score(&calls[..1], None));
+        let truth = Expected::Calls(truth.to_vec());
+        assert!(score(&calls, &truth));
+        assert!(!score(&calls[..1], &truth));
+        assert!(score(&[], &Expected::NoCall));
+        assert!(!score(&calls[..1], &Expected::NoCall));
+        assert!(score(&calls[..1], &Expected::AnyCall));
+        assert!(!score(&[], &Expected::AnyCall));
     }
 
     #[test]
@@ -394,13 +434,25 @@ mod tests {
         let records = load(&data).unwrap();
         assert_eq!(records.len(), 1);
         assert_eq!(records[0].tools[0].input_schema["type"], "object");
-        assert_eq!(records[0].expected.as_ref().unwrap()[0].name, "area");
+        assert!(matches!(&records[0].expected, Expected::Calls(c) if c[0].name == "area"));
         std::fs::remove_file(dir.join("possible_answer/BFCL_v4_tiny.json")).unwrap();
         assert_eq!(
             load(&data).unwrap()[0].expected,
-            None,
+            Expected::NoCall,
             "no answer file: irrelevance"
         );
+        // A relevance category wants any call; an irrelevance one, none.
+        for (name, expected) in [
+            ("BFCL_v4_live_relevance.json", Expected::AnyCall),
+            ("BFCL_v4_live_irrelevance.json", Expected::NoCall),
+        ] {
+            std::fs::copy(&data, dir.join(name)).unwrap();
+            assert_eq!(
+                load(&dir.join(name)).unwrap()[0].expected,
+                expected,
+                "{name}"
+            );
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -51,10 +51,11 @@ pub struct CategoryScore {
     /// Of those, calls that parsed, named a shown tool and had valid arguments.
     pub valid_calls: usize,
     /// Records whose dispatched calls matched the ground truth (or, for
-    /// irrelevance, made no call).
+    /// irrelevance, made no call; for relevance, made one).
     pub correct: usize,
-    /// Whether the category is scored as irrelevance.
-    pub irrelevance: bool,
+    /// How the category is scored (see [`bfcl::Expected::kind`]); empty
+    /// for no records.
+    pub kind: &'static str,
     /// Model usage.
     pub usage: Usage,
     /// How often each rule of the policy fired, by rule name.
@@ -80,7 +81,7 @@ impl CategoryScore {
         Self::share(self.valid_calls, self.calls)
     }
 
-    /// Exact-call accuracy, or irrelevance accuracy.
+    /// Exact-call, irrelevance or relevance accuracy.
     pub fn accuracy(&self) -> String {
         Self::share(self.correct, self.records)
     }
@@ -108,7 +109,7 @@ pub async fn run_bfcl<P: Provider + 'static>(
     mut on_record: impl FnMut(usize),
 ) -> CategoryScore {
     let mut score = CategoryScore {
-        irrelevance: records.iter().all(|r| r.expected.is_none()),
+        kind: records.first().map_or("", |r| r.expected.kind()),
         ..CategoryScore::default()
     };
     let mut generations = Vec::new();
@@ -154,7 +155,7 @@ pub async fn run_bfcl<P: Provider + 'static>(
             record = %record.id,
             mode = ?mode,
             replies = ?replies.iter().map(|r| r.text.as_str()).collect::<Vec<_>>(),
-            correct = bfcl::score(&made, record.expected.as_deref()),
+            correct = bfcl::score(&made, &record.expected),
             "evaluated"
         );
         for reply in &replies {
@@ -168,7 +169,7 @@ pub async fn run_bfcl<P: Provider + 'static>(
         }
         generations.extend(replies);
         score.records += 1;
-        if bfcl::score(&made, record.expected.as_deref()) {
+        if bfcl::score(&made, &record.expected) {
             score.correct += 1;
         }
         on_record(i + 1);
@@ -218,13 +219,9 @@ pub fn bfcl_table(rows: &[BfclRow]) -> String {
         let Some(any) = off.as_ref().or(on.as_ref()) else {
             continue;
         };
-        let kind = if any.irrelevance {
-            " (irrelevance)"
-        } else {
-            " (exact call)"
-        };
+        let kind = any.kind;
         out.push_str(&format!(
-            "| {name}{kind} | {} | {} | {} | {} | {} |\n",
+            "| {name} ({kind}) | {} | {} | {} | {} | {} |\n",
             any.records,
             pair(off, on, &|s| s.call_rate().to_string()),
             pair(off, on, &|s| s.valid_rate().to_string()),
@@ -392,7 +389,7 @@ pub async fn run_bfcl_direct(
     mut on_record: impl FnMut(usize),
 ) -> CategoryScore {
     let mut score = CategoryScore {
-        irrelevance: records.iter().all(|r| r.expected.is_none()),
+        kind: records.first().map_or("", |r| r.expected.kind()),
         ..CategoryScore::default()
     };
     let mut generations = Vec::new();
@@ -450,7 +447,7 @@ pub async fn run_bfcl_direct(
                 Vec::new()
             }
         };
-        if bfcl::score(&made, record.expected.as_deref()) {
+        if bfcl::score(&made, &record.expected) {
             score.correct += 1;
         }
         on_record(i + 1);
@@ -465,13 +462,9 @@ pub fn bfcl_direct_table(rows: &[(String, CategoryScore)]) -> String {
         "| category | n | replies with a call | calls that parse and validate | accuracy | tokens/s |\n|---|---|---|---|---|---|\n",
     );
     for (name, s) in rows {
-        let kind = if s.irrelevance {
-            " (irrelevance)"
-        } else {
-            " (exact call)"
-        };
+        let kind = s.kind;
         out.push_str(&format!(
-            "| {name}{kind} | {} | {} | {} | {} | {:.1} |\n",
+            "| {name} ({kind}) | {} | {} | {} | {} | {:.1} |\n",
             s.records,
             s.call_rate(),
             s.valid_rate(),
