@@ -778,7 +778,7 @@ fn string_leaves<'a>(value: &'a Value, out: &mut Vec<&'a str>) {
 
 /// Whether a property holds free text: a string that is not an identifier,
 /// not a date or time and that lists no values, pattern or format.
-fn is_free_string(key: Option<&str>, prop: &Value) -> bool {
+pub(crate) fn is_free_string(key: Option<&str>, prop: &Value) -> bool {
     scalar_type(prop) == Some("string")
         && !key.is_some_and(is_identifier_key)
         && ["enum", "const", "pattern", "format"]
@@ -1014,10 +1014,7 @@ pub(crate) fn short_of_numbers(tool: &ToolDefinition, ids: &Identifiers, request
     if needed == 0 || ids.result_numbers {
         return false;
     }
-    let mut runs: Vec<&str> = request
-        .split(|c: char| !c.is_ascii_digit())
-        .filter(|r| !r.is_empty())
-        .collect();
+    let mut runs = digit_runs(request);
     runs.sort_unstable();
     runs.dedup();
     ids.number_count().max(runs.len()) < needed
@@ -1034,6 +1031,23 @@ pub(crate) fn short_of_strings(offered: &ToolDefinition) -> bool {
             .iter()
             .any(|(k, p)| required.contains(&k.as_str()) && is_free_string(Some(k), p))
     })
+}
+
+/// The runs of digits in `text`, in order and without their leading
+/// zeros ("-$100, 40" gives 100 and 40; "07" is 7).
+pub(crate) fn digit_runs(text: &str) -> Vec<String> {
+    text.split(|c: char| !c.is_ascii_digit())
+        .filter(|r| !r.is_empty())
+        .map(without_leading_zeros)
+        .collect()
+}
+
+/// Digits without their leading zeros ("007" and "7" are one number).
+pub(crate) fn without_leading_zeros(digits: &str) -> String {
+    match digits.trim_start_matches('0') {
+        "" => "0".to_string(),
+        rest => rest.to_string(),
+    }
 }
 
 /// Whether one of the tool's top-level arguments is an identifier.

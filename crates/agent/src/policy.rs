@@ -21,9 +21,9 @@ use serde_json::Value;
 
 use crate::error::{ToolError, ToolErrorCode};
 use crate::ground::{
-    Identifiers, ground_number_values, ground_string_values, ground_tool, ground_when_values,
-    lists_a_written_value, requires_a_number, short_of_numbers, short_of_strings, takes_free_text,
-    takes_identifier, waits_for_a_number,
+    Identifiers, digit_runs, ground_number_values, ground_string_values, ground_tool,
+    ground_when_values, is_free_string, lists_a_written_value, requires_a_number, short_of_numbers,
+    short_of_strings, takes_free_text, takes_identifier, waits_for_a_number, without_leading_zeros,
 };
 use crate::parse::ParsedCall;
 use crate::provider::{Decoding, PromptMessage, PromptRole};
@@ -1307,69 +1307,66 @@ pub(crate) fn names_a_tool(
     })
 }
 
-/// Why a call's arguments look made up rather than taken from `request`,
-/// if they do: one string given to two different top-level arguments (case
-/// and surrounding space aside), a number used more often than the request
-/// writes it in one list (`[120, 120, 120]` for a request that wrote 120
-/// once), or a string that is only words of its own argument's name
-/// (`case_year: "year"`).
-pub(crate) fn made_up_value(arguments: &Value, request: &str) -> Option<String> {
+/// Why a call's arguments look made up rather than taken from `written`
+/// (what the conversation wrote), if they do:
+/// - one free string given to more arguments than `written` holds it
+///   (case and surrounding space aside): "Flappy Bird" as both the game
+///   and its platform. Arguments whose `schema` fixes their values (an
+///   `enum`, a `format`, a date or time) may share one;
+/// - a list that repeats a number `written` holds more often than it does
+///   (`[120, 120, 120]` for a request that wrote 120 once);
+/// - a string that is only words of its own argument's name
+///   (`case_year: "year"`), unless the person quoted it.
+pub(crate) fn made_up_value(arguments: &Value, schema: &Value, written: &str) -> Option<String> {
     let args = arguments.as_object()?;
+    let lower = written.to_lowercase();
+    let props = schema.get("properties").and_then(Value::as_object);
+    let free = |key: &str| {
+        props
+            .and_then(|p| p.get(key))
+            .is_none_or(|prop| is_free_string(Some(key), prop))
+    };
     let mut seen: Vec<String> = Vec::new();
-    for value in args.values() {
+    for (key, value) in args {
         let Some(text) = value.as_str().map(|t| t.trim().to_lowercase()) else {
             continue;
         };
-        if text.is_empty() {
+        if text.is_empty() || !free(key) {
             continue;
         }
-        if seen.contains(&text) {
-            return Some(format!("gave \"{text}\" to two arguments"));
+        let uses = 1 + seen.iter().filter(|t| **t == text).count();
+        if uses > 1 && uses > lower.matches(text.as_str()).count() {
+            return Some(format!("gave \"{text}\" to {uses} arguments"));
         }
         seen.push(text);
     }
-    let written = digit_runs(request);
-    if let Some((number, n)) = args.values().find_map(|v| repeated_item(v, &written)) {
+    let numbers = digit_runs(written);
+    if let Some((number, n)) = args.values().find_map(|v| repeated_item(v, &numbers)) {
         return Some(format!("listed {number} {n} times"));
     }
     args.iter().find_map(|(key, value)| {
-        let text = value.as_str()?;
-        let key_words = words_of_name(key);
-        let words: Vec<String> = text
-            .split(|c: char| !c.is_alphanumeric())
-            .filter(|w| !w.is_empty())
-            .map(|w| w.to_lowercase())
-            .collect();
+        let text = value.as_str()?.trim();
+        let key_words = name_words(key);
+        let words = name_words(text);
         let of_key = |w: &String| {
             key_words
                 .iter()
                 .any(|k| k == w || k.strip_suffix('s') == Some(w) || w.strip_suffix('s') == Some(k))
         };
-        (!words.is_empty() && words.iter().all(of_key))
+        let said = text.to_lowercase();
+        let quoted = [('\'', '\''), ('"', '"'), ('\u{201c}', '\u{201d}')]
+            .iter()
+            .any(|(open, close)| lower.contains(&format!("{open}{said}{close}")));
+        (!words.is_empty() && words.iter().all(of_key) && !quoted)
             .then(|| format!("gave {key} its own name, \"{text}\""))
     })
 }
 
-/// The runs of digits in `text`, in order ("-$100, 40" gives 100 and 40).
-fn digit_runs(text: &str) -> Vec<String> {
-    text.split(|c: char| !c.is_ascii_digit())
-        .filter(|r| !r.is_empty())
-        .map(without_leading_zeros)
-        .collect()
-}
-
-/// Digits without their leading zeros ("007" and "7" are one number).
-fn without_leading_zeros(digits: &str) -> String {
-    match digits.trim_start_matches('0') {
-        "" => "0".to_string(),
-        rest => rest.to_string(),
-    }
-}
-
-/// A whole number that one array inside `value` lists more than once and
-/// more often than `written` holds it, with its count. Arguments of their
-/// own may share a number (a square's two sides); a list that repeats one
-/// is filling items nobody gave.
+/// A whole number that `written` holds and one array inside `value` lists
+/// more often than that, with its count. Arguments of their own may share
+/// a number (a square's two sides), and a list may hold numbers nobody
+/// wrote (a polynomial's zero coefficients); a list that repeats a written
+/// one is filling items nobody gave.
 fn repeated_item(value: &Value, written: &[String]) -> Option<(String, usize)> {
     match value {
         Value::Array(items) => {
@@ -1382,7 +1379,10 @@ fn repeated_item(value: &Value, written: &[String]) -> Option<(String, usize)> {
             }
             counts
                 .into_iter()
-                .find(|(d, n)| *n > 1 && *n > written.iter().filter(|w| *w == d).count())
+                .find(|(d, n)| {
+                    let times = written.iter().filter(|w| *w == d).count();
+                    times > 0 && *n > times
+                })
                 .or_else(|| items.iter().find_map(|v| repeated_item(v, written)))
         }
         Value::Object(map) => map.values().find_map(|v| repeated_item(v, written)),
@@ -1404,24 +1404,6 @@ fn whole_digits(value: &Value) -> Option<String> {
                 .map(|f| f.abs() as u64)
         })?;
     Some(without_leading_zeros(&whole.to_string()))
-}
-
-/// The lowercase words of an argument's name (`case_year`, `caseYear`).
-fn words_of_name(name: &str) -> Vec<String> {
-    let mut words = Vec::new();
-    let mut word = String::new();
-    for c in name.chars() {
-        if (!c.is_alphanumeric() || c.is_uppercase()) && !word.is_empty() {
-            words.push(std::mem::take(&mut word));
-        }
-        if c.is_alphanumeric() {
-            word.extend(c.to_lowercase());
-        }
-    }
-    if !word.is_empty() {
-        words.push(word);
-    }
-    words
 }
 
 /// A call's result, and what the call named.
@@ -2972,8 +2954,10 @@ mod tests {
 
     #[test]
     fn a_call_that_repeats_a_value_or_its_own_name_looks_made_up() {
-        let made_up = |arguments: Value, request: &str| made_up_value(&arguments, request);
-        // One phrase for two arguments.
+        let made_up = |arguments: Value, request: &str| {
+            made_up_value(&arguments, &json!({"type": "object"}), request)
+        };
+        // One phrase for two arguments, written once.
         assert!(
             made_up(
                 json!({"game_name": "Flappy Bird", "platform": "flappy bird "}),
@@ -2981,7 +2965,23 @@ mod tests {
             )
             .is_some()
         );
-        // A number used more often than written, array items included.
+        assert!(made_up(json!({"from": "Paris", "to": "Paris"}), "Paris to Paris").is_none());
+        // Arguments whose schema fixes their values may share one.
+        let event = json!({"type": "object", "properties": {
+            "start": {"type": "string", "format": "date"},
+            "end": {"type": "string", "format": "date"},
+            "status": {"type": "string", "enum": ["all", "open"]},
+            "category": {"type": "string", "enum": ["all", "work"]}}});
+        assert!(
+            made_up_value(
+                &json!({"start": "2026-03-12", "end": "2026-03-12", "status": "all", "category": "all"}),
+                &event,
+                "Block out 2026-03-12"
+            )
+            .is_none()
+        );
+        // A list that repeats a written number more often than written,
+        // at any depth; floats that are whole count.
         let flows = "cash flows of -$100, $40, $60, $80, $120?";
         assert!(
             made_up(
@@ -2990,11 +2990,14 @@ mod tests {
             )
             .is_some()
         );
+        assert!(made_up(json!({"project": {"flows": [120.0, 120.0]}}), flows).is_some());
         assert!(made_up(json!({"cash_flows": [-100, 40, 60, 80, 120]}), flows).is_none());
         assert!(made_up(json!({"sides": [5, 5]}), "A rectangle of 5 by 5").is_none());
+        // Numbers nobody wrote may repeat: a polynomial's zero coefficients.
+        assert!(made_up(json!({"coefficients": [1, 0, 0, 2]}), "Roots of x^3 + 2").is_none());
         // Arguments of their own may share one: a square's two sides.
         assert!(made_up(json!({"a": 5, "b": 5}), "A square with sides of 5").is_none());
-        // A value that is only its argument's name.
+        // A value that is only its argument's name, unless quoted.
         assert!(
             made_up(
                 json!({"case_id": "2020", "case_year": "year"}),
@@ -3003,6 +3006,7 @@ mod tests {
             .is_some()
         );
         assert!(made_up(json!({"caseYear": "Years"}), "cases").is_some());
+        assert!(made_up(json!({"new_name": "name"}), "Rename the field to 'name'").is_none());
         assert!(made_up(json!({"case_year": "2020"}), "cases of 2020").is_none());
         assert!(
             made_up(

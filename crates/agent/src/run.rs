@@ -581,15 +581,17 @@ impl<P: Provider + 'static> Run<P> {
         // little weight; that takes a tool the conversation can fill. When
         // every tool offered requires more numbers, or a string, than it
         // gives, whether to call is left to the model.
-        if request.decoding.call_threshold.is_some() && !offered.is_empty() {
+        if attempt == Attempt::First
+            && request.decoding.call_threshold.is_some()
+            && !offered.is_empty()
+        {
             let lacks_numbers = |o: &ToolDefinition| {
                 // The shown form: the offered one may hold its numbers to
                 // those written, which no longer reads as requiring them.
                 self.policy.ground_numbers
-                    && shown
-                        .iter()
-                        .filter(|t| t.name == o.name)
-                        .all(|t| short_of_numbers(t, &self.rules.identifiers, &self.request_text))
+                    && shown.iter().find(|t| t.name == o.name).is_some_and(|t| {
+                        short_of_numbers(t, &self.rules.identifiers, &self.request_text)
+                    })
             };
             let lacks_strings =
                 |o: &ToolDefinition| self.policy.ground_strings && short_of_strings(o);
@@ -662,7 +664,14 @@ impl<P: Provider + 'static> Run<P> {
                     .collect::<Vec<_>>()
                     .join("\n");
                 reply.calls.iter().find_map(|c| {
-                    made_up_value(&c.arguments, &written).map(|why| format!("{} {why}", c.name))
+                    // The schema as shown: the offered one lists phrases
+                    // for every free string.
+                    let schema = shown
+                        .iter()
+                        .find(|t| t.name == c.name)
+                        .map_or(&Value::Null, |t| &t.input_schema);
+                    made_up_value(&c.arguments, schema, &written)
+                        .map(|why| format!("{} {why}", c.name))
                 })
             });
             let reply = match (retried_prose, made_up) {

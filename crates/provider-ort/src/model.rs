@@ -58,7 +58,7 @@ pub struct GenerateParams {
     pub greedy_calls: bool,
     /// Under a constraint, when the token limit falls inside the reply's
     /// first call (later ones are cut back to the calls before them), up to
-    /// this many more tokens finish it greedily along the shortest way the
+    /// this many more tokens finish it greedily along a short way the
     /// grammar allows ([`ConstraintMatcher::close_out`]); 0 cuts the reply
     /// back as without it (the request's `Decoding::finish_cut_calls`).
     pub finish_cut_calls: usize,
@@ -887,7 +887,7 @@ impl OrtModel {
     /// grammar's end-of-sequence is the model's stop tokens), or when it
     /// writes a call it has already written (the copy is cut off). When the token
     /// limit falls inside a call and `params.finish_cut_calls` allows, the
-    /// call is finished along the shortest way the grammar allows, within
+    /// call is finished along a short way the grammar allows, within
     /// that many more tokens (and the context). Otherwise, when the limit
     /// cuts a reply short of a complete output, the reply is cut back to
     /// the last point where the grammar was complete (a whole call rather
