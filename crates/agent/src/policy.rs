@@ -249,8 +249,10 @@ pub struct Policy {
     /// calls-only retry would follow a prose reply anyway: the request
     /// names a shown tool (`named_tool_retry`), asks for a change a tool
     /// makes (`change_request_retry`) or seeks what a read-only tool looks
-    /// up (`question_lookup_retry`). For a host where no call beats a wrong
-    /// one. Default: off. On BFCL irrelevance (240 records) it stopped the
+    /// up (`question_lookup_retry`). The named tool counts only when
+    /// `named_tool_retry` is at most `call_threshold`, as the retry itself
+    /// would not follow a call given less. For a host where no call beats
+    /// a wrong one. Default: off. On BFCL irrelevance (240 records) it stopped the
     /// three calls the threshold still forced, all to tools that do
     /// something else (the model gave each call 0.7–0.8%): 235 -> 238
     /// right. But the first 100 records of simple_python, multiple and
