@@ -316,6 +316,16 @@ async fn a_prose_reply_to_a_request_naming_a_tool_gets_the_calls_only_retry() {
     assert_eq!(texts(&parts), ["Your cart is empty."]);
 }
 
+/// The inline options with the small-model policy as `set` changes it.
+fn small_model_with(set: impl FnOnce(&mut Policy)) -> LocalLoopOptions {
+    let mut policy = Policy::small_model();
+    set(&mut policy);
+    LocalLoopOptions {
+        policy: Some(policy),
+        ..inline()
+    }
+}
+
 /// A game tracker whose one tool needs two strings.
 fn game_tracker() -> Arc<InMemoryToolHost> {
     let host = Arc::new(InMemoryToolHost::new());
@@ -392,12 +402,7 @@ async fn a_retried_call_whose_values_are_made_up_is_dropped_for_the_prose() {
     ])
     .with_constraints(true)
     .with_call_probability(retry_probability());
-    let mut policy = Policy::small_model();
-    policy.grounded_retry_values = false;
-    let options = LocalLoopOptions {
-        policy: Some(policy),
-        ..inline()
-    };
+    let options = small_model_with(|p| p.grounded_retry_values = false);
     let host = game_tracker();
     run_all(provider, ask(request, host.clone()), options).await;
     assert_eq!(host.calls().len(), 1);
@@ -426,12 +431,7 @@ async fn with_threshold_on_evidence_the_first_steps_call_threshold_takes_the_evi
         ])
         .with_constraints(true)
         .with_call_probability(retry_probability());
-        let mut policy = Policy::small_model();
-        policy.threshold_on_evidence = true;
-        let options = LocalLoopOptions {
-            policy: Some(policy),
-            ..inline()
-        };
+        let options = small_model_with(|p| p.threshold_on_evidence = true);
         let parts = run_all(provider.clone(), ask(request, game_tracker()), options).await;
         assert_finish(&parts, FinishReason::Stop);
         let first = &provider.requests()[0];
@@ -474,12 +474,11 @@ async fn the_retry_needs_two_named_words_and_the_models_own_weight_on_a_call() {
         let provider = ScriptedProvider::new(["Some prose."])
             .with_constraints(true)
             .with_call_probability(p);
-        let mut options = inline();
-        let mut policy = Policy::small_model();
-        policy.named_tool_retry = Some(gate);
-        // "cart" is in view_cart's name, the sign of another rule.
-        policy.question_lookup_retry = false;
-        options.policy = Some(policy);
+        let options = small_model_with(|p| {
+            p.named_tool_retry = Some(gate);
+            // "cart" is in view_cart's name, the sign of another rule.
+            p.question_lookup_retry = false;
+        });
         let parts = run_all(provider.clone(), ask(request, annotated_shop()), options).await;
         assert_eq!(provider.requests().len(), 1, "no retry for {request:?}");
         assert_eq!(texts(&parts), ["Some prose."]);

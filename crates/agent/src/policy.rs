@@ -1300,8 +1300,8 @@ pub(crate) fn names_a_tool(
         let lacks_strings = grounded.is_some_and(|offered| {
             offered
                 .iter()
-                .filter(|o| o.name == tool.name)
-                .any(short_of_strings)
+                .find(|o| o.name == tool.name)
+                .is_some_and(short_of_strings)
         });
         s.name_matches.len() + usize::from(id_sign) >= 2
             && !short_of_numbers(tool, ids, request)

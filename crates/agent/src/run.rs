@@ -560,55 +560,11 @@ impl<P: Provider + 'static> Run<P> {
             attempt = Attempt::DelegatedFirst;
             self.report(vec![fired]);
         }
-        // On the first step, a call on little weight takes the evidence a
-        // calls-only retry would take after a prose reply.
-        if self.policy.threshold_on_evidence
-            && attempt == Attempt::First
-            && first_step
-            && request.decoding.call_threshold.is_some()
-            && !offered.is_empty()
-            && self
-                .calls_only_retry(&shown, &offered, true, request.decoding.call_threshold)
-                .is_none()
+        if attempt == Attempt::First
+            && let Some(fired) = self.threshold_held_back(&shown, &offered, first_step, &request)
         {
             request.decoding.call_threshold = None;
-            self.report(vec![Fired {
-                rule: Rule::ThresholdOnEvidence,
-                detail: "no call threshold: the request names no shown tool, asks no change a tool makes and seeks nothing a read-only tool looks up".to_string(),
-            }]);
-        }
-        // The call threshold settles prose or a call in favour of a call on
-        // little weight; that takes a tool the conversation can fill. When
-        // every tool offered requires more numbers, or a string, than it
-        // gives, whether to call is left to the model.
-        if attempt == Attempt::First
-            && request.decoding.call_threshold.is_some()
-            && !offered.is_empty()
-        {
-            let lacks_numbers = |o: &ToolDefinition| {
-                // The shown form: the offered one may hold its numbers to
-                // those written, which no longer reads as requiring them.
-                self.policy.ground_numbers
-                    && shown.iter().find(|t| t.name == o.name).is_some_and(|t| {
-                        short_of_numbers(t, &self.rules.identifiers, &self.request_text)
-                    })
-            };
-            let lacks_strings =
-                |o: &ToolDefinition| self.policy.ground_strings && short_of_strings(o);
-            let fired = if offered.iter().all(lacks_numbers) {
-                Some((Rule::GroundNumbers, "numbers"))
-            } else if offered.iter().all(|o| lacks_numbers(o) || lacks_strings(o)) {
-                Some((Rule::GroundStrings, "numbers or a string"))
-            } else {
-                None
-            };
-            if let Some((rule, what)) = fired {
-                request.decoding.call_threshold = None;
-                self.report(vec![Fired {
-                    rule,
-                    detail: format!("no call threshold: every tool offered requires more {what} than the conversation gives"),
-                }]);
-            }
+            self.report(vec![fired]);
         }
         let mut corrected = false;
         let mut repaired = false;
@@ -656,24 +612,9 @@ impl<P: Provider + 'static> Run<P> {
                 continue;
             }
             let retried_prose = before_retry.take();
-            // A retried call's values must come from what the conversation
-            // wrote: the person's words and the results.
-            let made_up = retried_prose.as_ref().and_then(|_| {
-                let written = std::iter::once(self.request_text.as_str())
-                    .chain(self.results.iter().map(String::as_str))
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                reply.calls.iter().find_map(|c| {
-                    // The schema as shown: the offered one lists phrases
-                    // for every free string.
-                    let schema = shown
-                        .iter()
-                        .find(|t| t.name == c.name)
-                        .map_or(&Value::Null, |t| &t.input_schema);
-                    made_up_value(&c.arguments, schema, &written)
-                        .map(|why| format!("{} {why}", c.name))
-                })
-            });
+            let made_up = retried_prose
+                .as_ref()
+                .and_then(|_| self.made_up_call(&reply, &shown));
             let reply = match (retried_prose, made_up) {
                 (Some(prose), Some(why)) if self.policy.grounded_retry_values => {
                     self.report(vec![Fired {
@@ -789,6 +730,76 @@ impl<P: Provider + 'static> Run<P> {
             Span::current().record("wma.outcome", "calls");
             return self.run_calls(step, reply, &generation.text).await;
         }
+    }
+
+    /// Why the first attempt's call threshold is held back, if it is. The
+    /// threshold settles prose or a call in favour of a call on little
+    /// weight; that takes the evidence a calls-only retry would take
+    /// (`threshold_on_evidence`, first step) and a tool the conversation
+    /// can fill: when every tool offered requires more numbers, or a
+    /// string, than it gives, whether to call is left to the model.
+    fn threshold_held_back(
+        &self,
+        shown: &[ToolDefinition],
+        offered: &[ToolDefinition],
+        first_step: bool,
+        request: &GenerateRequest,
+    ) -> Option<Fired> {
+        let threshold = request.decoding.call_threshold;
+        if threshold.is_none() || offered.is_empty() {
+            return None;
+        }
+        if self.policy.threshold_on_evidence
+            && first_step
+            && self
+                .calls_only_retry(shown, offered, true, threshold)
+                .is_none()
+        {
+            return Some(Fired {
+                rule: Rule::ThresholdOnEvidence,
+                detail: "no call threshold: the request names no shown tool, asks no change a tool makes and seeks nothing a read-only tool looks up".to_string(),
+            });
+        }
+        let lacks_numbers = |o: &ToolDefinition| {
+            // The shown form: the offered one may hold its numbers to
+            // those written, which no longer reads as requiring them.
+            self.policy.ground_numbers
+                && shown.iter().find(|t| t.name == o.name).is_some_and(|t| {
+                    short_of_numbers(t, &self.rules.identifiers, &self.request_text)
+                })
+        };
+        let lacks_strings = |o: &ToolDefinition| self.policy.ground_strings && short_of_strings(o);
+        let (rule, what) = if offered.iter().all(lacks_numbers) {
+            (Rule::GroundNumbers, "numbers")
+        } else if offered.iter().all(|o| lacks_numbers(o) || lacks_strings(o)) {
+            (Rule::GroundStrings, "numbers or a string")
+        } else {
+            return None;
+        };
+        Some(Fired {
+            rule,
+            detail: format!(
+                "no call threshold: every tool offered requires more {what} than the conversation gives"
+            ),
+        })
+    }
+
+    /// Why a call of `reply` looks made up ([`made_up_value`], against the
+    /// tool's schema as `shown`: the offered one lists phrases for every
+    /// free string), if one does. A retried call's values must come from
+    /// what the conversation wrote: the person's words and the results.
+    fn made_up_call(&self, reply: &ParsedReply, shown: &[ToolDefinition]) -> Option<String> {
+        let written = std::iter::once(self.request_text.as_str())
+            .chain(self.results.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join("\n");
+        reply.calls.iter().find_map(|c| {
+            let schema = shown
+                .iter()
+                .find(|t| t.name == c.name)
+                .map_or(&Value::Null, |t| &t.input_schema);
+            made_up_value(&c.arguments, schema, &written).map(|why| format!("{} {why}", c.name))
+        })
     }
 
     /// The calls-only retry a prose reply gets, if any, and the rule that
