@@ -3,8 +3,11 @@
 //! own time per token, and the time to compile a grammar.
 //!
 //! ```text
-//! cargo run --release -p wma-provider-ort --example constraint_bench -- [--threads N] [--model DIR] [--repeat N]
+//! cargo run --release -p wma-provider-ort --example constraint_bench -- [--threads N] [--model DIR] [--variant NAME] [--repeat N]
 //! ```
+//!
+//! `--variant` picks the graph file (`onnx/model.onnx` is the default model's
+//! fp32 variant, made by `scripts/setup.sh --fp32`).
 //!
 //! It asks the model (the default one unless `--model` says otherwise) a few
 //! shop requests with the shop's tools in the prompt, once with "calls only"
@@ -80,6 +83,7 @@ fn main() -> Result<()> {
     let mut threads = 2;
     let mut repeat = 3;
     let mut model = None;
+    let mut variant = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().with_context(|| format!("{name} needs a value"));
@@ -87,8 +91,11 @@ fn main() -> Result<()> {
             "--threads" => threads = value("--threads")?.parse()?,
             "--repeat" => repeat = value("--repeat")?.parse()?,
             "--model" => model = Some(value("--model")?),
+            "--variant" => variant = Some(value("--variant")?),
             "-h" | "--help" => {
-                println!("constraint_bench [--threads N] [--model DIR] [--repeat N]");
+                println!(
+                    "constraint_bench [--threads N] [--model DIR] [--variant NAME] [--repeat N]"
+                );
                 return Ok(());
             }
             other => bail!("unknown argument {other}"),
@@ -96,6 +103,7 @@ fn main() -> Result<()> {
     }
     let mut options = OrtProviderOptions::default().with_threads(threads);
     options.model = model;
+    options.variant = variant;
     let provider = OrtProvider::load(options).context("could not load the model")?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()

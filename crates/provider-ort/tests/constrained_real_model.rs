@@ -8,7 +8,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use common::{default_model, options, small_model_decoding};
+use common::{default_model, default_model_fp32, options, small_model_decoding};
 use futures::StreamExt;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -259,10 +259,21 @@ async fn copy_phrases_put_the_persons_words_into_a_free_text_argument() {
 /// Fast forward (the tokens a grammar forces fed in one forward pass) writes
 /// the same reply, token for token, as one decode step per token: the same
 /// calls in the same tokens, for prose-or-call and calls-only constraints.
+///
+/// It runs on the default model's fp32 variant (`scripts/setup.sh --fp32`):
+/// the same network and weights with float activations, where a batched
+/// pass and one-token passes agree to rounding. The 4-bit graph quantizes
+/// activations to 8 bits (`MatMulNBits` accuracy level 4), which turns
+/// their 1e-7 difference into up to 0.7 in the logits, so there a later
+/// free choice can differ; that is why fast forward is off by default
+/// (docs/providers.md, "Forced tokens in one pass").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "on the 4-bit model a batched pass and one-token passes differ by up to 0.7 in the logits (8-bit activations amplify GroupQueryAttention's 1e-7 difference; docs/providers.md); fast-forward stays off by default while this fails"]
 async fn fast_forward_writes_the_same_reply_as_one_step_per_token() {
-    let provider = provider().await;
+    let provider = OrtProvider::new(default_model_fp32()).unwrap();
+    provider
+        .prepare(Arc::new(|_| {}), CancellationToken::new())
+        .await
+        .unwrap();
     let tools = shop_tools();
     let system = system_prompt(&SystemPromptInput {
         tools: &tools,
@@ -274,6 +285,8 @@ async fn fast_forward_writes_the_same_reply_as_one_step_per_token() {
         ("Add two of product p-17 to my cart.", true),
         ("Search the catalog for a waterproof backpack.", true),
         ("Show me my cart.", false),
+        ("Show me the details of product p-33.", true),
+        ("Find a waterproof backpack and add it to my cart.", false),
     ];
     for (text, calls_only) in cases {
         let request = GenerateRequest {

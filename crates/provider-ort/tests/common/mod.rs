@@ -98,6 +98,20 @@ pub fn default_model() -> PathBuf {
     dir
 }
 
+/// Options for the default model's fp32 variant (`onnx/model.onnx`, made by
+/// `scripts/setup.sh --fp32`, which the test command runs); fails naming
+/// that set-up when the file is missing.
+pub fn default_model_fp32() -> OrtProviderOptions {
+    let dir = default_model();
+    let graph = dir.join("onnx").join("model.onnx");
+    assert!(
+        graph.is_file(),
+        "the default model's fp32 variant is not at {}: run scripts/setup.sh --fp32",
+        graph.display()
+    );
+    options(&dir).with_variant("onnx/model.onnx")
+}
+
 /// Options for a model folder, on two threads (the size of CI's machine).
 pub fn options(dir: &Path) -> OrtProviderOptions {
     OrtProviderOptions::default()
