@@ -919,9 +919,12 @@ impl OrtModel {
         // New tokens are fed back one by one, and the last one never is, so
         // the context bounds the count at `context - prompt + 1`.
         let room = self.context_length - prompt.len() + 1;
-        let mut max_new = params.max_new_tokens.min(room);
-        // Whether the limit fell inside a call that is now being finished.
-        let mut closing = false;
+        let mut limits = ReplyLimits {
+            max_new: params.max_new_tokens.min(room),
+            room,
+            closing: false,
+            complete_at: 0,
+        };
         let mut stats = GenerationStats {
             prompt_tokens: prompt.len(),
             ..GenerationStats::default()
@@ -939,8 +942,6 @@ impl OrtModel {
 
         let mut sampler = Sampler::new(&params.sampling, prompt);
         let mut ids = Vec::new();
-        // Under a constraint: how many tokens made the last complete output.
-        let mut complete_at = 0;
         let decode_start = Instant::now();
         let reason = 'generation: loop {
             if cancel.is_cancelled() {
@@ -956,7 +957,7 @@ impl OrtModel {
                 let started = Instant::now();
                 let mut forced = c.forced_tokens();
                 stats.constraint_time += started.elapsed();
-                forced.truncate(max_new - ids.len());
+                forced.truncate(limits.max_new - ids.len());
                 if !forced.is_empty() {
                     for &id in &forced {
                         if ids.is_empty() {
@@ -964,44 +965,18 @@ impl OrtModel {
                         }
                         ids.push(id);
                         sampler.remember(id);
-                        stats.generated_tokens += 1;
                         stats.forced_tokens += 1;
-                        let started = Instant::now();
-                        c.consume(id)?;
-                        let mut grammar_done = c.is_finished();
-                        if c.is_accepting() {
-                            complete_at = ids.len();
-                        }
-                        if c.repeated_a_call() {
-                            ids.truncate(c.distinct_tokens());
-                            grammar_done = true;
-                        }
-                        stats.constraint_time += started.elapsed();
-                        // The same ends as for a chosen token; the tokens
-                        // after the end are not fed (nor the last one, as
-                        // always).
-                        if grammar_done || should_stop(&ids) {
-                            break 'generation StopReason::Stop;
-                        }
-                        if closing && c.is_accepting() {
-                            break 'generation StopReason::Length;
-                        }
-                        if ids.len() >= max_new {
-                            if !closing
-                                && complete_at == 0
-                                && c.writing_call()
-                                && params.finish_cut_calls > 0
-                            {
-                                closing = true;
-                                max_new = (max_new + params.finish_cut_calls).min(room);
-                                if ids.len() < max_new {
-                                    continue;
-                                }
-                            }
-                            if complete_at > 0 && complete_at < ids.len() {
-                                ids.truncate(complete_at);
-                            }
-                            break 'generation StopReason::Length;
+                        // The tokens after an end are not fed (nor the last
+                        // one, as always).
+                        if let Some(reason) = after_token(
+                            &mut ids,
+                            Some(&mut *c),
+                            params,
+                            &mut limits,
+                            &mut stats,
+                            &mut should_stop,
+                        )? {
+                            break 'generation reason;
                         }
                     }
                     if cancel.is_cancelled() {
@@ -1019,58 +994,29 @@ impl OrtModel {
             if let Some(c) = constraint.as_deref_mut() {
                 let started = Instant::now();
                 c.mask_logits(&mut logits)?;
-                if closing {
+                if limits.closing {
                     c.close_out(&mut logits);
                 }
                 stats.constraint_time += started.elapsed();
                 stats.constrained_tokens += 1;
             }
             let greedy = params.sampling.is_greedy()
-                || closing
+                || limits.closing
                 || (params.greedy_calls && constraint.as_deref().is_some_and(|c| c.writing_call()));
             let id = sampler.sample_as(&mut logits, greedy);
             if ids.is_empty() {
                 stats.time_to_first_token = start.elapsed();
             }
             ids.push(id);
-            stats.generated_tokens += 1;
-            let mut grammar_done = false;
-            if let Some(c) = constraint.as_deref_mut() {
-                let started = Instant::now();
-                if params.stop_ids.contains(&id) {
-                    // The mask only lets a stop token through where the
-                    // grammar is complete; nothing to advance.
-                } else {
-                    c.consume(id)?;
-                    grammar_done = c.is_finished();
-                    if c.is_accepting() {
-                        complete_at = ids.len();
-                    }
-                    if c.repeated_a_call() {
-                        ids.truncate(c.distinct_tokens());
-                        grammar_done = true;
-                    }
-                }
-                stats.constraint_time += started.elapsed();
-            }
-            if params.stop_ids.contains(&id) || grammar_done || should_stop(&ids) {
-                break StopReason::Stop;
-            }
-            if closing && complete_at == ids.len() {
-                break StopReason::Length;
-            }
-            if ids.len() >= max_new {
-                let cut_call = constraint.as_deref().is_some_and(|c| c.writing_call());
-                if !closing && cut_call && complete_at == 0 && params.finish_cut_calls > 0 {
-                    closing = true;
-                    max_new = (max_new + params.finish_cut_calls).min(room);
-                }
-                if ids.len() >= max_new {
-                    if constraint.is_some() && complete_at > 0 && complete_at < ids.len() {
-                        ids.truncate(complete_at);
-                    }
-                    break StopReason::Length;
-                }
+            if let Some(reason) = after_token(
+                &mut ids,
+                constraint.as_deref_mut(),
+                params,
+                &mut limits,
+                &mut stats,
+                &mut should_stop,
+            )? {
+                break reason;
             }
             // Checked again so that a cancellation during sampling or the
             // stop check does not pay for one more forward pass.
@@ -1193,6 +1139,76 @@ impl SharedKv {
 
 /// A zeroed `[1, heads, capacity, head_dim]` buffer with the first `keep`
 /// positions of `old` copied in.
+/// How far a reply may go: the token limit (raised once to finish a cut
+/// call), the context's room, and the grammar's last complete point.
+struct ReplyLimits {
+    max_new: usize,
+    room: usize,
+    /// Whether the limit fell inside a call that is now being finished.
+    closing: bool,
+    /// Under a constraint: how many tokens made the last complete output.
+    complete_at: usize,
+}
+
+/// What follows a token joining the reply (`ids`'s last), the same for a
+/// token the model chose and one the grammar forced: the grammar advances,
+/// and the reply ends at a stop token, a finished grammar, a repeated call
+/// (cut off) or a stop string. At the token limit a cut call gets
+/// `finish_cut_calls` more tokens to close, once; otherwise the reply goes
+/// back to its last complete output and ends. `None` means go on.
+fn after_token(
+    ids: &mut Vec<u32>,
+    constraint: Option<&mut ConstraintMatcher>,
+    params: &GenerateParams,
+    limits: &mut ReplyLimits,
+    stats: &mut GenerationStats,
+    should_stop: &mut impl FnMut(&[u32]) -> bool,
+) -> Result<Option<StopReason>, OrtError> {
+    stats.generated_tokens += 1;
+    let id = *ids.last().expect("a token was just added");
+    let stop_token = params.stop_ids.contains(&id);
+    let mut grammar_done = false;
+    let mut writing_call = false;
+    if let Some(c) = constraint {
+        let started = Instant::now();
+        // The mask only lets a stop token through where the grammar is
+        // complete; there is nothing to advance.
+        if !stop_token {
+            c.consume(id)?;
+            grammar_done = c.is_finished();
+            if c.is_accepting() {
+                limits.complete_at = ids.len();
+            }
+            if c.repeated_a_call() {
+                ids.truncate(c.distinct_tokens());
+                grammar_done = true;
+            }
+        }
+        writing_call = c.writing_call();
+        stats.constraint_time += started.elapsed();
+    }
+    if stop_token || grammar_done || should_stop(ids) {
+        return Ok(Some(StopReason::Stop));
+    }
+    if limits.closing && limits.complete_at == ids.len() {
+        return Ok(Some(StopReason::Length));
+    }
+    if ids.len() >= limits.max_new {
+        if !limits.closing && writing_call && limits.complete_at == 0 && params.finish_cut_calls > 0
+        {
+            limits.closing = true;
+            limits.max_new = (limits.max_new + params.finish_cut_calls).min(limits.room);
+        }
+        if ids.len() >= limits.max_new {
+            if limits.complete_at > 0 && limits.complete_at < ids.len() {
+                ids.truncate(limits.complete_at);
+            }
+            return Ok(Some(StopReason::Length));
+        }
+    }
+    Ok(None)
+}
+
 fn grown<T>(
     allocator: &Allocator,
     shape: [usize; 4],
