@@ -7,13 +7,13 @@
 //! loop races the answer against Stop and the policy's time limit, and a
 //! question whose run stopped waiting is taken off the list.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use serde::Serialize;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 use wma_agent::{ApprovalAnswer, ApprovalRequest, Approver, CallRecordRequest};
 
 /// One question waiting for its answer.
@@ -142,6 +142,10 @@ pub(crate) struct HttpApprover {
     /// resumed after a restart): the loop's own are recorded numbered
     /// after them, as its driver logs their parts.
     pub(crate) sub_runs_before: u64,
+    /// The questions whose `approval-requested` part the run's driver has
+    /// committed to the run's log; a question is persisted (the run
+    /// `waiting-for-approval`) only after its part, when set.
+    pub(crate) logged: Option<LoggedQuestions>,
 }
 
 /// The idempotency keys of recorded calls that have not answered yet, by
@@ -150,6 +154,75 @@ pub(crate) struct HttpApprover {
 /// run number their calls alike, and the answer of the one must not be
 /// taken for the other's.
 pub(crate) type CallKeys = Arc<Mutex<HashMap<(String, String, String), String>>>;
+
+/// The questions of one run whose `approval-requested` part its driver
+/// has logged: committed to the run's log, or never to be (the host gave
+/// up on the run, or the driver ended). Shared by the run's
+/// [`HttpApprover`], which waits for its question here before it marks
+/// the run `waiting-for-approval`, and the run's driver.
+///
+/// The loop emits a question's part before it asks, but the part reaches
+/// the log through the driver and the log's writer, both off the loop's
+/// path: without this wait the run could be marked waiting (what a
+/// restart goes on from) while parts a client was already sent (the
+/// question, the call, the step's start) were still queued, and a host
+/// killed then would lose them; its next start would number the
+/// decision after the last part stored, under event ids the client had
+/// already seen.
+#[derive(Clone)]
+pub(crate) struct LoggedQuestions(Arc<watch::Sender<Logged>>);
+
+#[derive(Default)]
+pub(crate) struct Logged {
+    /// Questions logged that their approver has not taken yet.
+    ids: HashSet<String>,
+    /// The driver ended: nothing more will be logged.
+    ended: bool,
+}
+
+impl Default for LoggedQuestions {
+    fn default() -> Self {
+        Self(Arc::new(watch::Sender::new(Logged::default())))
+    }
+}
+
+impl LoggedQuestions {
+    /// The driver has committed the question's part (or will never log
+    /// it).
+    pub(crate) fn logged(&self, approval_id: String) {
+        self.0.send_modify(|l| {
+            l.ids.insert(approval_id);
+        });
+    }
+
+    /// Ends the wait of every question, logged or not, once the driver
+    /// is gone (however it ends) when dropped.
+    pub(crate) fn end_on_drop(&self) -> EndQuestions {
+        EndQuestions(self.clone())
+    }
+
+    /// Waits until the driver has logged the question, or ended.
+    async fn wait(&self, approval_id: &str) {
+        let mut rx = self.0.subscribe();
+        // The sender lives in `self`: this ends by the condition only.
+        let _ = rx
+            .wait_for(|l| l.ended || l.ids.contains(approval_id))
+            .await;
+        self.0.send_if_modified(|l| {
+            l.ids.remove(approval_id);
+            false
+        });
+    }
+}
+
+/// Ends every wait of its [`LoggedQuestions`] when dropped.
+pub(crate) struct EndQuestions(LoggedQuestions);
+
+impl Drop for EndQuestions {
+    fn drop(&mut self) {
+        self.0.0.send_modify(|l| l.ended = true);
+    }
+}
 
 impl HttpApprover {
     /// The approver of the run `run_id` of agent `run_agent`.
@@ -167,6 +240,7 @@ impl HttpApprover {
             calls: CallKeys::default(),
             stopping: Arc::default(),
             sub_runs_before: 0,
+            logged: None,
         }
     }
 
@@ -174,6 +248,13 @@ impl HttpApprover {
     /// `sub_runs_before` sub-agent runs already.
     pub(crate) fn with_sub_runs_after(mut self, sub_runs_before: u64) -> Self {
         self.sub_runs_before = sub_runs_before;
+        self
+    }
+
+    /// The same, persisting each question only once the run's driver has
+    /// logged its part ([`LoggedQuestions`]).
+    pub(crate) fn with_logged_questions(mut self, logged: LoggedQuestions) -> Self {
+        self.logged = Some(logged);
         self
     }
 
@@ -239,6 +320,7 @@ impl Approver for HttpApprover {
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
         let approval_id = request.approval_id.clone();
+        let asked = approval_id.clone();
         let key = (request.agent.clone(), request.tool.clone());
         // Before the first await: the question is listed before its part
         // reaches the client.
@@ -262,6 +344,12 @@ impl Approver for HttpApprover {
             stopping: self.stopping.clone(),
         };
         if let (Some(store), Some(question)) = (&self.store, &question) {
+            // The run is marked waiting only once the parts its clients
+            // were sent up to this question are in its log: a restart goes
+            // on from both, numbering its parts after the question's.
+            if let Some(logged) = &self.logged {
+                logged.wait(&asked).await;
+            }
             match store.request_approval(&self.run_id, question).await {
                 Ok(stored) => unanswered.store = Some((store.clone(), stored.id)),
                 Err(e) => {
@@ -461,6 +549,27 @@ mod tests {
         assert_eq!(plain.before_call(&order("call_3_1")).await, Ok(None));
         store.close().await;
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn a_question_waits_for_its_part_to_be_logged_or_the_driver_to_end() {
+        let logged = LoggedQuestions::default();
+        // Logged before its approver waits (the driver was first).
+        logged.logged("approval-1".into());
+        logged.wait("approval-1").await;
+        // Logged while it waits.
+        let waiting = logged.clone();
+        let waited = tokio::spawn(async move { waiting.wait("approval-2").await });
+        tokio::task::yield_now().await;
+        assert!(!waited.is_finished());
+        logged.logged("approval-2".into());
+        waited.await.unwrap();
+        // Never logged: the driver's end lets it go on.
+        let waiting = logged.clone();
+        let waited = tokio::spawn(async move { waiting.wait("approval-3").await });
+        drop(logged.end_on_drop());
+        waited.await.unwrap();
+        assert!(logged.0.borrow().ids.is_empty());
     }
 
     #[tokio::test]

@@ -407,9 +407,11 @@ async fn start_durable(
     // that the session exists.
     let (_run, log) = RunLog::start(&store, session_id, name, Some(&id));
     let calls = approvals::CallKeys::default();
+    let questions = approvals::LoggedQuestions::default();
     let approver =
         approvals::HttpApprover::new(id.clone(), name.to_string(), server.approvals.clone())
-            .with_store(store.clone(), calls.clone(), server.live.stopping.clone());
+            .with_store(store.clone(), calls.clone(), server.live.stopping.clone())
+            .with_logged_questions(questions.clone());
     let approvals = RunApprovals::asking(Arc::new(approver)).with_rules(rules);
     let run = match agent
         .handle
@@ -437,7 +439,7 @@ async fn start_durable(
         (log, Vec::new()),
         (ticket, name),
         session_id,
-        (calls, 0),
+        (calls, questions, 0),
         run,
     );
     let first = super::sse_event(
@@ -452,20 +454,22 @@ async fn start_durable(
 
 /// Files a started run as live and spawns its driver; returns its feed.
 /// `earlier`: the events of parts already in `log` that the feed starts
-/// with.
+/// with (a resumed run's: those stored before the restart, then the
+/// decision and its outcome).
 fn launch(
     server: &Server,
     store: Store,
     (log, earlier): (RunLog, Vec<(u64, Bytes)>),
     (ticket, agent): (RunTicket, &str),
     session_id: &str,
-    (calls, sub_runs_before): (approvals::CallKeys, u64),
+    (calls, questions, sub_runs_before): (approvals::CallKeys, approvals::LoggedQuestions, u64),
     run: wma_runtime::RunStream,
 ) -> Arc<Feed> {
     let id = log.run_id().to_string();
     let feed = Feed::new();
-    // Parts appended before this loop started (a resumed run's decision
-    // and call): a client that joins gets them too.
+    // Parts appended before this loop started (a resumed run's parts
+    // from before the restart, its decision and call): a client that joins
+    // gets them too.
     for (seq, event) in earlier {
         feed.push(seq, event);
     }
@@ -487,6 +491,7 @@ fn launch(
             agent: agent.to_string(),
             session_id: session_id.to_string(),
             calls,
+            questions,
             sub_runs_before,
         },
         run.tagged(),
@@ -530,6 +535,9 @@ struct DriveRun {
     session_id: String,
     /// Calls recorded before they were sent, awaiting their answer.
     calls: approvals::CallKeys,
+    /// Questions whose part is logged, which the run's approver waits for
+    /// before it marks the run waiting.
+    questions: approvals::LoggedQuestions,
     /// Sub-agent runs the run held before this loop (a resumed run's):
     /// this loop's are numbered after them ([`sub_run_after`]).
     sub_runs_before: u64,
@@ -539,12 +547,22 @@ struct DriveRun {
 /// then the log flushed, the answer appended to the session, a run that
 /// ended without its terminal part marked interrupted.
 async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
+    // However the driver ends, no question waits for it any longer.
+    let _questions = run.questions.end_on_drop();
     let mut own = Vec::new();
     let stopping = || run.live.stopping.load(std::sync::atomic::Ordering::SeqCst);
     while let Some(part) = parts.next().await {
         let mut part: TaggedPart = part;
+        let question = match &part.part {
+            AgentStreamPart::ApprovalRequested { approval_id, .. } => Some(approval_id.clone()),
+            _ => None,
+        };
         if stopping() {
-            // The host's stop, not the run's own end.
+            // The host's stop, not the run's own end; a question asked now
+            // is not logged, and its approver waits for nothing.
+            if let Some(id) = question {
+                run.questions.logged(id);
+            }
             continue;
         }
         part.sub_run = sub_run_after(&part.sub_run, run.sub_runs_before);
@@ -553,6 +571,19 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
             .append_in(&part.agent, part.depth, &part.sub_run, part.part.clone());
         let data = serde_json::to_value(&part).unwrap_or(Value::Null);
         run.feed.push(seq, part_event(seq, &data));
+        if let Some(id) = question {
+            // The question's approver marks the run waiting once this part,
+            // and every one before it, is committed (see
+            // `approvals::LoggedQuestions`); off the driver's path, which
+            // goes on streaming the run's other parts meanwhile.
+            let (log, questions, run_id) = (run.log.clone(), run.questions.clone(), run.id.clone());
+            tokio::spawn(async move {
+                if let Err(e) = log.flush().await {
+                    tracing::warn!(run_id = %run_id, error = %e, "the run's log is incomplete");
+                }
+                questions.logged(id);
+            });
+        }
         record_answer(&run, &part);
         if part.depth == 0 {
             own.push(part.part);
@@ -868,6 +899,14 @@ async fn resume(
         .map(top_delegation)
         .max()
         .unwrap_or(0);
+    // The feed of the resumed run starts with every part stored before the
+    // restart, as a new run's holds all of its own: a client reading the
+    // run from its start while it is live gets them from the feed, which
+    // is what serves a live run.
+    let mut earlier: Vec<(u64, Bytes)> = logged
+        .iter()
+        .map(|p| (p.seq, part_event(p.seq, &p.event_data())))
+        .collect();
     let mut own: Vec<AgentStreamPart> = logged
         .into_iter()
         .filter(|p| p.depth == 0)
@@ -884,7 +923,6 @@ async fn resume(
         });
     }
     own.push(outcome.clone());
-    let mut earlier = Vec::new();
     for part in [decided, outcome] {
         let seq = log.append(&stored.agent, 0, part.clone());
         let tagged = TaggedPart::new(stored.agent.clone(), 0, part);
@@ -900,13 +938,15 @@ async fn resume(
         .await
         .map_err(|e| e.to_string())?;
     let calls = approvals::CallKeys::default();
+    let questions = approvals::LoggedQuestions::default();
     let approver = approvals::HttpApprover::new(
         stored.id.clone(),
         stored.agent.clone(),
         server.approvals.clone(),
     )
     .with_store(store.clone(), calls.clone(), server.live.stopping.clone())
-    .with_sub_runs_after(sub_runs_before);
+    .with_sub_runs_after(sub_runs_before)
+    .with_logged_questions(questions.clone());
     let approvals = RunApprovals::asking(Arc::new(approver));
     let run = agent
         .handle
@@ -920,7 +960,7 @@ async fn resume(
         (log, earlier),
         (ticket, &stored.agent),
         &stored.session_id,
-        (calls, sub_runs_before),
+        (calls, questions, sub_runs_before),
         run,
     );
     Ok(())
