@@ -820,10 +820,13 @@ async fn each_steps_prompt_begins_with_the_whole_prompt_of_the_step_before() {
     assert_eq!(requests[1].messages[2].content, laid_out);
 }
 
-/// A step on another page says so: the system prompt is written again for
-/// the page the person is on now.
+/// A step on another page says so after the history: the run's system
+/// prompt stays, so the cached prefix holds through the navigation, and a
+/// page note ends the request with the page and the tools that came with
+/// it. The step after, on the same page, repeats the note where it stood
+/// and writes no other.
 #[tokio::test]
-async fn a_step_on_another_page_names_that_page() {
+async fn a_step_on_another_page_names_that_page_after_the_history() {
     let host = shop();
     host.set_page(Some(PageContext {
         path: "/search".into(),
@@ -843,18 +846,57 @@ async fn a_step_on_another_page_names_that_page() {
                 title: "Summit 30L".into(),
                 h1: None,
             }));
+            moved.add(
+                ToolDefinition::new(
+                    "write_review",
+                    "Review the product of this page.",
+                    json!({"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}),
+                ),
+                |_| Ok("reviewed".into()),
+            );
             Ok("opened".into())
         },
     );
     let provider = ScriptedProvider::new([
         call("go_to_product", json!({"product_id": "p-17"})),
+        call("view_cart", json!({})),
         "Here it is.".to_string(),
     ]);
     run_all(provider.clone(), ask("open p-17", host), reference()).await;
     let requests = provider.requests();
+    assert_eq!(requests.len(), 3);
     let system = |i: usize| requests[i].messages[0].content.clone();
     assert!(system(0).contains("(path /search)"), "{}", system(0));
-    assert!(system(1).contains("(path /products/p-17)"), "{}", system(1));
+    assert_eq!(system(1), system(0), "the system prompt is kept");
+    assert_eq!(system(2), system(0));
+    for pair in requests.windows(2) {
+        let (before, after) = (&pair[0].messages, &pair[1].messages);
+        assert!(
+            after.len() > before.len() && after[..before.len()] == before[..],
+            "{before:#?}\n--- then ---\n{after:#?}"
+        );
+    }
+    let note = requests[1].messages.last().unwrap();
+    assert_eq!(note.role, PromptRole::System);
+    assert!(
+        note.content.contains("(path /products/p-17)") && note.content.contains("write_review"),
+        "{}",
+        note.content
+    );
+    // Only the tool the model was not told of is listed.
+    assert!(
+        !note.content.contains("\"name\":\"view_cart\""),
+        "{}",
+        note.content
+    );
+    let notes = |i: usize| {
+        requests[i]
+            .messages
+            .iter()
+            .filter(|m| m.role == PromptRole::System)
+            .count()
+    };
+    assert_eq!((notes(0), notes(1), notes(2)), (1, 2, 2));
 }
 
 #[tokio::test]

@@ -176,7 +176,9 @@ pub struct SystemPromptInput<'a> {
 ///
 /// The parts that hold across steps come first (docs/loop.md, "Prompt
 /// layout and the KV cache"); the page line and the tools' order stay where
-/// the default model solves the WebMCP shop with them.
+/// the default model solves the WebMCP shop with them. A later step on
+/// another page, or with other tools, tells of them in a page note
+/// after the conversation instead.
 pub fn system_prompt(input: &SystemPromptInput<'_>) -> String {
     let mut out = String::from(
         "You are an assistant that does what the user asks by calling tools. Call a tool when it can do the task; answer in plain words when no tool fits.",
@@ -197,18 +199,8 @@ pub fn system_prompt(input: &SystemPromptInput<'_>) -> String {
         }
     }
     if let Some(page) = input.page {
-        // The page wrote these: one capped plain line each.
-        out.push_str(&format!(
-            "\nThe user is on the page \"{}\" (path {}).",
-            plain_line(&page.title, PAGE_TEXT_CHARS),
-            plain_line(&page.path, PAGE_PATH_CHARS)
-        ));
-        if let Some(h1) = page.h1.as_deref().filter(|h| !h.trim().is_empty()) {
-            out.push_str(&format!(
-                " Its main heading is \"{}\".",
-                plain_line(h1, PAGE_TEXT_CHARS)
-            ));
-        }
+        out.push('\n');
+        out.push_str(&page_line(page));
     }
     // Listed in the step's order (the policy's pick first), not by name:
     // a stable order keeps more of the cached prefix, but the default model
@@ -216,24 +208,13 @@ pub fn system_prompt(input: &SystemPromptInput<'_>) -> String {
     // request") and the WebMCP shop is not solved (tests/real_model.rs).
     let tools: Vec<&ToolDefinition> = input.tools.iter().collect();
     if input.tools_inline && !tools.is_empty() {
-        out.push_str("\n\nYou have these tools:\n<tools>\n");
-        for tool in &tools {
-            out.push_str(&tool_line(tool));
-            out.push('\n');
-        }
-        out.push_str("</tools>\nTo call a tool, reply with only one JSON object: {\"name\": \"<tool name>\", \"arguments\": {<arguments>}}. Its result comes back in a tool message.");
+        out.push_str("\n\nYou have these tools:\n");
+        out.push_str(&tool_listing(input.tools));
+        out.push_str("\nTo call a tool, reply with only one JSON object: {\"name\": \"<tool name>\", \"arguments\": {<arguments>}}. Its result comes back in a tool message.");
     }
     if let Some(first) = tools.first() {
-        let example = ToolCall::new(
-            "example",
-            first.name.clone(),
-            example_arguments(&first.input_schema),
-        );
-        out.push_str(&format!(
-            "\n\nExample: to call {}, reply with:\n{}",
-            first.name,
-            input.call_format.write(&example)
-        ));
+        out.push_str("\n\n");
+        out.push_str(&worked_example(first, input.call_format));
         out.push_str("\n\nA failed call comes back as \"Error [code]: message\". The codes mean:");
         for code in ToolErrorCode::ALL {
             out.push_str(&format!("\n- {}: {}", code.as_str(), code.meaning()));
@@ -252,6 +233,99 @@ pub fn system_prompt(input: &SystemPromptInput<'_>) -> String {
     }
     out.push_str("\n\nWhen the task is done, answer the user in one or two sentences.");
     out
+}
+
+/// Where the person is, as the system prompt and a page note write it. The
+/// page wrote its title, path and heading: one capped plain line each.
+fn page_line(page: &PageContext) -> String {
+    let mut line = format!(
+        "The user is on the page \"{}\" (path {}).",
+        plain_line(&page.title, PAGE_TEXT_CHARS),
+        plain_line(&page.path, PAGE_PATH_CHARS)
+    );
+    if let Some(h1) = page.h1.as_deref().filter(|h| !h.trim().is_empty()) {
+        line.push_str(&format!(
+            " Its main heading is \"{}\".",
+            plain_line(h1, PAGE_TEXT_CHARS)
+        ));
+    }
+    line
+}
+
+/// The tools, one JSON line each, between `<tools>` tags.
+fn tool_listing(tools: &[ToolDefinition]) -> String {
+    let mut out = String::from("<tools>\n");
+    for tool in tools {
+        out.push_str(&tool_line(tool));
+        out.push('\n');
+    }
+    out.push_str("</tools>");
+    out
+}
+
+/// "Example: to call T, reply with:" and a call of `tool` with typed
+/// placeholder values.
+fn worked_example(tool: &ToolDefinition, call_format: CallFormat) -> String {
+    let example = ToolCall::new(
+        "example",
+        tool.name.clone(),
+        example_arguments(&tool.input_schema),
+    );
+    format!(
+        "Example: to call {}, reply with:\n{}",
+        tool.name,
+        call_format.write(&example)
+    )
+}
+
+/// What changed since the run's system prompt was written, as a system
+/// turn after the conversation: the page the person is on now, the tools
+/// shown now (listed, best first) and the worked example for the first.
+///
+/// A step after a navigation (or one whose tools differ from those the
+/// system prompt lists) says so here instead of writing a new system
+/// prompt, so everything before it — the system prompt and the whole
+/// conversation — stays the provider's cached prefix (docs/loop.md,
+/// "Prompt layout and the KV cache"). The note stays in the history where
+/// it was written, as the restated request does.
+pub(crate) fn page_note(
+    page: Option<&PageContext>,
+    tools: &[ToolDefinition],
+    told: &[ToolDefinition],
+    call_format: CallFormat,
+) -> String {
+    let mut parts = Vec::new();
+    if let Some(page) = page {
+        parts.push(page_line(page));
+    }
+    // Only what the model was not told of yet: the rest of the listing
+    // stands in the system prompt or an earlier note.
+    let new: Vec<ToolDefinition> = tools
+        .iter()
+        .filter(|t| !told.contains(t))
+        .cloned()
+        .collect();
+    if !new.is_empty() {
+        parts.push(format!(
+            "You also have these tools now:\n{}",
+            tool_listing(&new)
+        ));
+    }
+    let gone: Vec<&str> = told
+        .iter()
+        .filter(|t| !tools.iter().any(|s| s.name == t.name))
+        .map(|t| t.name.as_str())
+        .collect();
+    if !gone.is_empty() {
+        parts.push(format!(
+            "These tools are not shown now: {}.",
+            gone.join(", ")
+        ));
+    }
+    if let Some(first) = tools.first() {
+        parts.push(worked_example(first, call_format));
+    }
+    parts.join("\n\n")
 }
 
 /// One turn of the conversation the loop keeps, before windowing.
@@ -376,8 +450,17 @@ pub(crate) fn history_turns(messages: &[ChatMessage], call_format: CallFormat) -
 
 /// The last `keep` turns, moved forward to start on a user turn. When no user
 /// turn is among them, the window starts at the newest user turn before them.
+/// Page notes (the history's system turns, [`page_note`]) are not turns of
+/// the conversation and are not counted: they ride along where they stand.
 pub(crate) fn window(turns: &[Turn], keep: usize) -> &[Turn] {
-    let start = turns.len().saturating_sub(keep);
+    let mut counted = 0;
+    let mut start = turns.len();
+    while start > 0 && counted < keep {
+        start -= 1;
+        if turns[start].role != PromptRole::System {
+            counted += 1;
+        }
+    }
     if let Some(offset) = turns[start..]
         .iter()
         .position(|t| t.role == PromptRole::User)
@@ -727,6 +810,44 @@ mod tests {
         let w = window(&t, 6);
         assert_eq!(w.first().unwrap().role, User);
         assert_eq!(w.len(), 5);
+    }
+
+    #[test]
+    fn page_notes_ride_along_in_the_window_uncounted() {
+        use PromptRole::*;
+        let t = turns(&[User, Assistant, Tool, System, User, Assistant, Tool]);
+        // Six turns of the conversation reach back to the first user turn.
+        assert_eq!(window(&t, 6).len(), 7);
+        let w = window(&t, 3);
+        assert_eq!(w.len(), 3);
+        assert_eq!(w[0].role, User);
+    }
+
+    #[test]
+    fn a_page_note_tells_the_page_the_new_tools_those_gone_and_an_example() {
+        let tool = |name: &str| {
+            ToolDefinition::new(
+                name,
+                format!("{name} things"),
+                json!({"type": "object", "properties": {"id": {"type": "string"}}, "required": ["id"]}),
+            )
+        };
+        let page = PageContext {
+            path: "/p/17\nAbout this site:".into(),
+            title: "Product".into(),
+            h1: None,
+        };
+        let told = [tool("search"), tool("open")];
+        let now = [tool("add"), tool("search")];
+        let note = page_note(Some(&page), &now, &told, CallFormat::default());
+        assert!(
+            note.starts_with("The user is on the page \"Product\" (path /p/17 About this site:)."),
+            "{note}"
+        );
+        assert!(note.contains(&tool_line(&now[0])), "{note}");
+        assert!(!note.contains(&tool_line(&now[1])), "told already: {note}");
+        assert!(note.contains("not shown now: open."), "{note}");
+        assert!(note.ends_with("Example: to call add, reply with:\n{\"name\": \"add\", \"arguments\": {\"id\": \"<id>\"}}"), "{note}");
     }
 
     #[test]

@@ -30,7 +30,7 @@ use crate::policy::{
 };
 use crate::prompt::{
     HISTORY_TURNS, RESULT_CHARS, SystemPromptInput, Turn, compact_schema, gist, history_turns,
-    prompt_messages, system_prompt, truncate_chars, window,
+    page_note, prompt_messages, system_prompt, truncate_chars, window,
 };
 use crate::provider::{
     Constraint, GenerateRequest, Generation, PromptMessage, PromptRole, Provider,
@@ -246,18 +246,26 @@ struct Run<P> {
 /// provider's cached prefix holds through the whole conversation. Which
 /// tools a step may call is the constraint's business, not the listing's.
 struct KeptSystem {
-    /// The tools as it lists them.
+    /// The tools the model was last told of (by this prompt, or by the
+    /// page note after it), as that listed them.
     listed: Vec<ToolDefinition>,
+    /// The page the model was last told of.
     page: Option<PageContext>,
     text: String,
+    /// Whether a page note in the history told of other tools or another
+    /// page than this prompt does ([`page_note`]).
+    noted: bool,
 }
 
 impl KeptSystem {
     /// Whether a step showing `shown` on `page` writes this prompt again:
     /// the same tools (in any order, with the same definitions) and the
-    /// same page.
-    fn serves(&self, shown: &[ToolDefinition], page: Option<&PageContext>) -> bool {
-        self.page.as_ref() == page
+    /// same page as the model was last told of. `whole` says whether the
+    /// step's window holds the whole history: a page note the window let
+    /// go no longer tells the model anything.
+    fn serves(&self, shown: &[ToolDefinition], page: Option<&PageContext>, whole: bool) -> bool {
+        (whole || !self.noted)
+            && self.page.as_ref() == page
             && self.listed.len() == shown.len()
             && shown.iter().all(|t| self.listed.contains(t))
     }
@@ -503,15 +511,25 @@ impl<P: Provider + 'static> Run<P> {
                 sub_agents: &sub_agents,
             },
         );
-        let (mut request, shown) = match self.fit(&offer.ranked, page.as_ref()).await {
+        let (mut request, shown, note) = match self.fit(&offer.ranked, page.as_ref()).await {
             Ok(fitted) => fitted,
             Err(end) => return Some(end),
         };
         let mut fired = std::mem::take(&mut offer.fired);
-        if self
+        let whole = window(&self.turns, HISTORY_TURNS).len() == self.turns.len();
+        if let Some(note) = note {
+            // The step told of its page and tools after the history: the
+            // note joins the history where the request has it.
+            self.push_turn(PromptRole::System, note);
+            if let Some(kept) = &mut self.kept_system {
+                kept.listed = shown.clone();
+                kept.page = page.clone();
+                kept.noted = true;
+            }
+        } else if self
             .kept_system
             .as_ref()
-            .is_some_and(|k| k.serves(&shown, page.as_ref()))
+            .is_some_and(|k| k.serves(&shown, page.as_ref(), whole))
         {
             // The kept prompt lists the tools as an earlier step did: the
             // order this step chose changed nothing the model reads.
@@ -521,6 +539,7 @@ impl<P: Provider + 'static> Run<P> {
                 listed: shown.clone(),
                 page: page.clone(),
                 text: request.messages[0].content.clone(),
+                noted: false,
             });
         }
         self.report(fired);
@@ -893,7 +912,7 @@ impl<P: Provider + 'static> Run<P> {
         &self,
         ranked: &[ToolDefinition],
         page: Option<&PageContext>,
-    ) -> Result<(GenerateRequest, Vec<ToolDefinition>), End> {
+    ) -> Result<(GenerateRequest, Vec<ToolDefinition>, Option<String>), End> {
         let mut counts: Vec<usize> = [self.max_tools, 4, 2, 1]
             .into_iter()
             .filter(|&n| n <= self.max_tools)
@@ -903,9 +922,9 @@ impl<P: Provider + 'static> Run<P> {
         let turns = window(&self.turns, HISTORY_TURNS);
         for &count in &counts {
             let shown = &ranked[..count];
-            let request = self.build_request(shown, page, turns);
+            let (request, note) = self.build_request(shown, page, turns);
             if self.fits(&request).await? {
-                return Ok((request, shown.to_vec()));
+                return Ok((request, shown.to_vec(), note));
             }
         }
         let fewest = &ranked[..counts.last().copied().unwrap_or(0)];
@@ -914,9 +933,9 @@ impl<P: Provider + 'static> Run<P> {
             .rposition(|t| t.role == PromptRole::User)
             .unwrap_or(0);
         for start in 1..=newest_user {
-            let request = self.build_request(fewest, page, &turns[start..]);
+            let (request, note) = self.build_request(fewest, page, &turns[start..]);
             if self.fits(&request).await? {
-                return Ok((request, fewest.to_vec()));
+                return Ok((request, fewest.to_vec(), note));
             }
         }
         Err(End::Error(messages::TOO_LONG.to_string()))
@@ -932,14 +951,28 @@ impl<P: Provider + 'static> Run<P> {
         }
     }
 
+    /// The request for a step that shows `shown` on `page` with `turns` of
+    /// the history, and the page note it ends with, if any.
+    ///
+    /// The run's system prompt is written again when the step shows what
+    /// the model was last told of. When the page or the tools changed, a
+    /// step whose window holds the whole history keeps that prompt and tells of the change in a page note at
+    /// the end ([`page_note`]), so the prefix the provider cached holds
+    /// through the navigation; otherwise (tools the chat template lists,
+    /// or a window that moved on) it writes a new system prompt.
     fn build_request(
         &self,
         shown: &[ToolDefinition],
         page: Option<&PageContext>,
         turns: &[Turn],
-    ) -> GenerateRequest {
-        let kept = self.kept_system.as_ref().filter(|k| k.serves(shown, page));
-        let (system, listed) = match kept {
+    ) -> (GenerateRequest, Option<String>) {
+        let whole = turns.len() == self.turns.len();
+        let kept = self.kept_system.as_ref();
+        let serving = kept.filter(|k| k.serves(shown, page, whole));
+        let noting =
+            kept.filter(|_| serving.is_none() && self.tools_inline && whole && !shown.is_empty());
+        let note = noting.map(|k| page_note(page, shown, &k.listed, self.provider.call_format()));
+        let (system, listed) = match serving.or(noting) {
             Some(k) => (k.text.clone(), k.listed.as_slice()),
             None => (
                 system_prompt(&SystemPromptInput {
@@ -964,8 +997,12 @@ impl<P: Provider + 'static> Run<P> {
                 })
                 .collect()
         };
-        GenerateRequest {
-            messages: prompt_messages(&system, turns, &self.untrusted),
+        let mut messages = prompt_messages(&system, turns, &self.untrusted);
+        if let Some(note) = &note {
+            messages.push(PromptMessage::new(PromptRole::System, note.clone()));
+        }
+        let request = GenerateRequest {
+            messages,
             tools,
             constraint: None,
             max_new_tokens: None,
@@ -983,7 +1020,8 @@ impl<P: Provider + 'static> Run<P> {
                 Vec::new()
             },
             decoding: self.policy.decoding(shown, &self.request_text),
-        }
+        };
+        (request, note)
     }
 
     /// Whether this step's attempts carry a constraint, without building
