@@ -259,10 +259,13 @@ async fn a_scripted_agent_puts_a_product_in_the_cart() {
         "the untrusted annotation reaches the prompt: {}",
         system(0)
     );
+    // The run keeps its system prompt; the navigation is told of in a
+    // page note at the end of the third step's prompt.
+    assert_eq!(system(2), system(0));
+    let note = &requests[2].messages.last().unwrap().content;
     assert!(
-        system(2).contains("/products/p-17") && system(2).contains("add_to_cart"),
-        "the third step sees the product page and its tool: {}",
-        system(2)
+        note.contains("/products/p-17") && note.contains("\"name\":\"add_to_cart\""),
+        "the third step sees the product page and its tool: {note}"
     );
     shop.close().await;
 }
