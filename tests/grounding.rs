@@ -289,13 +289,11 @@ async fn the_persons_phrases_reach_the_provider_without_tool_words() {
 
 #[tokio::test]
 async fn a_prose_reply_to_a_request_naming_a_tool_gets_the_calls_only_retry() {
-    let provider = ScriptedProvider::new([
+    let provider = retried_after_prose([
         "I'm sorry, I cannot help with that.".to_string(),
         call("view_cart", json!({})),
         "Your cart is empty.".to_string(),
-    ])
-    .with_constraints(true)
-    .with_call_probability(retry_probability());
+    ]);
     let parts = run_all(
         provider.clone(),
         ask("View my cart, please.", annotated_shop()),
@@ -363,13 +361,11 @@ async fn a_retried_call_whose_values_are_made_up_is_dropped_for_the_prose() {
             false,
         ),
     ] {
-        let provider = ScriptedProvider::new([
+        let provider = retried_after_prose([
             prose.to_string(),
             call("game_high_score", arguments.clone()),
             "The high score is 999.".to_string(),
-        ])
-        .with_constraints(true)
-        .with_call_probability(retry_probability());
+        ]);
         let host = game_tracker();
         let parts = run_all(provider.clone(), ask(request, host.clone()), inline()).await;
         assert_finish(&parts, FinishReason::Stop);
@@ -392,16 +388,14 @@ async fn a_retried_call_whose_values_are_made_up_is_dropped_for_the_prose() {
         }
     }
     // With the rule off, what the retry wrote runs.
-    let provider = ScriptedProvider::new([
+    let provider = retried_after_prose([
         prose.to_string(),
         call(
             "game_high_score",
             json!({"game_name": "Flappy Bird", "platform": "Flappy Bird"}),
         ),
         "The high score is 999.".to_string(),
-    ])
-    .with_constraints(true)
-    .with_call_probability(retry_probability());
+    ]);
     let options = small_model_with(|p| p.grounded_retry_values = false);
     let host = game_tracker();
     run_all(provider, ask(request, host.clone()), options).await;
@@ -421,16 +415,14 @@ async fn with_threshold_on_evidence_the_first_steps_call_threshold_takes_the_evi
         ),
     ] {
         // A prose reply the named tool's retry turns into a call.
-        let provider = ScriptedProvider::new([
+        let provider = retried_after_prose([
             "I cannot tell.".to_string(),
             call(
                 "game_high_score",
                 json!({"game_name": "Flappy Bird", "platform": "Android"}),
             ),
             "It is 999.".to_string(),
-        ])
-        .with_constraints(true)
-        .with_call_probability(retry_probability());
+        ]);
         let options = small_model_with(|p| p.threshold_on_evidence = true);
         let parts = run_all(provider.clone(), ask(request, game_tracker()), options).await;
         assert_finish(&parts, FinishReason::Stop);
@@ -488,13 +480,11 @@ async fn the_retry_needs_two_named_words_and_the_models_own_weight_on_a_call() {
 #[tokio::test]
 async fn an_id_the_person_wrote_is_the_second_sign_for_a_tool_that_takes_one() {
     let request = "Put three of p-17 in my cart.";
-    let provider = ScriptedProvider::new([
+    let provider = retried_after_prose([
         "I'm sorry, I can't find that product.".to_string(),
         call("add_to_cart", json!({"product_id": "p-17", "quantity": 3})),
         "Added three.".to_string(),
-    ])
-    .with_constraints(true)
-    .with_call_probability(retry_probability());
+    ]);
     let parts = run_all(provider.clone(), ask(request, annotated_shop()), inline()).await;
     let requests = provider.requests();
     assert!(
@@ -641,6 +631,15 @@ async fn under_constraints_call_now_needs_some_weight_on_a_call() {
 /// The small-model policy's least call probability for the named-tool retry.
 fn retry_probability() -> f32 {
     Policy::small_model().named_tool_retry.unwrap()
+}
+
+/// A constrained model that answers in prose, writes a call when a
+/// calls-only retry asks for one (with the probability the named-tool
+/// retry needs), then answers: `[prose, call, answer]`.
+fn retried_after_prose(replies: [String; 3]) -> ScriptedProvider {
+    ScriptedProvider::new(replies)
+        .with_constraints(true)
+        .with_call_probability(retry_probability())
 }
 
 /// The small-model policy's least call probability for "call now".
