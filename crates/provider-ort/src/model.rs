@@ -1137,8 +1137,6 @@ impl SharedKv {
     }
 }
 
-/// A zeroed `[1, heads, capacity, head_dim]` buffer with the first `keep`
-/// positions of `old` copied in.
 /// How far a reply may go: the token limit (raised once to finish a cut
 /// call), the context's room, and the grammar's last complete point.
 struct ReplyLimits {
@@ -1158,7 +1156,7 @@ struct ReplyLimits {
 /// back to its last complete output and ends. `None` means go on.
 fn after_token(
     ids: &mut Vec<u32>,
-    constraint: Option<&mut ConstraintMatcher>,
+    mut constraint: Option<&mut ConstraintMatcher>,
     params: &GenerateParams,
     limits: &mut ReplyLimits,
     stats: &mut GenerationStats,
@@ -1168,8 +1166,7 @@ fn after_token(
     let id = *ids.last().expect("a token was just added");
     let stop_token = params.stop_ids.contains(&id);
     let mut grammar_done = false;
-    let mut writing_call = false;
-    if let Some(c) = constraint {
+    if let Some(c) = constraint.as_deref_mut() {
         let started = Instant::now();
         // The mask only lets a stop token through where the grammar is
         // complete; there is nothing to advance.
@@ -1184,7 +1181,6 @@ fn after_token(
                 grammar_done = true;
             }
         }
-        writing_call = c.writing_call();
         stats.constraint_time += started.elapsed();
     }
     if stop_token || grammar_done || should_stop(ids) {
@@ -1194,7 +1190,12 @@ fn after_token(
         return Ok(Some(StopReason::Length));
     }
     if ids.len() >= limits.max_new {
-        if !limits.closing && writing_call && limits.complete_at == 0 && params.finish_cut_calls > 0
+        // Asked only here: whether the reply is inside a call matters
+        // only at the limit.
+        if !limits.closing
+            && limits.complete_at == 0
+            && params.finish_cut_calls > 0
+            && constraint.is_some_and(|c| c.writing_call())
         {
             limits.closing = true;
             limits.max_new = (limits.max_new + params.finish_cut_calls).min(limits.room);
@@ -1209,6 +1210,8 @@ fn after_token(
     Ok(None)
 }
 
+/// A zeroed `[1, heads, capacity, head_dim]` buffer with the first `keep`
+/// positions of `old` copied in.
 fn grown<T>(
     allocator: &Allocator,
     shape: [usize; 4],
