@@ -257,6 +257,17 @@ struct KeptSystem {
     noted: bool,
 }
 
+/// Which system prompt a step's request carries, as
+/// [`Run::build_request`] chose it.
+enum SystemChoice {
+    /// The kept one, as it was.
+    Kept,
+    /// The kept one, and this page note after the history.
+    Noted(String),
+    /// A new one, written for this step.
+    Fresh,
+}
+
 impl KeptSystem {
     /// Whether a step showing `shown` on `page` writes this prompt again:
     /// the same tools (in any order, with the same definitions) and the
@@ -511,36 +522,35 @@ impl<P: Provider + 'static> Run<P> {
                 sub_agents: &sub_agents,
             },
         );
-        let (mut request, shown, note) = match self.fit(&offer.ranked, page.as_ref()).await {
+        let (mut request, shown, system) = match self.fit(&offer.ranked, page.as_ref()).await {
             Ok(fitted) => fitted,
             Err(end) => return Some(end),
         };
         let mut fired = std::mem::take(&mut offer.fired);
-        let whole = window(&self.turns, HISTORY_TURNS).len() == self.turns.len();
-        if let Some(note) = note {
-            // The step told of its page and tools after the history: the
-            // note joins the history where the request has it.
-            self.push_turn(PromptRole::System, note);
-            if let Some(kept) = &mut self.kept_system {
-                kept.listed = shown.clone();
-                kept.page = page.clone();
-                kept.noted = true;
+        match system {
+            SystemChoice::Kept => {
+                // The kept prompt lists the tools as an earlier step did:
+                // the order this step chose changed nothing the model reads.
+                fired.retain(|f| f.rule != Rule::OrderForCalls);
             }
-        } else if self
-            .kept_system
-            .as_ref()
-            .is_some_and(|k| k.serves(&shown, page.as_ref(), whole))
-        {
-            // The kept prompt lists the tools as an earlier step did: the
-            // order this step chose changed nothing the model reads.
-            fired.retain(|f| f.rule != Rule::OrderForCalls);
-        } else {
-            self.kept_system = Some(KeptSystem {
-                listed: shown.clone(),
-                page: page.clone(),
-                text: request.messages[0].content.clone(),
-                noted: false,
-            });
+            SystemChoice::Noted(note) => {
+                // The step told of its page and tools after the history:
+                // the note joins the history where the request has it.
+                self.push_turn(PromptRole::System, note);
+                if let Some(kept) = &mut self.kept_system {
+                    kept.listed = shown.clone();
+                    kept.page = page.clone();
+                    kept.noted = true;
+                }
+            }
+            SystemChoice::Fresh => {
+                self.kept_system = Some(KeptSystem {
+                    listed: shown.clone(),
+                    page: page.clone(),
+                    text: request.messages[0].content.clone(),
+                    noted: false,
+                });
+            }
         }
         self.report(fired);
         Span::current().record("wma.tools_shown", shown.len() as i64);
@@ -912,7 +922,7 @@ impl<P: Provider + 'static> Run<P> {
         &self,
         ranked: &[ToolDefinition],
         page: Option<&PageContext>,
-    ) -> Result<(GenerateRequest, Vec<ToolDefinition>, Option<String>), End> {
+    ) -> Result<(GenerateRequest, Vec<ToolDefinition>, SystemChoice), End> {
         let mut counts: Vec<usize> = [self.max_tools, 4, 2, 1]
             .into_iter()
             .filter(|&n| n <= self.max_tools)
@@ -922,9 +932,9 @@ impl<P: Provider + 'static> Run<P> {
         let turns = window(&self.turns, HISTORY_TURNS);
         for &count in &counts {
             let shown = &ranked[..count];
-            let (request, note) = self.build_request(shown, page, turns);
+            let (request, system) = self.build_request(shown, page, turns);
             if self.fits(&request).await? {
-                return Ok((request, shown.to_vec(), note));
+                return Ok((request, shown.to_vec(), system));
             }
         }
         let fewest = &ranked[..counts.last().copied().unwrap_or(0)];
@@ -933,9 +943,9 @@ impl<P: Provider + 'static> Run<P> {
             .rposition(|t| t.role == PromptRole::User)
             .unwrap_or(0);
         for start in 1..=newest_user {
-            let (request, note) = self.build_request(fewest, page, &turns[start..]);
+            let (request, system) = self.build_request(fewest, page, &turns[start..]);
             if self.fits(&request).await? {
-                return Ok((request, fewest.to_vec(), note));
+                return Ok((request, fewest.to_vec(), system));
             }
         }
         Err(End::Error(messages::TOO_LONG.to_string()))
@@ -952,20 +962,21 @@ impl<P: Provider + 'static> Run<P> {
     }
 
     /// The request for a step that shows `shown` on `page` with `turns` of
-    /// the history, and the page note it ends with, if any.
+    /// the history, and which system prompt it carries.
     ///
     /// The run's system prompt is written again when the step shows what
     /// the model was last told of. When the page or the tools changed, a
-    /// step whose window holds the whole history keeps that prompt and tells of the change in a page note at
-    /// the end ([`page_note`]), so the prefix the provider cached holds
-    /// through the navigation; otherwise (tools the chat template lists,
-    /// or a window that moved on) it writes a new system prompt.
+    /// step whose window holds the whole history keeps that prompt and
+    /// tells of the change in a page note at the end ([`page_note`]), so
+    /// the prefix the provider cached holds through the navigation;
+    /// otherwise (tools the chat template lists, or a window that moved
+    /// on) it writes a new system prompt.
     fn build_request(
         &self,
         shown: &[ToolDefinition],
         page: Option<&PageContext>,
         turns: &[Turn],
-    ) -> (GenerateRequest, Option<String>) {
+    ) -> (GenerateRequest, SystemChoice) {
         let whole = turns.len() == self.turns.len();
         let kept = self.kept_system.as_ref();
         let serving = kept.filter(|k| k.serves(shown, page, whole));
@@ -1021,7 +1032,12 @@ impl<P: Provider + 'static> Run<P> {
             },
             decoding: self.policy.decoding(shown, &self.request_text),
         };
-        (request, note)
+        let system = match (serving, note) {
+            (Some(_), _) => SystemChoice::Kept,
+            (None, Some(note)) => SystemChoice::Noted(note),
+            (None, None) => SystemChoice::Fresh,
+        };
+        (request, system)
     }
 
     /// Whether this step's attempts carry a constraint, without building
