@@ -722,3 +722,82 @@ async fn each_sub_agent_run_in_a_run_is_told_apart_in_its_parts_and_by_its_appro
     assert_eq!(TaggedPart::current_sub_run(), "");
     runtime.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_sub_agent_that_did_not_finish_is_a_tool_error_to_its_parent() {
+    let (parent_model, parent_source) = model(
+        "parent-model",
+        vec![
+            task("finder", "Find a backpack"),
+            text("I could not find a backpack."),
+        ],
+    );
+    // The finder repeats its search until the loop gives up on it.
+    let search_call = call("search_products", json!({"query": "backpack"}));
+    let (_finder_model, finder_source) = model(
+        "finder-model",
+        vec![
+            text(&search_call),
+            text(&search_call),
+            text(&search_call),
+            text("never read"),
+        ],
+    );
+    let runtime = RuntimeBuilder::new()
+        .provider("parent", parent_source)
+        .provider("finder", finder_source)
+        .tool_source(ToolSource::shared("search", search_host()))
+        .agent(
+            AgentConfig::new("shopper")
+                .with_provider("parent")
+                .with_tool_sources(Vec::<String>::new())
+                .with_sub_agents(["finder"]),
+        )
+        .agent(
+            AgentConfig::new("finder")
+                .with_description("Finds products and their ids.")
+                .with_provider("finder")
+                .with_tool_sources(["search"]),
+        )
+        .start()
+        .await
+        .unwrap();
+    let parts = runtime
+        .agent("shopper")
+        .unwrap()
+        .run(vec![ChatMessage::user("Buy me a backpack")])
+        .await
+        .unwrap()
+        .collect_tagged()
+        .await;
+    assert!(
+        of(&parts, "finder").contains(&&AgentStreamPart::Finish {
+            reason: FinishReason::Loop
+        }),
+        "the finder's run went in circles"
+    );
+    // The parent reads a tool error, not the loop's words as an answer.
+    let own = of(&parts, "shopper");
+    let error = own
+        .iter()
+        .find_map(|p| match p {
+            AgentStreamPart::ToolError { name, error, .. } if name == "finder" => Some(error),
+            _ => None,
+        })
+        .expect("the delegation failed");
+    assert_eq!(error.code, webmcp_agents::agent::ToolErrorCode::ToolFailed);
+    assert!(
+        error.message.contains("did not finish"),
+        "{}",
+        error.message
+    );
+    assert!(
+        !own.iter()
+            .any(|p| matches!(p, AgentStreamPart::ToolResult { name, .. } if name == "finder"))
+    );
+    let shown_to_parent = shown(&parent_model.requests()[1]);
+    assert!(
+        !shown_to_parent.contains("going in circles"),
+        "{shown_to_parent}"
+    );
+}

@@ -261,7 +261,10 @@ async fn the_reference_policy_narrows_nothing_under_constraints() {
         allowed(first),
         ["add_to_cart", "search_products", "view_cart"]
     );
-    assert_eq!(first.decoding, Decoding::default());
+    assert_eq!(
+        first.decoding,
+        reference_decoding(&["product_id", "quantity", "query"])
+    );
     assert!(first.copy_phrases.is_empty());
 }
 
@@ -439,15 +442,56 @@ async fn with_threshold_on_evidence_the_first_steps_call_threshold_takes_the_evi
             "{request}"
         );
     }
-    // Off (the small-model default), the threshold stands either way.
+    // Off (the small-model default), the threshold stands wherever a tool
+    // relates to the request, named or not.
     let provider = ScriptedProvider::new(["I cannot tell.".to_string()]).with_constraints(true);
     run_all(
         provider.clone(),
         ask(
-            "What is the volume of a sphere of radius 3 on Android?",
+            "What is the best score anyone got this season on Android?",
             game_tracker(),
         ),
         inline(),
+    )
+    .await;
+    assert!(provider.requests()[0].decoding.call_threshold.is_some());
+}
+
+#[tokio::test]
+async fn no_call_threshold_where_no_offered_tool_relates_to_the_request() {
+    // (request, whether the threshold stands): nothing of the tool (its
+    // name, description, arguments) nor of the agent's instructions is in
+    // a general question, which is the model's to answer.
+    for (request, kept) in [
+        ("What is the capital of France? Answer in one word.", false),
+        ("What is the volume of a sphere of radius 3?", false),
+        ("What's the high score of Flappy Bird on Android?", true),
+    ] {
+        let provider = ScriptedProvider::new(["I cannot tell.".to_string()]).with_constraints(true);
+        let parts = run_all(provider.clone(), ask(request, game_tracker()), inline()).await;
+        assert_eq!(
+            provider.requests()[0].decoding.call_threshold.is_some(),
+            kept,
+            "{request}: {:?}",
+            fired(&parts)
+        );
+        assert_eq!(
+            fired(&parts).contains(&"call-threshold".to_string()),
+            !kept,
+            "{request}"
+        );
+    }
+    // The agent's instructions say what its tools are about: a question on
+    // that is related, though no tool's own words hold it.
+    let provider = ScriptedProvider::new(["I cannot tell.".to_string()]).with_constraints(true);
+    let options = LocalLoopOptions {
+        instructions: Some("Scores of arcade games, tracked per console.".to_string()),
+        ..inline()
+    };
+    run_all(
+        provider.clone(),
+        ask("Which console is the most popular?", game_tracker()),
+        options,
     )
     .await;
     assert!(provider.requests()[0].decoding.call_threshold.is_some());
@@ -597,7 +641,7 @@ async fn going_in_circles_still_says_what_was_found() {
         repeats_offered(),
     )
     .await;
-    assert_finish(&parts, FinishReason::Stop);
+    assert_finish(&parts, FinishReason::Loop);
     assert_eq!(
         texts(&parts).pop().unwrap(),
         format!("items: No results.\n\n{}", messages::CIRCLES)
@@ -647,6 +691,16 @@ fn call_now_probability() -> f32 {
     Policy::small_model().call_now_min_probability.unwrap()
 }
 
+/// The reference's decoding: nothing beyond the schema but the worked
+/// example's placeholders (`<` and each argument's name), which are never
+/// values under any policy.
+fn reference_decoding(arguments: &[&str]) -> Decoding {
+    Decoding {
+        avoid_in_values: arguments.iter().map(|a| format!("<{a}")).collect(),
+        ..Decoding::default()
+    }
+}
+
 /// The names of the rules that fired in a run, in order.
 fn fired(parts: &[AgentStreamPart]) -> Vec<String> {
     parts
@@ -694,7 +748,10 @@ async fn the_reference_policy_with_constraints_makes_none_of_the_small_model_mov
             argument_schema(request, "add_to_cart", "product_id"),
             Some(json!({"type": "string"}))
         );
-        assert_eq!(request.decoding, Decoding::default());
+        assert_eq!(
+            request.decoding,
+            reference_decoding(&["product_id", "quantity", "query"])
+        );
         assert!(request.copy_phrases.is_empty());
     }
     // No named-tool retry: prose to a request that names a tool stands.
@@ -952,7 +1009,7 @@ async fn a_lookup_written_in_prose_when_an_answer_is_owed_runs() {
 async fn an_answer_that_only_repeats_the_prompt_becomes_the_last_results_gist() {
     let provider = ScriptedProvider::new([
         call("search_products", json!({"query": "tent"})),
-        messages::restate("Which tents do you have?")
+        messages::restate_after_lookup("Which tents do you have?")
             .lines()
             .last()
             .unwrap()

@@ -9,7 +9,7 @@ use serde_json::json;
 use webmcp_agents::agent::{
     AgentProfile, AgentRunRequest, AgentStreamPart, CallFormat, ChatMessage, Constraint,
     FinishReason, LocalLoopOptions, MAX_REQUEST_BYTES, PageContext, Policy, PromptRole,
-    SubAgentInfo, ToolCall, ToolDefinition, ToolErrorCode, messages,
+    SubAgentInfo, ToolAnnotations, ToolCall, ToolDefinition, ToolErrorCode, messages,
 };
 use wma_testkit::{InMemoryToolHost, ScriptedProvider, ScriptedReply};
 
@@ -155,7 +155,7 @@ async fn resume_counts_the_finished_call_toward_loop_detection() {
         reference(),
     )
     .await;
-    assert_finish(&parts, FinishReason::Stop);
+    assert_finish(&parts, FinishReason::Loop);
     // The stop message leads with what the last result said.
     assert_eq!(
         texts(&parts).last().unwrap(),
@@ -568,7 +568,8 @@ async fn a_second_bad_reply_ends_the_run_with_an_apology() {
         "never used".to_string(),
     ]);
     let parts = run_all(provider.clone(), ask("add p-17", shop()), reference()).await;
-    assert_finish(&parts, FinishReason::Stop);
+    // The run did not do what was asked, and its finish says so.
+    assert_finish(&parts, FinishReason::Unrepaired);
     assert_eq!(texts(&parts), vec![messages::APOLOGY]);
     assert!(
         !parts
@@ -641,6 +642,93 @@ async fn the_request_is_restated_after_each_step() {
     assert_eq!(last.content, messages::restate("show my cart"));
 }
 
+#[tokio::test]
+async fn the_request_is_restated_for_an_answer_after_a_lookup() {
+    let host = Arc::new(InMemoryToolHost::new());
+    host.add(
+        ToolDefinition::new(
+            "get_weather",
+            "Current weather for a city.",
+            json!({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}),
+        )
+        .with_annotations(ToolAnnotations {
+            read_only: true,
+            ..ToolAnnotations::default()
+        }),
+        |_| Ok("Sunny, 21 C".to_string()),
+    );
+    let provider = ScriptedProvider::new([
+        call("get_weather", json!({"city": "Oslo"})),
+        "Sunny, 21 C in Oslo.".to_string(),
+    ]);
+    run_all(provider.clone(), ask("weather in Oslo?", host), reference()).await;
+    let last = provider.requests()[1].messages.last().unwrap().clone();
+    assert_eq!(
+        last.content,
+        messages::restate_after_lookup("weather in Oslo?")
+    );
+}
+
+#[tokio::test]
+async fn a_result_framed_as_an_error_is_a_tool_error() {
+    let host = Arc::new(InMemoryToolHost::new());
+    host.add(
+        ToolDefinition::new(
+            "write_query",
+            "Run a query that changes the database.",
+            json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}),
+        ),
+        |_| Ok("Error: Only SELECT queries are allowed".to_string()),
+    );
+    let provider = ScriptedProvider::new([
+        call("write_query", json!({"query": "DELETE FROM notes"})),
+        "The query failed: only SELECT queries are allowed.".to_string(),
+    ]);
+    let parts = run_all(provider, ask("delete every note", host), reference()).await;
+    let error = parts
+        .iter()
+        .find_map(|p| match p {
+            AgentStreamPart::ToolError { error, .. } => Some(error.clone()),
+            _ => None,
+        })
+        .expect("a tool error");
+    assert_eq!(error.code, ToolErrorCode::ToolFailed);
+    assert_eq!(error.message, "Error: Only SELECT queries are allowed");
+    assert!(
+        !parts
+            .iter()
+            .any(|p| matches!(p, AgentStreamPart::ToolResult { .. }))
+    );
+}
+
+#[tokio::test]
+async fn an_answer_that_repeats_itself_is_cut_at_the_first_repeat() {
+    let looping = "I'm a pizza maker. ".repeat(40);
+    let provider = ScriptedProvider::new([looping]);
+    let parts = run_all(provider, ask("who are you?", shop()), reference()).await;
+    assert_finish(&parts, FinishReason::Stop);
+    assert_eq!(texts(&parts), vec!["I'm a pizza maker."]);
+}
+
+#[tokio::test]
+async fn the_loops_own_words_are_never_the_answer() {
+    // The model answers with the correction's own sentence after a failed
+    // call: under the reference policy too, it is not shown as the answer.
+    let provider = ScriptedProvider::new([
+        call("add_to_cart", json!({"product_id": "p-404"})),
+        "Call the tool again with fixed arguments, or tell me what went wrong.".to_string(),
+        "Call the tool again with fixed arguments, or tell me what went wrong.".to_string(),
+    ]);
+    let parts = run_all(provider, ask("add p-404", shop()), reference()).await;
+    assert_finish(&parts, FinishReason::Unrepaired);
+    assert_eq!(
+        texts(&parts),
+        vec![messages::not_done(
+            "Error [tool_failed]: product p-404 is out of stock"
+        )]
+    );
+}
+
 // 10. Loop detection ---------------------------------------------------------
 
 #[tokio::test]
@@ -648,7 +736,7 @@ async fn a_repeated_call_is_flagged_once_then_the_run_stops() {
     let same = call("view_cart", json!({}));
     let provider = ScriptedProvider::new([same.clone(), same.clone(), same, "never".to_string()]);
     let parts = run_all(provider.clone(), ask("show my cart", shop()), reference()).await;
-    assert_finish(&parts, FinishReason::Stop);
+    assert_finish(&parts, FinishReason::Loop);
     let flagged = turns_with(&provider.requests()[2], PromptRole::Tool)
         .pop()
         .unwrap();

@@ -132,6 +132,32 @@ async fn the_default_model_puts_the_backpack_in_the_cart() {
     );
 }
 
+/// A general question to the shop's agent is the model's to answer: no
+/// shop tool relates to it, so nothing pushes the model toward a search
+/// (it searched the shop for "France" twice, and answered "items: No
+/// results.", while a lookup was forced on every question).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_model_answers_a_general_question_without_a_call() {
+    let shop = Shop::new();
+    let parts = run_to_end(
+        loaded_model().await,
+        "What is the capital of France? Answer in one word.",
+        Arc::new(shop.tools()),
+        demo_shop::INSTRUCTIONS,
+    )
+    .await;
+    let calls = crate::support::calls_made(&parts);
+    assert!(calls.is_empty(), "{calls:?}");
+    let answer: String = parts
+        .iter()
+        .filter_map(|p| match p {
+            AgentStreamPart::Text { text } => Some(text.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(answer.contains("Paris"), "{answer}");
+}
+
 /// "two" is a quantity: the loop copies it into the number argument as 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_model_adds_as_many_as_the_person_asked_for() {

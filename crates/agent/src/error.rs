@@ -143,3 +143,75 @@ pub enum AgentError {
         reason: String,
     },
 }
+
+/// A tool's successful output that is framed as an error the way tool
+/// servers commonly write one, as the tool error it is: text that opens
+/// with `Error:` (or `Error executing …`, `error: …`), or a JSON object
+/// whose only field is `error`. Many MCP servers answer a failure in plain
+/// text without `isError` ("Error: Only SELECT queries are allowed"); read
+/// as a success, the failure would count as a change made and the model
+/// would be told nothing went wrong. Anything else is passed through.
+pub(crate) fn error_framed_result(output: String) -> Result<String, ToolError> {
+    let trimmed = output.trim_start();
+    let head: String = trimmed.chars().take(16).collect::<String>().to_lowercase();
+    let framed = head.starts_with("error:")
+        || head.starts_with("error executing")
+        || head.starts_with("error calling");
+    if framed {
+        return Err(ToolError::new(
+            ToolErrorCode::ToolFailed,
+            trimmed.trim_end(),
+        ));
+    }
+    if let Ok(serde_json::Value::Object(map)) = serde_json::from_str(trimmed)
+        && map.len() == 1
+        && let Some(error) = map.get("error").filter(|e| !e.is_null())
+    {
+        let message = match error {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        return Err(ToolError::new(ToolErrorCode::ToolFailed, message));
+    }
+    Ok(output)
+}
+
+#[cfg(test)]
+mod framing_tests {
+    use super::*;
+
+    #[test]
+    fn results_framed_as_errors_are_tool_errors() {
+        for (output, message) in [
+            (
+                "Error: Only SELECT queries are allowed",
+                "Error: Only SELECT queries are allowed",
+            ),
+            (
+                "  error: no such table: notes\n",
+                "error: no such table: notes",
+            ),
+            (
+                "Error executing tool read_query: syntax error",
+                "Error executing tool read_query: syntax error",
+            ),
+            (
+                r#"{"error": "repository not found"}"#,
+                "repository not found",
+            ),
+        ] {
+            let error = error_framed_result(output.to_string()).expect_err(output);
+            assert_eq!(error.code, ToolErrorCode::ToolFailed);
+            assert_eq!(error.message, message);
+        }
+        for fine in [
+            "The error rate fell to 2%.",
+            "Errors: none",
+            r#"{"error": null, "rows": []}"#,
+            r#"{"error": null}"#,
+            "[]",
+        ] {
+            assert_eq!(error_framed_result(fine.to_string()).as_deref(), Ok(fine));
+        }
+    }
+}

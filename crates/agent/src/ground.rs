@@ -23,55 +23,9 @@ use std::collections::HashSet;
 
 use serde_json::{Map, Value};
 
-use crate::rank::{STOP_WORDS, for_each_term};
+use crate::lexicon::{ACTION_VERBS, ASKING_HEADS, NUMBER_WORDS, STOP_WORDS};
+use crate::rank::for_each_term;
 use crate::tool::ToolDefinition;
-
-/// Verbs that ask for an action ("add", "find", "show"): a request with
-/// one is an action request, and they say what to do, not what to do it to.
-pub(crate) const ACTION_VERBS: &[&str] = &[
-    "add",
-    "buy",
-    "purchase",
-    "order",
-    "put",
-    "remove",
-    "delete",
-    "open",
-    "show",
-    "search",
-    "find",
-    "look",
-    "get",
-    "check",
-    "apply",
-    "book",
-    "go",
-    "navigate",
-    "set",
-    "change",
-    "update",
-    "create",
-    "make",
-    "send",
-    "cancel",
-    "subscribe",
-    "save",
-    "fill",
-    "submit",
-    "pick",
-    "choose",
-    "select",
-    "compare",
-    "list",
-    "view",
-    "call",
-];
-
-/// Question words that begin a contraction ("what's", "where's"): no
-/// phrase to quote begins or ends with one.
-const ASKING_HEADS: &[&str] = &[
-    "what", "where", "who", "when", "how", "that", "there", "here", "let",
-];
 
 /// The most words in one phrase of [`copy_phrases`].
 pub const MAX_PHRASE_WORDS: usize = 6;
@@ -315,30 +269,6 @@ fn is_result_identifier_word(word: &str) -> bool {
     joined && is_identifier_word(word) && word.chars().any(|c| c.is_ascii_digit())
 }
 
-/// Number words a request may use for a count, with the number each
-/// stands for when it goes into a number argument ("half" has none: half
-/// of what is not the word's to say).
-const NUMBER_WORDS: &[(&str, Option<&str>)] = &[
-    ("one", Some("1")),
-    ("two", Some("2")),
-    ("three", Some("3")),
-    ("four", Some("4")),
-    ("five", Some("5")),
-    ("six", Some("6")),
-    ("seven", Some("7")),
-    ("eight", Some("8")),
-    ("nine", Some("9")),
-    ("ten", Some("10")),
-    ("eleven", Some("11")),
-    ("twelve", Some("12")),
-    ("dozen", Some("12")),
-    ("couple", Some("2")),
-    ("pair", Some("2")),
-    ("half", None),
-    ("once", Some("1")),
-    ("twice", Some("2")),
-];
-
 /// The number `word` states, in digits: `2`, `$20`, `5%`, `3.5kg`, "two"
 /// (as `2`); `None` for other words, identifiers with digits (`p-17`)
 /// included, since those name a thing rather than count it.
@@ -392,6 +322,10 @@ pub struct Identifiers {
     /// The pieces of the successful results a free string may quote (their
     /// short values and lines, and the parts of those), oldest first.
     found: Vec<String>,
+    /// The values the agent's instructions state (see
+    /// [`Identifiers::add_stated`]): what they quote, and the paths and
+    /// names with a dot, slash or digit they hold.
+    stated: Vec<String>,
     /// The identifiers of the items that the person's newest words pick out
     /// of the newest result that brought new ones (see
     /// [`crate::prompt::picked_items`]); none when it picked none.
@@ -428,6 +362,7 @@ impl Identifiers {
             result_numbers: self.result_numbers,
             said: self.said.clone(),
             found: self.found.clone(),
+            stated: self.stated.clone(),
             picked: self
                 .picked
                 .iter()
@@ -492,6 +427,39 @@ impl Identifiers {
             self.values.drain(..extra);
         }
         new
+    }
+
+    /// Takes the values a text of the operator's states (the agent's
+    /// instructions): what it quotes, and each word written like a path or
+    /// a name with a dot, slash or digit ("/srv/repo", "notes.db",
+    /// "v2-api"). The instructions often name what a tool needs and the
+    /// person never says: the repository folder, the database, the sheet.
+    /// They are evidence a free string may copy, never a limit on it.
+    pub fn add_stated(&mut self, text: &str) {
+        let mut push = |piece: &str| {
+            let piece = trim_piece(piece);
+            if !piece.is_empty()
+                && piece.chars().count() <= MAX_PIECE_CHARS
+                && !self.stated.iter().any(|s| s == piece)
+            {
+                self.stated.push(piece.to_string());
+            }
+        };
+        // A quoted template ("Add <id> to the cart") shows a form, not a
+        // value: its placeholder is for the model to fill, never to copy.
+        for piece in quoted_runs(text).into_iter().filter(|p| !p.contains('<')) {
+            push(piece);
+        }
+        for word in text.split_whitespace() {
+            let word =
+                word.trim_matches(|c: char| matches!(c, ',' | ';' | '(' | ')' | '"' | '\'' | '`'));
+            let word = word.strip_suffix('.').unwrap_or(word);
+            if looks_like_path(word)
+                || (word.contains(['/', '_', '-']) && word.chars().any(|c| c.is_ascii_digit()))
+            {
+                push(word);
+            }
+        }
     }
 
     /// Takes the identifier-shaped words and the numbers of something the
@@ -641,6 +609,9 @@ impl Identifiers {
         for piece in self.found.iter().rev() {
             push(piece, &mut out);
         }
+        for piece in &self.stated {
+            push(piece, &mut out);
+        }
         out
     }
 
@@ -728,6 +699,26 @@ fn trim_piece(piece: &str) -> &str {
 /// quoted run ('…', "…", `…`) and what follows a colon to the end of its
 /// sentence ("a file that says: Pick up the dry cleaning on Friday.").
 fn dictated(text: &str) -> Vec<&str> {
+    let mut out = quoted_runs(text);
+    if let Some(colon) = text.find(": ") {
+        let after = &text[colon + 2..];
+        let end = after
+            .char_indices()
+            .find(|&(i, c)| {
+                matches!(c, '.' | '!' | '?')
+                    && after[i + 1..]
+                        .chars()
+                        .next()
+                        .is_none_or(char::is_whitespace)
+            })
+            .map_or(after.len(), |(i, _)| i);
+        out.push(&after[..end]);
+    }
+    out
+}
+
+/// Each quoted run of `text` ('…', "…", `…`, “…”).
+fn quoted_runs(text: &str) -> Vec<&str> {
     let mut out = Vec::new();
     for quote in ['\'', '"', '`', '“'] {
         let close = if quote == '“' { '”' } else { quote };
@@ -748,20 +739,6 @@ fn dictated(text: &str) -> Vec<&str> {
             }
             rest = &inner[end + close.len_utf8()..];
         }
-    }
-    if let Some(colon) = text.find(": ") {
-        let after = &text[colon + 2..];
-        let end = after
-            .char_indices()
-            .find(|&(i, c)| {
-                matches!(c, '.' | '!' | '?')
-                    && after[i + 1..]
-                        .chars()
-                        .next()
-                        .is_none_or(char::is_whitespace)
-            })
-            .map_or(after.len(), |(i, _)| i);
-        out.push(&after[..end]);
     }
     out
 }

@@ -17,6 +17,7 @@ mod approval;
 mod error;
 mod ground;
 mod host;
+pub mod lexicon;
 mod message;
 pub mod messages;
 mod parse;

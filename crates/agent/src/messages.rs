@@ -15,6 +15,16 @@ pub const FAILED_PREFIX: &str = "The on-device model failed: ";
 /// The second bad reply in a step.
 pub const APOLOGY: &str = "Sorry, I could not make a valid tool call for that. Please rephrase your request, or do it in smaller parts.";
 
+/// The model's reply was nothing but the loop's own words, and no result
+/// was found to tell of.
+pub const NO_ANSWER: &str = "I could not work out an answer to that. Please rephrase your request.";
+
+/// The model's reply was nothing but the loop's own words after a call
+/// failed: the failure is what the person needs to know.
+pub fn not_done(failure: &str) -> String {
+    format!("I could not do that. The last call failed: {failure}")
+}
+
 /// Loop detection's second hit.
 pub const CIRCLES: &str = "I stopped because I was going in circles. Try rephrasing your request, or do one part at a time.";
 
@@ -34,6 +44,17 @@ pub const REQUEST_LABEL: &str = "My request";
 /// instead of echoing the last result.
 pub fn restate(request: &str) -> String {
     format!("{REQUEST_LABEL}: {request}\nDo the next step for it, or answer me if it is done.")
+}
+
+/// The person's request, restated after a step whose every call was a
+/// lookup that succeeded: what was looked up is in front of the model, so
+/// the turn asks for the answer first. "Do the next step" after a lookup
+/// had a 0.5B model announce a next step ("The next step for it is to call
+/// …") instead of answering from the result.
+pub fn restate_after_lookup(request: &str) -> String {
+    format!(
+        "{REQUEST_LABEL}: {request}\nIf the results above answer it, answer me from them. If something is still to be done, do it."
+    )
 }
 
 /// The turn added when a run resumes after a finished call.

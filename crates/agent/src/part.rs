@@ -13,18 +13,36 @@ pub enum FinishReason {
     Stop,
     /// The step limit was reached before the model finished.
     MaxSteps,
+    /// The run stopped because the model repeated a call that gave the same
+    /// answer after it was warned: it was going in circles.
+    Loop,
+    /// The answer was cut at the token limit: it may be incomplete.
+    Length,
+    /// The model's reply could not be made into a valid call or answer,
+    /// even after a repair: the run ended with an apology.
+    Unrepaired,
     /// The host cancelled the run.
     Aborted,
 }
 
 impl FinishReason {
-    /// The wire name (`stop`, `max-steps`, `aborted`).
+    /// The wire name (`stop`, `max-steps`, `loop`, `length`, `unrepaired`,
+    /// `aborted`).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Stop => "stop",
             Self::MaxSteps => "max-steps",
+            Self::Loop => "loop",
+            Self::Length => "length",
+            Self::Unrepaired => "unrepaired",
             Self::Aborted => "aborted",
         }
+    }
+
+    /// Whether the run ended with the answer it was asked for. Every other
+    /// reason is a run that did not finish its request, and says so.
+    pub fn answered(self) -> bool {
+        self == Self::Stop
     }
 }
 

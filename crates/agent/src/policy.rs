@@ -25,6 +25,7 @@ use crate::ground::{
     ground_when_values, is_free_string, lists_a_written_value, requires_a_number, short_of_numbers,
     short_of_strings, takes_free_text, takes_identifier, waits_for_a_number, without_leading_zeros,
 };
+use crate::lexicon::{ASKING, AUXILIARY, CHANGE_VERBS, POLITE, TELLING};
 use crate::parse::ParsedCall;
 use crate::provider::{Decoding, PromptMessage, PromptRole};
 use crate::rank::score_tools;
@@ -289,13 +290,6 @@ pub struct Policy {
     /// `<tool_call><name>…`) returned a book by the example id of the
     /// instructions before searching for it. Default: on.
     pub calls_within_offer: bool,
-    /// A plain answer whose every line repeats the prompt (the restated
-    /// request, a correction, a line of the system prompt, the person's own
-    /// words) says nothing: it is replaced by the gist of the last result,
-    /// as the reference does for a reply that echoes a result. Without it a
-    /// 0.5B model answered "Do the next step for it, or answer me if it is
-    /// done." after its search had found the books asked for. Default: on.
-    pub no_prompt_echo_answers: bool,
     /// The calls-only retry of a prose reply when the request asks for a
     /// change (a common verb of change, or the verb a shown tool that
     /// changes things starts its name with), a shown tool is annotated as
@@ -381,7 +375,6 @@ impl Policy {
             finish_cut_calls: None,
             no_prompt_names_in_values: false,
             calls_within_offer: false,
-            no_prompt_echo_answers: false,
             change_request_retry: false,
             question_lookup_retry: false,
             answer_after_lookup: false,
@@ -426,7 +419,6 @@ impl Policy {
             finish_cut_calls: Some(64),
             no_prompt_names_in_values: true,
             calls_within_offer: true,
-            no_prompt_echo_answers: true,
             change_request_retry: true,
             question_lookup_retry: true,
             answer_after_lookup: true,
@@ -481,6 +473,43 @@ impl Policy {
         serde_json::from_value(merged)
     }
 
+    /// This policy for a request that is (`english`) or is not English
+    /// ([`crate::lexicon::speaks_english`]): the rules that decide on the
+    /// words of [`crate::lexicon`] stand down for a request in another
+    /// language, where they would match nothing and take every request for
+    /// a question or for none. Each rule that stood down is reported.
+    pub(crate) fn for_language(&self, english: bool) -> (Policy, Vec<Fired>) {
+        let mut policy = self.clone();
+        let mut fired = Vec::new();
+        if english {
+            return (policy, fired);
+        }
+        let mut stand_down = |on: bool, rule: Rule| {
+            if on {
+                fired.push(Fired {
+                    rule,
+                    detail: "stood down: it reads English words and the request is not English"
+                        .to_string(),
+                });
+            }
+        };
+        stand_down(policy.read_only_questions, Rule::ReadOnlyQuestions);
+        stand_down(policy.change_request_retry, Rule::ChangeRequestRetry);
+        stand_down(policy.question_lookup_retry, Rule::QuestionLookupRetry);
+        stand_down(policy.answer_after_lookup, Rule::AnswerAfterLookup);
+        stand_down(policy.stop_changing_when_done, Rule::StopChangingWhenDone);
+        stand_down(policy.coordinator_calls_first, Rule::CoordinatorCallsFirst);
+        stand_down(policy.ground_tasks, Rule::GroundTasks);
+        policy.read_only_questions = false;
+        policy.change_request_retry = false;
+        policy.question_lookup_retry = false;
+        policy.answer_after_lookup = false;
+        policy.stop_changing_when_done = false;
+        policy.coordinator_calls_first = false;
+        policy.ground_tasks = false;
+        (policy, fired)
+    }
+
     /// Whether any rule narrows what a constrained attempt may call.
     pub(crate) fn narrows(&self) -> bool {
         self.ground_identifiers
@@ -503,10 +532,13 @@ impl Policy {
     /// The shape of a constrained reply for the tools shown.
     pub(crate) fn decoding(&self, shown: &[ToolDefinition], written: &str) -> Decoding {
         Decoding {
+            // The worked example's placeholders are never values, under
+            // every policy: a model that copies the example (`"<query>"`)
+            // has not made the call the person needs.
             avoid_in_values: if self.no_prompt_names_in_values {
                 prompt_names(shown, written)
             } else {
-                Vec::new()
+                placeholders(shown, &written.to_lowercase())
             },
             max_string_chars: self.max_string_chars,
             max_array_items: self.max_array_items,
@@ -558,20 +590,26 @@ fn prompt_names(shown: &[ToolDefinition], written: &str) -> Vec<String> {
             avoid_name(&tool.name);
         }
     }
-    for tool in shown {
-        if let Some(props) = tool
-            .input_schema
-            .get("properties")
-            .and_then(Value::as_object)
-        {
-            names.extend(
-                props
-                    .keys()
-                    .map(|k| format!("<{k}"))
-                    .filter(|n| !written.contains(&n.to_lowercase())),
-            );
-        }
-    }
+    names.extend(placeholders(shown, &written));
+    names.sort();
+    names.dedup();
+    names
+}
+
+/// The worked example's placeholders (`<` + each argument name, without its
+/// end so that `<query_1>` is caught too) that the person did not write
+/// (`written`, lowercased).
+fn placeholders(shown: &[ToolDefinition], written: &str) -> Vec<String> {
+    let mut names: Vec<String> = shown
+        .iter()
+        .filter_map(|tool| {
+            tool.input_schema
+                .get("properties")
+                .and_then(Value::as_object)
+        })
+        .flat_map(|props| props.keys().map(|k| format!("<{k}")))
+        .filter(|n| !written.contains(&n.to_lowercase()))
+        .collect();
     names.sort();
     names.dedup();
     names
@@ -668,6 +706,9 @@ pub enum Rule {
     GroundedRetryValues,
     /// See [`Policy::threshold_on_evidence`].
     ThresholdOnEvidence,
+    /// See [`Policy::call_threshold`]: held back on a step where no offered
+    /// tool relates to the request.
+    CallThreshold,
     /// See [`Policy::call_now_min_probability`]: the reference's correction
     /// was held back.
     CallNowGate,
@@ -675,8 +716,15 @@ pub enum Rule {
     DoneOnRepeatedLookup,
     /// See [`Policy::calls_within_offer`].
     CallsWithinOffer,
-    /// See [`Policy::no_prompt_echo_answers`].
+    /// A plain answer lost the lines that repeat the prompt's system or
+    /// user turns (the restated request, a correction, the worked example):
+    /// the loop's own words are never the answer, under every policy. An
+    /// answer that was nothing else becomes the gist of the last result.
     NoPromptEchoAnswers,
+    /// An answer that repeats a sentence or line of its own was cut before
+    /// the first repeat (every policy: a model that loops on a sentence
+    /// until the token limit says it once).
+    CutRepeats,
     /// See [`Policy::change_request_retry`].
     ChangeRequestRetry,
     /// See [`Policy::question_lookup_retry`].
@@ -710,10 +758,12 @@ impl Rule {
             Self::NamedToolRetry => "named-tool-retry",
             Self::GroundedRetryValues => "grounded-retry-values",
             Self::ThresholdOnEvidence => "threshold-on-evidence",
+            Self::CallThreshold => "call-threshold",
             Self::CallNowGate => "call-now-gate",
             Self::DoneOnRepeatedLookup => "done-on-repeated-lookup",
             Self::CallsWithinOffer => "calls-within-offer",
             Self::NoPromptEchoAnswers => "no-prompt-echo-answers",
+            Self::CutRepeats => "cut-repeats",
             Self::ChangeRequestRetry => "change-request-retry",
             Self::QuestionLookupRetry => "question-lookup-retry",
             Self::AnswerAfterLookup => "answer-after-lookup",
@@ -728,72 +778,6 @@ pub(crate) struct Fired {
     pub(crate) rule: Rule,
     pub(crate) detail: String,
 }
-
-/// Verbs that ask for something to change. A request without one asks for
-/// information, and [`Policy::read_only_questions`] serves it with tools that
-/// only read.
-const CHANGE_VERBS: &[&str] = &[
-    "add",
-    "buy",
-    "purchase",
-    "order",
-    "put",
-    "remove",
-    "delete",
-    "erase",
-    "set",
-    "change",
-    "update",
-    "create",
-    "make",
-    "write",
-    "save",
-    "send",
-    "cancel",
-    "subscribe",
-    "unsubscribe",
-    "submit",
-    "fill",
-    "book",
-    "apply",
-    "move",
-    "rename",
-    "copy",
-    "edit",
-    "append",
-    "replace",
-    "insert",
-    "post",
-    "reply",
-    "pay",
-    "checkout",
-    "register",
-    "sign",
-    "reserve",
-    "schedule",
-    "enable",
-    "disable",
-    "turn",
-    "mark",
-    "assign",
-    "upload",
-    "store",
-    "record",
-    "log",
-    "empty",
-    "clear",
-    "reset",
-    "increment",
-    "decrement",
-    "toggle",
-    "install",
-    "start",
-    "stop",
-    "run",
-    "modify",
-    "transfer",
-    "mkdir",
-];
 
 /// The tool with its top-level identifier arguments required.
 fn with_required_identifiers(tool: &ToolDefinition) -> ToolDefinition {
@@ -1064,12 +1048,6 @@ fn regex_escape(text: &str) -> String {
 /// they share: "book" in "when is my library book due" is a noun, and the
 /// verb list alone took the question for a change.
 pub(crate) fn is_question(request: &str) -> bool {
-    const AUXILIARY: &[&str] = &[
-        "is", "are", "am", "was", "were", "do", "does", "did", "has", "have", "had",
-    ];
-    const POLITE: &[&str] = &[
-        "can", "could", "would", "will", "shall", "may", "might", "please",
-    ];
     let text = request.trim();
     if !text.ends_with('?') {
         return false;
@@ -1178,16 +1156,6 @@ fn value_words(value: &Value) -> String {
     out
 }
 
-/// Words that ask about something.
-const ASKING: &[&str] = &[
-    "what", "when", "where", "which", "who", "whom", "whose", "why", "how",
-];
-
-/// Verbs that ask to be told or shown something.
-const TELLING: &[&str] = &[
-    "tell", "show", "list", "find", "check", "look", "read", "see", "search",
-];
-
 /// Whether the request seeks to learn something: it asks (a question mark,
 /// or one of [`ASKING`]) or asks to be told or shown (one of [`TELLING`]).
 /// "Thanks, that's all." seeks nothing.
@@ -1283,26 +1251,20 @@ fn tool_verb(name: &str) -> Option<String> {
 /// not named: "What type of blood cells clot?" shares two words with
 /// `getCellType`, whose `nucleus_count` nothing in it gives.
 ///
-/// With `grounded` (the step's offer, its free strings narrowed to the
-/// conversation's phrases), a tool whose offered form is still short of a
-/// required string ([`short_of_strings`]) is not named either.
+/// A tool of `short` (the step's offer's [`Offer::short_of_strings`]),
+/// short of a required string, is not named either.
 pub(crate) fn names_a_tool(
     request: &str,
     shown: &[ToolDefinition],
     ids: &Identifiers,
-    grounded: Option<&[ToolDefinition]>,
+    short: &[String],
 ) -> bool {
     let mut written = Identifiers::new();
     let hands_an_id = written.add_user_text(request) > 0;
     score_tools(shown, request, &[]).iter().any(|s| {
         let tool = &shown[s.index];
         let id_sign = hands_an_id && takes_identifier(tool);
-        let lacks_strings = grounded.is_some_and(|offered| {
-            offered
-                .iter()
-                .find(|o| o.name == tool.name)
-                .is_some_and(short_of_strings)
-        });
+        let lacks_strings = short.contains(&tool.name);
         s.name_matches.len() + usize::from(id_sign) >= 2
             && !short_of_numbers(tool, ids, request)
             && !lacks_strings
@@ -1501,6 +1463,9 @@ pub(crate) struct PolicyState {
     /// The verbs (see [`tool_verb`]) of the tools that changed things with
     /// success in this run.
     acted_verbs: Vec<String>,
+    /// The agent's instructions: they say what its tools are about (see
+    /// [`PolicyState::related`]).
+    pub(crate) instructions: String,
 }
 
 /// What the loop knows of a step when it asks for the step's offer.
@@ -1528,6 +1493,10 @@ pub(crate) struct Offer {
     pub(crate) held: Vec<(String, Rule)>,
     /// The rules that fired deciding it.
     pub(crate) fired: Vec<Fired>,
+    /// The callable tools that require a free string for which the run has
+    /// seen no phrase that fits (see [`Policy::ground_strings`]): a call
+    /// would have to make the value up.
+    pub(crate) short_of_strings: Vec<String>,
 }
 
 impl Offer {
@@ -1642,7 +1611,7 @@ fn identifier_part(call: &ParsedCall, offered: &ToolDefinition) -> Option<(Value
 }
 
 /// A plain answer without the lines that only repeat the prompt (see
-/// [`Policy::no_prompt_echo_answers`]): `Some` with the lines left when
+/// [`Rule::NoPromptEchoAnswers`]): `Some` with the lines left when
 /// some were cut, `Some("")` when every line was an echo or the markup
 /// around one (a fence, a lone tag), `None` when nothing was. A line
 /// repeats the system or a user turn when it is part of one of their
@@ -1786,11 +1755,16 @@ impl PolicyState {
     /// Whether the request asks for information rather than a change, in a
     /// tool set that annotates tools as read-only (one that annotates none
     /// says nothing of what its tools change): a question, or a request
-    /// with no verb of change and none of a shown tool that changes things.
+    /// that seeks to be told something ([`seeks_information`]) with no verb
+    /// of change and none of a shown tool that changes things. A statement
+    /// is no question: "Please remember that Olga has a spare key" asks
+    /// for a write whose verb no list holds.
     fn asks_for_information(&self, request: &str, shown: &[ToolDefinition]) -> bool {
         !self.read_only.is_empty()
             && (is_question(request)
-                || (!asks_for_change(request) && !names_a_change(request, shown, &self.read_only)))
+                || (seeks_information(request)
+                    && !asks_for_change(request)
+                    && !names_a_change(request, shown, &self.read_only)))
     }
 
     /// Whether a prose reply on the first step should have looked it up
@@ -1803,9 +1777,30 @@ impl PolicyState {
         shown: &[ToolDefinition],
         offered: &[ToolDefinition],
     ) -> bool {
+        let related = self.related(request, offered);
         self.asks_for_information(request, shown)
             && seeks_information(request)
-            && offered.iter().any(|t| self.is_read_only(&t.name))
+            && offered
+                .iter()
+                .any(|t| self.is_read_only(&t.name) && related.contains(&t.name))
+    }
+
+    /// The names of the `tools` that relate to the request: a term of the
+    /// request (stemmed, not a common word) is in the tool's name, or two
+    /// are in its description, its arguments' names and the values it
+    /// lists (one shared word of a description is a weak sign: "Answer in
+    /// one word" shares "word" with "Search the catalog by words"); or a
+    /// term is in the agent's instructions, which say what all its tools
+    /// are about. A question no tool relates to ("What is the capital of
+    /// France?" beside a shop's search) is the model's to answer: no rule
+    /// pushes it toward a call.
+    pub(crate) fn related(&self, request: &str, tools: &[ToolDefinition]) -> Vec<String> {
+        let in_domain = shares_a_term(&self.instructions, request);
+        score_tools(tools, request, &[])
+            .into_iter()
+            .filter(|s| in_domain || !s.name_matches.is_empty() || s.description_matches.len() >= 2)
+            .map(|s| s.name)
+            .collect()
     }
 
     /// Whether the tool was annotated read-only this step.
@@ -1828,10 +1823,12 @@ impl PolicyState {
                 ranked,
                 held: Vec::new(),
                 fired,
+                short_of_strings: Vec::new(),
             };
         }
         let request = facts.request;
         let mut callable: Vec<ToolDefinition> = Vec::new();
+        let mut short: Vec<String> = Vec::new();
         let mut withheld: HashMap<Rule, Vec<String>> = HashMap::new();
         let question = policy.read_only_questions && self.asks_for_information(request, &ranked);
         let answer_owed = policy.answer_after_lookup && self.answer_owed(request, &ranked);
@@ -1961,18 +1958,19 @@ impl PolicyState {
                             grounded = narrowed;
                         }
                     }
-                    if let Some(choices) = &string_choices {
-                        let narrowed = ground_string_values(&grounded, choices);
-                        if narrowed.input_schema != grounded.input_schema {
-                            fired.push(Fired {
-                                rule: Rule::GroundStrings,
-                                detail: format!(
-                                    "the free strings of {name} take one of {} phrases of the conversation",
-                                    choices.len()
-                                ),
-                            });
-                            grounded = narrowed;
-                        }
+                    // Free strings are never held to what the run has seen:
+                    // a zone name, a query or a sentence to write needs the
+                    // model's own words. The phrases seen go to the copy
+                    // bias instead ([`PolicyState::copy_evidence`]); here
+                    // they only tell whether a required string has any
+                    // evidence at all.
+                    if policy.ground_strings
+                        && short_of_strings(&ground_string_values(
+                            &grounded,
+                            string_choices.as_deref().unwrap_or(&[]),
+                        ))
+                    {
+                        short.push(tool.name.clone());
                     }
                     callable.push(grounded);
                 }
@@ -2077,6 +2075,7 @@ impl PolicyState {
             callable,
             held,
             fired,
+            short_of_strings: short,
         }
     }
 
@@ -2382,9 +2381,14 @@ mod tests {
         assert_eq!(o.callable, files());
         assert_eq!(o.ranked, files());
         assert!(fired.is_empty());
+        // The reference's constraint shapes nothing beyond the schema but
+        // the worked example's placeholders, which are never values.
         assert_eq!(
             Policy::reference().decoding(&files(), ""),
-            Decoding::default()
+            Decoding {
+                avoid_in_values: vec!["<content".to_string(), "<path".to_string()],
+                ..Decoding::default()
+            }
         );
     }
 
@@ -2434,7 +2438,14 @@ mod tests {
         let off = Policy::small_model()
             .with_rules(&json!({"no_prompt_names_in_values": false}))
             .unwrap();
-        assert!(off.decoding(&tools, "").avoid_in_values.is_empty());
+        // With the rule off only the worked example's placeholders stay
+        // barred, as under every policy.
+        assert!(
+            off.decoding(&tools, "")
+                .avoid_in_values
+                .iter()
+                .all(|v| v.starts_with('<'))
+        );
     }
 
     #[test]
@@ -2946,7 +2957,7 @@ mod tests {
         let named = |request: &str| {
             let mut ids = Identifiers::new();
             ids.add_user_text(request);
-            names_a_tool(request, std::slice::from_ref(&cell), &ids, None)
+            names_a_tool(request, std::slice::from_ref(&cell), &ids, &[])
         };
         assert!(!named(
             "What type of blood cells are responsible for clotting?"
@@ -3146,23 +3157,31 @@ mod tests {
     }
 
     #[test]
-    fn free_strings_take_the_phrases_of_the_conversation() {
+    fn free_strings_are_biased_toward_the_evidence_never_held_to_it() {
         let search = tool(
             "search_books",
             json!({"type": "object", "properties": {
                 "query": {"type": "string"},
-                "limit": {"type": "integer"},
                 "sort": {"type": "string", "enum": ["title", "year"]},
-                "day": {"type": "string", "format": "date"},
-                "book_id": {"type": "string"},
                 "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}}
             }, "required": ["query"]}),
             true,
         );
-        let request = "I'd like to borrow Learning Rust the Slow Way.";
+        let clock = tool(
+            "get_current_time",
+            json!({"type": "object", "properties": {
+                "timezone": {"type": "string", "description": "IANA timezone name, e.g. 'America/New_York'"}
+            }, "required": ["timezone"]}),
+            true,
+        );
+        let request =
+            "I'd like to borrow Learning Rust the Slow Way. And what time is it in Tokyo?";
         let mut state = PolicyState::default();
-        state.observe_tools(std::slice::from_ref(&search));
+        state.observe_tools(&[search.clone(), clock.clone()]);
         state.identifiers.add_user_text(request);
+        state
+            .identifiers
+            .add_stated("The repository is at /srv/git/notes.git; the branch is 'main'.");
         let facts = StepFacts {
             request,
             constrained: true,
@@ -3170,80 +3189,45 @@ mod tests {
             has_phrases: true,
             sub_agents: &[],
         };
-        // A word of a shown tool's name chooses the tool: no phrase begins
-        // with it.
-        let borrow = tool(
-            "borrow_book",
-            json!({"type": "object", "properties": {"book_id": {"type": "string"}}, "required": ["book_id"]}),
-            false,
+        let o = state.offer(
+            &Policy::small_model(),
+            vec![search.clone(), clock.clone()],
+            facts,
         );
-        let o = state.offer(&Policy::small_model(), vec![search.clone(), borrow], facts);
-        let props = &o.callable[0].input_schema["properties"];
-        let choices = props["query"]["enum"]
-            .as_array()
-            .expect("an enum on the query");
-        assert!(
-            choices.contains(&json!("Learning Rust the Slow Way")),
-            "{choices:?}"
-        );
-        assert!(
-            !choices.contains(&json!(request)),
-            "the whole request is no phrase"
-        );
-        assert!(
-            !choices
-                .iter()
-                .any(|c| c.as_str().unwrap().starts_with("borrow"))
-        );
-        // Values, formats, dates and identifiers keep their own grounding;
-        // array items are narrowed within their bounds.
-        assert_eq!(
-            props["sort"],
-            json!({"type": "string", "enum": ["title", "year"]})
-        );
-        assert!(props["day"].get("enum").is_none());
-        assert!(
-            props["book_id"].get("enum").is_none()
-                || props["book_id"]["enum"] != props["query"]["enum"]
-        );
-        let items = props["tags"]["items"]["enum"]
-            .as_array()
-            .expect("items narrowed");
-        assert!(
-            items
-                .iter()
-                .all(|c| c.as_str().unwrap().chars().count() <= 8)
-        );
-        assert!(o.fired.iter().any(|f| f.rule == Rule::GroundStrings));
-        // A result's values and their parts become choices too.
+        // Nothing a tool needs is forbidden: `Asia/Tokyo`, which nobody
+        // wrote, stays writable, as does any query; lists of values keep
+        // their own.
+        assert_eq!(o.callable, vec![search.clone(), clock.clone()]);
+        assert!(o.short_of_strings.is_empty(), "{:?}", o.short_of_strings);
+        // What the run has seen is the evidence the copy bias reads: the
+        // person's phrases, what the instructions state.
+        let evidence = state.identifiers.string_choices(&[search.clone()]);
+        for want in [
+            "Learning Rust the Slow Way",
+            "Tokyo",
+            "/srv/git/notes.git",
+            "main",
+        ] {
+            assert!(evidence.contains(&want.to_string()), "{want}: {evidence:?}");
+        }
+        // A result's values and their parts are evidence too.
         state
             .identifiers
             .add_result("Sam Ortiz: 3 Harbour Road, Eastfield");
-        let o = state.offer(&Policy::small_model(), vec![search.clone()], facts);
-        let choices = o.callable[0].input_schema["properties"]["query"]["enum"].clone();
-        for piece in [
-            "Sam Ortiz: 3 Harbour Road, Eastfield",
-            "3 Harbour Road",
-            "Eastfield",
-        ] {
+        let evidence = state.identifiers.string_choices(&[search.clone()]);
+        for piece in ["3 Harbour Road", "Eastfield"] {
             assert!(
-                choices.as_array().unwrap().contains(&json!(piece)),
-                "{piece}: {choices}"
+                evidence.contains(&piece.to_string()),
+                "{piece}: {evidence:?}"
             );
         }
-        // Off in the reference policy, and with the rule off.
-        let o = state.offer(&Policy::reference(), vec![search.clone()], facts);
-        assert_eq!(o.callable, vec![search.clone()]);
-        let off = Policy {
-            ground_strings: false,
-            ..Policy::small_model()
-        };
-        let o = state.offer(&off, vec![search], facts);
-        assert!(
-            o.callable[0].input_schema["properties"]["query"]
-                .get("enum")
-                .is_none()
-        );
+        // With no evidence at all, a tool that requires a free string is
+        // short of it (a call would make it up), and still offered whole.
+        let mut bare = PolicyState::default();
+        bare.observe_tools(std::slice::from_ref(&clock));
+        let o = bare.offer(&Policy::small_model(), vec![clock.clone()], facts);
+        assert_eq!(o.short_of_strings, vec!["get_current_time".to_string()]);
+        assert_eq!(o.callable, vec![clock]);
     }
 
     #[test]

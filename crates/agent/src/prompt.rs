@@ -725,30 +725,41 @@ pub(crate) fn item_scores(items: &[Value], wanted: &[String]) -> Vec<usize> {
 }
 
 /// The short fields of a lone listed item beyond its label (`, due:
-/// 2026-03-14, start: 14:30`): a question about one thing ("when is my book
-/// due?") is answered by them, and a list of one is short enough to show
-/// them. Long texts and nested values are left to the result itself.
+/// 2026-03-14, start: 14:30`, `, observations: works at Harbor Clinic`): a
+/// question about one thing ("when is my book due?", "where does Lena
+/// work?") is answered by them, and a list of one is short enough to show
+/// them. A list of plain values counts as one field, its values joined;
+/// long texts and nested objects are left to the result itself.
 fn item_details(item: &Value) -> String {
-    const MAX_FIELDS: usize = 4;
+    const MAX_FIELDS: usize = 5;
     const MAX_VALUE_CHARS: usize = 40;
+    const MAX_LIST_CHARS: usize = 120;
     let Value::Object(map) = item else {
         return String::new();
     };
     map.iter()
-        .filter(|(k, v)| {
+        .filter(|(k, _)| {
             !crate::ground::is_identifier_key(k)
                 && !["title", "name", "label"].contains(&k.as_str())
-                && match v {
-                    Value::String(s) => !s.is_empty() && s.chars().count() <= MAX_VALUE_CHARS,
-                    Value::Number(_) | Value::Bool(_) => true,
-                    _ => false,
-                }
+        })
+        .filter_map(|(k, v)| match v {
+            Value::Bool(b) => Some(format!(", {}", flag(k, *b))),
+            Value::Number(_) => Some(format!(", {k}: {}", scalar(v))),
+            Value::String(s) if !s.is_empty() && s.chars().count() <= MAX_VALUE_CHARS => {
+                Some(format!(", {k}: {s}"))
+            }
+            Value::Array(values)
+                if !values.is_empty() && values.iter().all(|v| v.is_string() || v.is_number()) =>
+            {
+                let joined: Vec<String> = values.iter().map(scalar).collect();
+                Some(format!(
+                    ", {k}: {}",
+                    truncate_chars(&joined.join("; "), MAX_LIST_CHARS)
+                ))
+            }
+            _ => None,
         })
         .take(MAX_FIELDS)
-        .map(|(k, v)| match v {
-            Value::Bool(b) => format!(", {}", flag(k, *b)),
-            _ => format!(", {k}: {}", scalar(v)),
-        })
         .collect()
 }
 
@@ -789,9 +800,65 @@ fn scalar(v: &Value) -> String {
     }
 }
 
+/// The answer cut before the first sentence or line that repeats an
+/// earlier one of its own, when one does (`None` when none does). A model
+/// that falls into a loop writes the same sentence until the token limit
+/// ("I'm a pizza maker." forty times); said once, it is all it had to say.
+/// Sentences of fewer than three words ("Yes.", "1.") may repeat.
+pub(crate) fn cut_repeats(answer: &str) -> Option<String> {
+    fn norm(text: &str) -> String {
+        text.split(|c: char| !c.is_alphanumeric())
+            .filter(|w| !w.is_empty())
+            .map(str::to_lowercase)
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+    let mut seen: Vec<String> = Vec::new();
+    let mut start = 0;
+    for (i, c) in answer.char_indices() {
+        let end = i + c.len_utf8();
+        let ends_sentence = matches!(c, '.' | '!' | '?')
+            && answer[end..].chars().next().is_none_or(char::is_whitespace);
+        if !(ends_sentence || c == '\n' || end == answer.len()) {
+            continue;
+        }
+        let sentence = norm(&answer[start..end]);
+        if sentence.split(' ').count() >= 3 {
+            if seen.contains(&sentence) {
+                let kept = answer[..start].trim_end();
+                return (!kept.is_empty()).then(|| kept.to_string());
+            }
+            seen.push(sentence);
+        }
+        start = end;
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_answer_that_repeats_itself_is_cut_at_the_first_repeat() {
+        let looping = "I'm a pizza maker. I make pizzas every day. I'm a pizza maker. I'm a pizza maker. I'm a";
+        assert_eq!(
+            cut_repeats(looping).as_deref(),
+            Some("I'm a pizza maker. I make pizzas every day.")
+        );
+        let lines = "Open tasks:\nBuy milk today\nCall the plumber\nBuy milk today\n";
+        assert_eq!(
+            cut_repeats(lines).as_deref(),
+            Some("Open tasks:\nBuy milk today\nCall the plumber")
+        );
+        // Short sentences may repeat, and an answer that says each thing
+        // once is left alone.
+        assert_eq!(cut_repeats("Yes. Done. Yes. Done."), None);
+        assert_eq!(
+            cut_repeats("The backpack is waterproof. It costs $89. It is in stock."),
+            None
+        );
+    }
 
     fn turns(roles: &[PromptRole]) -> Vec<Turn> {
         roles
@@ -921,7 +988,16 @@ mod tests {
                 r#"[{"book_id": "b-7", "title": "Stars Over the Desert", "due": "2026-03-14", "blurb": "A long story about the desert and the stars over it", "tags": ["sf"]}]"#,
                 ""
             ),
-            "1 result: Stars Over the Desert (b-7), due: 2026-03-14."
+            "1 result: Stars Over the Desert (b-7), due: 2026-03-14, tags: sf."
+        );
+        // A list of plain values is one field: the facts a knowledge graph
+        // keeps of an entity are what a question about it asks for.
+        assert_eq!(
+            gist(
+                r#"{"entities": [{"name": "Lena", "entityType": "person", "observations": ["works at Harbor Clinic", "has a spare key"]}], "relations": []}"#,
+                "Where does Lena work?"
+            ),
+            "entities: 1 result: Lena, entityType: person, observations: works at Harbor Clinic; has a spare key."
         );
         assert_eq!(gist(r#"{"items": []}"#, ""), "items: No results.");
         assert_eq!(gist("first line\nsecond", ""), "first line\nsecond");

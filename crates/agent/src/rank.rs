@@ -33,6 +33,7 @@ use std::fmt;
 
 use serde_json::Value;
 
+use crate::lexicon::STOP_WORDS;
 use crate::tool::ToolDefinition;
 
 /// Points for a query term found in a tool's name.
@@ -51,17 +52,6 @@ pub const RECENT_WINDOW: usize = 8;
 /// Only this many distinct query terms count (one bit each in a mask); a
 /// request longer than that is not a tool query anyway.
 const MAX_QUERY_TERMS: usize = 64;
-
-/// Words too common to say anything about which tool is wanted.
-pub(crate) const STOP_WORDS: &[&str] = &[
-    "about", "all", "also", "am", "an", "and", "any", "are", "as", "at", "be", "been", "but", "by",
-    "can", "could", "did", "do", "does", "for", "from", "had", "has", "have", "he", "her", "here",
-    "him", "his", "how", "if", "in", "into", "is", "it", "its", "just", "let", "like", "me",
-    "might", "my", "no", "not", "now", "of", "on", "or", "our", "please", "she", "should", "so",
-    "some", "than", "that", "the", "their", "them", "then", "there", "these", "they", "this",
-    "those", "to", "up", "us", "was", "we", "were", "what", "when", "where", "which", "who", "why",
-    "will", "with", "would", "you", "your",
-];
 
 /// Why a tool ranked where it did.
 #[derive(Debug, Clone, PartialEq)]

@@ -18,8 +18,9 @@ use crate::approval::{
     Reason, Verdict, decide, needs_record, next_approval_id,
 };
 use crate::error::{ProviderError, ToolError, ToolErrorCode};
-use crate::ground::{ACTION_VERBS, copy_phrases, short_of_numbers, short_of_strings};
+use crate::ground::{copy_phrases, short_of_numbers};
 use crate::host::{AgentRunRequest, CallContext, ToolHost};
+use crate::lexicon::{ACTION_VERBS, FAILURE_MARKERS, HAND_BACK_MARKERS};
 use crate::message::{ChatMessage, ToolCall};
 use crate::messages;
 use crate::parse::{ParsedReply, parse_tool_calls};
@@ -198,6 +199,12 @@ struct Run<P> {
     /// The rules beyond the reference, and what they remember.
     policy: Policy,
     rules: PolicyState,
+    /// The rules that stood down for the request's language, reported at
+    /// the first step.
+    stood_down: Vec<Fired>,
+    /// The step's offered tools that require a free string the run has
+    /// seen no phrase for ([`crate::policy::Offer::short_of_strings`]).
+    short_of_strings: Vec<String>,
     /// The tools whose results are untrusted content (as this step lists
     /// them): their results are delimited in the prompt.
     untrusted: Vec<String>,
@@ -319,6 +326,8 @@ impl<P: Provider + 'static> Run<P> {
                 .policy
                 .unwrap_or_else(|| Policy::for_model(provider.parameters())),
             rules: PolicyState::default(),
+            stood_down: Vec::new(),
+            short_of_strings: Vec::new(),
             untrusted: Vec::new(),
             provider,
             tools: request.tools,
@@ -393,6 +402,11 @@ impl<P: Provider + 'static> Run<P> {
             }
             self.request_text = content.clone();
         }
+        let (policy, stood_down) = self
+            .policy
+            .for_language(crate::lexicon::speaks_english(&self.request_text));
+        self.policy = policy;
+        self.stood_down = stood_down;
         self.turns = history_turns(&self.messages, self.provider.call_format());
         for message in &self.messages {
             match message {
@@ -408,6 +422,10 @@ impl<P: Provider + 'static> Run<P> {
                 }
                 _ => {}
             }
+        }
+        if let Some(instructions) = &self.instructions {
+            self.rules.identifiers.add_stated(instructions);
+            self.rules.instructions = instructions.clone();
         }
         if matches!(self.messages.last(), Some(ChatMessage::Tool { .. })) {
             self.resume(request_index);
@@ -482,6 +500,8 @@ impl<P: Provider + 'static> Run<P> {
 
     /// One model step. `None` means the loop goes on.
     async fn step(&mut self, step: u32) -> Option<End> {
+        let stood_down = std::mem::take(&mut self.stood_down);
+        self.report(stood_down);
         let all_tools = tokio::select! {
             biased;
             _ = self.cancel.cancelled() => return Some(End::Finish(FinishReason::Aborted)),
@@ -527,6 +547,7 @@ impl<P: Provider + 'static> Run<P> {
             Err(end) => return Some(end),
         };
         let mut fired = std::mem::take(&mut offer.fired);
+        self.short_of_strings = std::mem::take(&mut offer.short_of_strings);
         match system {
             SystemChoice::Kept => {
                 // The kept prompt lists the tools as an earlier step did:
@@ -627,7 +648,7 @@ impl<P: Provider + 'static> Run<P> {
                     self.emit(AgentStreamPart::Text {
                         text: messages::APOLOGY.to_string(),
                     });
-                    return Some(End::Finish(FinishReason::Stop));
+                    return Some(End::Finish(FinishReason::Unrepaired));
                 }
                 repaired = true;
                 tracing::debug!(%problem, "repairing a bad reply");
@@ -733,10 +754,35 @@ impl<P: Provider + 'static> Run<P> {
                     }
                     _ => text,
                 };
-                let text = if self.policy.no_prompt_echo_answers {
-                    self.without_prompt_echoes(text, &request.messages)
+                let text = match self.without_prompt_echoes(text, &request.messages) {
+                    Ok(text) => text,
+                    Err(no_answer) => {
+                        Span::current().record("wma.outcome", "no-answer");
+                        self.emit(AgentStreamPart::Text { text: no_answer });
+                        return Some(End::Finish(FinishReason::Unrepaired));
+                    }
+                };
+                // A reply the token limit cut is an answer that may be
+                // incomplete, unless what was cut was a repeat.
+                let mut reason = if generation.finish_reason.as_deref() == Some("length") {
+                    FinishReason::Length
                 } else {
-                    text
+                    FinishReason::Stop
+                };
+                let text = match crate::prompt::cut_repeats(&text) {
+                    Some(cut) => {
+                        reason = FinishReason::Stop;
+                        self.report(vec![Fired {
+                            rule: Rule::CutRepeats,
+                            detail: format!(
+                                "cut the answer at its first repeat ({} of {} characters kept)",
+                                cut.chars().count(),
+                                text.chars().count()
+                            ),
+                        }]);
+                        cut
+                    }
+                    None => text,
                 };
                 let text = match &self.rules.answered {
                     Some(found)
@@ -754,7 +800,7 @@ impl<P: Provider + 'static> Run<P> {
                 };
                 Span::current().record("wma.outcome", "answer");
                 self.emit(AgentStreamPart::Text { text });
-                return Some(End::Finish(FinishReason::Stop));
+                return Some(End::Finish(reason));
             }
             Span::current().record("wma.outcome", "calls");
             return self.run_calls(step, reply, &generation.text).await;
@@ -789,6 +835,12 @@ impl<P: Provider + 'static> Run<P> {
                 detail: "no call threshold: the request names no shown tool, asks no change a tool makes and seeks nothing a read-only tool looks up".to_string(),
             });
         }
+        if self.rules.related(&self.request_text, offered).is_empty() {
+            return Some(Fired {
+                rule: Rule::CallThreshold,
+                detail: "no call threshold: no tool offered relates to the request".to_string(),
+            });
+        }
         let lacks_numbers = |o: &ToolDefinition| {
             // The shown form: the offered one may hold its numbers to
             // those written, which no longer reads as requiring them.
@@ -797,7 +849,7 @@ impl<P: Provider + 'static> Run<P> {
                     short_of_numbers(t, &self.rules.identifiers, &self.request_text)
                 })
         };
-        let lacks_strings = |o: &ToolDefinition| self.policy.ground_strings && short_of_strings(o);
+        let lacks_strings = |o: &ToolDefinition| self.short_of_strings.contains(&o.name);
         let (rule, what) = if offered.iter().all(lacks_numbers) {
             (Rule::GroundNumbers, "numbers")
         } else if offered.iter().all(|o| lacks_numbers(o) || lacks_strings(o)) {
@@ -853,7 +905,7 @@ impl<P: Provider + 'static> Run<P> {
                 &self.request_text,
                 shown,
                 &self.rules.identifiers,
-                self.policy.ground_strings.then_some(offered),
+                &self.short_of_strings,
             ) {
             (Rule::NamedToolRetry, "the request names a tool")
         } else if self.policy.change_request_retry
@@ -897,23 +949,62 @@ impl<P: Provider + 'static> Run<P> {
 
     /// An answer without its lines that repeat the prompt; one that was
     /// nothing else becomes the gist of the last result, when there is one.
-    fn without_prompt_echoes(&self, text: String, prompt: &[PromptMessage]) -> String {
+    fn without_prompt_echoes(
+        &self,
+        text: String,
+        prompt: &[PromptMessage],
+    ) -> Result<String, String> {
         let Some(kept) = without_prompt_echoes(&text, prompt) else {
-            return text;
+            return Ok(text);
         };
         let (text, detail) = match (&self.last_result, kept.is_empty()) {
-            (_, false) => (kept, "cut the answer's lines that repeat the prompt"),
+            (_, false) => (Ok(kept), "cut the answer's lines that repeat the prompt"),
             (Some(last), true) => (
-                last.gist(&self.request_text),
+                Ok(last.gist(&self.request_text)),
                 "an answer that repeats the prompt became the last result's gist",
             ),
-            (None, true) => return text,
+            // Nothing found to tell of: the run has no answer, and says
+            // what went wrong if a call failed.
+            (None, true) => (
+                Err(match &self.last_failure {
+                    Some(failure) => messages::not_done(failure),
+                    None => messages::NO_ANSWER.to_string(),
+                }),
+                "an answer that only repeats the prompt is no answer",
+            ),
         };
         self.report(vec![Fired {
             rule: Rule::NoPromptEchoAnswers,
             detail: detail.to_string(),
         }]);
         text
+    }
+
+    /// What a free string may be biased toward copying: the phrases of the
+    /// person's messages and, under [`Policy::ground_strings`], every
+    /// string the run has seen (what the person dictated, the pieces of
+    /// the results, the values the instructions state). A bias, never a
+    /// limit: a value that needs the model's own knowledge (a zone name, a
+    /// query) stays writable.
+    fn copy_evidence(&self, shown: &[ToolDefinition]) -> Vec<String> {
+        let mut phrases = copy_phrases(
+            self.messages.iter().filter_map(|m| match m {
+                ChatMessage::User { content } => Some(content.as_str()),
+                _ => None,
+            }),
+            shown,
+        );
+        if self.policy.ground_strings {
+            for choice in self.rules.identifiers.string_choices(shown) {
+                if phrases.len() >= crate::ground::MAX_COPY_PHRASES {
+                    break;
+                }
+                if !phrases.contains(&choice) {
+                    phrases.push(choice);
+                }
+            }
+        }
+        phrases
     }
 
     /// Picks the most tools (max_tools, then 4, 2, 1) and then the most
@@ -1020,13 +1111,7 @@ impl<P: Provider + 'static> Run<P> {
             // Only a copy bias reads the phrases: without one they are
             // not worth finding.
             copy_phrases: if self.policy.copy_bias > 0.0 {
-                copy_phrases(
-                    self.messages.iter().filter_map(|m| match m {
-                        ChatMessage::User { content } => Some(content.as_str()),
-                        _ => None,
-                    }),
-                    shown,
-                )
+                self.copy_evidence(shown)
             } else {
                 Vec::new()
             },
@@ -1187,6 +1272,9 @@ impl<P: Provider + 'static> Run<P> {
             content = raw.trim().to_string();
         }
         self.push_turn(PromptRole::Assistant, content);
+        // Whether every call of the step was a lookup that succeeded: the
+        // restatement then asks for the answer.
+        let mut only_lookups = true;
         for call in calls {
             if self.cancel.is_cancelled() {
                 return Some(End::Finish(FinishReason::Aborted));
@@ -1220,6 +1308,7 @@ impl<P: Provider + 'static> Run<P> {
             {
                 self.approvals.untrusted_seen = Some(call.name.clone());
             }
+            only_lookups &= outcome.is_ok() && self.rules.is_read_only(&call.name);
             touch_recent(&mut self.recent, &call.name);
             let answer = match &outcome {
                 Ok(output) => output.clone(),
@@ -1283,7 +1372,7 @@ impl<P: Provider + 'static> Run<P> {
                             |done| format!("{done}\n\n{}", messages::CIRCLES),
                         ),
                     });
-                    return Some(End::Finish(FinishReason::Stop));
+                    return Some(End::Finish(FinishReason::Loop));
                 }
                 self.loop_flagged = true;
                 for_model.push('\n');
@@ -1292,7 +1381,12 @@ impl<P: Provider + 'static> Run<P> {
             self.turns.push(Turn::result(&call.name, for_model));
         }
         self.rules.step_done();
-        self.push_turn(PromptRole::User, messages::restate(&self.request_text));
+        let restated = if only_lookups {
+            messages::restate_after_lookup(&self.request_text)
+        } else {
+            messages::restate(&self.request_text)
+        };
+        self.push_turn(PromptRole::User, restated);
         None
     }
 
@@ -1517,7 +1611,8 @@ impl<P: Provider + 'static> Run<P> {
             }
         }
         .instrument(span.clone())
-        .await;
+        .await
+        .map(|outcome| outcome.and_then(crate::error::error_framed_result));
         match &result {
             Some(Err(error)) => {
                 span.record("error.type", error.code.as_str());
@@ -1700,26 +1795,8 @@ fn words(text: &str) -> Vec<String> {
 /// Whether a plain reply admits that the last call failed. A reply that does
 /// not is the "it worked!" a small model likes to make up.
 fn acknowledges_failure(reply: &str, failure: &str) -> bool {
-    const MARKERS: [&str; 16] = [
-        "error",
-        "fail",
-        "couldn't",
-        "could not",
-        "can't",
-        "cannot",
-        "unable",
-        "sorry",
-        "not possible",
-        "didn't",
-        "did not",
-        "problem",
-        "wasn't",
-        "was not",
-        "isn't",
-        "not available",
-    ];
     let lower = reply.to_lowercase();
-    if MARKERS.iter().any(|m| lower.contains(m)) {
+    if FAILURE_MARKERS.iter().any(|m| lower.contains(m)) {
         return true;
     }
     let message = failure
@@ -1744,29 +1821,8 @@ fn tells_user_to_act(reply: &str, shown: &[ToolDefinition]) -> bool {
     if shown.is_empty() {
         return false;
     }
-    // Phrases that hand the work back to the person. "you can" is broad,
-    // but in a plain reply to an action request it almost always means
-    // "you can do it yourself".
-    const MARKERS: [&str; 16] = [
-        "click",
-        "tap ",
-        "press ",
-        "you can",
-        "you could",
-        "use the",
-        "go to",
-        "navigate to",
-        "select the",
-        "button",
-        "you should",
-        "you need to",
-        "you will need",
-        "follow these",
-        "following steps",
-        "steps:",
-    ];
     let lower = reply.to_lowercase();
-    if MARKERS.iter().any(|m| lower.contains(m)) {
+    if HAND_BACK_MARKERS.iter().any(|m| lower.contains(m)) {
         return true;
     }
     shown.iter().any(|t| {

@@ -540,6 +540,24 @@ impl FinalAnswer {
                 ToolErrorCode::ToolFailed,
                 format!("the agent `{agent}` failed: {message}"),
             )),
+            // A helper that did not finish has no answer to hand on: its
+            // last words ("I stopped because I was going in circles") are
+            // the loop's, not an answer, and a parent that passed them on
+            // stored them as a fact.
+            Some(AgentStreamPart::Finish {
+                reason:
+                    why @ (FinishReason::MaxSteps | FinishReason::Loop | FinishReason::Unrepaired),
+            }) => Err(ToolError::new(
+                ToolErrorCode::ToolFailed,
+                format!(
+                    "the agent `{agent}` did not finish its task: {}",
+                    match why {
+                        FinishReason::MaxSteps => "it ran out of steps",
+                        FinishReason::Loop => "it kept repeating the same call",
+                        _ => "it could not make a valid tool call",
+                    }
+                ),
+            )),
             Some(_) if self.texts.is_empty() => Err(ToolError::new(
                 ToolErrorCode::ToolFailed,
                 format!("the agent `{agent}` finished without an answer"),
