@@ -244,8 +244,8 @@ const FOREIGN_FUNCTION_WORDS: &[&str] = &[
     "der", "die", "das", "und", "ist", "ich", "mein", "meine", "meinen", "bitte", "nicht", "mit",
     "für", "ein", "eine", "einen", "zu", "auf", "dem", "im", "wie", "ob", "wann", "wo", "welche",
     "mir", "mich", "sie", "es", "heute", "morgen", // Italian, Dutch
-    "il", "di", "che", "è", "per", "non", "gli", "della", "het", "een", "van", "ik", "niet", "mijn",
-    "wat", "voor",
+    "il", "di", "che", "è", "per", "non", "gli", "della", "het", "een", "van", "ik", "niet",
+    "mijn", "wat", "voor",
 ];
 
 /// Words English shares with the languages above, which say nothing either

@@ -3201,7 +3201,9 @@ mod tests {
         assert!(o.short_of_strings.is_empty(), "{:?}", o.short_of_strings);
         // What the run has seen is the evidence the copy bias reads: the
         // person's phrases, what the instructions state.
-        let evidence = state.identifiers.string_choices(&[search.clone()]);
+        let evidence = state
+            .identifiers
+            .string_choices(std::slice::from_ref(&search));
         for want in [
             "Learning Rust the Slow Way",
             "Tokyo",
@@ -3214,7 +3216,9 @@ mod tests {
         state
             .identifiers
             .add_result("Sam Ortiz: 3 Harbour Road, Eastfield");
-        let evidence = state.identifiers.string_choices(&[search.clone()]);
+        let evidence = state
+            .identifiers
+            .string_choices(std::slice::from_ref(&search));
         for piece in ["3 Harbour Road", "Eastfield"] {
             assert!(
                 evidence.contains(&piece.to_string()),

@@ -26,7 +26,7 @@ use crate::messages;
 use crate::parse::{ParsedReply, parse_tool_calls};
 use crate::part::{AgentStreamPart, FinishReason};
 use crate::policy::{
-    Fired, Found, Policy, PolicyState, Rule, StepFacts, asks_for_change, made_up_value,
+    Fired, Found, Offer, Policy, PolicyState, Rule, StepFacts, asks_for_change, made_up_value,
     names_a_tool, seeks_information, tells_of, without_prompt_echoes,
 };
 use crate::prompt::{
@@ -245,6 +245,26 @@ struct Run<P> {
     /// calls are numbered after them (`call_2_1` after `call_1_1`), so that
     /// no two calls of one run share an id.
     call_steps_before: u32,
+}
+
+/// What a step decided before its first attempt.
+struct StepPlan {
+    /// Every tool the host lists this step (a call of one not shown is
+    /// still told apart from an unknown tool).
+    all_tools: Vec<ToolDefinition>,
+    /// The tools the prompt shows, in its order.
+    shown: Vec<ToolDefinition>,
+    /// The shown tools a constraint may call, in their grounded form.
+    offered: Vec<ToolDefinition>,
+    /// The policy's offer, which also holds calls written in prose to it.
+    offer: Offer,
+    /// The prompt of the step's attempts; corrections and repairs append to
+    /// it.
+    request: GenerateRequest,
+    /// Whether no call was made yet in this run.
+    first_step: bool,
+    /// How the first attempt is constrained.
+    attempt: Attempt,
 }
 
 /// A system prompt a step wrote, kept for the steps after it: a step that
@@ -499,17 +519,79 @@ impl<P: Provider + 'static> Run<P> {
     }
 
     /// One model step. `None` means the loop goes on.
+    /// One step of the reference: tools and prompt (steps 3 and 4, with the
+    /// policy's offer), then attempts until the reply is calls to run or an
+    /// answer: generate (5), read it whole (6), repair (8) or correct (7)
+    /// it, and run its calls (9, 10).
     async fn step(&mut self, step: u32) -> Option<End> {
         let stood_down = std::mem::take(&mut self.stood_down);
         self.report(stood_down);
+        let mut plan = match self.plan_step().await {
+            Ok(plan) => plan,
+            Err(end) => return Some(end),
+        };
+        let mut attempt = plan.attempt;
+        let mut corrected = false;
+        let mut repaired = false;
+        // The prose reply a calls-only retry replaced, while the retry runs.
+        let mut before_retry: Option<String> = None;
+        loop {
+            plan.request.constraint = self.constraint(attempt, &plan.shown, &plan.offered);
+            let generation = match self.generate(plan.request.clone(), attempt).await {
+                Ok(g) => g,
+                Err(end) => return Some(end),
+            };
+            let reply = parse_tool_calls(&generation.text);
+            if let Some(problem) = self.problem(&generation.text, &reply, &plan) {
+                if repaired {
+                    Span::current().record("wma.outcome", "apology");
+                    self.emit(AgentStreamPart::Text {
+                        text: messages::APOLOGY.to_string(),
+                    });
+                    return Some(End::Finish(FinishReason::Unrepaired));
+                }
+                repaired = true;
+                tracing::debug!(%problem, "repairing a bad reply");
+                self.push_turn(PromptRole::Assistant, generation.text.trim());
+                self.push_turn(
+                    PromptRole::Tool,
+                    format!("{problem} {}", messages::TRY_AGAIN),
+                );
+                attempt = Attempt::Repair;
+                self.append_to(&mut plan.request);
+                continue;
+            }
+            let reply = self.unless_made_up(reply, before_retry.take(), &plan.shown);
+            if !reply.calls.is_empty() {
+                Span::current().record("wma.outcome", "calls");
+                return self.run_calls(step, reply, &generation.text).await;
+            }
+            if !corrected && let Some(next) = self.correction(&reply.text, &generation, &plan) {
+                corrected = true;
+                if next == Attempt::NamedTool {
+                    before_retry = Some(reply.text);
+                }
+                attempt = next;
+                self.append_to(&mut plan.request);
+                continue;
+            }
+            return Some(self.answer(reply.text, &generation, &plan.request.messages));
+        }
+    }
+
+    /// Steps 3 and 4 with the policy's offer: the host's tools read fresh,
+    /// ranked, offered as the policy decides (once per step: every attempt
+    /// uses the same decision), fitted to the model; and how the first
+    /// attempt is constrained.
+    async fn plan_step(&mut self) -> Result<StepPlan, End> {
         let all_tools = tokio::select! {
             biased;
-            _ = self.cancel.cancelled() => return Some(End::Finish(FinishReason::Aborted)),
+            _ = self.cancel.cancelled() => return Err(End::Finish(FinishReason::Aborted)),
             tools = self.tools.list_tools() => tools,
         };
         let page = tokio::select! {
             biased;
-            _ = self.cancel.cancelled() => return Some(End::Finish(FinishReason::Aborted)),
+            _ = self.cancel.cancelled() => return Err(End::Finish(FinishReason::Aborted)),
             page = self.tools.page_context() => page,
         };
         let sub_agents: Vec<String> = self.sub_agents.iter().map(|s| s.name.clone()).collect();
@@ -522,9 +604,6 @@ impl<P: Provider + 'static> Run<P> {
             .collect();
         self.observe_for_approvals(&all_tools);
         let ranked = rank_tools(&all_tools, &self.request_text, &self.recent, self.max_tools);
-        // The policy decides once per step which tools a constraint may call
-        // and the order they are listed in; every attempt of the step uses
-        // the same decision.
         let constrained = self.constrains(&ranked);
         let first_step = self.seen.is_empty();
         let has_phrases = self.policy.order_for_calls
@@ -542,10 +621,7 @@ impl<P: Provider + 'static> Run<P> {
                 sub_agents: &sub_agents,
             },
         );
-        let (mut request, shown, system) = match self.fit(&offer.ranked, page.as_ref()).await {
-            Ok(fitted) => fitted,
-            Err(end) => return Some(end),
-        };
+        let (mut request, shown, system) = self.fit(&offer.ranked, page.as_ref()).await?;
         let mut fired = std::mem::take(&mut offer.fired);
         self.short_of_strings = std::mem::take(&mut offer.short_of_strings);
         match system {
@@ -581,14 +657,47 @@ impl<P: Provider + 'static> Run<P> {
             .iter()
             .filter_map(|t| offer.callable.iter().find(|c| c.name == t.name).cloned())
             .collect();
-        let mut attempt = Attempt::First;
-        // A first step that can start with a call under a constraint may
-        // have to: a delegated run, or a coordinator asked for something.
+        let attempt = match self.calls_first(&shown, &offered, &sub_agents, first_step) {
+            Some(fired) => {
+                self.report(vec![fired]);
+                Attempt::DelegatedFirst
+            }
+            None => {
+                if let Some(fired) =
+                    self.threshold_held_back(&shown, &offered, first_step, &request)
+                {
+                    request.decoding.call_threshold = None;
+                    self.report(vec![fired]);
+                }
+                Attempt::First
+            }
+        };
+        Ok(StepPlan {
+            all_tools,
+            shown,
+            offered,
+            offer,
+            request,
+            first_step,
+            attempt,
+        })
+    }
+
+    /// Why a first step that can start with a call under a constraint has
+    /// to (a delegated run, or a coordinator asked for something), if it
+    /// does: its first attempt then allows calls only.
+    fn calls_first(
+        &self,
+        shown: &[ToolDefinition],
+        offered: &[ToolDefinition],
+        sub_agents: &[String],
+        first_step: bool,
+    ) -> Option<Fired> {
         let can_start_with_a_call = first_step
             && self.constraints == ConstraintMode::Auto
-            && self.constrains(&shown)
+            && self.constrains(shown)
             && !offered.is_empty();
-        let calls_first = if !can_start_with_a_call {
+        if !can_start_with_a_call {
             None
         } else if self.policy.delegated_calls_first && self.delegated {
             Some(Fired {
@@ -605,206 +714,164 @@ impl<P: Provider + 'static> Run<P> {
             })
         } else {
             None
-        };
-        if let Some(fired) = calls_first {
-            attempt = Attempt::DelegatedFirst;
-            self.report(vec![fired]);
         }
-        if attempt == Attempt::First
-            && let Some(fired) = self.threshold_held_back(&shown, &offered, first_step, &request)
+    }
+
+    /// Step 6: what is wrong with a reply read whole, if anything (an
+    /// unknown tool, a call that cannot be read, invalid arguments, an
+    /// empty reply), or a call outside the policy's offer.
+    fn problem(&self, raw: &str, reply: &ParsedReply, plan: &StepPlan) -> Option<ToolError> {
+        check_reply(raw, reply, &plan.all_tools, &plan.shown, &self.validators).or_else(|| {
+            if !(self.policy.calls_within_offer && self.constrains(&plan.shown)) {
+                return None;
+            }
+            let (fired, problem) =
+                plan.offer
+                    .outside(&reply.calls, &plan.offered, &self.validators)?;
+            self.report(vec![fired]);
+            Some(problem)
+        })
+    }
+
+    /// The reply of a calls-only retry, or the prose it replaced when the
+    /// retried call's values look made up (see
+    /// [`Policy::grounded_retry_values`]).
+    fn unless_made_up(
+        &self,
+        reply: ParsedReply,
+        retried_prose: Option<String>,
+        shown: &[ToolDefinition],
+    ) -> ParsedReply {
+        let made_up = retried_prose
+            .as_ref()
+            .and_then(|_| self.made_up_call(&reply, shown));
+        match (retried_prose, made_up) {
+            (Some(prose), Some(why)) if self.policy.grounded_retry_values => {
+                self.report(vec![Fired {
+                    rule: Rule::GroundedRetryValues,
+                    detail: format!("dropped the retried call ({why}); the prose reply stands"),
+                }]);
+                ParsedReply {
+                    text: prose,
+                    ..ParsedReply::default()
+                }
+            }
+            _ => reply,
+        }
+    }
+
+    /// Step 7's corrections of a prose reply (once per step), and the
+    /// policy's calls-only retry: the attempt that follows, with the turns
+    /// that ask for it pushed, or `None` when the prose stands.
+    fn correction(
+        &mut self,
+        text: &str,
+        generation: &Generation,
+        plan: &StepPlan,
+    ) -> Option<Attempt> {
+        // A plain reply that ignores the last failed call.
+        if let Some(failure) = self
+            .last_failure
+            .clone()
+            .filter(|f| !acknowledges_failure(text, f))
         {
-            request.decoding.call_threshold = None;
-            self.report(vec![fired]);
+            self.push_turn(PromptRole::Assistant, text);
+            self.push_turn(PromptRole::User, messages::dont_say_it_worked(&failure));
+            return Some(Attempt::FailureCorrection);
         }
-        let mut corrected = false;
-        let mut repaired = false;
-        // The prose reply a calls-only retry replaced, while the retry runs.
-        let mut before_retry: Option<String> = None;
-        loop {
-            request.constraint = self.constraint(attempt, &shown, &offered);
-            let generation = match self.generate(request.clone(), attempt).await {
-                Ok(g) => g,
-                Err(end) => return Some(end),
-            };
-            let reply = parse_tool_calls(&generation.text);
-            let problem = check_reply(
-                &generation.text,
-                &reply,
-                &all_tools,
-                &shown,
-                &self.validators,
-            )
-            .or_else(|| {
-                if !(self.policy.calls_within_offer && self.constrains(&shown)) {
-                    return None;
+        // A reply to an action request that tells the person to use a tool
+        // that is right here. Under constraints the retry can only be a
+        // call, and a call where no tool fits is always wrong; a model that
+        // gave a call almost no weight was explaining, not handing the work
+        // back.
+        if is_action_request(&self.request_text) && tells_user_to_act(text, &plan.shown) {
+            match generation
+                .call_probability
+                .filter(|&p| self.explaining(Some(p)))
+            {
+                Some(p) => self.report(vec![Fired {
+                    rule: Rule::CallNowGate,
+                    detail: format!("held back \"call now\": a call had {:.3}%", p * 100.0),
+                }]),
+                None => {
+                    tracing::debug!("correction: the reply tells the person to act");
+                    self.push_turn(PromptRole::Assistant, text);
+                    self.push_turn(PromptRole::User, messages::call_now(&self.request_text));
+                    return Some(Attempt::CallNow);
                 }
-                let (fired, problem) = offer.outside(&reply.calls, &offered, &self.validators)?;
-                self.report(vec![fired]);
-                Some(problem)
-            });
-            if let Some(problem) = problem {
-                if repaired {
-                    Span::current().record("wma.outcome", "apology");
-                    self.emit(AgentStreamPart::Text {
-                        text: messages::APOLOGY.to_string(),
-                    });
-                    return Some(End::Finish(FinishReason::Unrepaired));
-                }
-                repaired = true;
-                tracing::debug!(%problem, "repairing a bad reply");
-                self.push_turn(PromptRole::Assistant, generation.text.trim());
-                self.push_turn(
-                    PromptRole::Tool,
-                    format!("{problem} {}", messages::TRY_AGAIN),
-                );
-                attempt = Attempt::Repair;
-                self.append_to(&mut request);
-                continue;
             }
-            let retried_prose = before_retry.take();
-            let made_up = retried_prose
-                .as_ref()
-                .and_then(|_| self.made_up_call(&reply, &shown));
-            let reply = match (retried_prose, made_up) {
-                (Some(prose), Some(why)) if self.policy.grounded_retry_values => {
-                    self.report(vec![Fired {
-                        rule: Rule::GroundedRetryValues,
-                        detail: format!("dropped the retried call ({why}); the prose reply stands"),
-                    }]);
-                    ParsedReply {
-                        text: prose,
-                        ..ParsedReply::default()
-                    }
-                }
-                _ => reply,
-            };
-            if reply.calls.is_empty() {
-                let text = reply.text;
-                if !corrected {
-                    if let Some(failure) = self
-                        .last_failure
-                        .clone()
-                        .filter(|f| !acknowledges_failure(&text, f))
-                    {
-                        corrected = true;
-                        self.push_turn(PromptRole::Assistant, text.clone());
-                        self.push_turn(PromptRole::User, messages::dont_say_it_worked(&failure));
-                        attempt = Attempt::FailureCorrection;
-                        self.append_to(&mut request);
-                        continue;
-                    }
-                    if is_action_request(&self.request_text) && tells_user_to_act(&text, &shown) {
-                        // Under constraints the retry can only be a call, and
-                        // a call where no tool fits is always wrong; a model
-                        // that gave a call almost no weight was explaining,
-                        // not handing the work back.
-                        let held = generation
-                            .call_probability
-                            .filter(|&p| self.explaining(Some(p)));
-                        if let Some(p) = held {
-                            self.report(vec![Fired {
-                                rule: Rule::CallNowGate,
-                                detail: format!(
-                                    "held back \"call now\": a call had {:.3}%",
-                                    p * 100.0
-                                ),
-                            }]);
-                        } else {
-                            corrected = true;
-                            tracing::debug!("correction: the reply tells the person to act");
-                            self.push_turn(PromptRole::Assistant, text.clone());
-                            self.push_turn(
-                                PromptRole::User,
-                                messages::call_now(&self.request_text),
-                            );
-                            attempt = Attempt::CallNow;
-                            self.append_to(&mut request);
-                            continue;
-                        }
-                    }
-                    // A tiny model that has called nothing yet and answers in
-                    // prose while a tool plainly fits gets a calls-only retry:
-                    // it cannot fail the same way. "Plainly" takes two signs,
-                    // since a call where none fits is always wrong: the
-                    // request names the tool, and the model itself gave a
-                    // call some weight.
-                    let retry = self.calls_only_retry(
-                        &shown,
-                        &offered,
-                        first_step,
-                        generation.call_probability,
-                    );
-                    if let Some(fired) = retry {
-                        corrected = true;
-                        before_retry = Some(text.clone());
-                        self.report(vec![fired]);
-                        self.push_turn(PromptRole::Assistant, text.clone());
-                        self.push_turn(
-                            PromptRole::User,
-                            messages::use_the_tool(&self.request_text),
-                        );
-                        attempt = Attempt::NamedTool;
-                        self.append_to(&mut request);
-                        continue;
-                    }
-                }
-                let text = match &self.last_result {
-                    Some(last) if echoes_a_result(&text, &self.results) => {
-                        last.gist(&self.request_text)
-                    }
-                    _ => text,
-                };
-                let text = match self.without_prompt_echoes(text, &request.messages) {
-                    Ok(text) => text,
-                    Err(no_answer) => {
-                        Span::current().record("wma.outcome", "no-answer");
-                        self.emit(AgentStreamPart::Text { text: no_answer });
-                        return Some(End::Finish(FinishReason::Unrepaired));
-                    }
-                };
-                // A reply the token limit cut is an answer that may be
-                // incomplete, unless what was cut was a repeat.
-                let mut reason = if generation.finish_reason.as_deref() == Some("length") {
-                    FinishReason::Length
-                } else {
-                    FinishReason::Stop
-                };
-                let text = match crate::prompt::cut_repeats(&text) {
-                    Some(cut) => {
-                        reason = FinishReason::Stop;
-                        self.report(vec![Fired {
-                            rule: Rule::CutRepeats,
-                            detail: format!(
-                                "cut the answer at its first repeat ({} of {} characters kept)",
-                                cut.chars().count(),
-                                text.chars().count()
-                            ),
-                        }]);
-                        cut
-                    }
-                    None => text,
-                };
-                let text = match &self.rules.answered {
-                    Some(found)
-                        if self.policy.answer_after_lookup
-                            && !tells_of(&text, found, &self.request_text) =>
-                    {
-                        self.report(vec![Fired {
-                            rule: Rule::AnswerAfterLookup,
-                            detail: "an answer that told nothing the lookup found became its gist"
-                                .to_string(),
-                        }]);
-                        found.gist(&self.request_text)
-                    }
-                    _ => text,
-                };
-                Span::current().record("wma.outcome", "answer");
-                self.emit(AgentStreamPart::Text { text });
-                return Some(End::Finish(reason));
-            }
-            Span::current().record("wma.outcome", "calls");
-            return self.run_calls(step, reply, &generation.text).await;
         }
+        // The policy's calls-only retry: a tiny model that has called
+        // nothing yet and answers in prose while a tool plainly fits cannot
+        // fail the same way again.
+        let fired = self.calls_only_retry(
+            &plan.shown,
+            &plan.offered,
+            plan.first_step,
+            generation.call_probability,
+        )?;
+        self.report(vec![fired]);
+        self.push_turn(PromptRole::Assistant, text);
+        self.push_turn(PromptRole::User, messages::use_the_tool(&self.request_text));
+        Some(Attempt::NamedTool)
+    }
+
+    /// The run's answer from a prose reply that stands: an echo of a result
+    /// becomes its gist (step 7); the loop's own words and repeats are cut;
+    /// the policy may replace an answer that tells nothing of what was
+    /// looked up. Emits it and ends the run, saying whether it answered.
+    fn answer(&mut self, text: String, generation: &Generation, prompt: &[PromptMessage]) -> End {
+        let text = match &self.last_result {
+            Some(last) if echoes_a_result(&text, &self.results) => last.gist(&self.request_text),
+            _ => text,
+        };
+        let text = match self.without_prompt_echoes(text, prompt) {
+            Ok(text) => text,
+            Err(no_answer) => {
+                Span::current().record("wma.outcome", "no-answer");
+                self.emit(AgentStreamPart::Text { text: no_answer });
+                return End::Finish(FinishReason::Unrepaired);
+            }
+        };
+        // A reply the token limit cut is an answer that may be incomplete,
+        // unless what was cut was a repeat.
+        let mut reason = if generation.finish_reason.as_deref() == Some("length") {
+            FinishReason::Length
+        } else {
+            FinishReason::Stop
+        };
+        let text = match crate::prompt::cut_repeats(&text) {
+            Some(cut) => {
+                reason = FinishReason::Stop;
+                self.report(vec![Fired {
+                    rule: Rule::CutRepeats,
+                    detail: format!(
+                        "cut the answer at its first repeat ({} of {} characters kept)",
+                        cut.chars().count(),
+                        text.chars().count()
+                    ),
+                }]);
+                cut
+            }
+            None => text,
+        };
+        let text = match &self.rules.answered {
+            Some(found)
+                if self.policy.answer_after_lookup
+                    && !tells_of(&text, found, &self.request_text) =>
+            {
+                self.report(vec![Fired {
+                    rule: Rule::AnswerAfterLookup,
+                    detail: "an answer that told nothing the lookup found became its gist"
+                        .to_string(),
+                }]);
+                found.gist(&self.request_text)
+            }
+            _ => text,
+        };
+        Span::current().record("wma.outcome", "answer");
+        self.emit(AgentStreamPart::Text { text });
+        End::Finish(reason)
     }
 
     /// Why the first attempt's call threshold is held back, if it is. The
