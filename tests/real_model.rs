@@ -158,6 +158,27 @@ async fn the_default_model_answers_a_general_question_without_a_call() {
     assert!(answer.contains("Paris"), "{answer}");
 }
 
+/// The example team of `configs/shop-team.toml`, as its header says to run
+/// it: the parent hands the search to its catalog helper and the found
+/// backpack, one item with its id, to its cart helper, which adds it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shop_team_config_puts_the_backpack_in_the_cart() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/shop-team.toml");
+    let (ok, stdout, stderr) = crate::support::run_wma(
+        &["run", "--config", config, demo_shop::DEFAULT_REQUEST],
+        "",
+        std::iter::empty::<(&str, &str)>(),
+        std::time::Duration::from_secs(600),
+    )
+    .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    // The cart's end state is reported after the run, with the usage.
+    assert!(
+        stderr.contains("cart of `cart`: 1 x p-17"),
+        "{stdout}\n{stderr}"
+    );
+}
+
 /// "two" is a quantity: the loop copies it into the number argument as 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_model_adds_as_many_as_the_person_asked_for() {

@@ -222,13 +222,32 @@ fn is_identifier_word(word: &str) -> bool {
     if word.len() <= 2 && word.chars().all(|c| c.is_ascii_digit()) {
         return false;
     }
-    if is_date_or_time(word) {
+    if is_date_or_time(word) || is_measure(word) {
         return false;
     }
     let has_alnum = word.chars().any(|c| c.is_alphanumeric());
     let has_digit = word.chars().any(|c| c.is_ascii_digit());
     let joined = word.trim_matches('_').contains('_');
     has_alnum && (has_digit || joined) && word.chars().count() <= MAX_IDENTIFIER_CHARS
+}
+
+/// Whether a word is an amount rather than a name: a number with a
+/// fraction (`109.0`, a price) or with a unit written onto it (`30L`,
+/// `3.5kg`, `500ml`, `10am`). A cart helper handed "Summit 30L Waterproof
+/// Backpack (p-17), price: 109.0" put product `30L`, then `109.0`, in the
+/// cart.
+fn is_measure(word: &str) -> bool {
+    let word = word.trim_start_matches(['$', '€', '£']);
+    let unit_start = word
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(word.len());
+    let (number, unit) = word.split_at(unit_start);
+    let fraction = number
+        .split_once('.')
+        .is_some_and(|(whole, part)| !whole.is_empty() && !part.is_empty() && !part.contains('.'));
+    number.starts_with(|c: char| c.is_ascii_digit())
+        && ((unit.is_empty() && fraction)
+            || ((1..=3).contains(&unit.chars().count()) && unit.chars().all(char::is_alphabetic)))
 }
 
 /// Whether a word is an ISO date (`2026-03-13`), a time of day (`14:30`,
@@ -311,6 +330,9 @@ pub struct Identifiers {
     values: Vec<Value>,
     /// The distinct numbers the person wrote, in digits ("two" as `2`).
     numbers: Vec<String>,
+    /// Those of them written as an amount, with a unit on the number
+    /// (`30L`): no count.
+    measured: Vec<String>,
     /// The distinct dates and times of day the conversation shows (the
     /// person's words and the tools' results), as written.
     when: Vec<String>,
@@ -358,6 +380,7 @@ impl Identifiers {
                 .cloned()
                 .collect(),
             numbers: self.numbers.clone(),
+            measured: self.measured.clone(),
             when: self.when.clone(),
             result_numbers: self.result_numbers,
             said: self.said.clone(),
@@ -405,6 +428,15 @@ impl Identifiers {
     /// How many different numbers the person wrote.
     pub fn number_count(&self) -> usize {
         self.numbers.len()
+    }
+
+    /// How many of them were written whole: no fraction (`109.0`) and no
+    /// unit on the number (`30L`), as a count is written.
+    pub fn whole_count(&self) -> usize {
+        self.numbers
+            .iter()
+            .filter(|n| !n.contains('.') && !self.measured.contains(n))
+            .count()
     }
 
     /// Adds one identifier; whether it was new.
@@ -489,6 +521,9 @@ impl Identifiers {
                 && let Some(number) = number_in(word)
                 && !self.numbers.contains(&number)
             {
+                if is_measure(word) && !self.measured.contains(&number) {
+                    self.measured.push(number.clone());
+                }
                 self.numbers.push(number);
             }
             let id = if from_person {
@@ -1088,7 +1123,14 @@ pub fn ground_tool(
     for (name, prop) in props {
         let optional = !required.contains(&name.as_str());
         if numbers && optional && is_count(name, prop) {
-            if !ids.has_numbers() {
+            // An integer takes only a number written whole (see
+            // `ground_number_values`); with none, it is left to the
+            // tool's default.
+            let written = match scalar_type(prop) {
+                Some("integer") => ids.whole_count(),
+                _ => ids.number_count(),
+            };
+            if written == 0 {
                 changed = true;
                 continue;
             }
@@ -1139,7 +1181,18 @@ pub fn ground_tool(
 /// request spells out, and a tiny model left free writes `1` or a number of
 /// the tool's description instead.
 pub(crate) fn ground_number_values(tool: &ToolDefinition, ids: &Identifiers) -> ToolDefinition {
-    let numbers: Vec<f64> = ids.numbers.iter().filter_map(|n| n.parse().ok()).collect();
+    // A count is written as a whole number: one written with a fraction
+    // (`109.0`, a price) or a unit on it (`30L`, a size) is an amount, and
+    // no integer argument takes it (a cart helper handed "price: 109.0"
+    // added 109 backpacks).
+    let numbers: Vec<(f64, bool)> = ids
+        .numbers
+        .iter()
+        .filter_map(|n| {
+            let whole = !n.contains('.') && !ids.measured.contains(n);
+            n.parse().ok().map(|v| (v, whole))
+        })
+        .collect();
     if numbers.is_empty() {
         return tool.clone();
     }
@@ -1153,7 +1206,7 @@ pub(crate) fn ground_number_values(tool: &ToolDefinition, ids: &Identifiers) -> 
 
 /// Narrows the number properties inside `schema` (see
 /// [`ground_number_values`]); `key` is the property name it sits under.
-fn narrow_numbers(schema: &mut Value, key: Option<&str>, numbers: &[f64]) {
+fn narrow_numbers(schema: &mut Value, key: Option<&str>, numbers: &[(f64, bool)]) {
     if schema.get("enum").is_some() || schema.get("const").is_some() {
         return;
     }
@@ -1177,8 +1230,8 @@ fn narrow_numbers(schema: &mut Value, key: Option<&str>, numbers: &[f64]) {
     let (xmin, xmax) = (bound("exclusiveMinimum"), bound("exclusiveMaximum"));
     let values: Vec<Value> = numbers
         .iter()
-        .copied()
-        .filter(|&n| ty == "number" || n.fract() == 0.0)
+        .filter(|&&(n, whole)| ty == "number" || (whole && n.fract() == 0.0))
+        .map(|&(n, _)| n)
         .filter(|&n| min.is_none_or(|m| n >= m) && max.is_none_or(|m| n <= m))
         .filter(|&n| xmin.is_none_or(|m| n > m) && xmax.is_none_or(|m| n < m))
         .filter_map(|n| {
@@ -1564,6 +1617,12 @@ mod tests {
         for word in ["ORD-2231", "2026-0001", "p-17", "v1.2:3"] {
             assert!(!is_date_or_time(word), "{word}");
         }
+        // A size or an amount is no name either.
+        let mut ids = Identifiers::new();
+        ids.add_user_text(
+            "add it: Summit 30L Waterproof Backpack (p-17), price: 109.0, 3.5kg, 500ml",
+        );
+        assert_eq!(ids.values(), [json!("p-17")]);
         // In a result's text too.
         let mut ids = Identifiers::new();
         ids.add_result("Budget review (e-1) on 2026-03-10 at 15:00");

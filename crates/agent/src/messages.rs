@@ -101,3 +101,28 @@ pub fn repeated_call(tool: &str) -> String {
         "Note: you already called {tool} with these arguments and got this same result. Do not call it again: use the result, or do something else."
     )
 }
+
+/// The sentences the loop itself writes to the model in its turns (the
+/// restatements and corrections, without the request they carry): an
+/// answer that is one of them, even reworded a little, is no answer.
+pub(crate) fn own_sentences() -> Vec<String> {
+    let templates = [
+        restate(""),
+        restate_after_lookup(""),
+        resume(""),
+        dont_say_it_worked(""),
+        call_now(""),
+        use_the_tool(""),
+        repeated_call(""),
+    ];
+    let mut out: Vec<String> = Vec::new();
+    for template in templates {
+        for sentence in template.split(['.', '\n', ':']) {
+            let sentence = sentence.trim();
+            if sentence.split_whitespace().count() >= 3 && !out.iter().any(|s| s == sentence) {
+                out.push(sentence.to_string());
+            }
+        }
+    }
+    out
+}

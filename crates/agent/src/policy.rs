@@ -845,21 +845,40 @@ fn ground_task(
     // Of a helper's answer in lines, a part gets the lines it asks about
     // ("add its action item" gets "Action item: order new chairs", not the
     // minutes' title line the next helper took), else all of it.
-    let handed = |part: &str| {
-        answer.map(|a| {
-            let lines = crate::prompt::relevant_part(a, part, "").unwrap_or(a);
-            let one_line = lines.split_whitespace().collect::<Vec<_>>().join(" ");
-            crate::prompt::truncate_chars(&one_line, MAX_HANDED_CHARS)
-        })
+    let handed = |part: &str| -> Vec<String> {
+        let Some(a) = answer else {
+            return Vec::new();
+        };
+        let lines = crate::prompt::relevant_part(a, part, "").unwrap_or(a);
+        // A list's count is the loop's word, not the helper's finding:
+        // handed on, "3 results" gave the next helper a quantity of 3.
+        let lines = crate::prompt::without_count(lines);
+        let one_line = lines.split_whitespace().collect::<Vec<_>>().join(" ");
+        // A list of items with ids goes on one item at a time: a helper
+        // handed three products added each of them.
+        let items = crate::prompt::labelled_items(&one_line);
+        let pieces = if items.len() >= 2 {
+            items
+        } else {
+            vec![one_line]
+        };
+        pieces
+            .iter()
+            .map(|p| crate::prompt::truncate_chars(p, MAX_HANDED_CHARS))
+            .collect()
     };
     // Once a helper answered, what it found goes with the next part: the
     // default model, offered the part alone too, took it and handed on
     // nothing ("add its action item to my to-do list").
     let choices: Vec<String> = phrases
         .iter()
-        .map(|p| match handed(p) {
-            Some(a) => format!("{p}: {a}"),
-            None => p.clone(),
+        .flat_map(|p| {
+            let found = handed(p);
+            if found.is_empty() {
+                vec![p.clone()]
+            } else {
+                found.into_iter().map(|a| format!("{p}: {a}")).collect()
+            }
         })
         .collect();
     let Some(prop) = prop.as_object_mut() else {
@@ -1643,9 +1662,35 @@ pub(crate) fn without_prompt_echoes(answer: &str, prompt: &[PromptMessage]) -> O
             .collect()
     };
     let (said, returned) = (lines_of(false), lines_of(true));
+    // The loop's own sentences, reworded a little ("If the results above
+    // answer it, answer me." for "…, answer me from them."), echo too:
+    // most of the line's words are the sentence's, and most of its.
+    let own: Vec<Vec<String>> = crate::messages::own_sentences()
+        .iter()
+        .map(|s| norm(s).split(' ').map(str::to_string).collect())
+        .collect();
+    let rewords = |line: &str| {
+        let words: Vec<&str> = line.split(' ').collect();
+        words.len() >= 4
+            && own.iter().any(|sentence| {
+                let shared = words
+                    .iter()
+                    .filter(|w| sentence.iter().any(|s| s == *w))
+                    .count();
+                shared * 10 >= words.len() * 8 && shared * 10 >= sentence.len() * 6
+            })
+    };
     let echoes = |line: &str| {
+        let sentences: Vec<String> = line
+            .split(['.', '!', '?'])
+            .map(norm)
+            .filter(|s| !s.is_empty())
+            .collect();
         let line = norm(line);
-        line.contains(' ') && (said.iter().any(|s| s.contains(&line)) || returned.contains(&line))
+        line.contains(' ')
+            && (said.iter().any(|s| s.contains(&line))
+                || returned.contains(&line)
+                || (!sentences.is_empty() && sentences.iter().all(|s| rewords(s))))
     };
     let lines: Vec<&str> = answer.lines().collect();
     if !lines.iter().any(|l| echoes(l)) {
@@ -2690,6 +2735,16 @@ mod tests {
             None
         );
         assert_eq!(echo("Do it."), None);
+        // The loop's own sentences reworded a little are still its own.
+        assert_eq!(
+            echo("If the results above answer it, answer me. If something is still to be done, do it.")
+                .as_deref(),
+            Some("")
+        );
+        assert_eq!(
+            echo("The results above answer it: The Salt Road is on the shelf.").as_deref(),
+            None
+        );
     }
 
     #[test]

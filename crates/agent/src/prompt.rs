@@ -665,6 +665,45 @@ fn gist_value(value: &Value, wanted: &[String]) -> String {
     }
 }
 
+/// A gist of a list ([`gist`]: "3 results: A (p-1), B (p-2).") without its
+/// count, which the loop wrote and nobody asked for; any other text as it
+/// is.
+pub(crate) fn without_count(gist: &str) -> &str {
+    let digits = gist.chars().take_while(char::is_ascii_digit).count();
+    let rest = &gist[digits..];
+    match (digits > 0)
+        .then(|| {
+            rest.strip_prefix(" results: ")
+                .or_else(|| rest.strip_prefix(" result: "))
+        })
+        .flatten()
+    {
+        Some(items) => items,
+        None => gist,
+    }
+}
+
+/// The items of a list's gist ("A (p-1), price: 9; B (p-2); C (p-3).")
+/// that each carry an id label, in order; empty when the text is no such
+/// list.
+pub(crate) fn labelled_items(gist: &str) -> Vec<String> {
+    let body = gist.trim().trim_end_matches('.');
+    let separator = if body.contains("; ") { "; " } else { ", " };
+    let items: Vec<String> = body
+        .split(separator)
+        .map(|item| item.trim().trim_end_matches('.').to_string())
+        .collect();
+    let labelled = |item: &String| {
+        item.split_once(" (")
+            .is_some_and(|(_, rest)| rest.split_once(')').is_some())
+    };
+    if items.iter().all(labelled) {
+        items.into_iter().map(|i| format!("{i}.")).collect()
+    } else {
+        Vec::new()
+    }
+}
+
 /// An item of a listed result by its title or name, with its id when it
 /// has one: whoever reads the gist (the person, or a parent agent that gets
 /// it as a sub-agent's answer) may need the id to act on the item.
