@@ -622,6 +622,29 @@ fn responded_result(name: &str, responded: Responded) -> Result<String, ToolErro
     }
 }
 
+/// A form tool's answer: the browser refusing its input (an error that is
+/// no exception of the page's) is the arguments' fault, so the model fixes
+/// them; a submit that answered nothing says so, and where it led.
+fn form_answer(
+    name: &str,
+    responded: Responded,
+    url_before: &str,
+    url_now: &str,
+) -> Result<String, ToolError> {
+    match responded.status.as_str() {
+        "Error" if responded.exception.is_none() => Err(ToolError::new(
+            ToolErrorCode::InvalidArguments,
+            error_message(&responded),
+        )),
+        "Completed" if is_empty_output(responded.output.as_ref()) => Ok(if url_now != url_before {
+            format!("The form of {name} was submitted; the page is now {url_now}.")
+        } else {
+            format!("The form of {name} was submitted.")
+        }),
+        _ => responded_result(name, responded),
+    }
+}
+
 /// Whether a submit answered nothing: Chromium gives the JSON-LD of the
 /// page a form led to, an empty list when it has none.
 fn is_empty_output(output: Option<&Value>) -> bool {
@@ -957,32 +980,6 @@ impl WebMcpPage {
         text
     }
 
-    /// A form tool's answer: the browser refusing its input is the
-    /// arguments' fault; a submit that returned nothing says so, and where
-    /// it led.
-    fn form_answer(
-        &self,
-        name: &str,
-        responded: Responded,
-        url_before: &str,
-    ) -> Result<String, ToolError> {
-        match responded.status.as_str() {
-            "Error" if responded.exception.is_none() => Err(ToolError::new(
-                ToolErrorCode::InvalidArguments,
-                error_message(&responded),
-            )),
-            "Completed" if is_empty_output(responded.output.as_ref()) => {
-                let url = self.url();
-                Ok(if url != url_before {
-                    format!("The form of {name} was submitted; the page is now {url}.")
-                } else {
-                    format!("The form of {name} was submitted.")
-                })
-            }
-            _ => responded_result(name, responded),
-        }
-    }
-
     /// Loads `url` in the tab and waits until it has loaded.
     pub async fn navigate(&self, url: &str) -> Result<(), ToolsError> {
         {
@@ -1265,7 +1262,7 @@ impl ToolHost for WebMcpPage {
         let answered = |responded: Responded| {
             self.inner.shared.lock().active_at = Instant::now();
             if tool.declarative {
-                self.form_answer(name, responded, &url_before)
+                form_answer(name, responded, &url_before, &self.url())
             } else {
                 responded_result(name, responded)
             }
@@ -1427,6 +1424,154 @@ mod tests {
             json!({"tools": [{"name": "add_to_cart", "frameId": "MAIN"}]}),
         ));
         assert!(names(&s).is_empty());
+    }
+
+    fn navigated(s: &Shared, id: &str, parent: Option<&str>, url: &str, origin: &str) {
+        let mut frame = json!({"id": id, "url": url, "securityOrigin": origin});
+        if let Some(parent) = parent {
+            frame["parentId"] = json!(parent);
+        }
+        s.apply(&event("Page.frameNavigated", json!({ "frame": frame })));
+    }
+
+    #[test]
+    fn frames_of_the_same_origin_add_tools_and_others_do_not() {
+        let s = shared();
+        navigated(
+            &s,
+            "MAIN",
+            None,
+            "http://127.0.0.1:8080/",
+            "http://127.0.0.1:8080",
+        );
+        navigated(
+            &s,
+            "WIDGET",
+            Some("MAIN"),
+            "http://127.0.0.1:8080/w.html",
+            "http://127.0.0.1:8080",
+        );
+        navigated(
+            &s,
+            "AD",
+            Some("MAIN"),
+            "http://ads.test/",
+            "http://ads.test",
+        );
+        s.apply(&event(
+            "WebMCP.toolsAdded",
+            json!({"tools": [
+                {"name": "hours", "frameId": "WIDGET"},
+                {"name": "buy_now", "frameId": "AD"},
+                {"name": "search", "frameId": "MAIN"},
+                {"name": "search", "frameId": "WIDGET"},
+                {"name": "orphan", "frameId": "UNKNOWN"}]}),
+        ));
+        assert_eq!(names(&s), ["search", "hours"], "the main frame's name wins");
+        let offered = s.lock().offered("MAIN", false)[1].frame_id.clone();
+        assert_eq!(offered, "WIDGET");
+        // The widget loads another document: its tools went with the old one.
+        navigated(
+            &s,
+            "WIDGET",
+            Some("MAIN"),
+            "http://127.0.0.1:8080/x.html",
+            "http://127.0.0.1:8080",
+        );
+        assert_eq!(names(&s), ["search"]);
+        s.apply(&event(
+            "WebMCP.toolsAdded",
+            json!({"tools": [{"name": "hours", "frameId": "WIDGET"}]}),
+        ));
+        s.apply(&event("Page.frameDetached", json!({"frameId": "WIDGET"})));
+        assert_eq!(names(&s), ["search"]);
+    }
+
+    #[test]
+    fn debugging_tools_and_forms_are_read_from_their_annotations() {
+        let s = shared();
+        s.apply(&event(
+            "WebMCP.toolsAdded",
+            json!({"tools": [
+                {"name": "dump", "frameId": "MAIN", "annotations": {"debugging": true}},
+                {"name": "book", "frameId": "MAIN", "backendNodeId": 7,
+                 "inputSchema": {"type": "object", "properties": {"guest": {"type": "string"}}}},
+                {"name": "find", "frameId": "MAIN", "backendNodeId": 9,
+                 "annotations": {"autosubmit": true, "consequential": true}}]}),
+        ));
+        assert_eq!(names(&s), ["book", "find"]);
+        let state = s.lock();
+        assert_eq!(state.offered("MAIN", true).len(), 3);
+        let book = &state.tools[1];
+        assert!(book.declarative && !book.autosubmit && book.form_node == Some(7));
+        let find = &state.tools[2];
+        assert!(find.autosubmit && find.definition.annotations.consequential);
+    }
+
+    #[test]
+    fn page_schemas_are_closed_to_the_keys_they_list() {
+        let mut schema = json!({"type": "object", "properties": {
+            "door": {"type": "string"},
+            "address": {"type": "object", "properties": {"street": {"type": "string"}}},
+            "tags": {"type": "array", "items": {"type": "object", "properties": {"t": {}}}},
+            "extra": {"type": "object", "additionalProperties": {"type": "string"}}
+        }});
+        close_schema(&mut schema, true);
+        assert_eq!(schema["additionalProperties"], false);
+        assert_eq!(
+            schema["properties"]["address"]["additionalProperties"],
+            false
+        );
+        assert_eq!(
+            schema["properties"]["tags"]["items"]["additionalProperties"],
+            false
+        );
+        assert_eq!(
+            schema["properties"]["extra"]["additionalProperties"],
+            json!({"type": "string"}),
+            "a schema that says what else it takes keeps it"
+        );
+        let mut bare = json!({"type": "object"});
+        close_schema(&mut bare, true);
+        assert_eq!(
+            bare,
+            json!({"type": "object", "properties": {}, "additionalProperties": false})
+        );
+        let refused = wma_agent::validate_args(&schema, &json!({"door": "back", "door_name": "x"}));
+        assert!(
+            matches!(&refused, Err(wma_agent::ArgsError::Invalid(m)) if m.contains("\"door_name\"")),
+            "{refused:?}"
+        );
+    }
+
+    #[test]
+    fn a_form_that_refuses_its_input_is_the_arguments_fault() {
+        let refused = Responded {
+            status: "Error".into(),
+            output: None,
+            error_text: Some(
+                "Input contains a parameter \"door_name\" but there is no such parameter for the tool".into(),
+            ),
+            exception: None,
+        };
+        let error = form_answer("book", refused, "http://h/", "http://h/").unwrap_err();
+        assert_eq!(error.code, ToolErrorCode::InvalidArguments);
+        assert!(error.message.contains("\"door_name\""), "{error:?}");
+        assert_eq!(
+            form_answer("book", completed(json!([])), "http://h/", "http://h/thanks").unwrap(),
+            "The form of book was submitted; the page is now http://h/thanks."
+        );
+        let data = json!([{"@type": "Reservation", "reservationId": "R-1"}]);
+        assert_eq!(
+            form_answer(
+                "book",
+                completed(data.clone()),
+                "http://h/",
+                "http://h/done"
+            )
+            .unwrap(),
+            data.to_string()
+        );
     }
 
     #[test]
