@@ -342,8 +342,11 @@ async fn main() -> Result<()> {
             (Command::Eval(EvalCommand::Bfcl(args)), _) => eval_bfcl(args).await,
             (Command::Eval(EvalCommand::Shop(args)), _) => eval_shop(args).await,
             (Command::Eval(EvalCommand::Tasks(args)), _) => eval_tasks(args).await,
-            (Command::Check(_), Some(config)) => {
+            (Command::Check(args), Some(config)) => {
                 cli::check(&config);
+                if args.pages {
+                    cli::check_pages(&config).await;
+                }
                 Ok(())
             }
             (Command::Chat(_) | Command::Serve(_) | Command::Check(_), None) => {

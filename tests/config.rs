@@ -618,3 +618,80 @@ fn an_onnx_providers_cache_settings_reach_its_options() {
         "not a setting of a scripted provider",
     );
 }
+
+#[test]
+fn a_webmcp_source_offers_debugging_tools_only_when_it_says_so() {
+    let page = |extra: &str| {
+        let text = GOOD.replace(
+            "kind = \"demo-shop\"\n",
+            &format!("kind = \"webmcp\"\nurl = \"http://127.0.0.1:8080/\"\n{extra}"),
+        );
+        let config =
+            Config::parse_with_env(&text, FILE, |_| None).unwrap_or_else(|e| panic!("{e}"));
+        let source = config.tools.iter().find(|t| t.name == "shop").unwrap();
+        match &source.spec {
+            ToolSourceSpec::WebMcp {
+                debugging_tools, ..
+            } => *debugging_tools,
+            other => panic!("{other:?}"),
+        }
+    };
+    assert!(!page(""), "held back by default");
+    assert!(page("debugging_tools = true\n"));
+    let text = GOOD.replace(
+        "kind = \"demo-shop\"\n",
+        "kind = \"demo-shop\"\ndebugging_tools = true\n",
+    );
+    assert_error(
+        &text,
+        8,
+        "tools.shop.debugging_tools",
+        "not a setting of a demo-shop source",
+    );
+}
+
+/// `wma check --pages` reads a page's tools as the host opens it: forms
+/// with and without autosubmit, a frame's tool, and a debugging tool that
+/// is not offered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_webmcp_sources_page_tools_show_forms_frames_and_annotations() {
+    use wma_tools::LoopbackSite;
+
+    let site = LoopbackSite::serve(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/crates/tools/tests/pages/conformance"
+    ))
+    .await
+    .unwrap();
+    let text = format!(
+        "[providers.script]\nkind = \"scripted\"\nreplies = [\"Done.\"]\n\n\
+         [tools.bistro]\nkind = \"webmcp\"\nurl = \"{}\"\n\n\
+         [agents.host]\ntools = [\"bistro\"]\n",
+        site.url_of("/index.html")
+    );
+    let config = Config::parse(&text, FILE).unwrap();
+    let pages = config.page_tools().await;
+    assert_eq!(pages.len(), 1);
+    let (source, tools) = &pages[0];
+    assert_eq!(source, "bistro");
+    let tools = tools.as_ref().unwrap_or_else(|e| panic!("{e}"));
+    let tool = |name: &str| {
+        tools
+            .iter()
+            .find(|t| t.definition.name == name)
+            .unwrap_or_else(|| panic!("no {name} in {tools:?}"))
+    };
+    assert!(tool("book_table").declarative && !tool("book_table").autosubmit);
+    assert!(tool("find_flight").declarative && tool("find_flight").autosubmit);
+    assert!(tool("dump_state").debugging && !tool("dump_state").offered);
+    assert!(
+        tool("late_tool").offered,
+        "the page's late tool is waited for"
+    );
+    assert!(
+        tool("widget_hours")
+            .frame_url
+            .as_deref()
+            .is_some_and(|u| u.ends_with("/frame.html"))
+    );
+}

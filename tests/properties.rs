@@ -206,6 +206,7 @@ const KEYS: &[&str] = &[
     "url",
     "headless",
     "browser",
+    "debugging_tools",
     "description",
     "remote",
     "provider",

@@ -17,6 +17,7 @@ use webmcp_agents::config::{Config, Hosted, StartOptions};
 use webmcp_agents::display::render_part;
 use webmcp_agents::runtime::{AgentHandle, RunApprovals, RunId, TaggedPart};
 use webmcp_agents::store::{RunLog, RunStatus, Store};
+use webmcp_agents::tools::PageTool;
 use webmcp_agents::{mend, serve};
 
 use approve::{ApprovalArgs, Lines, RecordingApprover};
@@ -72,6 +73,10 @@ pub(crate) struct ServeArgs {
 pub(crate) struct CheckArgs {
     /// The config to check.
     pub(crate) config: PathBuf,
+    /// Also open the page of every `webmcp` source and list the tools it
+    /// registers, with their frame, form and annotations.
+    #[arg(long)]
+    pub(crate) pages: bool,
 }
 
 /// A tagged part as a line for a person: a sub-agent's parts are indented
@@ -647,6 +652,56 @@ async fn wait_for_stop() {
         }
     }
     let _ = tokio::signal::ctrl_c().await;
+}
+
+/// `wma check --pages`: every `webmcp` source's tools, one line each.
+pub(crate) async fn check_pages(config: &Config) {
+    for (source, tools) in config.page_tools().await {
+        match tools {
+            Ok(tools) => {
+                println!("  page {source}: {} tool(s)", tools.len());
+                for tool in &tools {
+                    println!("    {}", page_tool_line(tool));
+                }
+            }
+            Err(reason) => println!("  page {source}: could not be opened: {reason}"),
+        }
+    }
+}
+
+/// A page's tool for `wma check --pages`: its name, what kind of tool it
+/// is, its annotations, and why it is not offered when it is not.
+fn page_tool_line(tool: &PageTool) -> String {
+    let mut notes: Vec<String> = Vec::new();
+    if tool.declarative {
+        notes.push(if tool.autosubmit {
+            "form, autosubmit".to_string()
+        } else {
+            "form, waits for the person's submit".to_string()
+        });
+    }
+    if let Some(frame) = &tool.frame_url {
+        notes.push(format!("in frame {frame}"));
+    }
+    let annotations = &tool.definition.annotations;
+    for (on, name) in [
+        (annotations.read_only, "read-only"),
+        (annotations.consequential, "consequential"),
+        (annotations.untrusted_content, "untrusted content"),
+        (tool.debugging, "debugging"),
+    ] {
+        if on {
+            notes.push(name.to_string());
+        }
+    }
+    if !tool.offered {
+        notes.push("not offered".to_string());
+    }
+    if notes.is_empty() {
+        tool.definition.name.clone()
+    } else {
+        format!("{} ({})", tool.definition.name, notes.join("; "))
+    }
 }
 
 /// `wma check`: validates a config and says what it would start.

@@ -2,8 +2,9 @@
 //! sources and agents, and the cluster node.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use wma_agent::{LocalLoopOptions, Progress};
+use wma_agent::{LocalLoopOptions, Progress, ToolHost};
 use wma_agent::{ScriptedProvider, ScriptedReply};
 use wma_provider_openai::OpenAiProvider;
 use wma_provider_ort::OrtProvider;
@@ -11,7 +12,9 @@ use wma_runtime::{
     AgentConfig, ClusterNode, ClusterOptions, ProviderSource, Runtime, RuntimeBuilder,
     RuntimeError, ToolSource,
 };
-use wma_tools::{BrowserOptions, McpServer, McpServerOptions, PageOptions, ToolSet, WebMcpSource};
+use wma_tools::{
+    BrowserOptions, McpServer, McpServerOptions, PageOptions, PageTool, ToolSet, WebMcpSource,
+};
 
 use super::builtin::builtin_tools;
 use super::{Config, ProviderSpec, ToolSourceConfig, ToolSourceSpec};
@@ -146,30 +149,12 @@ fn tool_source(
                 policy.clone(),
             );
         }
-        ToolSourceSpec::WebMcp {
-            url,
-            headless,
-            browser,
-        } => {
-            let browser_options = BrowserOptions {
-                executable: browser.clone(),
-                headless: *headless,
-                ..BrowserOptions::default()
-            };
-            let page_options = PageOptions {
-                call_timeout: policy.call_timeout,
-                ..PageOptions::default()
-            };
-            let url = url.clone();
+        ToolSourceSpec::WebMcp { .. } => {
+            let spec = config.spec.clone();
+            let timeout = policy.call_timeout;
             set.add_built(
                 &name,
-                move || {
-                    WebMcpSource::with_page_options(
-                        url.clone(),
-                        browser_options.clone(),
-                        page_options.clone(),
-                    )
-                },
+                move || webmcp_source(&spec, timeout).expect("the spec is a webmcp source"),
                 policy.clone(),
             );
         }
@@ -179,7 +164,64 @@ fn tool_source(
     (source, set)
 }
 
+/// A `webmcp` source's page as the host opens it, with calls limited to
+/// `call_timeout`: one place for serving and for `wma check --pages`.
+fn webmcp_source(spec: &ToolSourceSpec, call_timeout: Duration) -> Option<WebMcpSource> {
+    let ToolSourceSpec::WebMcp {
+        url,
+        headless,
+        browser,
+        debugging_tools,
+    } = spec
+    else {
+        return None;
+    };
+    let browser_options = BrowserOptions {
+        executable: browser.clone(),
+        headless: *headless,
+        ..BrowserOptions::default()
+    };
+    let page_options = PageOptions {
+        call_timeout,
+        debugging_tools: *debugging_tools,
+        ..PageOptions::default()
+    };
+    Some(WebMcpSource::with_page_options(
+        url.clone(),
+        browser_options,
+        page_options,
+    ))
+}
+
 impl Config {
+    /// Opens the page of every `webmcp` source as the host would, waits for
+    /// its tools, and returns them as the page registered them (frame,
+    /// form, autosubmit, debugging, offered), by source name; a page that
+    /// cannot be opened gives the reason. The browsers are closed before it
+    /// returns.
+    pub async fn page_tools(&self) -> Vec<(String, Result<Vec<PageTool>, String>)> {
+        let mut pages = Vec::new();
+        for source in &self.tools {
+            let Some(page) = webmcp_source(&source.spec, source.policy.call_timeout) else {
+                continue;
+            };
+            let tools = match page.page().await {
+                Ok(opened) => {
+                    // Listing waits for the tool set to settle, as a step does.
+                    opened.list_tools().await;
+                    Ok(opened.page_tools())
+                }
+                Err(error) => Err(error.to_string()),
+            };
+            if let Some(browser) = page.browser().await {
+                drop(page);
+                browser.close().await;
+            }
+            pages.push((source.name.clone(), tools));
+        }
+        pages
+    }
+
     /// The runtime builder for this config, with the shops of its
     /// `demo-shop` sources. Only providers some agent uses are registered,
     /// so a config may list models to swap to without loading them.

@@ -195,6 +195,9 @@ pub enum ToolSourceSpec {
         url: String,
         /// `headless`. Default true.
         headless: bool,
+        /// `debugging_tools`: offer the tools the page marks `debugging`
+        /// (meant for developers, not for agents). Default false.
+        debugging_tools: bool,
         /// `browser`: the Chromium executable. Default: found as `wma_tools::find_chromium` does.
         browser: Option<PathBuf>,
     },

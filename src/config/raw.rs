@@ -113,6 +113,7 @@ pub(crate) struct RawToolSource {
     pub(crate) url: Option<Spanned<String>>,
     // webmcp.
     pub(crate) headless: Option<Spanned<bool>>,
+    pub(crate) debugging_tools: Option<Spanned<bool>>,
     pub(crate) browser: Option<Spanned<String>>,
 }
 

@@ -525,6 +525,7 @@ fn tool_source(source: &Source<'_>, name: &str, raw: &RawToolSource) -> Result<T
         ("cwd", span_of(&raw.cwd)),
         ("url", span_of(&raw.url)),
         ("headless", span_of(&raw.headless)),
+        ("debugging_tools", span_of(&raw.debugging_tools)),
         ("browser", span_of(&raw.browser)),
     ];
     let (kind, allowed): (&str, &[&str]) = match raw.kind.get_ref() {
@@ -532,7 +533,10 @@ fn tool_source(source: &Source<'_>, name: &str, raw: &RawToolSource) -> Result<T
         ToolKind::Native => ("native source", &["builtins"]),
         ToolKind::McpStdio => ("mcp-stdio source", &["command", "args", "env", "cwd"]),
         ToolKind::McpHttp => ("mcp-http source", &["url"]),
-        ToolKind::Webmcp => ("webmcp source", &["url", "headless", "browser"]),
+        ToolKind::Webmcp => (
+            "webmcp source",
+            &["url", "headless", "browser", "debugging_tools"],
+        ),
     };
     let others: Vec<_> = all
         .iter()
@@ -596,6 +600,7 @@ fn tool_source(source: &Source<'_>, name: &str, raw: &RawToolSource) -> Result<T
         ToolKind::Webmcp => ToolSourceSpec::WebMcp {
             url: required(&raw.url, "url")?,
             headless: raw.headless.as_ref().is_none_or(|h| *h.get_ref()),
+            debugging_tools: raw.debugging_tools.as_ref().is_some_and(|d| *d.get_ref()),
             browser: raw.browser.as_ref().map(|b| PathBuf::from(b.get_ref())),
         },
     };

@@ -1311,6 +1311,9 @@ fn unimplemented_keywords(schema: &Value, out: &mut Vec<String>) {
 
 /// An object with the schema's property names (any values) and its required
 /// list: what the grammar checks when the real schema cannot be compiled.
+/// A schema closed to the keys it lists (`additionalProperties: false`)
+/// stays closed even when it lists none: only `{}` is written then, never a
+/// key the tool would refuse.
 pub fn loose_schema(schema: &Value) -> Value {
     let names: Vec<String> = schema
         .get("properties")
@@ -1318,7 +1321,11 @@ pub fn loose_schema(schema: &Value) -> Value {
         .map(|p| p.keys().cloned().collect())
         .unwrap_or_default();
     if names.is_empty() {
-        return json!({"type": "object"});
+        return if schema.get("additionalProperties") == Some(&Value::Bool(false)) {
+            json!({"type": "object", "properties": {}, "additionalProperties": false})
+        } else {
+            json!({"type": "object"})
+        };
     }
     let properties: Map<String, Value> = names.iter().map(|n| (n.clone(), json!({}))).collect();
     let required: Vec<Value> = schema
@@ -1435,6 +1442,23 @@ mod tests {
                 .is_none()
         );
         assert_eq!(free["additionalProperties"], false);
+    }
+
+    #[test]
+    fn a_closed_schema_stays_closed_when_loosened() {
+        let closed = json!({"type": "object", "additionalProperties": false, "required": ["x"]});
+        assert_eq!(
+            loose_schema(&closed),
+            json!({"type": "object", "properties": {}, "additionalProperties": false})
+        );
+        assert_eq!(
+            loose_schema(&json!({"type": "object"})),
+            json!({"type": "object"})
+        );
+        // An explicitly closed object that lists nothing keeps its closure
+        // through tightening too.
+        let tight = tighten(&closed, &bounded());
+        assert_eq!(tight["additionalProperties"], false);
     }
 
     #[test]

@@ -371,6 +371,59 @@ fn a_schema_llguidance_cannot_compile_falls_back_to_its_property_names() {
 }
 
 #[test]
+fn a_closed_schema_only_takes_the_keys_it_lists() {
+    let f = fixture();
+    let tools = vec![
+        // What a WebMCP page's form tool is offered as: closed at every
+        // object that lists its keys.
+        ToolDefinition::new(
+            "set_door",
+            "Choose the delivery door.",
+            json!({"type": "object", "properties": {
+                "door": {"type": "string"},
+                "address": {"type": "object", "properties": {"street": {"type": "string"}},
+                            "additionalProperties": false}
+            }, "required": ["door"], "additionalProperties": false}),
+        ),
+        // Closed with no keys at all: only `{}`.
+        ToolDefinition::new(
+            "ring",
+            "Ring the bell.",
+            json!({"type": "object", "additionalProperties": false}),
+        ),
+        // Closed, and unsatisfiable as written (a required key it may not
+        // have): the grammar falls back, and stays closed.
+        ToolDefinition::new(
+            "odd",
+            "A tool whose schema cannot be met.",
+            json!({"type": "object", "properties": {}, "required": ["ghost"],
+                   "additionalProperties": false}),
+        ),
+    ];
+    let c = Constraint::CallsOnly { tools };
+    for text in [
+        r#"{"name": "set_door", "arguments": {"door": "back"}}"#,
+        r#"{"name": "set_door", "arguments": {"door": "back", "address": {"street": "Main"}}}"#,
+        r#"{"name": "ring", "arguments": {}}"#,
+        r#"{"name": "odd", "arguments": {}}"#,
+    ] {
+        assert!(
+            f.admits(&c, CallFormat::Json, text),
+            "should admit {text:?}"
+        );
+    }
+    for text in [
+        r#"{"name": "set_door", "arguments": {"door": "back", "door_name": "x"}}"#,
+        r#"{"name": "set_door", "arguments": {"door_name": "x"}}"#,
+        r#"{"name": "set_door", "arguments": {"door": "back", "address": {"floor": 2}}}"#,
+        r#"{"name": "ring", "arguments": {"loud": true}}"#,
+        r#"{"name": "odd", "arguments": {"ghost": 1}}"#,
+    ] {
+        assert!(!f.admits_prefix(&c, text), "should reject {text:?}");
+    }
+}
+
+#[test]
 fn definitions_of_a_schema_still_resolve_inside_the_call() {
     let f = fixture();
     let tool = ToolDefinition::new(

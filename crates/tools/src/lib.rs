@@ -81,5 +81,6 @@ pub use set::{
 pub use site::LoopbackSite;
 pub use webmcp::{
     Browser, BrowserOptions, CHROMIUM_ENV, DEFAULT_LAUNCH_TIMEOUT, DEFAULT_PAGE_CALL_TIMEOUT,
-    DEFAULT_SETTLE_TIMEOUT, PageOptions, PageTarget, WebMcpPage, WebMcpSource, find_chromium,
+    DEFAULT_SETTLE_TIMEOUT, DEFAULT_TOOLS_QUIET, PageOptions, PageTarget, PageTool, WebMcpPage,
+    WebMcpSource, find_chromium,
 };

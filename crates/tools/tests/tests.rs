@@ -9,4 +9,5 @@ mod cdp_properties;
 mod conformance;
 mod mcp_everything;
 mod tool_set;
+mod webmcp_conformance;
 mod webmcp_shop;

@@ -4,6 +4,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use tokio::sync::{oneshot, watch};
@@ -20,6 +22,20 @@ pub const DEFAULT_PAGE_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long listing, calling and reading the page context wait for a
 /// navigation in progress, unless [`PageOptions::settle_timeout`] says otherwise.
 pub const DEFAULT_SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long listing waits for a page's tool set to stay unchanged after a
+/// load, a change of its tools or a call, unless
+/// [`PageOptions::tools_quiet`] says otherwise.
+pub const DEFAULT_TOOLS_QUIET: Duration = Duration::from_millis(500);
+
+/// The longest one listing waits for the tool set to stop changing: a page
+/// whose tools never stay still is listed as it is after this.
+const TOOLS_QUIET_LIMIT: Duration = Duration::from_secs(3);
+
+/// How long a form tool without autosubmit is given to refuse its input
+/// (Chromium answers a bad input in the same moment) before the call
+/// answers that the form waits for the person.
+const FORM_FILL_WAIT: Duration = Duration::from_millis(250);
 
 /// How long a cancelled call waits for the page to confirm.
 const CANCEL_CONFIRM_WAIT: Duration = Duration::from_secs(2);
@@ -45,6 +61,15 @@ pub struct PageOptions {
     /// the tab loads, mapped onto Chromium's `document.modelContext`, so
     /// pages written for it get their tools too. Default: true.
     pub legacy_api: bool,
+    /// How long the page's tool set must stay unchanged after a load, a
+    /// change of its tools or a call before a listing reads it (at most
+    /// 3 s in all), so that tools a page registers just after its load (a
+    /// form's tool, a script that registers late) are in the first step.
+    /// Zero lists at once. Default: [`DEFAULT_TOOLS_QUIET`].
+    pub tools_quiet: Duration,
+    /// Offer tools the page marked `debugging` (meant for developers and
+    /// their tooling, not for agents). Default: false.
+    pub debugging_tools: bool,
 }
 
 impl Default for PageOptions {
@@ -53,8 +78,46 @@ impl Default for PageOptions {
             call_timeout: DEFAULT_PAGE_CALL_TIMEOUT,
             settle_timeout: DEFAULT_SETTLE_TIMEOUT,
             legacy_api: true,
+            tools_quiet: DEFAULT_TOOLS_QUIET,
+            debugging_tools: false,
         }
     }
+}
+
+/// A tool the page registered, as the host sees it: its definition, where
+/// it lives and how it is called.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct PageTool {
+    /// What the model is shown: the name, the description, the input
+    /// schema (closed: keys it does not list are refused, as Chromium
+    /// refuses them) and the annotations.
+    pub definition: ToolDefinition,
+    /// The frame that registered it.
+    pub frame_id: String,
+    /// The address of that frame's document; `None` for the main frame.
+    pub frame_url: Option<String>,
+    /// A declarative tool: an HTML form with a `toolname`, whose fields are
+    /// its arguments.
+    pub declarative: bool,
+    /// A declarative tool whose form submits itself once filled
+    /// (`toolautosubmit`); without it the form waits for the person.
+    pub autosubmit: bool,
+    /// Marked for debugging: meant for developers, not offered to agents
+    /// unless [`PageOptions::debugging_tools`].
+    pub debugging: bool,
+    /// Whether listing offers it (see [`WebMcpPage::page_tools`]).
+    pub offered: bool,
+    /// The form's node, for a declarative tool.
+    form_node: Option<i64>,
+}
+
+/// A frame of the tab.
+#[derive(Debug, Clone, Default)]
+struct Frame {
+    url: String,
+    /// Its document's origin (`http://127.0.0.1:8080`).
+    origin: String,
 }
 
 /// A tab whose WebMCP tools are followed through the CDP `WebMCP` domain.
@@ -121,10 +184,17 @@ struct Responded {
     exception: Option<Value>,
 }
 
-#[derive(Default)]
 struct PageState {
-    /// The main frame's tools, in registration order.
-    tools: Vec<ToolDefinition>,
+    /// Every frame's tools, in registration order; [`PageState::offered`]
+    /// says which the model is shown.
+    tools: Vec<PageTool>,
+    /// The frames whose documents are known, by id (the main frame's too).
+    frames: HashMap<String, Frame>,
+    /// When the page last loaded, changed its tools or answered a call:
+    /// listing waits for [`PageOptions::tools_quiet`] after it.
+    active_at: Instant,
+    /// Form tools filled for the person to submit, by invocation id.
+    with_person: HashMap<String, String>,
     /// A cross-document navigation of the main frame is under way.
     loading: bool,
     /// Calls waiting for their `toolResponded`, by invocation id.
@@ -135,6 +205,70 @@ struct PageState {
     url: String,
     /// Why the page is unusable, once it is.
     gone: Option<String>,
+}
+
+impl Default for PageState {
+    fn default() -> Self {
+        Self {
+            tools: Vec::new(),
+            frames: HashMap::new(),
+            active_at: Instant::now(),
+            with_person: HashMap::new(),
+            loading: false,
+            invocations: HashMap::new(),
+            early: VecDeque::new(),
+            url: String::new(),
+            gone: None,
+        }
+    }
+}
+
+impl PageState {
+    /// Whether tools of `frame` may be offered: the main frame's, and
+    /// those of frames showing a document of the main frame's origin. A
+    /// third-party iframe (an ad, an embedded widget) must not add tools
+    /// to the page's agent.
+    fn frame_admitted(&self, frame: &str, main_frame: &str) -> bool {
+        if frame == main_frame {
+            return true;
+        }
+        let origin = |id: &str| {
+            self.frames
+                .get(id)
+                .map(|f| f.origin.as_str())
+                .filter(|o| !o.is_empty() && *o != "null")
+        };
+        matches!((origin(frame), origin(main_frame)), (Some(a), Some(b)) if a == b)
+    }
+
+    /// The tools the model is shown, each name once: the main frame's
+    /// first, then its same-origin frames' (a name the main frame has is
+    /// its), without the debugging ones unless `debugging_tools`.
+    fn offered(&self, main_frame: &str, debugging_tools: bool) -> Vec<&PageTool> {
+        let mut offered: Vec<&PageTool> = Vec::new();
+        let main_first = self
+            .tools
+            .iter()
+            .filter(|t| t.frame_id == main_frame)
+            .chain(self.tools.iter().filter(|t| t.frame_id != main_frame));
+        for tool in main_first {
+            if (tool.debugging && !debugging_tools)
+                || !self.frame_admitted(&tool.frame_id, main_frame)
+                || offered
+                    .iter()
+                    .any(|t| t.definition.name == tool.definition.name)
+            {
+                continue;
+            }
+            offered.push(tool);
+        }
+        offered
+    }
+
+    /// Drops the tools of `frame` (its document went away).
+    fn drop_frame_tools(&mut self, frame: &str) {
+        self.tools.retain(|t| t.frame_id != frame);
+    }
 }
 
 impl Shared {
@@ -170,24 +304,38 @@ impl Shared {
         match event.method.as_str() {
             "WebMCP.toolsAdded" => {
                 for tool in params["tools"].as_array().into_iter().flatten() {
-                    if !is_main(&tool["frameId"]) {
+                    let Some(added) = page_tool(tool) else {
                         continue;
-                    }
-                    let definition = tool_definition(tool);
-                    state.tools.retain(|t| t.name != definition.name);
-                    state.tools.push(definition);
+                    };
+                    state.tools.retain(|t| {
+                        t.frame_id != added.frame_id || t.definition.name != added.definition.name
+                    });
+                    state.tools.push(added);
                 }
+                state.active_at = Instant::now();
                 true
             }
             "WebMCP.toolsRemoved" => {
                 for tool in params["tools"].as_array().into_iter().flatten() {
-                    if is_main(&tool["frameId"]) {
-                        state
-                            .tools
-                            .retain(|t| Some(t.name.as_str()) != tool["name"].as_str());
-                    }
+                    let (Some(frame), Some(name)) =
+                        (tool["frameId"].as_str(), tool["name"].as_str())
+                    else {
+                        continue;
+                    };
+                    state
+                        .tools
+                        .retain(|t| t.frame_id != frame || t.definition.name != name);
                 }
+                state.active_at = Instant::now();
                 true
+            }
+            "WebMCP.toolInvoked" => {
+                tracing::debug!(
+                    tool = params["toolName"].as_str().unwrap_or_default(),
+                    invocation = params["invocationId"].as_str().unwrap_or_default(),
+                    "the page started a tool call"
+                );
+                false
             }
             "WebMCP.toolResponded" => {
                 let Some(id) = params["invocationId"].as_str() else {
@@ -199,6 +347,16 @@ impl Shared {
                     error_text: params["errorText"].as_str().map(str::to_string),
                     exception: params.get("exception").cloned(),
                 };
+                if let Some(tool) = state.with_person.remove(id) {
+                    // The call answered long ago; this is the person's
+                    // own submit (or its cancellation) of the filled form.
+                    tracing::info!(
+                        tool = %tool,
+                        status = %responded.status,
+                        "the person submitted the form the agent filled"
+                    );
+                    return false;
+                }
                 match state.invocations.remove(id) {
                     Some(waiter) => {
                         let _ = waiter.send(responded);
@@ -212,13 +370,40 @@ impl Shared {
                 }
                 false
             }
-            "Page.frameNavigated" if is_main(&params["frame"]["id"]) => {
-                // A new document: the old one's tools went with it.
-                state.tools.clear();
-                state.url = params["frame"]["url"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string();
+            "Page.frameNavigated" => {
+                let frame = &params["frame"];
+                let Some(id) = frame["id"].as_str() else {
+                    return false;
+                };
+                let known = Frame {
+                    url: frame["url"].as_str().unwrap_or_default().to_string(),
+                    origin: frame["securityOrigin"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                };
+                if is_main(&frame["id"]) {
+                    // A new document: the old one's tools, and its frames,
+                    // went with it (Chromium sends no `toolsRemoved`).
+                    state.tools.clear();
+                    state.frames.clear();
+                    state.url = known.url.clone();
+                } else {
+                    state.drop_frame_tools(id);
+                }
+                state.frames.insert(id.to_string(), known);
+                state.active_at = Instant::now();
+                true
+            }
+            "Page.frameDetached" => {
+                let Some(id) = params["frameId"].as_str() else {
+                    return false;
+                };
+                if is_main(&params["frameId"]) {
+                    return false;
+                }
+                state.drop_frame_tools(id);
+                state.frames.remove(id);
                 true
             }
             "Page.navigatedWithinDocument" if is_main(&params["frameId"]) => {
@@ -242,6 +427,7 @@ impl Shared {
             }
             "Page.frameStoppedLoading" if is_main(&params["frameId"]) => {
                 state.loading = false;
+                state.active_at = Instant::now();
                 true
             }
             _ => false,
@@ -249,11 +435,84 @@ impl Shared {
     }
 }
 
+/// The frames of a `Page.getFrameTree` answer, for a tab attached to as
+/// it is.
+fn frames_of(tree: &Value, out: &mut HashMap<String, Frame>) {
+    let frame = &tree["frame"];
+    if let Some(id) = frame["id"].as_str() {
+        out.insert(
+            id.to_string(),
+            Frame {
+                url: frame["url"].as_str().unwrap_or_default().to_string(),
+                origin: frame["securityOrigin"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            },
+        );
+    }
+    for child in tree["childFrames"].as_array().into_iter().flatten() {
+        frames_of(child, out);
+    }
+}
+
+/// A tool of a `toolsAdded` event; `None` without a name or a frame.
+fn page_tool(tool: &Value) -> Option<PageTool> {
+    let frame_id = tool["frameId"].as_str()?.to_string();
+    tool["name"].as_str()?;
+    let flag = |name: &str| tool["annotations"][name].as_bool().unwrap_or(false);
+    let form_node = tool["backendNodeId"].as_i64();
+    Some(PageTool {
+        definition: tool_definition(tool),
+        frame_id,
+        frame_url: None,
+        declarative: form_node.is_some(),
+        autosubmit: flag("autosubmit"),
+        debugging: flag("debugging"),
+        offered: false,
+        form_node,
+    })
+}
+
+/// Closes every object of a page tool's schema that lists its properties
+/// (and the arguments object itself) to the keys it lists: Chromium refuses
+/// a form tool's input with a key its form lacks, and a script's tool never
+/// expects one, so a key the schema does not list is refused before the
+/// call (naming it) and never produced by the constraint.
+fn close_schema(schema: &mut Value, root: bool) {
+    let Value::Object(map) = schema else {
+        return;
+    };
+    let is_object = map.get("type").and_then(Value::as_str) == Some("object");
+    if root && is_object && !map.contains_key("properties") {
+        map.insert("properties".into(), json!({}));
+    }
+    let lists = map.get("properties").is_some_and(Value::is_object);
+    if lists && !map.contains_key("additionalProperties") && !map.contains_key("patternProperties")
+    {
+        map.insert("additionalProperties".into(), Value::Bool(false));
+    }
+    for key in ["properties", "$defs", "definitions"] {
+        if let Some(Value::Object(children)) = map.get_mut(key) {
+            children.values_mut().for_each(|c| close_schema(c, false));
+        }
+    }
+    if let Some(items) = map.get_mut("items") {
+        close_schema(items, false);
+    }
+    for key in ["anyOf", "oneOf", "allOf"] {
+        if let Some(Value::Array(children)) = map.get_mut(key) {
+            children.iter_mut().for_each(|c| close_schema(c, false));
+        }
+    }
+}
+
 fn tool_definition(tool: &Value) -> ToolDefinition {
-    let schema = match tool.get("inputSchema") {
+    let mut schema = match tool.get("inputSchema") {
         Some(schema) if schema.is_object() => schema.clone(),
         _ => json!({"type": "object", "properties": {}}),
     };
+    close_schema(&mut schema, true);
     let flag = |name: &str| tool["annotations"][name].as_bool().unwrap_or(false);
     ToolDefinition::new(
         tool["name"].as_str().unwrap_or_default(),
@@ -363,6 +622,61 @@ fn responded_result(name: &str, responded: Responded) -> Result<String, ToolErro
     }
 }
 
+/// A form tool's answer: the browser refusing its input (an error that is
+/// no exception of the page's) is the arguments' fault, so the model fixes
+/// them; a submit that answered nothing says so, and where it led.
+fn form_answer(
+    name: &str,
+    responded: Responded,
+    url_before: &str,
+    url_now: &str,
+) -> Result<String, ToolError> {
+    match responded.status.as_str() {
+        "Error" if responded.exception.is_none() => Err(ToolError::new(
+            ToolErrorCode::InvalidArguments,
+            error_message(&responded),
+        )),
+        "Completed" if is_empty_output(responded.output.as_ref()) => Ok(if url_now != url_before {
+            format!("The form of {name} was submitted; the page is now {url_now}.")
+        } else {
+            format!("The form of {name} was submitted.")
+        }),
+        _ => responded_result(name, responded),
+    }
+}
+
+/// Whether a submit answered nothing: Chromium gives the JSON-LD of the
+/// page a form led to, an empty list when it has none.
+fn is_empty_output(output: Option<&Value>) -> bool {
+    match output {
+        None | Some(Value::Null) => true,
+        Some(Value::Array(items)) => items.is_empty(),
+        Some(Value::String(text)) => text.trim().is_empty(),
+        Some(_) => false,
+    }
+}
+
+/// Reads a form (`this`: the form, or a field of one) as
+/// `{fields: {name: value}, missing: [name]}`.
+const READ_FORM: &str = r#"function () {
+  const form = this.elements ? this : (this.form || this);
+  const fields = {};
+  const missing = [];
+  for (const el of Array.from(form.elements || [])) {
+    if (!el.name || el.disabled) continue;
+    const type = (el.type || "").toLowerCase();
+    if (["submit", "button", "reset", "image", "file"].includes(type)) continue;
+    if (el.validity && el.validity.valueMissing && !missing.includes(el.name)) missing.push(el.name);
+    if ((type === "checkbox" || type === "radio") && !el.checked) continue;
+    let value = el.value;
+    if (type === "password") value = value ? "(hidden)" : "";
+    else if (el.multiple && el.selectedOptions) value = Array.from(el.selectedOptions, (o) => o.value);
+    if (value === "" || (Array.isArray(value) && value.length === 0)) continue;
+    fields[el.name] = el.name in fields ? [].concat(fields[el.name], value) : value;
+  }
+  return { fields, missing };
+}"#;
+
 impl WebMcpPage {
     pub(crate) async fn attach(
         browser: Arc<BrowserInner>,
@@ -422,7 +736,20 @@ impl WebMcpPage {
                 events: events_task,
             }),
         };
-        for method in ["Page.enable", "Inspector.enable", "WebMCP.enable"] {
+        page.command("Page.enable", json!({})).await?;
+        // The frames a tab attached to as it is already has, so that its
+        // frames' tools can be told apart before any of them navigates;
+        // what events said meanwhile is newer and stays.
+        let tree = page.command("Page.getFrameTree", json!({})).await?;
+        {
+            let mut known = HashMap::new();
+            frames_of(&tree["frameTree"], &mut known);
+            let mut state = page.inner.shared.lock();
+            for (id, frame) in known {
+                state.frames.entry(id).or_insert(frame);
+            }
+        }
+        for method in ["Inspector.enable", "WebMCP.enable"] {
             page.command(method, json!({})).await?;
         }
         if page.inner.options.legacy_api {
@@ -482,6 +809,175 @@ impl WebMcpPage {
     /// Calls that were sent to the page and have not answered yet.
     pub fn calls_in_flight(&self) -> usize {
         self.inner.shared.lock().invocations.len()
+    }
+
+    /// Forms the agent filled that wait for the person's submit.
+    pub fn forms_with_person(&self) -> usize {
+        self.inner.shared.lock().with_person.len()
+    }
+
+    /// Every tool the page's frames registered, as they are now (no
+    /// waiting), with where each lives, whether it is a form and how it is
+    /// annotated; [`PageTool::offered`] says which a listing offers. For
+    /// `wma check --tools`, tests and hosts that show a page's tools.
+    pub fn page_tools(&self) -> Vec<PageTool> {
+        let main = self.inner.shared.main_frame.as_str();
+        let state = self.inner.shared.lock();
+        let offered: Vec<(String, String)> = state
+            .offered(main, self.inner.options.debugging_tools)
+            .into_iter()
+            .map(|t| (t.frame_id.clone(), t.definition.name.clone()))
+            .collect();
+        state
+            .tools
+            .iter()
+            .map(|tool| {
+                let mut tool = tool.clone();
+                tool.offered = offered
+                    .iter()
+                    .any(|(f, n)| *f == tool.frame_id && *n == tool.definition.name);
+                if tool.frame_id != main {
+                    tool.frame_url = Some(
+                        state
+                            .frames
+                            .get(&tool.frame_id)
+                            .map(|f| f.url.clone())
+                            .unwrap_or_default(),
+                    );
+                }
+                tool
+            })
+            .collect()
+    }
+
+    /// The offered tool named `name`, if there is one now.
+    fn offered_tool(&self, name: &str) -> Option<PageTool> {
+        let state = self.inner.shared.lock();
+        state
+            .offered(
+                &self.inner.shared.main_frame,
+                self.inner.options.debugging_tools,
+            )
+            .into_iter()
+            .find(|t| t.definition.name == name)
+            .cloned()
+    }
+
+    /// The offered tools' definitions.
+    fn offered_definitions(&self) -> Vec<ToolDefinition> {
+        let state = self.inner.shared.lock();
+        state
+            .offered(
+                &self.inner.shared.main_frame,
+                self.inner.options.debugging_tools,
+            )
+            .into_iter()
+            .map(|t| t.definition.clone())
+            .collect()
+    }
+
+    /// Waits until the tool set has stayed unchanged for
+    /// [`PageOptions::tools_quiet`] since the page last loaded, changed its
+    /// tools or answered a call, for [`TOOLS_QUIET_LIMIT`] at most. A page
+    /// that settled long ago costs nothing.
+    async fn tools_settled(&self) {
+        let quiet = self.inner.options.tools_quiet;
+        if quiet.is_zero() {
+            return;
+        }
+        let shared = &self.inner.shared;
+        let mut changes = shared.changes.subscribe();
+        let limit = Instant::now() + TOOLS_QUIET_LIMIT;
+        loop {
+            let still_at = {
+                let state = shared.lock();
+                if state.gone.is_some() {
+                    return;
+                }
+                state.active_at + quiet
+            };
+            let now = Instant::now();
+            if still_at <= now || limit <= now {
+                return;
+            }
+            // Woken by any change (which may move `active_at`) or at the
+            // time the set would have been quiet long enough.
+            let _ = tokio::time::timeout_at(still_at.min(limit), changes.changed()).await;
+        }
+    }
+
+    /// Asks Chromium again for every registered tool (turning the `WebMCP`
+    /// domain off and on makes it report them all), for a listing that
+    /// would otherwise offer nothing: a page whose tools were reported in
+    /// a way the events missed still gets them offered.
+    async fn reread_tools(&self) {
+        for method in ["WebMCP.disable", "WebMCP.enable"] {
+            if let Err(error) = self.command(method, json!({})).await {
+                tracing::debug!(%error, "could not read the page's tools again");
+                return;
+            }
+        }
+        self.inner.shared.lock().active_at = Instant::now();
+        self.tools_settled().await;
+    }
+
+    /// What a form holds now: its named fields' values (a password shown
+    /// as hidden) and the required fields still empty.
+    async fn read_form(&self, node: i64) -> Result<Value, ToolsError> {
+        let resolved = self
+            .command("DOM.resolveNode", json!({"backendNodeId": node}))
+            .await?;
+        let object = resolved["object"]["objectId"]
+            .as_str()
+            .ok_or_else(|| ToolsError::Cdp {
+                method: "DOM.resolveNode".to_string(),
+                message: "the form has no object".to_string(),
+            })?
+            .to_string();
+        let read = self
+            .command(
+                "Runtime.callFunctionOn",
+                json!({
+                    "objectId": object,
+                    "functionDeclaration": READ_FORM,
+                    "returnByValue": true,
+                }),
+            )
+            .await;
+        let _ = self
+            .command("Runtime.releaseObject", json!({"objectId": object}))
+            .await;
+        Ok(read?["result"]["value"].clone())
+    }
+
+    /// The answer of a form tool without autosubmit whose form Chromium
+    /// filled: what it holds now, and that it waits for the person.
+    async fn filled_form(&self, tool: &PageTool, input: &Value) -> String {
+        let read = match tool.form_node {
+            Some(node) => self.read_form(node).await,
+            None => Err(ToolsError::BrowserClosed),
+        };
+        let (fields, missing) = match read {
+            Ok(form) if form["fields"].is_object() => {
+                (form["fields"].clone(), form["missing"].clone())
+            }
+            Ok(_) | Err(_) => {
+                tracing::debug!(tool = %tool.definition.name, "could not read the filled form back");
+                (input.clone(), Value::Null)
+            }
+        };
+        let mut text = format!(
+            "The form of {} is filled in on the page and waits for the person to submit it; nothing was sent yet. Filled in: {fields}.",
+            tool.definition.name
+        );
+        if let Some(missing) = missing.as_array().filter(|m| !m.is_empty()) {
+            text.push_str(&format!(
+                " Still empty and required: {}.",
+                Value::Array(missing.clone())
+            ));
+        }
+        text.push_str(" Tell the person to check the form and press its submit button.");
+        text
     }
 
     /// Loads `url` in the tab and waits until it has loaded.
@@ -673,7 +1169,13 @@ impl std::fmt::Debug for WebMcpPage {
 impl ToolHost for WebMcpPage {
     async fn list_tools(&self) -> Vec<ToolDefinition> {
         self.settled().await;
-        self.inner.shared.lock().tools.clone()
+        self.tools_settled().await;
+        let tools = self.offered_definitions();
+        if !tools.is_empty() || self.is_gone() {
+            return tools;
+        }
+        self.reread_tools().await;
+        self.offered_definitions()
     }
 
     async fn call_tool(
@@ -686,20 +1188,13 @@ impl ToolHost for WebMcpPage {
         if let Some(error) = self.gone_error() {
             return Err(error);
         }
-        if !self
-            .inner
-            .shared
-            .lock()
-            .tools
-            .iter()
-            .any(|t| t.name == name)
-        {
+        let Some(tool) = self.offered_tool(name) else {
             let url = self.url();
             return Err(ToolError::new(
                 ToolErrorCode::UnknownTool,
                 format!("no tool named \"{name}\" on this page ({url})"),
             ));
-        }
+        };
         let input = match arguments {
             Value::Object(_) => arguments,
             Value::Null => json!({}),
@@ -716,6 +1211,16 @@ impl ToolHost for WebMcpPage {
                 "the call was cancelled",
             ));
         }
+        // In the trace of the call (its `execute_tool` span): which kind of
+        // page tool ran, and whether its form submits itself.
+        tracing::info!(
+            tool = %name,
+            frame = %tool.frame_id,
+            declarative = tool.declarative,
+            autosubmit = tool.autosubmit,
+            "calling a page tool"
+        );
+        let url_before = self.url();
         let invoked = self
             .inner
             .browser
@@ -723,7 +1228,7 @@ impl ToolHost for WebMcpPage {
             .call(
                 Some(&self.inner.session),
                 "WebMCP.invokeTool",
-                json!({"frameId": self.inner.shared.main_frame, "toolName": name, "input": input}),
+                json!({"frameId": tool.frame_id, "toolName": name, "input": input}),
             )
             .await;
         let invocation = match invoked {
@@ -754,13 +1259,55 @@ impl ToolHost for WebMcpPage {
             }
         };
         let mut answer = self.await_answer(&invocation)?;
+        let answered = |responded: Responded| {
+            self.inner.shared.lock().active_at = Instant::now();
+            if tool.declarative {
+                form_answer(name, responded, &url_before, &self.url())
+            } else {
+                responded_result(name, responded)
+            }
+        };
+        if tool.declarative && !tool.autosubmit {
+            // Chromium fills the form and leaves its submit to the person:
+            // no answer comes until they press it. A refused input answers
+            // at once; otherwise the call answers with the filled form, and
+            // the person's submit, when it comes, is only noted.
+            tokio::select! {
+                biased;
+                responded = &mut answer => {
+                    return match responded {
+                        Ok(responded) => answered(responded),
+                        Err(_) => Err(self.gone_error().unwrap_or_else(|| {
+                            ToolError::new(ToolErrorCode::Unavailable, format!("the page went away before {name} answered"))
+                        })),
+                    };
+                }
+                _ = tokio::time::sleep(FORM_FILL_WAIT) => {}
+            }
+            {
+                let mut state = self.inner.shared.lock();
+                if state.invocations.remove(&invocation).is_some() {
+                    state
+                        .with_person
+                        .insert(invocation.clone(), name.to_string());
+                }
+            }
+            if let Ok(responded) = answer.try_recv() {
+                // It answered in the moment between.
+                return answered(responded);
+            }
+            let filled = self.filled_form(&tool, &input).await;
+            self.inner.shared.lock().active_at = Instant::now();
+            tracing::info!(tool = %name, "the form is filled and waits for the person's submit");
+            return Ok(filled);
+        }
         let timeout = self.inner.options.call_timeout;
         tokio::select! {
             // Biased so that an answer already there wins over a crash or
             // a cancellation noticed in the same poll.
             biased;
             responded = &mut answer => match responded {
-                Ok(responded) => responded_result(name, responded),
+                Ok(responded) => answered(responded),
                 Err(_) => Err(self.gone_error().unwrap_or_else(|| {
                     ToolError::new(ToolErrorCode::Unavailable, format!("the page went away before {name} answered"))
                 })),
@@ -826,7 +1373,12 @@ mod tests {
     }
 
     fn names(shared: &Shared) -> Vec<String> {
-        shared.lock().tools.iter().map(|t| t.name.clone()).collect()
+        shared
+            .lock()
+            .offered("MAIN", false)
+            .iter()
+            .map(|t| t.definition.name.clone())
+            .collect()
     }
 
     #[test]
@@ -840,11 +1392,11 @@ mod tests {
                 {"name": "ad", "description": "From an iframe.", "frameId": "CHILD"}]}),
         ));
         assert_eq!(names(&s), ["search"]);
-        let search = s.lock().tools[0].clone();
+        let search = s.lock().tools[0].definition.clone();
         assert!(search.annotations.read_only && search.annotations.untrusted_content);
         assert_eq!(
             search.input_schema,
-            json!({"type": "object", "properties": {}})
+            json!({"type": "object", "properties": {}, "additionalProperties": false})
         );
 
         s.apply(&event(
@@ -872,6 +1424,154 @@ mod tests {
             json!({"tools": [{"name": "add_to_cart", "frameId": "MAIN"}]}),
         ));
         assert!(names(&s).is_empty());
+    }
+
+    fn navigated(s: &Shared, id: &str, parent: Option<&str>, url: &str, origin: &str) {
+        let mut frame = json!({"id": id, "url": url, "securityOrigin": origin});
+        if let Some(parent) = parent {
+            frame["parentId"] = json!(parent);
+        }
+        s.apply(&event("Page.frameNavigated", json!({ "frame": frame })));
+    }
+
+    #[test]
+    fn frames_of_the_same_origin_add_tools_and_others_do_not() {
+        let s = shared();
+        navigated(
+            &s,
+            "MAIN",
+            None,
+            "http://127.0.0.1:8080/",
+            "http://127.0.0.1:8080",
+        );
+        navigated(
+            &s,
+            "WIDGET",
+            Some("MAIN"),
+            "http://127.0.0.1:8080/w.html",
+            "http://127.0.0.1:8080",
+        );
+        navigated(
+            &s,
+            "AD",
+            Some("MAIN"),
+            "http://ads.test/",
+            "http://ads.test",
+        );
+        s.apply(&event(
+            "WebMCP.toolsAdded",
+            json!({"tools": [
+                {"name": "hours", "frameId": "WIDGET"},
+                {"name": "buy_now", "frameId": "AD"},
+                {"name": "search", "frameId": "MAIN"},
+                {"name": "search", "frameId": "WIDGET"},
+                {"name": "orphan", "frameId": "UNKNOWN"}]}),
+        ));
+        assert_eq!(names(&s), ["search", "hours"], "the main frame's name wins");
+        let offered = s.lock().offered("MAIN", false)[1].frame_id.clone();
+        assert_eq!(offered, "WIDGET");
+        // The widget loads another document: its tools went with the old one.
+        navigated(
+            &s,
+            "WIDGET",
+            Some("MAIN"),
+            "http://127.0.0.1:8080/x.html",
+            "http://127.0.0.1:8080",
+        );
+        assert_eq!(names(&s), ["search"]);
+        s.apply(&event(
+            "WebMCP.toolsAdded",
+            json!({"tools": [{"name": "hours", "frameId": "WIDGET"}]}),
+        ));
+        s.apply(&event("Page.frameDetached", json!({"frameId": "WIDGET"})));
+        assert_eq!(names(&s), ["search"]);
+    }
+
+    #[test]
+    fn debugging_tools_and_forms_are_read_from_their_annotations() {
+        let s = shared();
+        s.apply(&event(
+            "WebMCP.toolsAdded",
+            json!({"tools": [
+                {"name": "dump", "frameId": "MAIN", "annotations": {"debugging": true}},
+                {"name": "book", "frameId": "MAIN", "backendNodeId": 7,
+                 "inputSchema": {"type": "object", "properties": {"guest": {"type": "string"}}}},
+                {"name": "find", "frameId": "MAIN", "backendNodeId": 9,
+                 "annotations": {"autosubmit": true, "consequential": true}}]}),
+        ));
+        assert_eq!(names(&s), ["book", "find"]);
+        let state = s.lock();
+        assert_eq!(state.offered("MAIN", true).len(), 3);
+        let book = &state.tools[1];
+        assert!(book.declarative && !book.autosubmit && book.form_node == Some(7));
+        let find = &state.tools[2];
+        assert!(find.autosubmit && find.definition.annotations.consequential);
+    }
+
+    #[test]
+    fn page_schemas_are_closed_to_the_keys_they_list() {
+        let mut schema = json!({"type": "object", "properties": {
+            "door": {"type": "string"},
+            "address": {"type": "object", "properties": {"street": {"type": "string"}}},
+            "tags": {"type": "array", "items": {"type": "object", "properties": {"t": {}}}},
+            "extra": {"type": "object", "additionalProperties": {"type": "string"}}
+        }});
+        close_schema(&mut schema, true);
+        assert_eq!(schema["additionalProperties"], false);
+        assert_eq!(
+            schema["properties"]["address"]["additionalProperties"],
+            false
+        );
+        assert_eq!(
+            schema["properties"]["tags"]["items"]["additionalProperties"],
+            false
+        );
+        assert_eq!(
+            schema["properties"]["extra"]["additionalProperties"],
+            json!({"type": "string"}),
+            "a schema that says what else it takes keeps it"
+        );
+        let mut bare = json!({"type": "object"});
+        close_schema(&mut bare, true);
+        assert_eq!(
+            bare,
+            json!({"type": "object", "properties": {}, "additionalProperties": false})
+        );
+        let refused = wma_agent::validate_args(&schema, &json!({"door": "back", "door_name": "x"}));
+        assert!(
+            matches!(&refused, Err(wma_agent::ArgsError::Invalid(m)) if m.contains("\"door_name\"")),
+            "{refused:?}"
+        );
+    }
+
+    #[test]
+    fn a_form_that_refuses_its_input_is_the_arguments_fault() {
+        let refused = Responded {
+            status: "Error".into(),
+            output: None,
+            error_text: Some(
+                "Input contains a parameter \"door_name\" but there is no such parameter for the tool".into(),
+            ),
+            exception: None,
+        };
+        let error = form_answer("book", refused, "http://h/", "http://h/").unwrap_err();
+        assert_eq!(error.code, ToolErrorCode::InvalidArguments);
+        assert!(error.message.contains("\"door_name\""), "{error:?}");
+        assert_eq!(
+            form_answer("book", completed(json!([])), "http://h/", "http://h/thanks").unwrap(),
+            "The form of book was submitted; the page is now http://h/thanks."
+        );
+        let data = json!([{"@type": "Reservation", "reservationId": "R-1"}]);
+        assert_eq!(
+            form_answer(
+                "book",
+                completed(data.clone()),
+                "http://h/",
+                "http://h/done"
+            )
+            .unwrap(),
+            data.to_string()
+        );
     }
 
     #[test]
