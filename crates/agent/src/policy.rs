@@ -1848,6 +1848,13 @@ impl PolicyState {
             .collect()
     }
 
+    /// Whether the last step changed something with success, in a tool set
+    /// that annotates its lookups (one that annotates nothing says nothing
+    /// of what its tools change).
+    pub(crate) fn acted_last_step(&self) -> bool {
+        self.just_acted.is_some() && !self.read_only.is_empty()
+    }
+
     /// Whether the tool was annotated read-only this step.
     pub(crate) fn is_read_only(&self, name: &str) -> bool {
         self.read_only.iter().any(|n| n == name)

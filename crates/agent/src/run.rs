@@ -784,7 +784,13 @@ impl<P: Provider + 'static> Run<P> {
         // call, and a call where no tool fits is always wrong; a model that
         // gave a call almost no weight was explaining, not handing the work
         // back.
-        if is_action_request(&self.request_text) && tells_user_to_act(text, &plan.shown) {
+        // Right after a change succeeded, a reply that asks the person to
+        // press something speaks of what the change left to them (a form
+        // filled and waiting for their submit), not of a tool to call.
+        if is_action_request(&self.request_text)
+            && !self.rules.acted_last_step()
+            && tells_user_to_act(text, &plan.shown)
+        {
             match generation
                 .call_probability
                 .filter(|&p| self.explaining(Some(p)))

@@ -195,7 +195,10 @@ async fn a_filled_form_ends_the_run_without_calling_again() {
     let page = Conformance::open().await;
     let provider = ScriptedProvider::new([
         call("book_table", json!({"guest": "Ada", "party": "2"})),
-        "The form is filled in for Ada, two people; it waits for your confirmation on the page."
+        // The natural reply hands the last step to the person ("press"):
+        // right after the tool succeeded, that is no reason to call it
+        // again.
+        "The form is filled in for Ada, two people: please press the Book button on the page to confirm."
             .to_string(),
     ]);
     let request = AgentRunRequest::new(
