@@ -52,6 +52,11 @@ pub const PLACEHOLDERS: &[&str] = &["{workdir}", "{site}", "{node}", "{npm}", "{
 /// scenario.
 pub const PYTHON_PEERS: &str = "peers";
 
+/// The `tool` of a `called` check that stands for every tool and
+/// sub-agent: with `absent = true`, the run made no call at all (a question
+/// answered from what the model knows).
+pub const ANY_TOOL: &str = "*";
+
 /// The keys of a scenario file besides `[[task]]` and `domain`: the config
 /// tables a task's runtime is made of.
 const CONFIG_KEYS: &[&str] = &["tools", "agents", "delegation"];
@@ -947,8 +952,16 @@ fn build_check(raw: RawCheck, config: &Config, known: Option<&[String]>) -> Resu
         }
         CheckKind::Called => {
             let tool = raw.tool.ok_or("a called check needs `tool`")?;
-            known_tool(&tool)?;
             let absent = raw.absent.unwrap_or(false);
+            if tool == ANY_TOOL {
+                if !absent {
+                    return Err(format!(
+                        "`tool = \"{ANY_TOOL}\"` only goes with `absent = true` (no call at all)"
+                    ));
+                }
+            } else {
+                known_tool(&tool)?;
+            }
             if absent && !raw.arguments_contain.is_empty() {
                 return Err("a tool that must not be called has no arguments to test".to_string());
             }
@@ -1738,27 +1751,38 @@ impl State<'_> {
                 arguments_contain,
                 absent,
             } => {
-                let calls: Vec<String> = self
+                // (name, lowercased JSON arguments) of every call it counts.
+                let calls: Vec<(&str, String)> = self
                     .parts
                     .iter()
                     .filter_map(|p| match &p.part {
                         AgentStreamPart::ToolCall {
                             name, arguments, ..
-                        } if name == tool => Some(arguments.to_string().to_lowercase()),
+                        } if name == tool || tool == ANY_TOOL => {
+                            Some((name.as_str(), arguments.to_string().to_lowercase()))
+                        }
                         _ => None,
                     })
                     .collect();
+                let listed = || {
+                    calls
+                        .iter()
+                        .map(|(name, args)| format!("{name} {args}"))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                };
+                let what = if tool == ANY_TOOL { "a tool" } else { tool };
                 if *absent {
                     return if calls.is_empty() {
                         Ok(())
                     } else {
-                        Err(format!("{tool} was called ({})", calls.join("; ")))
+                        Err(format!("{what} was called ({})", listed()))
                     };
                 }
                 if calls.is_empty() {
-                    return Err(format!("{tool} was not called"));
+                    return Err(format!("{what} was not called"));
                 }
-                let fits = calls.iter().any(|args| {
+                let fits = calls.iter().any(|(_, args)| {
                     arguments_contain
                         .iter()
                         .all(|want| args.contains(&want.to_lowercase()))
@@ -1768,7 +1792,7 @@ impl State<'_> {
                 } else {
                     Err(format!(
                         "no call of {tool} has {arguments_contain:?} ({})",
-                        calls.join("; ")
+                        listed()
                     ))
                 }
             }
