@@ -1077,6 +1077,10 @@ pub struct TaskRun {
     /// Calls of tools that change things (not annotated read-only), as
     /// `name {arguments}`.
     pub changes: Vec<String>,
+    /// What the tools (and sub-agents) answered, by any agent, in order.
+    pub results: Vec<String>,
+    /// The calls that failed, as `name: error`.
+    pub tool_errors: Vec<String>,
     /// The checks that failed, with why.
     pub failures: Vec<String>,
     /// What kept the run from being made or finishing (a server that did
@@ -1612,6 +1616,10 @@ pub fn summarize(
                     run.changes.push(call.clone());
                 }
                 run.calls.push(call);
+            }
+            AgentStreamPart::ToolResult { output, .. } => run.results.push(output.clone()),
+            AgentStreamPart::ToolError { name, error, .. } => {
+                run.tool_errors.push(format!("{name}: {error}"));
             }
             AgentStreamPart::Text { text } if tagged.depth == 0 => answer.push(text.clone()),
             AgentStreamPart::Finish { reason } if tagged.depth == 0 => {
