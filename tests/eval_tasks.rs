@@ -11,7 +11,7 @@ use futures::StreamExt;
 use serde_json::json;
 use webmcp_agents::agent::Policy;
 use webmcp_agents::eval::tasks::{
-    Check, GoldStep, Half, Task, load_file, load_tasks, report, run_suite, run_task,
+    Check, GoldStep, Half, Task, load_file, load_tasks, replay_gold, report, run_suite, run_task,
 };
 use webmcp_agents::usage::UsageMeter;
 use wma_testkit::ScriptedProvider;
@@ -285,59 +285,54 @@ fn answer_facts(task: &Task) -> Vec<String> {
         .collect()
 }
 
-/// Every task is solvable by construction: its gold solution, given by a
-/// scripted model to the loop under the reference policy, runs through
-/// the task's real tool sources (the MCP servers, Chromium, the Rust tool
-/// sets) and passes every check. Each gold call succeeds, and the facts
-/// an answer must contain come out of the tools' results (or the
-/// request), not only out of the gold answer's own words. A task whose
+/// Every task is solvable by construction: its gold solution, replayed
+/// with no model and no loop (`replay_gold`), runs through the task's real
+/// sources (the MCP servers, Chromium, the Rust tool sets) and passes every
+/// check. Each gold call succeeds with arguments its tool's schema takes,
+/// and the facts an answer must contain come out of the tools' results (or
+/// the request), not only out of the gold answer's own words. A task whose
 /// check cannot pass, whose server is missing or answers otherwise, fails
 /// here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_task_is_solved_by_its_gold_solution() {
     let tasks = load_tasks(&tasks_dir()).unwrap_or_else(|e| panic!("{e}"));
-    let policy = Policy::reference();
     // A few at a time: each run starts its own servers (and browser).
     let failures: Vec<String> = futures::stream::iter(tasks.iter())
-        .map(|task| {
-            let policy = policy.clone();
-            async move {
-                let run = run_task(task, &policy, &model(&task.gold_replies())).await;
-                let mut wrong = Vec::new();
-                if let Some(e) = &run.error {
-                    wrong.push(format!("could not run: {e}"));
-                }
-                wrong.extend(run.failures.iter().cloned());
-                let gold_calls = task
-                    .gold
-                    .iter()
-                    .filter(|s| matches!(s, GoldStep::Call { .. }))
-                    .count();
-                if run.calls.len() != gold_calls {
-                    wrong.push(format!(
-                        "{} of {gold_calls} gold calls made: {:?}",
-                        run.calls.len(),
-                        run.calls
-                    ));
-                }
-                if !run.tool_errors.is_empty() {
-                    wrong.push(format!("gold calls failed: {:?}", run.tool_errors));
-                }
-                if gold_calls > 0 {
-                    let seen =
-                        format!("{}\n{}", task.request, run.results.join("\n")).to_lowercase();
-                    for fact in answer_facts(task) {
-                        if !seen.contains(&fact.to_lowercase()) {
-                            wrong.push(format!(
-                                "the answer's {fact:?} is in no tool result: {:?}",
-                                run.results
-                            ));
-                        }
+        .map(|task| async move {
+            let run = replay_gold(task).await;
+            let mut wrong = Vec::new();
+            if let Some(e) = &run.error {
+                wrong.push(format!("could not run: {e}"));
+            }
+            wrong.extend(run.failures.iter().cloned());
+            let gold_calls = task
+                .gold
+                .iter()
+                .filter(|s| matches!(s, GoldStep::Call { .. }))
+                .count();
+            if run.calls.len() != gold_calls {
+                wrong.push(format!(
+                    "{} of {gold_calls} gold calls made: {:?}",
+                    run.calls.len(),
+                    run.calls
+                ));
+            }
+            if !run.tool_errors.is_empty() {
+                wrong.push(format!("gold calls failed: {:?}", run.tool_errors));
+            }
+            if gold_calls > 0 {
+                let seen = format!("{}\n{}", task.request, run.results.join("\n")).to_lowercase();
+                for fact in answer_facts(task) {
+                    if !seen.contains(&fact.to_lowercase()) {
+                        wrong.push(format!(
+                            "the answer's {fact:?} is in no tool result: {:?}",
+                            run.results
+                        ));
                     }
                 }
-                (!wrong.is_empty())
-                    .then(|| format!("{}/{}: {}", task.domain, task.name, wrong.join("; ")))
             }
+            (!wrong.is_empty())
+                .then(|| format!("{}/{}: {}", task.domain, task.name, wrong.join("; ")))
         })
         .buffer_unordered(3)
         .filter_map(|f| async move { f })
@@ -352,21 +347,25 @@ async fn every_task_is_solved_by_its_gold_solution() {
     );
 }
 
-/// A gold solution that does the wrong thing fails its task: the replay
-/// is a check, not a formality.
+/// A gold solution that does the wrong thing fails its task, and one that
+/// calls a tool its agent does not have cannot be replayed: the replay is
+/// a check, not a formality.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wrong_gold_solution_fails_its_task() {
-    let task = one_task(&format!(
-        "{TODO}[[task]]\nname = \"plants\"\nrequest = \"Add water the plants to my list\"\n[[task.gold]]\ncall = \"add_todo\"\narguments = {{ title = \"Feed the cat\" }}\n[[task.check]]\nkind = \"tool\"\ncall = \"list_todos\"\ncontains = [\"plants\"]\n"
-    ));
-    assert_eq!(
-        task.gold_replies(),
-        vec![
-            call("add_todo", json!({"title": "Feed the cat"})),
-            "Done.".to_string()
-        ]
-    );
-    let run = run_task(&task, &Policy::reference(), &model(&task.gold_replies())).await;
+    let gold = |steps: &str| {
+        one_task(&format!(
+            "{TODO}[[task]]\nname = \"plants\"\nrequest = \"Add water the plants to my list\"\n{steps}[[task.check]]\nkind = \"tool\"\ncall = \"list_todos\"\ncontains = [\"plants\"]\n"
+        ))
+    };
+    let right =
+        gold("[[task.gold]]\ncall = \"add_todo\"\narguments = { title = \"Water the plants\" }\n");
+    let run = replay_gold(&right).await;
+    assert!(run.solved, "{:?} {:?}", run.failures, run.error);
+    assert_eq!(run.calls.len(), 1, "{:?}", run.calls);
+
+    let wrong =
+        gold("[[task.gold]]\ncall = \"add_todo\"\narguments = { title = \"Feed the cat\" }\n");
+    let run = replay_gold(&wrong).await;
     assert!(!run.solved);
     assert!(
         run.failures[0].contains("lacks \"plants\""),
@@ -374,9 +373,44 @@ async fn a_wrong_gold_solution_fails_its_task() {
         run.failures
     );
 
+    let bad_arguments =
+        gold("[[task.gold]]\ncall = \"add_todo\"\narguments = { name = \"Water the plants\" }\n");
+    let run = replay_gold(&bad_arguments).await;
+    assert!(!run.solved);
+    assert!(run.calls.is_empty(), "{:?}", run.calls);
+    assert_eq!(run.tool_errors.len(), 1, "{:?}", run.tool_errors);
+
     let e = load_file(&scenario(&format!(
         "{TODO}[[task]]\nname = \"t\"\nrequest = \"hi\"\n[[task.gold]]\ncall = \"add_todos\"\n[[task.check]]\nkind = \"answer\"\ncontains = [\"x\"]\n"
     )))
     .unwrap_err();
     assert!(e.contains("gold 1") && e.contains("add_todos"), "{e}");
+}
+
+/// In a team, a helper's gold steps run with the helper's tools, and its
+/// reply is what its parent's call of it returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gold_solution_delegates_through_the_helpers_tools() {
+    let team = "domain = \"team\"\n[tools.todo]\nkind = \"native\"\nbuiltins = [\"todo\"]\n[agents.boss]\nsub_agents = [\"helper\"]\n[agents.helper]\ndescription = \"Keeps the list.\"\ntools = [\"todo\"]\n[[task]]\nname = \"t\"\nagent = \"boss\"\nrequest = \"Add milk\"\n";
+    let checks = "[[task.check]]\nkind = \"tool\"\ncall = \"list_todos\"\ncontains = [\"oat milk\"]\n[[task.check]]\nkind = \"called\"\ntool = \"helper\"\narguments_contain = [\"oat\"]\n";
+    let task = one_task(&format!(
+        "{team}[[task.gold]]\ncall = \"helper\"\narguments = {{ task = \"Add oat milk\" }}\n[[task.gold]]\ncall = \"add_todo\"\narguments = {{ title = \"Oat milk\" }}\n[[task.gold]]\nreply = \"Added.\"\n{checks}"
+    ));
+    let run = replay_gold(&task).await;
+    assert!(run.solved, "{:?} {:?}", run.failures, run.error);
+    assert_eq!(run.results.len(), 2, "{:?}", run.results);
+    assert!(run.results[0].contains("\"t-5\""), "{:?}", run.results);
+    assert_eq!(run.results[1], "Added.");
+
+    // The parent has no tools of its own: the same call made by it fails.
+    let task = one_task(&format!(
+        "{team}[[task.gold]]\ncall = \"add_todo\"\narguments = {{ title = \"Oat milk\" }}\n{checks}"
+    ));
+    let run = replay_gold(&task).await;
+    assert!(!run.solved);
+    assert!(
+        run.tool_errors[0].contains("no tool or helper"),
+        "{:?}",
+        run.tool_errors
+    );
 }

@@ -392,10 +392,11 @@ pub struct Task {
     pub checks: Vec<Check>,
     /// Its half of the suite.
     pub half: Half,
-    /// A solution that passes every check: the replies, in order, of the
-    /// agents that solve it (the top agent's calls, a helper's calls and
-    /// answer, ...), before [`Task::gold_answer`]. Empty: none given, or
-    /// the task is solved by an answer alone.
+    /// A solution that passes every check ([`replay_gold`] replays it):
+    /// the steps, in order, of the agents that solve it (the top agent's
+    /// calls, a helper's calls and answer, ...), before
+    /// [`Task::gold_answer`]. Empty: none given, or the task is solved by
+    /// an answer alone.
     pub gold: Vec<GoldStep>,
     /// The top agent's final answer in the gold solution.
     pub gold_answer: Option<String>,
@@ -415,29 +416,6 @@ impl Task {
     /// Whether the task has a gold solution (calls, an answer, or both).
     pub fn has_gold(&self) -> bool {
         !self.gold.is_empty() || self.gold_answer.is_some()
-    }
-
-    /// The gold solution as the replies a model would give, in order: each
-    /// call as the JSON object the loop reads (`{"name": …, "arguments":
-    /// …}`), each reply as its text, then the final answer (`Done.` when
-    /// none is given). A scripted provider giving these solves the task.
-    pub fn gold_replies(&self) -> Vec<String> {
-        let mut replies: Vec<String> = self
-            .gold
-            .iter()
-            .map(|step| match step {
-                GoldStep::Call { name, arguments } => {
-                    serde_json::json!({"name": name, "arguments": arguments}).to_string()
-                }
-                GoldStep::Reply(text) => text.clone(),
-            })
-            .collect();
-        replies.push(
-            self.gold_answer
-                .clone()
-                .unwrap_or_else(|| "Done.".to_string()),
-        );
-        replies
     }
 }
 
@@ -1205,6 +1183,8 @@ pub enum Driver<'a> {
     Loop(Policy),
     /// No loop: this served model's own tool calling ([`run_task_direct`]).
     Direct(&'a OpenAiProvider),
+    /// No model: the task's gold solution, replayed ([`replay_gold`]).
+    Gold,
 }
 
 impl Driver<'_> {
@@ -1213,12 +1193,33 @@ impl Driver<'_> {
         match self {
             Self::Loop(policy) => policy.base.as_str(),
             Self::Direct(_) => DIRECT,
+            Self::Gold => GOLD,
         }
     }
 }
 
 /// The column name of [`Driver::Direct`].
 pub const DIRECT: &str = "direct";
+
+/// The column name of [`Driver::Gold`].
+pub const GOLD: &str = "gold";
+
+/// Replays a task's gold solution with no model and no loop: each gold
+/// call runs as it is written through the task's real sources (the tools
+/// of the agent whose turn it is, its arguments checked against the tool's
+/// schema as a host checks them), a call of a sub-agent opens that
+/// helper's turn until its gold `reply`, which is the call's result, and
+/// the gold answer ends the run. The run is read and checked exactly as a
+/// model's, so a task whose gold solution does not pass its checks cannot
+/// be solved as written: a server that answers otherwise, a check that
+/// cannot pass, a tool that is not where the task needs it.
+pub async fn replay_gold(task: &Task) -> TaskRun {
+    // The runtime's agents need a provider; the replay never asks it.
+    let idle = Arc::new(UsageMeter::new(Arc::new(wma_agent::ScriptedProvider::new(
+        Vec::<String>::new(),
+    ))));
+    run_task_with(task, &Driver::Gold, &idle).await
+}
 
 /// A task run with no loop around the model, the baseline the loop is
 /// measured against: the served model gets the agent's instructions, the
@@ -1289,7 +1290,13 @@ async fn run_task_with<P: Provider + ?Sized + 'static>(
                 max_steps: agent.max_steps,
             })
         }
+        Driver::Gold => None,
     };
+    let sub_agents: BTreeMap<String, Vec<String>> = config
+        .agents
+        .iter()
+        .map(|a| (a.name.clone(), a.sub_agents.clone()))
+        .collect();
     // The suite's model, shared by every run, replaces the placeholder.
     config.providers.clear();
     let mut natives = Vec::new();
@@ -1311,9 +1318,10 @@ async fn run_task_with<P: Provider + ?Sized + 'static>(
         Ok(r) => r,
         Err(e) => return TaskRun::failed(format!("the runtime did not start: {e}")),
     };
-    let outcome = match direct {
-        None => run_started(task, &runtime, &shops, &work, provider).await,
-        Some(direct) => run_started_direct(task, &runtime, &shops, &work, &direct).await,
+    let outcome = match (driver, direct) {
+        (Driver::Gold, _) => run_started_gold(task, &runtime, &shops, &work, &sub_agents).await,
+        (_, None) => run_started(task, &runtime, &shops, &work, provider).await,
+        (_, Some(direct)) => run_started_direct(task, &runtime, &shops, &work, &direct).await,
     };
     runtime.shutdown().await;
     drop(site);
@@ -1412,6 +1420,177 @@ async fn judge(
     }
     run.solved = run.failures.is_empty();
     run
+}
+
+async fn run_started_gold(
+    task: &Task,
+    runtime: &wma_runtime::Runtime,
+    shops: &[(String, Shop)],
+    work: &WorkDir,
+    sub_agents: &BTreeMap<String, Vec<String>>,
+) -> TaskRun {
+    let before = runtime.tools().list_tools().await;
+    if before.is_empty() {
+        return TaskRun::failed(
+            "no tool source offered any tool (a server or browser did not start?)".to_string(),
+        );
+    }
+    let started = Instant::now();
+    let parts = gold_parts(task, runtime, sub_agents).await;
+    let time = started.elapsed();
+    judge(
+        task,
+        runtime,
+        shops,
+        work,
+        &parts,
+        &before,
+        time,
+        Usage::default(),
+    )
+    .await
+}
+
+/// The parts of a replayed gold solution (see [`replay_gold`]).
+async fn gold_parts(
+    task: &Task,
+    runtime: &wma_runtime::Runtime,
+    sub_agents: &BTreeMap<String, Vec<String>>,
+) -> Vec<TaggedPart> {
+    let mut parts = Vec::new();
+    // The helpers whose turn is open, innermost last: (call id, name).
+    let mut open: Vec<(String, String)> = Vec::new();
+    let mut step = 0;
+    let cancel = CancellationToken::new();
+    let fail = |parts: &mut Vec<TaggedPart>, message: String| {
+        parts.push(TaggedPart::new(
+            task.agent.clone(),
+            0,
+            AgentStreamPart::Error { message },
+        ));
+    };
+    for (i, gold) in task.gold.iter().enumerate() {
+        let depth = open.len() as u32;
+        let agent = open
+            .last()
+            .map_or_else(|| task.agent.clone(), |(_, name)| name.clone());
+        let part = |p| TaggedPart::new(agent.clone(), depth, p);
+        step += 1;
+        parts.push(part(AgentStreamPart::MessageStart { step }));
+        match gold {
+            GoldStep::Call { name, arguments } => {
+                let call_id = format!("gold-{}", i + 1);
+                if sub_agents
+                    .get(&agent)
+                    .is_some_and(|subs| subs.contains(name))
+                {
+                    parts.push(part(AgentStreamPart::ToolCall {
+                        call_id: call_id.clone(),
+                        name: name.clone(),
+                        arguments: arguments.clone(),
+                    }));
+                    open.push((call_id, name.clone()));
+                    continue;
+                }
+                let tools = match runtime.tools_of(&agent) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        fail(&mut parts, e.to_string());
+                        return parts;
+                    }
+                };
+                let offered = tools.list_tools().await;
+                let outcome = match offered.iter().find(|t| &t.name == name) {
+                    None => Err(ToolError::new(
+                        ToolErrorCode::UnknownTool,
+                        format!("`{agent}` has no tool or helper `{name}`"),
+                    )),
+                    Some(tool) => match validate_args(&tool.input_schema, arguments) {
+                        Err(why) => Err(ToolError::new(
+                            ToolErrorCode::InvalidArguments,
+                            why.to_string(),
+                        )),
+                        Ok(()) => {
+                            parts.push(part(AgentStreamPart::ToolCall {
+                                call_id: call_id.clone(),
+                                name: name.clone(),
+                                arguments: arguments.clone(),
+                            }));
+                            tools
+                                .call_tool(name, arguments.clone(), cancel.clone())
+                                .await
+                        }
+                    },
+                };
+                parts.push(part(match outcome {
+                    Ok(output) => AgentStreamPart::ToolResult {
+                        call_id,
+                        name: name.clone(),
+                        output,
+                    },
+                    Err(error) => AgentStreamPart::ToolError {
+                        call_id,
+                        name: name.clone(),
+                        error,
+                    },
+                }));
+            }
+            GoldStep::Reply(text) => {
+                let Some((call_id, helper)) = open.pop() else {
+                    fail(
+                        &mut parts,
+                        format!("gold step {}: a reply with no helper's turn open", i + 1),
+                    );
+                    return parts;
+                };
+                parts.push(part(AgentStreamPart::Text { text: text.clone() }));
+                parts.push(part(AgentStreamPart::Finish {
+                    reason: FinishReason::Stop,
+                }));
+                let parent = open
+                    .last()
+                    .map_or_else(|| task.agent.clone(), |(_, name)| name.clone());
+                parts.push(TaggedPart::new(
+                    parent,
+                    depth - 1,
+                    AgentStreamPart::ToolResult {
+                        call_id,
+                        name: helper,
+                        output: text.clone(),
+                    },
+                ));
+            }
+        }
+    }
+    if let Some((_, helper)) = open.last() {
+        fail(
+            &mut parts,
+            format!("`{helper}` was asked and never replied in the gold solution"),
+        );
+        return parts;
+    }
+    let answer = task
+        .gold_answer
+        .clone()
+        .unwrap_or_else(|| "Done.".to_string());
+    parts.push(TaggedPart::new(
+        task.agent.clone(),
+        0,
+        AgentStreamPart::MessageStart { step: step + 1 },
+    ));
+    parts.push(TaggedPart::new(
+        task.agent.clone(),
+        0,
+        AgentStreamPart::Text { text: answer },
+    ));
+    parts.push(TaggedPart::new(
+        task.agent.clone(),
+        0,
+        AgentStreamPart::Finish {
+            reason: FinishReason::Stop,
+        },
+    ));
+    parts
 }
 
 /// What a direct run needs of the agent and the server.
