@@ -414,3 +414,33 @@ async fn a_gold_solution_delegates_through_the_helpers_tools() {
         run.tool_errors
     );
 }
+
+/// `called` with `tool = "*"` and `absent = true` passes only when no tool
+/// and no helper was called: a question answered from what the model knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_call_at_all_is_checked_with_the_any_tool_check() {
+    let task = one_task(&format!(
+        "{TODO}[[task]]\nname = \"capital\"\nrequest = \"What is the capital of France?\"\ngold_answer = \"Paris\"\n[[task.check]]\nkind = \"answer\"\ncontains = [\"Paris\"]\n[[task.check]]\nkind = \"called\"\ntool = \"*\"\nabsent = true\n"
+    ));
+    let policy = Policy::reference();
+    let run = run_task(&task, &policy, &model(&["Paris.".into()])).await;
+    assert!(run.solved, "{:?}", run.failures);
+
+    let looked = model(&[
+        call("find_todos", json!({"query": "France"})),
+        "Paris.".into(),
+    ]);
+    let run = run_task(&task, &policy, &looked).await;
+    assert!(!run.solved);
+    assert!(
+        run.failures[0].contains("a tool was called (find_todos"),
+        "{:?}",
+        run.failures
+    );
+
+    let e = load_file(&scenario(&format!(
+        "{TODO}[[task]]\nname = \"t\"\nrequest = \"hi\"\n[[task.check]]\nkind = \"called\"\ntool = \"*\"\n"
+    )))
+    .unwrap_err();
+    assert!(e.contains("only goes with `absent = true`"), "{e}");
+}

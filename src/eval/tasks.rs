@@ -1345,7 +1345,7 @@ async fn run_started<P: Provider + ?Sized + 'static>(
     let bridge = runtime.tools();
     // Listing connects every source (servers start, pages open) before the
     // clock starts, and tells a source that did not come up.
-    let before = bridge.list_tools().await;
+    let before = list_settled(&bridge).await;
     if before.is_empty() {
         return TaskRun::failed(
             "no tool source offered any tool (a server or browser did not start?)".to_string(),
@@ -1378,6 +1378,26 @@ async fn run_started<P: Provider + ?Sized + 'static>(
     let time = started.elapsed();
     let usage = Usage::of(&provider.take());
     judge(task, runtime, shops, work, &parts, &before, time, usage).await
+}
+
+/// The listings a run's start makes at most, until every source is up.
+const SETTLE_LISTINGS: usize = 4;
+
+/// Lists the tools until the list stops growing (at most
+/// [`SETTLE_LISTINGS`] times): a listing gives up on a source that has not
+/// answered within its deadline, and a slow server (a Python one on a busy
+/// machine) may come up only on the next. A list that did not grow is
+/// complete: the sources that were up answer again at once.
+async fn list_settled(host: &dyn ToolHost) -> Vec<ToolDefinition> {
+    let mut tools = host.list_tools().await;
+    for _ in 1..SETTLE_LISTINGS {
+        let again = host.list_tools().await;
+        if again.len() <= tools.len() {
+            break;
+        }
+        tools = again;
+    }
+    tools
 }
 
 /// Reads a finished run's parts and checks the end state.
@@ -1429,7 +1449,7 @@ async fn run_started_gold(
     work: &WorkDir,
     sub_agents: &BTreeMap<String, Vec<String>>,
 ) -> TaskRun {
-    let before = runtime.tools().list_tools().await;
+    let before = list_settled(&runtime.tools()).await;
     if before.is_empty() {
         return TaskRun::failed(
             "no tool source offered any tool (a server or browser did not start?)".to_string(),
@@ -1611,7 +1631,7 @@ async fn run_started_direct(
         Ok(t) => t,
         Err(e) => return TaskRun::failed(e.to_string()),
     };
-    let before = tools.list_tools().await;
+    let before = list_settled(&tools).await;
     if before.is_empty() {
         return TaskRun::failed(
             "no tool source offered any tool (a server or browser did not start?)".to_string(),
