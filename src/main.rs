@@ -280,6 +280,11 @@ struct TasksArgs {
     /// Only this task; repeatable.
     #[arg(long = "task")]
     names: Vec<String>,
+    /// Only the tasks of this half of the suite: `dev` (the tasks rules are
+    /// chosen on), `test` (the held-out ones) or `all`. The tables give
+    /// each half's results and the gap between them either way.
+    #[arg(long, default_value = "all", value_parser = ["dev", "test", "all"])]
+    half: String,
     /// Also run every task with no loop: the served model of
     /// --provider-config on its own tool calling (its `tool_calls` run in
     /// order until it answers), in a `direct` column beside the policies.
@@ -681,21 +686,27 @@ async fn eval_shop(args: ShopArgs) -> Result<()> {
 
 async fn eval_tasks(mut args: TasksArgs) -> Result<()> {
     let mut tasks = eval::tasks::load_tasks(&args.tasks).map_err(anyhow::Error::msg)?;
+    let half: Option<eval::tasks::Half> = match args.half.as_str() {
+        "all" => None,
+        other => Some(other.parse().map_err(anyhow::Error::msg)?),
+    };
     tasks.retain(|t| {
         (args.domains.is_empty() || args.domains.contains(&t.domain))
             && (args.names.is_empty() || args.names.contains(&t.name))
+            && half.is_none_or(|h| t.half == h)
     });
     if tasks.is_empty() {
         bail!(
-            "no task of {} fits --domain and --task",
+            "no task of {} fits --domain, --task and --half",
             args.tasks.display()
         );
     }
     for name in &args.names {
         if !tasks.iter().any(|t| &t.name == name) {
             bail!(
-                "there is no task named `{name}` in {}",
-                args.tasks.display()
+                "there is no task named `{name}` in {} (of --half {})",
+                args.tasks.display(),
+                args.half
             );
         }
     }
@@ -735,8 +746,16 @@ async fn eval_tasks(mut args: TasksArgs) -> Result<()> {
     let total = tasks.len() * drivers.len() * args.runs;
     let mut done = 0;
     eprintln!(
-        "{} tasks x {} drivers x {} runs, {}",
+        "{} tasks ({} dev, {} test) x {} drivers x {} runs, {}",
         tasks.len(),
+        tasks
+            .iter()
+            .filter(|t| t.half == eval::tasks::Half::Dev)
+            .count(),
+        tasks
+            .iter()
+            .filter(|t| t.half == eval::tasks::Half::Test)
+            .count(),
         drivers.len(),
         args.runs,
         if args.model.temperature > 0.0 {
@@ -763,9 +782,10 @@ async fn eval_tasks(mut args: TasksArgs) -> Result<()> {
                 run.calls.join("; ")
             };
             eprintln!(
-                "[{done}/{total}] {}/{} ({policy}, run {i}): {verdict} [{} steps, {:.1} s, ended {}; {calls}]",
+                "[{done}/{total}] {}/{} ({}, {policy}, run {i}): {verdict} [{} steps, {:.1} s, ended {}; {calls}]",
                 task.domain,
                 task.name,
+                task.half,
                 run.steps,
                 run.time.as_secs_f64(),
                 run.end

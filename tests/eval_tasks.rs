@@ -1,14 +1,18 @@
-//! The task suite: every scenario in configs/tasks loads and validates, and
-//! the checks tell a right end state from a wrong one (run with scripted
-//! models, so no model is needed).
+//! The task suite: every scenario in configs/tasks loads and validates,
+//! every task is solvable (its gold solution, replayed through the real
+//! tool sources, passes its checks), and the checks tell a right end state
+//! from a wrong one (run with scripted models, so no model is needed).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use futures::StreamExt;
 use serde_json::json;
 use webmcp_agents::agent::Policy;
-use webmcp_agents::eval::tasks::{Task, load_file, load_tasks, report, run_suite, run_task};
+use webmcp_agents::eval::tasks::{
+    Check, GoldStep, Half, Task, load_file, load_tasks, replay_gold, report, run_suite, run_task,
+};
 use webmcp_agents::usage::UsageMeter;
 use wma_testkit::ScriptedProvider;
 
@@ -57,11 +61,23 @@ tools = ["todo"]
 #[test]
 fn every_scenario_loads_and_the_suite_spans_its_domains() {
     let tasks = load_tasks(&tasks_dir()).unwrap_or_else(|e| panic!("{e}"));
-    assert!(tasks.len() >= 30, "{} tasks", tasks.len());
+    assert!(tasks.len() >= 100, "{} tasks", tasks.len());
+    // Both halves are sizeable: neither is a token sample of the other.
+    for half in Half::ALL {
+        let n = tasks.iter().filter(|t| t.half == half).count();
+        assert!(
+            n * 3 >= tasks.len(),
+            "{n} of {} tasks in {half}",
+            tasks.len()
+        );
+    }
+    for task in &tasks {
+        assert!(task.has_gold(), "{} has no gold solution", task.name);
+    }
     let mut domains: Vec<&str> = tasks.iter().map(|t| t.domain.as_str()).collect();
     domains.sort();
     domains.dedup();
-    assert!(domains.len() >= 5, "{domains:?}");
+    assert!(domains.len() >= 10, "{domains:?}");
     let shop = tasks.iter().filter(|t| t.domain == "shop").count();
     assert!(
         shop * 5 <= tasks.len(),
@@ -240,9 +256,191 @@ async fn a_task_that_cannot_start_is_an_error_in_its_row_and_the_suite_goes_on()
     );
     let table = report(&results);
     assert!(
-        table.contains("| broken (files) | 0/1 (1 error) |"),
+        table.contains(&format!(
+            "| broken (files, {}) | 0/1 (1 error) |",
+            Half::of("files", "broken")
+        )),
         "{table}"
     );
-    assert!(table.contains("| fine (todo) | 1/1 |"), "{table}");
+    assert!(
+        table.contains(&format!(
+            "| fine (todo, {}) | 1/1 |",
+            Half::of("todo", "fine")
+        )),
+        "{table}"
+    );
     assert!(table.contains("small-model solved 1/2 (50%)"), "{table}");
+}
+
+/// The text of a task's answer checks that must be in the answer (their
+/// `contains`).
+fn answer_facts(task: &Task) -> Vec<String> {
+    task.checks
+        .iter()
+        .filter_map(|c| match c {
+            Check::Answer(text) => Some(text.contains.clone()),
+            _ => None,
+        })
+        .flatten()
+        .collect()
+}
+
+/// Every task is solvable by construction: its gold solution, replayed
+/// with no model and no loop (`replay_gold`), runs through the task's real
+/// sources (the MCP servers, Chromium, the Rust tool sets) and passes every
+/// check. Each gold call succeeds with arguments its tool's schema takes,
+/// and the facts an answer must contain come out of the tools' results (or
+/// the request), not only out of the gold answer's own words. A task whose
+/// check cannot pass, whose server is missing or answers otherwise, fails
+/// here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_task_is_solved_by_its_gold_solution() {
+    let tasks = load_tasks(&tasks_dir()).unwrap_or_else(|e| panic!("{e}"));
+    // A few at a time: each run starts its own servers (and browser).
+    let failures: Vec<String> = futures::stream::iter(tasks.iter())
+        .map(|task| async move {
+            let run = replay_gold(task).await;
+            let mut wrong = Vec::new();
+            if let Some(e) = &run.error {
+                wrong.push(format!("could not run: {e}"));
+            }
+            wrong.extend(run.failures.iter().cloned());
+            let gold_calls = task
+                .gold
+                .iter()
+                .filter(|s| matches!(s, GoldStep::Call { .. }))
+                .count();
+            if run.calls.len() != gold_calls {
+                wrong.push(format!(
+                    "{} of {gold_calls} gold calls made: {:?}",
+                    run.calls.len(),
+                    run.calls
+                ));
+            }
+            if !run.tool_errors.is_empty() {
+                wrong.push(format!("gold calls failed: {:?}", run.tool_errors));
+            }
+            if gold_calls > 0 {
+                let seen = format!("{}\n{}", task.request, run.results.join("\n")).to_lowercase();
+                for fact in answer_facts(task) {
+                    if !seen.contains(&fact.to_lowercase()) {
+                        wrong.push(format!(
+                            "the answer's {fact:?} is in no tool result: {:?}",
+                            run.results
+                        ));
+                    }
+                }
+            }
+            (!wrong.is_empty())
+                .then(|| format!("{}/{}: {}", task.domain, task.name, wrong.join("; ")))
+        })
+        .buffer_unordered(3)
+        .filter_map(|f| async move { f })
+        .collect()
+        .await;
+    assert!(
+        failures.is_empty(),
+        "{} of {} tasks are not solved by their gold solution:\n{}",
+        failures.len(),
+        tasks.len(),
+        failures.join("\n")
+    );
+}
+
+/// A gold solution that does the wrong thing fails its task, and one that
+/// calls a tool its agent does not have cannot be replayed: the replay is
+/// a check, not a formality.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_gold_solution_fails_its_task() {
+    let gold = |steps: &str| {
+        one_task(&format!(
+            "{TODO}[[task]]\nname = \"plants\"\nrequest = \"Add water the plants to my list\"\n{steps}[[task.check]]\nkind = \"tool\"\ncall = \"list_todos\"\ncontains = [\"plants\"]\n"
+        ))
+    };
+    let right =
+        gold("[[task.gold]]\ncall = \"add_todo\"\narguments = { title = \"Water the plants\" }\n");
+    let run = replay_gold(&right).await;
+    assert!(run.solved, "{:?} {:?}", run.failures, run.error);
+    assert_eq!(run.calls.len(), 1, "{:?}", run.calls);
+
+    let wrong =
+        gold("[[task.gold]]\ncall = \"add_todo\"\narguments = { title = \"Feed the cat\" }\n");
+    let run = replay_gold(&wrong).await;
+    assert!(!run.solved);
+    assert!(
+        run.failures[0].contains("lacks \"plants\""),
+        "{:?}",
+        run.failures
+    );
+
+    let bad_arguments =
+        gold("[[task.gold]]\ncall = \"add_todo\"\narguments = { name = \"Water the plants\" }\n");
+    let run = replay_gold(&bad_arguments).await;
+    assert!(!run.solved);
+    assert!(run.calls.is_empty(), "{:?}", run.calls);
+    assert_eq!(run.tool_errors.len(), 1, "{:?}", run.tool_errors);
+
+    let e = load_file(&scenario(&format!(
+        "{TODO}[[task]]\nname = \"t\"\nrequest = \"hi\"\n[[task.gold]]\ncall = \"add_todos\"\n[[task.check]]\nkind = \"answer\"\ncontains = [\"x\"]\n"
+    )))
+    .unwrap_err();
+    assert!(e.contains("gold 1") && e.contains("add_todos"), "{e}");
+}
+
+/// In a team, a helper's gold steps run with the helper's tools, and its
+/// reply is what its parent's call of it returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gold_solution_delegates_through_the_helpers_tools() {
+    let team = "domain = \"team\"\n[tools.todo]\nkind = \"native\"\nbuiltins = [\"todo\"]\n[agents.boss]\nsub_agents = [\"helper\"]\n[agents.helper]\ndescription = \"Keeps the list.\"\ntools = [\"todo\"]\n[[task]]\nname = \"t\"\nagent = \"boss\"\nrequest = \"Add milk\"\n";
+    let checks = "[[task.check]]\nkind = \"tool\"\ncall = \"list_todos\"\ncontains = [\"oat milk\"]\n[[task.check]]\nkind = \"called\"\ntool = \"helper\"\narguments_contain = [\"oat\"]\n";
+    let task = one_task(&format!(
+        "{team}[[task.gold]]\ncall = \"helper\"\narguments = {{ task = \"Add oat milk\" }}\n[[task.gold]]\ncall = \"add_todo\"\narguments = {{ title = \"Oat milk\" }}\n[[task.gold]]\nreply = \"Added.\"\n{checks}"
+    ));
+    let run = replay_gold(&task).await;
+    assert!(run.solved, "{:?} {:?}", run.failures, run.error);
+    assert_eq!(run.results.len(), 2, "{:?}", run.results);
+    assert!(run.results[0].contains("\"t-5\""), "{:?}", run.results);
+    assert_eq!(run.results[1], "Added.");
+
+    // The parent has no tools of its own: the same call made by it fails.
+    let task = one_task(&format!(
+        "{team}[[task.gold]]\ncall = \"add_todo\"\narguments = {{ title = \"Oat milk\" }}\n{checks}"
+    ));
+    let run = replay_gold(&task).await;
+    assert!(!run.solved);
+    assert!(
+        run.tool_errors[0].contains("no tool or helper"),
+        "{:?}",
+        run.tool_errors
+    );
+}
+
+/// `called` with `tool = "*"` and `absent = true` passes only when no tool
+/// and no helper was called: a question answered from what the model knows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_call_at_all_is_checked_with_the_any_tool_check() {
+    let task = one_task(&format!(
+        "{TODO}[[task]]\nname = \"capital\"\nrequest = \"What is the capital of France?\"\ngold_answer = \"Paris\"\n[[task.check]]\nkind = \"answer\"\ncontains = [\"Paris\"]\n[[task.check]]\nkind = \"called\"\ntool = \"*\"\nabsent = true\n"
+    ));
+    let policy = Policy::reference();
+    let run = run_task(&task, &policy, &model(&["Paris.".into()])).await;
+    assert!(run.solved, "{:?}", run.failures);
+
+    let looked = model(&[
+        call("find_todos", json!({"query": "France"})),
+        "Paris.".into(),
+    ]);
+    let run = run_task(&task, &policy, &looked).await;
+    assert!(!run.solved);
+    assert!(
+        run.failures[0].contains("a tool was called (find_todos"),
+        "{:?}",
+        run.failures
+    );
+
+    let e = load_file(&scenario(&format!(
+        "{TODO}[[task]]\nname = \"t\"\nrequest = \"hi\"\n[[task.check]]\nkind = \"called\"\ntool = \"*\"\n"
+    )))
+    .unwrap_err();
+    assert!(e.contains("only goes with `absent = true`"), "{e}");
 }

@@ -44,7 +44,18 @@ pub const EVAL_PROVIDER: &str = "eval-model";
 pub const RUN_LIMIT: Duration = Duration::from_secs(900);
 
 /// The placeholders a scenario's `[tools]` and `[agents]` strings may hold.
-pub const PLACEHOLDERS: &[&str] = &["{workdir}", "{site}", "{node}", "{npm}"];
+pub const PLACEHOLDERS: &[&str] = &["{workdir}", "{site}", "{node}", "{npm}", "{venvs}"];
+
+/// The folder under the cache folder that holds the Python MCP servers'
+/// virtual environments, one per pinned requirements file of
+/// `tools/python` (scripts/install-peers.sh makes them); `{venvs}` in a
+/// scenario.
+pub const PYTHON_PEERS: &str = "peers";
+
+/// The `tool` of a `called` check that stands for every tool and
+/// sub-agent: with `absent = true`, the run made no call at all (a question
+/// answered from what the model knows).
+pub const ANY_TOOL: &str = "*";
 
 /// The keys of a scenario file besides `[[task]]` and `domain`: the config
 /// tables a task's runtime is made of.
@@ -64,7 +75,105 @@ struct RawTask {
     dirs: Vec<String>,
     site: Option<String>,
     #[serde(default)]
+    copy: BTreeMap<String, String>,
+    #[serde(default)]
     check: Vec<RawCheck>,
+    #[serde(default)]
+    gold: Vec<RawGold>,
+    gold_answer: Option<String>,
+}
+
+/// `[[task.gold]]`, as written: a call of one of the config's tools or
+/// agents, or the text reply an agent gives (a helper's answer to its
+/// parent).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGold {
+    call: Option<String>,
+    arguments: Option<toml::Table>,
+    reply: Option<String>,
+}
+
+/// One step of a task's gold solution: what a model that solves the task
+/// replies at that step.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GoldStep {
+    /// A call of a tool, or of a sub-agent (delegation), with its arguments.
+    Call {
+        /// The tool's or agent's name.
+        name: String,
+        /// Its arguments.
+        arguments: Value,
+    },
+    /// A text reply: an answer that ends an agent's run (a helper's answer
+    /// to its parent, in a team).
+    Reply(String),
+}
+
+/// The half of the suite a task belongs to. Rules, thresholds and prompts
+/// are chosen on `dev`; `test` says whether they hold on tasks they were not
+/// chosen on. A task's half is fixed by its name and domain alone
+/// ([`Half::of`]), so it never moves when tasks are added or removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Half {
+    /// The tasks rules are tuned on.
+    Dev,
+    /// The held-out tasks.
+    Test,
+}
+
+impl Half {
+    /// Both halves, in table order.
+    pub const ALL: [Half; 2] = [Half::Dev, Half::Test];
+
+    /// The half of the task `name` of `domain`: the lowest bit of the 64-bit
+    /// FNV-1a hash of the UTF-8 text `domain/name` (0: dev, 1: test). FNV-1a
+    /// is fixed by its definition (unlike Rust's seeded hasher), so the split
+    /// is the same on every machine and in every version.
+    pub fn of(domain: &str, name: &str) -> Half {
+        if fnv1a_64(format!("{domain}/{name}").as_bytes()) & 1 == 0 {
+            Half::Dev
+        } else {
+            Half::Test
+        }
+    }
+
+    /// `dev` or `test`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Half::Dev => "dev",
+            Half::Test => "test",
+        }
+    }
+}
+
+impl std::fmt::Display for Half {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Half {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "dev" => Ok(Half::Dev),
+            "test" => Ok(Half::Test),
+            other => Err(format!("`{other}` is not a half (dev or test)")),
+        }
+    }
+}
+
+/// The 64-bit FNV-1a hash of `bytes` (offset basis 0xcbf29ce484222325,
+/// prime 0x100000001b3).
+pub fn fnv1a_64(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    hash
 }
 
 /// The kinds of check.
@@ -276,8 +385,21 @@ pub struct Task {
     pub dirs: Vec<String>,
     /// A folder to serve on loopback as `{site}` (a WebMCP page's site).
     pub site: Option<PathBuf>,
+    /// Files copied as they are into the task's fresh folder (a workbook,
+    /// a database), folder path → file next to the scenario.
+    pub copies: BTreeMap<String, PathBuf>,
     /// The checks on the end state.
     pub checks: Vec<Check>,
+    /// Its half of the suite.
+    pub half: Half,
+    /// A solution that passes every check ([`replay_gold`] replays it):
+    /// the steps, in order, of the agents that solve it (the top agent's
+    /// calls, a helper's calls and answer, ...), before
+    /// [`Task::gold_answer`]. Empty: none given, or the task is solved by
+    /// an answer alone.
+    pub gold: Vec<GoldStep>,
+    /// The top agent's final answer in the gold solution.
+    pub gold_answer: Option<String>,
     /// The file's config tables (`tools`, `agents`, `delegation`).
     config: toml::Table,
     /// `tools/node` of the checkout the file is in, for `{node}` and `{npm}`.
@@ -290,6 +412,11 @@ impl Task {
     pub fn is_read_only(&self) -> bool {
         self.checks.contains(&Check::ReadOnly)
     }
+
+    /// Whether the task has a gold solution (calls, an answer, or both).
+    pub fn has_gold(&self) -> bool {
+        !self.gold.is_empty() || self.gold_answer.is_some()
+    }
 }
 
 /// Values of the placeholders for one run.
@@ -299,6 +426,7 @@ struct Vars {
     site: String,
     node: String,
     npm: String,
+    venvs: String,
 }
 
 impl Vars {
@@ -307,6 +435,7 @@ impl Vars {
             .replace("{site}", &self.site)
             .replace("{node}", &self.node)
             .replace("{npm}", &self.npm)
+            .replace("{venvs}", &self.venvs)
     }
 
     fn for_peers(peers: Option<&Path>, workdir: String, site: String) -> Self {
@@ -319,6 +448,13 @@ impl Vars {
                 .display()
                 .to_string(),
             npm: peers.join("node_modules").display().to_string(),
+            // Without a cache folder the servers are not there either; the
+            // run then says so (`check_servers`).
+            venvs: wma_provider_ort::cache_dir()
+                .map(|dir| dir.join(PYTHON_PEERS))
+                .unwrap_or_else(|_| PathBuf::from(PYTHON_PEERS))
+                .display()
+                .to_string(),
         }
     }
 }
@@ -396,6 +532,12 @@ pub fn load_file(file: &Path) -> Result<Vec<Task>, String> {
         Some(toml::Value::String(s)) => Some(s),
         Some(_) => return Err(format!("{at}: `site` is a string")),
     };
+    let copy: BTreeMap<String, String> = match table.remove("copy") {
+        None => BTreeMap::new(),
+        Some(value) => value
+            .try_into()
+            .map_err(|e| format!("{at}: `copy` is a table of paths: {e}"))?,
+    };
     let raw_tasks = table
         .remove("task")
         .ok_or_else(|| format!("{at}: no [[task]]"))?;
@@ -410,7 +552,7 @@ pub fn load_file(file: &Path) -> Result<Vec<Task>, String> {
                 ""
             };
             return Err(format!(
-                "{at}: `{key}` is not a key of a scenario{why}; expected `domain`, `site`, `task`, {}",
+                "{at}: `{key}` is not a key of a scenario{why}; expected `domain`, `site`, `copy`, `task`, {}",
                 CONFIG_KEYS
                     .iter()
                     .map(|k| format!("`{k}`"))
@@ -438,6 +580,7 @@ pub fn load_file(file: &Path) -> Result<Vec<Task>, String> {
             raw,
             domain.as_deref(),
             site.as_deref(),
+            &copy,
             file,
             dir,
             &table,
@@ -449,10 +592,12 @@ pub fn load_file(file: &Path) -> Result<Vec<Task>, String> {
     Ok(tasks)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn build_task(
     raw: RawTask,
     domain: Option<&str>,
     site: Option<&str>,
+    copy: &BTreeMap<String, String>,
     file: &Path,
     dir: &Path,
     config: &toml::Table,
@@ -492,9 +637,23 @@ fn build_task(
             Some(folder)
         }
     };
+    let mut copies = BTreeMap::new();
+    for (to, from) in copy.iter().chain(&raw.copy) {
+        relative(to).map_err(|e| format!("{key}: copy: {e}"))?;
+        let source = dir.join(from);
+        if !source.is_file() {
+            return Err(format!("{key}: copy: {} is not a file", source.display()));
+        }
+        copies.insert(to.clone(), source);
+    }
+    let half = Half::of(&domain, &name);
     let mut task = Task {
         name,
         domain,
+        half,
+        copies,
+        gold: Vec::new(),
+        gold_answer: raw.gold_answer,
         file: file.to_path_buf(),
         agent: String::new(),
         request: raw.request,
@@ -545,6 +704,11 @@ fn build_task(
         return Err(format!(
             "{key}: a task needs a check that something happened, not only that nothing did"
         ));
+    }
+    for (i, step) in raw.gold.into_iter().enumerate() {
+        let step = build_gold(step, known.as_deref())
+            .map_err(|e| format!("{key}: gold {}: {e}", i + 1))?;
+        task.gold.push(step);
     }
     Ok(task)
 }
@@ -601,6 +765,31 @@ fn native_tools(builtins: &[String]) -> wma_tools::NativeTools {
     match builtins.iter().find_map(|b| eval_builtin(b)) {
         Some(tools) => tools,
         None => crate::config::builtin_tools(builtins),
+    }
+}
+
+fn build_gold(raw: RawGold, known: Option<&[String]>) -> Result<GoldStep, String> {
+    match (raw.call, raw.reply) {
+        (Some(name), None) => {
+            if let Some(names) = known
+                && !names.iter().any(|n| n == &name)
+            {
+                return Err(format!(
+                    "no source of the file offers a tool `{name}` (they offer {})",
+                    names.join(", ")
+                ));
+            }
+            let arguments = serde_json::to_value(raw.arguments.unwrap_or_default())
+                .map_err(|e| format!("`arguments`: {e}"))?;
+            Ok(GoldStep::Call { name, arguments })
+        }
+        (None, Some(text)) => {
+            if raw.arguments.is_some() {
+                return Err("`arguments` go with a `call`, not a `reply`".to_string());
+            }
+            Ok(GoldStep::Reply(text))
+        }
+        _ => Err("a gold step is a `call` (with `arguments`) or a `reply`".to_string()),
     }
 }
 
@@ -741,8 +930,16 @@ fn build_check(raw: RawCheck, config: &Config, known: Option<&[String]>) -> Resu
         }
         CheckKind::Called => {
             let tool = raw.tool.ok_or("a called check needs `tool`")?;
-            known_tool(&tool)?;
             let absent = raw.absent.unwrap_or(false);
+            if tool == ANY_TOOL {
+                if !absent {
+                    return Err(format!(
+                        "`tool = \"{ANY_TOOL}\"` only goes with `absent = true` (no call at all)"
+                    ));
+                }
+            } else {
+                known_tool(&tool)?;
+            }
             if absent && !raw.arguments_contain.is_empty() {
                 return Err("a tool that must not be called has no arguments to test".to_string());
             }
@@ -858,6 +1055,10 @@ pub struct TaskRun {
     /// Calls of tools that change things (not annotated read-only), as
     /// `name {arguments}`.
     pub changes: Vec<String>,
+    /// What the tools (and sub-agents) answered, by any agent, in order.
+    pub results: Vec<String>,
+    /// The calls that failed, as `name: error`.
+    pub tool_errors: Vec<String>,
     /// The checks that failed, with why.
     pub failures: Vec<String>,
     /// What kept the run from being made or finishing (a server that did
@@ -910,6 +1111,15 @@ fn make_workdir(task: &Task) -> Result<WorkDir, String> {
                 .map_err(|e| format!("could not make the folder of {path}: {e}"))?;
         }
         std::fs::write(&target, content).map_err(|e| format!("could not write {path}: {e}"))?;
+    }
+    for (path, source) in &task.copies {
+        let target = work.0.join(path);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| format!("could not make the folder of {path}: {e}"))?;
+        }
+        std::fs::copy(source, &target)
+            .map_err(|e| format!("could not copy {} to {path}: {e}", source.display()))?;
     }
     // The filesystem server resolves symlinks (a temp folder may be one):
     // hand it the real path.
@@ -973,6 +1183,8 @@ pub enum Driver<'a> {
     Loop(Policy),
     /// No loop: this served model's own tool calling ([`run_task_direct`]).
     Direct(&'a OpenAiProvider),
+    /// No model: the task's gold solution, replayed ([`replay_gold`]).
+    Gold,
 }
 
 impl Driver<'_> {
@@ -981,12 +1193,33 @@ impl Driver<'_> {
         match self {
             Self::Loop(policy) => policy.base.as_str(),
             Self::Direct(_) => DIRECT,
+            Self::Gold => GOLD,
         }
     }
 }
 
 /// The column name of [`Driver::Direct`].
 pub const DIRECT: &str = "direct";
+
+/// The column name of [`Driver::Gold`].
+pub const GOLD: &str = "gold";
+
+/// Replays a task's gold solution with no model and no loop: each gold
+/// call runs as it is written through the task's real sources (the tools
+/// of the agent whose turn it is, its arguments checked against the tool's
+/// schema as a host checks them), a call of a sub-agent opens that
+/// helper's turn until its gold `reply`, which is the call's result, and
+/// the gold answer ends the run. The run is read and checked exactly as a
+/// model's, so a task whose gold solution does not pass its checks cannot
+/// be solved as written: a server that answers otherwise, a check that
+/// cannot pass, a tool that is not where the task needs it.
+pub async fn replay_gold(task: &Task) -> TaskRun {
+    // The runtime's agents need a provider; the replay never asks it.
+    let idle = Arc::new(UsageMeter::new(Arc::new(wma_agent::ScriptedProvider::new(
+        Vec::<String>::new(),
+    ))));
+    run_task_with(task, &Driver::Gold, &idle).await
+}
 
 /// A task run with no loop around the model, the baseline the loop is
 /// measured against: the served model gets the agent's instructions, the
@@ -1057,7 +1290,13 @@ async fn run_task_with<P: Provider + ?Sized + 'static>(
                 max_steps: agent.max_steps,
             })
         }
+        Driver::Gold => None,
     };
+    let sub_agents: BTreeMap<String, Vec<String>> = config
+        .agents
+        .iter()
+        .map(|a| (a.name.clone(), a.sub_agents.clone()))
+        .collect();
     // The suite's model, shared by every run, replaces the placeholder.
     config.providers.clear();
     let mut natives = Vec::new();
@@ -1079,9 +1318,10 @@ async fn run_task_with<P: Provider + ?Sized + 'static>(
         Ok(r) => r,
         Err(e) => return TaskRun::failed(format!("the runtime did not start: {e}")),
     };
-    let outcome = match direct {
-        None => run_started(task, &runtime, &shops, &work, provider).await,
-        Some(direct) => run_started_direct(task, &runtime, &shops, &work, &direct).await,
+    let outcome = match (driver, direct) {
+        (Driver::Gold, _) => run_started_gold(task, &runtime, &shops, &work, &sub_agents).await,
+        (_, None) => run_started(task, &runtime, &shops, &work, provider).await,
+        (_, Some(direct)) => run_started_direct(task, &runtime, &shops, &work, &direct).await,
     };
     runtime.shutdown().await;
     drop(site);
@@ -1105,7 +1345,7 @@ async fn run_started<P: Provider + ?Sized + 'static>(
     let bridge = runtime.tools();
     // Listing connects every source (servers start, pages open) before the
     // clock starts, and tells a source that did not come up.
-    let before = bridge.list_tools().await;
+    let before = list_settled(&bridge).await;
     if before.is_empty() {
         return TaskRun::failed(
             "no tool source offered any tool (a server or browser did not start?)".to_string(),
@@ -1138,6 +1378,26 @@ async fn run_started<P: Provider + ?Sized + 'static>(
     let time = started.elapsed();
     let usage = Usage::of(&provider.take());
     judge(task, runtime, shops, work, &parts, &before, time, usage).await
+}
+
+/// The listings a run's start makes at most, until every source is up.
+const SETTLE_LISTINGS: usize = 4;
+
+/// Lists the tools until the list stops growing (at most
+/// [`SETTLE_LISTINGS`] times): a listing gives up on a source that has not
+/// answered within its deadline, and a slow server (a Python one on a busy
+/// machine) may come up only on the next. A list that did not grow is
+/// complete: the sources that were up answer again at once.
+async fn list_settled(host: &dyn ToolHost) -> Vec<ToolDefinition> {
+    let mut tools = host.list_tools().await;
+    for _ in 1..SETTLE_LISTINGS {
+        let again = host.list_tools().await;
+        if again.len() <= tools.len() {
+            break;
+        }
+        tools = again;
+    }
+    tools
 }
 
 /// Reads a finished run's parts and checks the end state.
@@ -1182,6 +1442,177 @@ async fn judge(
     run
 }
 
+async fn run_started_gold(
+    task: &Task,
+    runtime: &wma_runtime::Runtime,
+    shops: &[(String, Shop)],
+    work: &WorkDir,
+    sub_agents: &BTreeMap<String, Vec<String>>,
+) -> TaskRun {
+    let before = list_settled(&runtime.tools()).await;
+    if before.is_empty() {
+        return TaskRun::failed(
+            "no tool source offered any tool (a server or browser did not start?)".to_string(),
+        );
+    }
+    let started = Instant::now();
+    let parts = gold_parts(task, runtime, sub_agents).await;
+    let time = started.elapsed();
+    judge(
+        task,
+        runtime,
+        shops,
+        work,
+        &parts,
+        &before,
+        time,
+        Usage::default(),
+    )
+    .await
+}
+
+/// The parts of a replayed gold solution (see [`replay_gold`]).
+async fn gold_parts(
+    task: &Task,
+    runtime: &wma_runtime::Runtime,
+    sub_agents: &BTreeMap<String, Vec<String>>,
+) -> Vec<TaggedPart> {
+    let mut parts = Vec::new();
+    // The helpers whose turn is open, innermost last: (call id, name).
+    let mut open: Vec<(String, String)> = Vec::new();
+    let mut step = 0;
+    let cancel = CancellationToken::new();
+    let fail = |parts: &mut Vec<TaggedPart>, message: String| {
+        parts.push(TaggedPart::new(
+            task.agent.clone(),
+            0,
+            AgentStreamPart::Error { message },
+        ));
+    };
+    for (i, gold) in task.gold.iter().enumerate() {
+        let depth = open.len() as u32;
+        let agent = open
+            .last()
+            .map_or_else(|| task.agent.clone(), |(_, name)| name.clone());
+        let part = |p| TaggedPart::new(agent.clone(), depth, p);
+        step += 1;
+        parts.push(part(AgentStreamPart::MessageStart { step }));
+        match gold {
+            GoldStep::Call { name, arguments } => {
+                let call_id = format!("gold-{}", i + 1);
+                if sub_agents
+                    .get(&agent)
+                    .is_some_and(|subs| subs.contains(name))
+                {
+                    parts.push(part(AgentStreamPart::ToolCall {
+                        call_id: call_id.clone(),
+                        name: name.clone(),
+                        arguments: arguments.clone(),
+                    }));
+                    open.push((call_id, name.clone()));
+                    continue;
+                }
+                let tools = match runtime.tools_of(&agent) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        fail(&mut parts, e.to_string());
+                        return parts;
+                    }
+                };
+                let offered = tools.list_tools().await;
+                let outcome = match offered.iter().find(|t| &t.name == name) {
+                    None => Err(ToolError::new(
+                        ToolErrorCode::UnknownTool,
+                        format!("`{agent}` has no tool or helper `{name}`"),
+                    )),
+                    Some(tool) => match validate_args(&tool.input_schema, arguments) {
+                        Err(why) => Err(ToolError::new(
+                            ToolErrorCode::InvalidArguments,
+                            why.to_string(),
+                        )),
+                        Ok(()) => {
+                            parts.push(part(AgentStreamPart::ToolCall {
+                                call_id: call_id.clone(),
+                                name: name.clone(),
+                                arguments: arguments.clone(),
+                            }));
+                            tools
+                                .call_tool(name, arguments.clone(), cancel.clone())
+                                .await
+                        }
+                    },
+                };
+                parts.push(part(match outcome {
+                    Ok(output) => AgentStreamPart::ToolResult {
+                        call_id,
+                        name: name.clone(),
+                        output,
+                    },
+                    Err(error) => AgentStreamPart::ToolError {
+                        call_id,
+                        name: name.clone(),
+                        error,
+                    },
+                }));
+            }
+            GoldStep::Reply(text) => {
+                let Some((call_id, helper)) = open.pop() else {
+                    fail(
+                        &mut parts,
+                        format!("gold step {}: a reply with no helper's turn open", i + 1),
+                    );
+                    return parts;
+                };
+                parts.push(part(AgentStreamPart::Text { text: text.clone() }));
+                parts.push(part(AgentStreamPart::Finish {
+                    reason: FinishReason::Stop,
+                }));
+                let parent = open
+                    .last()
+                    .map_or_else(|| task.agent.clone(), |(_, name)| name.clone());
+                parts.push(TaggedPart::new(
+                    parent,
+                    depth - 1,
+                    AgentStreamPart::ToolResult {
+                        call_id,
+                        name: helper,
+                        output: text.clone(),
+                    },
+                ));
+            }
+        }
+    }
+    if let Some((_, helper)) = open.last() {
+        fail(
+            &mut parts,
+            format!("`{helper}` was asked and never replied in the gold solution"),
+        );
+        return parts;
+    }
+    let answer = task
+        .gold_answer
+        .clone()
+        .unwrap_or_else(|| "Done.".to_string());
+    parts.push(TaggedPart::new(
+        task.agent.clone(),
+        0,
+        AgentStreamPart::MessageStart { step: step + 1 },
+    ));
+    parts.push(TaggedPart::new(
+        task.agent.clone(),
+        0,
+        AgentStreamPart::Text { text: answer },
+    ));
+    parts.push(TaggedPart::new(
+        task.agent.clone(),
+        0,
+        AgentStreamPart::Finish {
+            reason: FinishReason::Stop,
+        },
+    ));
+    parts
+}
+
 /// What a direct run needs of the agent and the server.
 struct Direct<'a> {
     served: &'a OpenAiProvider,
@@ -1200,7 +1631,7 @@ async fn run_started_direct(
         Ok(t) => t,
         Err(e) => return TaskRun::failed(e.to_string()),
     };
-    let before = tools.list_tools().await;
+    let before = list_settled(&tools).await;
     if before.is_empty() {
         return TaskRun::failed(
             "no tool source offered any tool (a server or browser did not start?)".to_string(),
@@ -1385,6 +1816,10 @@ pub fn summarize(
                 }
                 run.calls.push(call);
             }
+            AgentStreamPart::ToolResult { output, .. } => run.results.push(output.clone()),
+            AgentStreamPart::ToolError { name, error, .. } => {
+                run.tool_errors.push(format!("{name}: {error}"));
+            }
             AgentStreamPart::Text { text } if tagged.depth == 0 => answer.push(text.clone()),
             AgentStreamPart::Finish { reason } if tagged.depth == 0 => {
                 run.end = reason.as_str().to_string();
@@ -1523,27 +1958,38 @@ impl State<'_> {
                 arguments_contain,
                 absent,
             } => {
-                let calls: Vec<String> = self
+                // (name, lowercased JSON arguments) of every call it counts.
+                let calls: Vec<(&str, String)> = self
                     .parts
                     .iter()
                     .filter_map(|p| match &p.part {
                         AgentStreamPart::ToolCall {
                             name, arguments, ..
-                        } if name == tool => Some(arguments.to_string().to_lowercase()),
+                        } if name == tool || tool == ANY_TOOL => {
+                            Some((name.as_str(), arguments.to_string().to_lowercase()))
+                        }
                         _ => None,
                     })
                     .collect();
+                let listed = || {
+                    calls
+                        .iter()
+                        .map(|(name, args)| format!("{name} {args}"))
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                };
+                let what = if tool == ANY_TOOL { "a tool" } else { tool };
                 if *absent {
                     return if calls.is_empty() {
                         Ok(())
                     } else {
-                        Err(format!("{tool} was called ({})", calls.join("; ")))
+                        Err(format!("{what} was called ({})", listed()))
                     };
                 }
                 if calls.is_empty() {
-                    return Err(format!("{tool} was not called"));
+                    return Err(format!("{what} was not called"));
                 }
-                let fits = calls.iter().any(|args| {
+                let fits = calls.iter().any(|(_, args)| {
                     arguments_contain
                         .iter()
                         .all(|want| args.contains(&want.to_lowercase()))
@@ -1553,7 +1999,7 @@ impl State<'_> {
                 } else {
                     Err(format!(
                         "no call of {tool} has {arguments_contain:?} ({})",
-                        calls.join("; ")
+                        listed()
                     ))
                 }
             }
@@ -1588,6 +2034,8 @@ pub struct TaskResult {
     pub task: String,
     /// Its domain.
     pub domain: String,
+    /// Its half of the suite.
+    pub half: Half,
     /// Whether it is a read-only task.
     pub read_only: bool,
     /// The policy's name.
@@ -1635,6 +2083,7 @@ pub async fn run_suite_with<P: Provider + SeedPerRun + 'static>(
             results.push(TaskResult {
                 task: task.name.clone(),
                 domain: task.domain.clone(),
+                half: task.half,
                 read_only: task.is_read_only(),
                 policy: name,
                 runs: done,
@@ -1720,21 +2169,22 @@ fn header(first: &str, policies: &[String]) -> String {
     format!("{out}\n{rule}\n")
 }
 
-/// The tables of a suite's results: one row per task (with its domain),
-/// one per domain, a total line, and per policy the ledger of the rules
-/// that fired, the calls that changed things in read-only tasks and the
-/// runs that could not be made. Means are per run; tokens are prompt and
+/// The tables of a suite's results: one row per task (with its domain and
+/// half), one per domain, the solved share per domain and half with the
+/// gap between the halves, a total line, and per policy the ledger of the
+/// rules that fired, the calls that changed things in read-only tasks and
+/// the runs that could not be made. Means are per run; tokens are prompt and
 /// new tokens; "cached after step 1" is the share of the prompt tokens
 /// after each run's first generation that the provider's KV cache served.
 pub fn report(results: &[TaskResult]) -> String {
     let policies = policies_of(results);
-    let mut tasks: Vec<(String, String)> = Vec::new();
+    let mut tasks: Vec<(String, String, Half)> = Vec::new();
     for r in results {
-        if !tasks.iter().any(|(t, _)| t == &r.task) {
-            tasks.push((r.task.clone(), r.domain.clone()));
+        if !tasks.iter().any(|(t, _, _)| t == &r.task) {
+            tasks.push((r.task.clone(), r.domain.clone(), r.half));
         }
     }
-    let mut domains: Vec<String> = tasks.iter().map(|(_, d)| d.clone()).collect();
+    let mut domains: Vec<String> = tasks.iter().map(|(_, d, _)| d.clone()).collect();
     domains.sort();
     domains.dedup();
     let find = |task: &str, policy: &str| {
@@ -1743,9 +2193,9 @@ pub fn report(results: &[TaskResult]) -> String {
             .find(|r| r.task == task && r.policy == policy)
     };
     let mut out = String::new();
-    out.push_str(&header("task (domain)", &policies));
-    for (task, domain) in &tasks {
-        out.push_str(&format!("| {task} ({domain}) |"));
+    out.push_str(&header("task (domain, half)", &policies));
+    for (task, domain, half) in &tasks {
+        out.push_str(&format!("| {task} ({domain}, {half}) |"));
         for p in &policies {
             let mut t = Totals::default();
             if let Some(r) = find(task, p) {
@@ -1766,7 +2216,7 @@ pub fn report(results: &[TaskResult]) -> String {
     out.push_str(&header("domain (tasks)", &policies));
     let mut all: Vec<Totals> = vec![Totals::default(); policies.len()];
     for domain in &domains {
-        let n = tasks.iter().filter(|(_, d)| d == domain).count();
+        let n = tasks.iter().filter(|(_, d, _)| d == domain).count();
         out.push_str(&format!("| {domain} ({n}) |"));
         for (i, p) in policies.iter().enumerate() {
             let mut t = Totals::default();
@@ -1786,16 +2236,21 @@ pub fn report(results: &[TaskResult]) -> String {
         out.push_str(&format!(" {} |", t.cells()));
     }
     out.push_str("\n\n");
+    out.push_str(&halves_table(results, &policies, &domains, &tasks));
+    out.push('\n');
     let totals: Vec<String> = policies
         .iter()
         .zip(&all)
         .map(|(p, t)| {
-            format!(
-                "{p} solved {}/{} ({:.0}%)",
-                t.solved,
-                t.runs,
-                100.0 * t.solved as f64 / t.runs.max(1) as f64
-            )
+            let by_half = Half::ALL.map(|h| solved_in(results, p, |r| r.half == h));
+            let mut line = format!("{p} solved {}", share(t.solved, t.runs));
+            for (h, (solved, runs)) in Half::ALL.iter().zip(by_half) {
+                line.push_str(&format!(", {h} {}", share(solved, runs)));
+            }
+            if let Some(gap) = gap(by_half) {
+                line.push_str(&format!(", dev − test {gap:+.0} points"));
+            }
+            line
         })
         .collect();
     out.push_str(&format!("total: {}\n", totals.join("; ")));
@@ -1830,6 +2285,93 @@ pub fn report(results: &[TaskResult]) -> String {
         out.push_str(&errors.join("\n"));
         out.push('\n');
     }
+    out
+}
+
+/// Solved runs and runs of one policy's results that pass `keep`.
+fn solved_in(
+    results: &[TaskResult],
+    policy: &str,
+    keep: impl Fn(&TaskResult) -> bool,
+) -> (usize, usize) {
+    results
+        .iter()
+        .filter(|r| r.policy == policy && keep(r))
+        .flat_map(|r| &r.runs)
+        .fold((0, 0), |(solved, runs), run| {
+            (solved + usize::from(run.solved), runs + 1)
+        })
+}
+
+/// `solved/runs (percent%)`, or `-` for no runs.
+fn share(solved: usize, runs: usize) -> String {
+    if runs == 0 {
+        "-".to_string()
+    } else {
+        format!(
+            "{solved}/{runs} ({:.0}%)",
+            100.0 * solved as f64 / runs as f64
+        )
+    }
+}
+
+/// The dev share minus the test share, in percentage points, when both
+/// halves had runs.
+fn gap([(dev_solved, dev_runs), (test_solved, test_runs)]: [(usize, usize); 2]) -> Option<f64> {
+    (dev_runs > 0 && test_runs > 0).then(|| {
+        100.0 * dev_solved as f64 / dev_runs as f64 - 100.0 * test_solved as f64 / test_runs as f64
+    })
+}
+
+/// Per domain and per half, each policy's solved runs, and the gap between
+/// the halves (dev minus test, in points): a rule fitted to the dev half
+/// shows as a gap.
+fn halves_table(
+    results: &[TaskResult],
+    policies: &[String],
+    domains: &[String],
+    tasks: &[(String, String, Half)],
+) -> String {
+    let mut out = "| domain (dev/test tasks) |".to_string();
+    let mut rule = "|---|".to_string();
+    for p in policies {
+        out.push_str(&format!(" {p}: dev | test | dev − test |"));
+        rule.push_str("---|---|---|");
+    }
+    out.push('\n');
+    out.push_str(&rule);
+    out.push('\n');
+    let count = |domain: Option<&str>, half: Half| {
+        tasks
+            .iter()
+            .filter(|(_, d, h)| *h == half && domain.is_none_or(|want| d == want))
+            .count()
+    };
+    let mut row = |label: String, domain: Option<&str>| {
+        out.push_str(&format!(
+            "| {label} ({}/{}) |",
+            count(domain, Half::Dev),
+            count(domain, Half::Test)
+        ));
+        for p in policies {
+            let by_half = Half::ALL.map(|h| {
+                solved_in(results, p, |r| {
+                    r.half == h && domain.is_none_or(|want| r.domain == want)
+                })
+            });
+            let gap = gap(by_half).map_or_else(|| "-".to_string(), |g| format!("{g:+.0}"));
+            out.push_str(&format!(
+                " {} | {} | {gap} |",
+                share(by_half[0].0, by_half[0].1),
+                share(by_half[1].0, by_half[1].1)
+            ));
+        }
+        out.push('\n');
+    };
+    for domain in domains {
+        row(domain.clone(), Some(domain));
+    }
+    row("**all**".to_string(), None);
     out
 }
 
@@ -1883,6 +2425,7 @@ mod tests {
         let result = |task: &str, runs| TaskResult {
             task: task.into(),
             domain: "shop".into(),
+            half: Half::of("shop", task),
             read_only: false,
             policy: "small-model".into(),
             runs,
@@ -1892,19 +2435,88 @@ mod tests {
             result("one-step", vec![run(0, 0)]),
         ]);
         assert!(table.contains("cached after step 1 |"), "{table}");
-        assert!(table.contains("| two (shop) | 2/2 |"), "{table}");
+        let two = format!("| two (shop, {}) |", Half::of("shop", "two"));
+        let one = format!("| one-step (shop, {}) |", Half::of("shop", "one-step"));
+        assert!(table.contains(&format!("{two} 2/2 |")), "{table}");
         assert!(
             table
                 .lines()
-                .any(|l| l.starts_with("| two (shop) |") && l.ends_with("| 80% |")),
+                .any(|l| l.starts_with(&two) && l.ends_with("| 80% |")),
             "{table}"
         );
         assert!(
             table
                 .lines()
-                .any(|l| l.starts_with("| one-step (shop) |") && l.ends_with("| - |")),
+                .any(|l| l.starts_with(&one) && l.ends_with("| - |")),
             "{table}"
         );
+    }
+
+    /// FNV-1a is the published function (its test vectors), and the split
+    /// is pinned: a change of the hash or of what is hashed moves tasks
+    /// between the halves, which this catches.
+    #[test]
+    fn halves_are_fixed_by_the_fnv1a_hash_of_domain_and_name() {
+        assert_eq!(fnv1a_64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a_64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_eq!(Half::of("files", "copy-address"), Half::Test);
+        assert_eq!(Half::of("library", "who-wrote"), Half::Test);
+        assert_eq!(Half::of("todo", "add-dentist"), Half::Test);
+        assert_eq!(Half::of("shop", "waterproof-backpack"), Half::Dev);
+        assert_eq!(Half::of("files", "wifi-password"), Half::Dev);
+        assert_eq!(Half::of("team", "action-item-to-todo"), Half::Dev);
+        // The domain is part of what is hashed.
+        assert_ne!(
+            fnv1a_64(b"files/copy-address"),
+            fnv1a_64(b"shop/copy-address")
+        );
+        assert_eq!("test".parse::<Half>(), Ok(Half::Test));
+        assert!("both".parse::<Half>().is_err());
+    }
+
+    /// The halves table gives each half's share per domain and the gap in
+    /// points; the total line repeats them per policy.
+    #[test]
+    fn the_report_gives_each_half_and_the_gap() {
+        let run = |solved| TaskRun {
+            solved,
+            ..TaskRun::default()
+        };
+        let result = |task: &str, half, runs| TaskResult {
+            task: task.into(),
+            domain: "todo".into(),
+            half,
+            read_only: false,
+            policy: "reference".into(),
+            runs,
+        };
+        let table = report(&[
+            result("a", Half::Dev, vec![run(true)]),
+            result("b", Half::Dev, vec![run(true)]),
+            result("c", Half::Test, vec![run(true)]),
+            result("d", Half::Test, vec![run(false)]),
+        ]);
+        assert!(
+            table.contains("| todo (2/2) | 2/2 (100%) | 1/2 (50%) | +50 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains("| **all** (2/2) | 2/2 (100%) | 1/2 (50%) | +50 |"),
+            "{table}"
+        );
+        assert!(
+            table.contains(
+                "reference solved 3/4 (75%), dev 2/2 (100%), test 1/2 (50%), dev − test +50 points"
+            ),
+            "{table}"
+        );
+        // One half alone: no gap to give.
+        let table = report(&[result("c", Half::Test, vec![run(true)])]);
+        assert!(
+            table.contains("| todo (0/1) | - | 1/1 (100%) | - |"),
+            "{table}"
+        );
+        assert!(!table.contains("points"), "{table}");
     }
 
     #[test]
