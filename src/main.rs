@@ -14,8 +14,8 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use webmcp_agents::agent::{
-    AgentRunRequest, AgentStreamPart, ChatMessage, ConstraintMode, LocalLoopOptions, Policy,
-    PolicyName, Provider, run_local_agent,
+    AgentRunRequest, AgentStreamPart, ChatMessage, ConstraintMode, FinishReason, LocalLoopOptions,
+    Policy, PolicyName, Provider, run_local_agent,
 };
 use webmcp_agents::config::{Config, ProviderSpec};
 use webmcp_agents::demo_shop::{self, Shop};
@@ -307,8 +307,75 @@ fn command_config(command: &Command) -> Result<Option<Config>> {
     Ok(Some(Config::load(path)?))
 }
 
-#[tokio::main]
-async fn main() -> Result<()> {
+/// A `wma run` that ended without the answer it was asked for: the exit
+/// status says how (docs/cli.md), so a script can tell success from
+/// failure.
+#[derive(Debug)]
+struct Unfinished(FinishReason);
+
+impl std::fmt::Display for Unfinished {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the run did not finish its request ({})",
+            self.0.as_str()
+        )
+    }
+}
+
+impl std::error::Error for Unfinished {}
+
+impl Unfinished {
+    /// The exit status of each way a run can end without an answer. An
+    /// error of the run, or of the command, is 1.
+    fn exit_code(&self) -> i32 {
+        match self.0 {
+            FinishReason::Stop => 0,
+            FinishReason::MaxSteps => 3,
+            FinishReason::Loop => 4,
+            FinishReason::Length => 5,
+            FinishReason::Unrepaired => 6,
+            FinishReason::Aborted => 130,
+        }
+    }
+}
+
+/// What a run's last part says of it: `Ok` for an answer, [`Unfinished`]
+/// for a finish that is not one, an error for a run that ended with one.
+fn outcome(last: Option<&AgentStreamPart>) -> Result<()> {
+    match last {
+        Some(AgentStreamPart::Finish { reason }) if !reason.answered() => {
+            Err(Unfinished(*reason).into())
+        }
+        Some(AgentStreamPart::Finish { .. }) => Ok(()),
+        _ => bail!("the run ended with an error"),
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("Error: could not start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run_cli()) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(error) => match error.downcast_ref::<Unfinished>() {
+            Some(unfinished) => {
+                eprintln!("{unfinished}");
+                std::process::ExitCode::from(unfinished.exit_code() as u8)
+            }
+            None => {
+                eprintln!("Error: {error:?}");
+                std::process::ExitCode::FAILURE
+            }
+        },
+    }
+}
+
+async fn run_cli() -> Result<()> {
     let cli = Cli::parse();
     let config = command_config(&cli.command)?;
     // The config's [telemetry] table, with --otlp switching export on.
@@ -486,14 +553,14 @@ async fn run(args: RunArgs) -> Result<()> {
     }
     let started = Instant::now();
     let mut parts = run_local_agent(provider.clone(), request, loop_options);
-    let mut failed = false;
+    let mut last = None;
     while let Some(part) = parts.next().await {
-        failed |= matches!(part, AgentStreamPart::Error { .. });
         if args.json {
             println!("{}", serde_json::to_string(&part)?);
         } else {
             println!("{}", render_part(&part));
         }
+        last = Some(part);
     }
     let usage = provider.usage();
     let cart: Vec<String> = shop
@@ -510,10 +577,7 @@ async fn run(args: RunArgs) -> Result<()> {
             cart.join(", ")
         }
     );
-    if failed {
-        bail!("the run ended with an error");
-    }
-    Ok(())
+    outcome(last.as_ref())
 }
 
 fn default_bfcl_dir() -> Result<PathBuf> {

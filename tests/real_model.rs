@@ -179,6 +179,36 @@ async fn the_shop_team_config_puts_the_backpack_in_the_cart() {
     );
 }
 
+/// `wma run` exits 0 only on an answer: a run that reaches its step limit
+/// says so in its finish and its exit status (3), and one that answers
+/// exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wma_run_exits_with_the_status_of_how_the_run_ended() {
+    // Blocking waits inside an async test: each child runs on its own.
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_wma"))
+        .args(["run", "--max-steps", "1", demo_shop::DEFAULT_REQUEST])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("wma runs");
+    assert_eq!(
+        status.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    let answered = std::process::Command::new(env!("CARGO_BIN_EXE_wma"))
+        .args(["run", "What is the capital of France? Answer in one word."])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("wma runs");
+    assert_eq!(
+        answered.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&answered.stdout)
+    );
+}
+
 /// "two" is a quantity: the loop copies it into the number argument as 2.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_model_adds_as_many_as_the_person_asked_for() {

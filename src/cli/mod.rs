@@ -278,10 +278,7 @@ pub(crate) async fn run(
     eprintln!("\n{:.1} s in all", started.elapsed().as_secs_f64());
     print_carts(&hosted);
     hosted.shutdown().await;
-    if matches!(result?.last(), Some(AgentStreamPart::Error { .. })) {
-        bail!("the run ended with an error");
-    }
-    Ok(())
+    crate::outcome(result?.last())
 }
 
 /// `wma chat`: a conversation on the terminal, one request per line.
