@@ -1440,6 +1440,87 @@ async fn a_run_resumed_after_a_restart_numbers_its_calls_after_those_it_holds() 
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// `twice` asks before each of two `add_to_cart` calls.
+fn twice_config(dir: &Path) -> PathBuf {
+    let text = r#"
+[providers.twice]
+kind = "scripted"
+replies = [
+    '{"name": "add_to_cart", "arguments": {"product_id": "p-17"}}',
+    '{"name": "add_to_cart", "arguments": {"product_id": "p-18"}}',
+    "Both are in your cart.",
+]
+
+[tools.cart]
+kind = "demo-shop"
+allow = ["add_to_cart", "view_cart"]
+
+[agents.twice]
+provider = "twice"
+tools = ["cart"]
+approval = { tools = { add_to_cart = "ask" } }
+
+"#;
+    write_config(dir, text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_replayed_after_a_restart_cannot_approve_the_resumed_runs_next_question() {
+    let dir = scratch("replay");
+    let config = twice_config(&dir);
+    let mut first = serve_process(&config, &dir).await;
+    let chat = first.api.new_session("twice").await;
+    let (run, mut events) = first.api.continue_session(&chat, "Add p-17 and p-18").await;
+    let asked = events.until("approval-requested").await;
+    let question = asked.last().unwrap().data["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_for_status(&first.api, &chat, 0, "waiting-for-approval").await;
+    // `kill -9`: the question waits in the store.
+    first.child.kill().await.unwrap();
+    drop(events);
+
+    let mut second = serve_process(&config, &dir).await;
+    let api = &second.api;
+    let path = format!("/v1/agents/twice/runs/{run}/approvals/{question}");
+    let (status, answered) = json_of(api.post(&path, json!({"approve": true})).await).await;
+    assert_eq!(status, StatusCode::OK, "{answered}");
+    assert_eq!(answered["resumed"], true, "{answered}");
+    // The resumed run asks about p-18, under an id of its own.
+    let next = live_question(api, &run).await;
+    assert_eq!(next["arguments"]["product_id"], "p-18", "{next}");
+    assert_ne!(next["approval_id"], question.as_str(), "{next}");
+    // The same answer again, as an attacker who saw the first one would
+    // send it: nothing waits under that id any more.
+    let (status, replayed) = json_of(api.post(&path, json!({"approve": true})).await).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{replayed}");
+    // The question about p-18 still waits, unanswered.
+    let still = live_question(api, &run).await;
+    assert_eq!(still["approval_id"], next["approval_id"], "{still}");
+    let (_, read) = api.get(&format!("/v1/sessions/{chat}")).await;
+    let results: Vec<&Value> = read["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .collect();
+    assert_eq!(results.len(), 1, "only p-17 was added: {read}");
+    let path = format!(
+        "/v1/agents/twice/runs/{run}/approvals/{}",
+        next["approval_id"].as_str().unwrap()
+    );
+    let (status, _) = json_of(api.post(&path, json!({"approve": false})).await).await;
+    assert_eq!(status, StatusCode::OK);
+    wait_for_status(api, &chat, 0, "finished").await;
+    // Answered once; an answer to it again is a 404 as well.
+    let (status, _) = json_of(api.post(&path, json!({"approve": true})).await).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    second.child.kill().await.unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_cannot_be_opened_stops_wma_serve_before_it_listens() {
     let dir = scratch("unreachable");

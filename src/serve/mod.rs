@@ -605,6 +605,7 @@ fn runtime_error(failure: &RuntimeError) -> Response<Body> {
         RuntimeError::SwapInProgress => StatusCode::CONFLICT,
         RuntimeError::SwapFailed(_) => StatusCode::UNPROCESSABLE_ENTITY,
         RuntimeError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        RuntimeError::EmptyRequest => StatusCode::BAD_REQUEST,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };
     error(status, failure.to_string())
@@ -768,6 +769,10 @@ async fn start_run(server: &Server, client: IpAddr, name: &str, body: RunBody) -
             );
         }
     };
+    // Before the store keeps a session and a run for it.
+    if let Err(e) = wma_runtime::check_request(&messages) {
+        return runtime_error(&e);
+    }
     if server.api.store.is_some() {
         return sessions::start_in_new_session(server, client, name, messages, rules).await;
     }

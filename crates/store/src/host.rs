@@ -56,6 +56,9 @@ impl HostGuard {
     ) -> Result<Self, StoreError> {
         let path = lock_path(file, host);
         let url = crate::store::sqlite_url(&path);
+        // Private like the database beside it (see `files`); should it
+        // fail, SQLite's own attempt below says why.
+        let _ = crate::files::create_private_file(&path);
         let unguarded = |e: sqlx::Error| {
             tracing::warn!(path = %path.display(), error = %e, "the host name is not guarded: its lock file cannot be used");
             Self::None

@@ -224,7 +224,7 @@ impl Store {
                 (url.clone(), backend, redacted)
             }
             None => {
-                std::fs::create_dir_all(&options.data_dir).map_err(|source| {
+                crate::files::create_private_dir(&options.data_dir).map_err(|source| {
                     StoreError::DataDir {
                         path: options.data_dir.clone(),
                         source,
@@ -238,6 +238,20 @@ impl Store {
                 )
             }
         };
+        // The SQLite file, made private before SQLite creates it (its
+        // `-wal` and `-shm` files take its mode): only where the URL lets
+        // SQLite create it, so that a URL naming a file that is not there
+        // is still refused. Should this fail (a folder that is not there),
+        // SQLite's own attempt says why.
+        let sqlite_file = match backend {
+            Backend::Sqlite => host::sqlite_file(&url),
+            Backend::Postgres => None,
+        };
+        if let Some(file) = &sqlite_file
+            && url.contains("mode=rwc")
+        {
+            let _ = crate::files::create_private_file(file);
+        }
         let pool = AnyPoolOptions::new()
             .max_connections(options.max_connections.max(1))
             .acquire_timeout(options.acquire_timeout)
@@ -337,6 +351,14 @@ impl Store {
                 start_tokens: AtomicU64::new(0),
             }),
         };
+        if let Some(file) = &sqlite_file {
+            let mut paths = Vec::new();
+            if options.database_url.is_none() {
+                paths.push(options.data_dir.clone());
+            }
+            paths.extend(crate::files::store_files(file));
+            crate::files::warn_if_readable(&paths);
+        }
         let recovery = store.recover().await?;
         if !recovery.interrupted_runs.is_empty() || !recovery.in_doubt_calls.is_empty() {
             tracing::warn!(
