@@ -105,7 +105,42 @@ on_both!(
     a_log_killed_mid_run_keeps_every_flushed_part,
     a_host_name_is_held_by_one_live_store_at_a_time,
     sub_agent_runs_are_kept_apart_in_parts_and_call_records,
+    a_session_live_on_another_host_cannot_be_deleted,
 );
+
+/// A host cannot delete a session whose run is in progress on another host
+/// of the store while that host lives (running, or waiting for an
+/// answer); once the other host is gone (closed, or killed: its name is
+/// no longer held), it can.
+async fn a_session_live_on_another_host_cannot_be_deleted(kind: Kind) {
+    let db = Db::new(kind);
+    let first = Store::open(db.options("first")).await.unwrap();
+    let second = Store::open(db.options("second")).await.unwrap();
+    let session = first.create_session("shopper", "").await.unwrap();
+    let run = first.start_run(&session.id, "shopper", None).await.unwrap();
+    let error = second.delete_session(&session.id).await.unwrap_err();
+    assert!(
+        matches!(&error, StoreError::SessionLive { host, .. } if host == "first"),
+        "{error}"
+    );
+    assert!(first.session(&session.id).await.unwrap().is_some());
+    first
+        .set_run_status(&run.id, RunStatus::WaitingForApproval)
+        .await
+        .unwrap();
+    assert!(matches!(
+        second.delete_session(&session.id).await,
+        Err(StoreError::SessionLive { .. })
+    ));
+    // A session of the second host's own, and one whose runs ended, go.
+    let other = second.create_session("shopper", "").await.unwrap();
+    assert!(second.delete_session(&other.id).await.unwrap());
+    // The first host goes away with its run still `waiting-for-approval`.
+    first.close().await;
+    drop(first);
+    assert!(second.delete_session(&session.id).await.unwrap());
+    second.close().await;
+}
 
 /// A second live store under a host name in use is refused before it
 /// recovers anything (it would interrupt the first one's runs); another
