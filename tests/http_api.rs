@@ -598,6 +598,33 @@ async fn a_rebound_host_name_is_refused() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_with_two_hosts_or_two_origins_is_refused() {
+    let server = Server::start().await;
+    let port = server.addr.port();
+    let own = format!("127.0.0.1:{port}");
+    let request = |extra: &str| {
+        format!(
+            "GET /v1/agents HTTP/1.1\r\n{extra}Authorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+        )
+    };
+    // Either order: which one a reader takes must not matter.
+    for extra in [
+        format!("Host: {own}\r\nHost: evil.example\r\n"),
+        format!("Host: evil.example\r\nHost: {own}\r\n"),
+        format!("Host: {own}\r\nHost: {own}\r\n"),
+        format!("Host: {own}\r\nOrigin: http://{own}\r\nOrigin: http://evil.example\r\n"),
+    ] {
+        let status = server.raw_status(&request(&extra)).await;
+        assert!(status.starts_with("HTTP/1.1 400"), "{extra:?}: {status}");
+    }
+    let status = server
+        .raw_status(&request(&format!("Host: {own}\r\nOrigin: http://{own}\r\n")))
+        .await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bodies_must_be_json_and_within_the_cap() {
     let server = Server::start_with(ServerOptions {
         max_body_bytes: 256,

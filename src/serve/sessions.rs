@@ -156,7 +156,9 @@ fn store_error(e: &StoreError) -> Response<Body> {
         StoreError::SessionNotFound(_)
         | StoreError::RunNotFound(_)
         | StoreError::ApprovalNotFound(_) => StatusCode::NOT_FOUND,
-        StoreError::RunEnded { .. } | StoreError::AlreadyDecided { .. } => StatusCode::CONFLICT,
+        StoreError::RunEnded { .. }
+        | StoreError::AlreadyDecided { .. }
+        | StoreError::SessionLive { .. } => StatusCode::CONFLICT,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };
     error(status, e.to_string())
