@@ -414,6 +414,24 @@ async fn mistakes_get_the_status_that_says_what_went_wrong() {
         .await;
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
 
+    // An empty request starts no run: a model given nothing to do does
+    // whatever its tools suggest.
+    for body in [
+        json!({"input": ""}),
+        json!({"input": " \n\t "}),
+        json!({"messages": [{"role": "user", "content": ""}]}),
+    ] {
+        let response = server
+            .send(post.clone(), "/agents/main/runs", body.clone())
+            .await;
+        let (status, answer) = json_of(response).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(
+            answer["error"], "the request is empty: say what the agent should do",
+            "{body}"
+        );
+    }
+
     let response = server
         .send(post.clone(), "/agents/main/runs/abc/stop", json!({}))
         .await;
@@ -618,7 +636,9 @@ async fn a_request_with_two_hosts_or_two_origins_is_refused() {
         assert!(status.starts_with("HTTP/1.1 400"), "{extra:?}: {status}");
     }
     let status = server
-        .raw_status(&request(&format!("Host: {own}\r\nOrigin: http://{own}\r\n")))
+        .raw_status(&request(&format!(
+            "Host: {own}\r\nOrigin: http://{own}\r\n"
+        )))
         .await;
     assert!(status.starts_with("HTTP/1.1 200"), "{status}");
     server.stop().await;

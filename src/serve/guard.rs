@@ -382,10 +382,7 @@ mod tests {
     fn a_repeated_host_or_origin_is_refused() {
         let guard = guard(&ServerOptions::default());
         let two_hosts = parts(&[("host", "127.0.0.1:8080"), ("host", "evil.example")]);
-        assert_eq!(
-            guard.check_host(&two_hosts),
-            Err(Refusal::Repeated("Host"))
-        );
+        assert_eq!(guard.check_host(&two_hosts), Err(Refusal::Repeated("Host")));
         let two_origins = parts(&[
             ("host", "127.0.0.1:8080"),
             ("origin", "http://127.0.0.1:8080"),
@@ -410,10 +407,7 @@ mod tests {
         }
         // Another kind has its own allowance.
         assert_eq!(log.admit(&host, start), Some(0));
-        assert_eq!(
-            log.admit(&origin, start + REFUSAL_LOG_INTERVAL),
-            Some(500)
-        );
+        assert_eq!(log.admit(&origin, start + REFUSAL_LOG_INTERVAL), Some(500));
         assert_eq!(log.admit(&origin, start + REFUSAL_LOG_INTERVAL), None);
     }
 

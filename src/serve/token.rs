@@ -236,7 +236,11 @@ mod tests {
         assert!(Token::parse(&format!("{strong} x")).is_err());
         assert!(Token::parse(strong).is_ok());
         // Long enough, and guessed at once.
-        for weak in ["a".repeat(MIN_TOKEN_CHARS), "ab".repeat(20), "change-me".repeat(4)] {
+        for weak in [
+            "a".repeat(MIN_TOKEN_CHARS),
+            "ab".repeat(20),
+            "change-me".repeat(4),
+        ] {
             let refused = Token::parse(&weak).unwrap_err();
             assert!(refused.contains("too weak"), "{weak}: {refused}");
         }

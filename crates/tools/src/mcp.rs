@@ -648,11 +648,13 @@ fn tool_definition(tool: &Value) -> Result<ToolDefinition, String> {
             ));
         }
     };
-    Ok(ToolDefinition::new(name, description, schema).with_annotations(ToolAnnotations {
-        read_only,
-        untrusted_content: hints["openWorldHint"].as_bool().unwrap_or(true),
-        consequential: !read_only && hints["destructiveHint"].as_bool().unwrap_or(true),
-    }))
+    Ok(
+        ToolDefinition::new(name, description, schema).with_annotations(ToolAnnotations {
+            read_only,
+            untrusted_content: hints["openWorldHint"].as_bool().unwrap_or(true),
+            consequential: !read_only && hints["destructiveHint"].as_bool().unwrap_or(true),
+        }),
+    )
 }
 
 /// What kind of JSON value `value` is, for a message.
