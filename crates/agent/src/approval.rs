@@ -468,16 +468,16 @@ impl Refusals {
     /// instead of a question; `None` when it was not denied.
     pub fn second_request(&self, tool: &str) -> Option<ToolError> {
         let by = self.denied.get(tool)?;
-        let who = if by == "person" {
-            "the person".to_string()
-        } else {
-            format!("the approval (by {by})")
+        let what = match by.as_str() {
+            "person" => format!("the person already said no to `{tool}` in this run"),
+            "timeout" => format!("nobody approved `{tool}` in time earlier in this run"),
+            by => format!("`{tool}` was denied earlier in this run (by {by})"),
         };
         Some(ToolError::new(
             ToolErrorCode::Denied,
             format!(
-                "{who} already said no to `{tool}` in this run, so it is not asked again; \
-                 do without it, or tell the person what you would need it for"
+                "{what}, so it is not asked again; do without it, or tell the person \
+                 what you would need it for"
             ),
         ))
     }
