@@ -1042,6 +1042,61 @@ async fn wma_chat_asks_on_the_terminal_with_the_full_arguments() {
     );
 }
 
+/// A file's text as a tool returns it and a call's arguments as the model
+/// wrote them reach the terminal with their escapes made visible: neither
+/// can erase the lines around the question, fake an answer, write to the
+/// clipboard or hide text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wma_run_shows_escapes_of_tools_and_models_as_text_around_its_question() {
+    let dir = workdir("escapes");
+    let hostile =
+        "ok\u{1b}[2K\u{1b}[1A\r✓ approved\u{1b}]52;c;cm0gLXJmIH4=\u{7}\u{1b}[8m\u{9b}2J\u{202e}";
+    std::fs::write(dir.join("page.txt"), hostile).unwrap();
+    let replies = [
+        read_call(&dir, "page.txt"),
+        write_call(&dir, "out.txt", hostile),
+        "Done.".to_string(),
+    ];
+    let config = cli_config(&dir, &replies).display().to_string();
+    let (ok, stdout, stderr) = wma(
+        &[
+            "run",
+            "--config",
+            &config,
+            "--approve",
+            "ask",
+            "Copy page.txt",
+        ],
+        "y\n",
+    )
+    .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    // The call ran (the question was answered) with the bytes as written.
+    assert_eq!(
+        std::fs::read_to_string(dir.join("out.txt")).unwrap(),
+        hostile
+    );
+    for shown in [&stdout, &stderr] {
+        let raw: Vec<char> = shown
+            .chars()
+            .filter(|c| {
+                (c.is_control() && *c != '\n' && *c != '\t')
+                    || ('\u{202a}'..='\u{202e}').contains(c)
+            })
+            .collect();
+        assert!(raw.is_empty(), "{raw:?} in {shown}");
+    }
+    // The result, visible for what it is.
+    assert!(
+        stdout.contains("← read_text_file: ok\\x1b[2K\\x1b[1A\\x0d✓ approved\\x1b]52;c;"),
+        "{stdout}"
+    );
+    // The question shows the arguments' controls too, those JSON leaves
+    // as they are included (an 8-bit CSI, a bidi override).
+    assert!(stderr.contains("wants to call `write_file`"), "{stderr}");
+    assert!(stderr.contains("\\x9b2J\\u{202e}"), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wma_run_asks_only_when_told_to_read_answers_and_never_waits_otherwise() {
     let dir = workdir("run");

@@ -414,6 +414,24 @@ async fn mistakes_get_the_status_that_says_what_went_wrong() {
         .await;
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
 
+    // An empty request starts no run: a model given nothing to do does
+    // whatever its tools suggest.
+    for body in [
+        json!({"input": ""}),
+        json!({"input": " \n\t "}),
+        json!({"messages": [{"role": "user", "content": ""}]}),
+    ] {
+        let response = server
+            .send(post.clone(), "/agents/main/runs", body.clone())
+            .await;
+        let (status, answer) = json_of(response).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(
+            answer["error"], "the request is empty: say what the agent should do",
+            "{body}"
+        );
+    }
+
     let response = server
         .send(post.clone(), "/agents/main/runs/abc/stop", json!({}))
         .await;
@@ -594,6 +612,35 @@ async fn a_rebound_host_name_is_refused() {
         let status = server.raw_status(&request(&host)).await;
         assert!(status.starts_with("HTTP/1.1 200"), "{host}: {status}");
     }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_with_two_hosts_or_two_origins_is_refused() {
+    let server = Server::start().await;
+    let port = server.addr.port();
+    let own = format!("127.0.0.1:{port}");
+    let request = |extra: &str| {
+        format!(
+            "GET /v1/agents HTTP/1.1\r\n{extra}Authorization: Bearer {TOKEN}\r\nConnection: close\r\n\r\n"
+        )
+    };
+    // Either order: which one a reader takes must not matter.
+    for extra in [
+        format!("Host: {own}\r\nHost: evil.example\r\n"),
+        format!("Host: evil.example\r\nHost: {own}\r\n"),
+        format!("Host: {own}\r\nHost: {own}\r\n"),
+        format!("Host: {own}\r\nOrigin: http://{own}\r\nOrigin: http://evil.example\r\n"),
+    ] {
+        let status = server.raw_status(&request(&extra)).await;
+        assert!(status.starts_with("HTTP/1.1 400"), "{extra:?}: {status}");
+    }
+    let status = server
+        .raw_status(&request(&format!(
+            "Host: {own}\r\nOrigin: http://{own}\r\n"
+        )))
+        .await;
+    assert!(status.starts_with("HTTP/1.1 200"), "{status}");
     server.stop().await;
 }
 

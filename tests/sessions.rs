@@ -1441,6 +1441,137 @@ async fn a_run_resumed_after_a_restart_numbers_its_calls_after_those_it_holds() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_request_is_refused_before_a_session_or_run_is_kept() {
+    let dir = scratch("empty");
+    let config = kill_config(&dir);
+    let mut server = serve_process(&config, &dir).await;
+    let api = &server.api;
+    let (status, answer) = json_of(
+        api.post("/v1/agents/clerk/runs", json!({"input": "  "}))
+            .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("the request is empty")
+    );
+    let chat = api.new_session("clerk").await;
+    let (status, answer) = json_of(
+        api.post(&format!("/v1/sessions/{chat}/runs"), json!({"input": ""}))
+            .await,
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    let (_, listed) = api.get("/v1/sessions").await;
+    assert_eq!(listed["sessions"].as_array().unwrap().len(), 1, "{listed}");
+    let (_, read) = api.get(&format!("/v1/sessions/{chat}")).await;
+    assert_eq!(read["runs"].as_array().unwrap().len(), 0, "{read}");
+    assert_eq!(read["messages"].as_array().unwrap().len(), 0, "{read}");
+    server.child.kill().await.unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `twice` asks before each of two `add_to_cart` calls.
+fn twice_config(dir: &Path) -> PathBuf {
+    let text = r#"
+[providers.twice]
+kind = "scripted"
+replies = [
+    '{"name": "add_to_cart", "arguments": {"product_id": "p-17"}}',
+    '{"name": "add_to_cart", "arguments": {"product_id": "p-18"}}',
+    "Both are in your cart.",
+]
+
+[tools.cart]
+kind = "demo-shop"
+allow = ["add_to_cart", "view_cart"]
+
+[agents.twice]
+provider = "twice"
+tools = ["cart"]
+approval = { tools = { add_to_cart = "ask" } }
+
+"#;
+    write_config(dir, text)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_replayed_after_a_restart_cannot_approve_the_resumed_runs_next_question() {
+    let dir = scratch("replay");
+    let config = twice_config(&dir);
+    let mut first = serve_process(&config, &dir).await;
+    let chat = first.api.new_session("twice").await;
+    let (run, mut events) = first.api.continue_session(&chat, "Add p-17 and p-18").await;
+    let asked = events.until("approval-requested").await;
+    let question = asked.last().unwrap().data["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    wait_for_status(&first.api, &chat, 0, "waiting-for-approval").await;
+    // `kill -9`: the question waits in the store.
+    first.child.kill().await.unwrap();
+    drop(events);
+
+    let mut second = serve_process(&config, &dir).await;
+    let api = &second.api;
+    let path = format!("/v1/agents/twice/runs/{run}/approvals/{question}");
+    let (status, answered) = json_of(api.post(&path, json!({"approve": true})).await).await;
+    assert_eq!(status, StatusCode::OK, "{answered}");
+    assert_eq!(answered["resumed"], true, "{answered}");
+    // The resumed run asks about its next call.
+    let next = live_question(api, &run).await;
+    assert_eq!(next["call_id"], "call_2_1", "{next}");
+    // The same answer again, as an attacker who saw the first one would
+    // send it: nothing waits under that id any more (the new question has
+    // an id of its own).
+    let (status, replayed) = json_of(api.post(&path, json!({"approve": true})).await).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{replayed}");
+    assert_ne!(next["approval_id"], question.as_str(), "{next}");
+    // The resumed run's question still waits, unanswered.
+    let still = live_question(api, &run).await;
+    assert_eq!(still["approval_id"], next["approval_id"], "{still}");
+    let (_, read) = api.get(&format!("/v1/sessions/{chat}")).await;
+    let results: Vec<&Value> = read["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "tool")
+        .collect();
+    assert_eq!(results.len(), 1, "only the first call ran: {read}");
+    let path = format!(
+        "/v1/agents/twice/runs/{run}/approvals/{}",
+        next["approval_id"].as_str().unwrap()
+    );
+    let (status, _) = json_of(api.post(&path, json!({"approve": false})).await).await;
+    assert_eq!(status, StatusCode::OK);
+    // The run ends (how, its script's business).
+    tokio::time::timeout(HANG, async {
+        loop {
+            let (_, read) = api.get(&format!("/v1/sessions/{chat}")).await;
+            let status = read["runs"][0]["status"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+            if status != "running" && status != "waiting-for-approval" {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("the run ends");
+    // Answered once; an answer to it again is a 404 as well.
+    let (status, _) = json_of(api.post(&path, json!({"approve": true})).await).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    second.child.kill().await.unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_cannot_be_opened_stops_wma_serve_before_it_listens() {
     let dir = scratch("unreachable");
     // A port nothing listens on: the store's database cannot be reached.

@@ -15,6 +15,7 @@ use webmcp_agents::agent::{
     AgentStreamPart, ApprovalAnswer, ApprovalMode, ApprovalRequest, ApprovalRule, Approver,
     CallRecordRequest, FixedApprover,
 };
+use webmcp_agents::display::terminal_safe;
 use webmcp_agents::runtime::TaggedPart;
 use webmcp_agents::store::Store;
 
@@ -82,22 +83,34 @@ impl ApprovalArgs {
 /// by a chat's requests and the answers to its questions.
 #[derive(Clone)]
 pub(crate) struct Lines {
-    rx: Arc<tokio::sync::Mutex<mpsc::Receiver<String>>>,
+    rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Result<String, usize>>>>,
 }
 
 impl Lines {
     /// Starts reading stdin.
     pub(crate) fn stdin() -> Self {
-        let (tx, rx) = mpsc::channel::<String>(1);
+        Self::reading(std::io::BufReader::new(std::io::stdin()))
+    }
+
+    /// Starts reading `input` on a thread of its own. A line that is not
+    /// UTF-8 is passed on as its line number, and reading goes on after
+    /// it: one bad line must not end a chat or lose the lines after it.
+    fn reading(mut input: impl std::io::BufRead + Send + 'static) -> Self {
+        let (tx, rx) = mpsc::channel::<Result<String, usize>>(1);
         std::thread::spawn(move || {
-            let stdin = std::io::stdin();
-            let mut line = String::new();
+            let mut bytes = Vec::new();
+            let mut number = 0;
             loop {
-                line.clear();
-                match stdin.read_line(&mut line) {
+                bytes.clear();
+                match input.read_until(b'\n', &mut bytes) {
                     Ok(0) | Err(_) => return,
                     Ok(_) => {
-                        if tx.blocking_send(line.trim().to_string()).is_err() {
+                        number += 1;
+                        let line = match std::str::from_utf8(&bytes) {
+                            Ok(text) => Ok(text.trim().to_string()),
+                            Err(_) => Err(number),
+                        };
+                        if tx.blocking_send(line).is_err() {
                             return;
                         }
                     }
@@ -109,9 +122,19 @@ impl Lines {
         }
     }
 
-    /// The next line; `None` once stdin ended.
+    /// The next line; `None` once stdin ended. A line that is not UTF-8
+    /// is refused on stderr, saying which it was, and the next is read.
     pub(crate) async fn next(&self) -> Option<String> {
-        self.rx.lock().await.recv().await
+        let mut rx = self.rx.lock().await;
+        loop {
+            match rx.recv().await? {
+                Ok(line) => return Some(line),
+                Err(number) => eprintln!(
+                    "error: line {number} of the input is not valid UTF-8; it was not sent \
+                     (the chat goes on)"
+                ),
+            }
+        }
     }
 }
 
@@ -153,10 +176,15 @@ impl Approver for TerminalApprover {
         let arguments = serde_json::to_string_pretty(&request.arguments)
             .unwrap_or_else(|_| request.arguments.to_string());
         let mut err = std::io::stderr();
+        // The call is the model's and its reason names the tool's source:
+        // neither may write to the terminal around the question.
         let _ = writeln!(
             err,
-            "\n`{}` wants to call `{}` ({}) with:\n{arguments}",
-            request.agent, request.tool, request.reason
+            "\n`{}` wants to call `{}` ({}) with:\n{}",
+            terminal_safe(&request.agent),
+            terminal_safe(&request.tool),
+            terminal_safe(&request.reason),
+            terminal_safe(&arguments)
         );
         loop {
             let _ = write!(
@@ -356,6 +384,15 @@ impl Approver for RecordingApprover {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_line_that_is_not_utf8_is_skipped_and_the_rest_is_read() {
+        let input: &'static [u8] = b"first\nbad \xff\xfe line\nthird\n";
+        let lines = Lines::reading(std::io::BufReader::new(input));
+        assert_eq!(lines.next().await.as_deref(), Some("first"));
+        assert_eq!(lines.next().await.as_deref(), Some("third"));
+        assert_eq!(lines.next().await, None);
+    }
 
     fn order(call_id: &str) -> CallRecordRequest {
         CallRecordRequest {

@@ -14,7 +14,7 @@ use clap::Args;
 use tokio_util::sync::CancellationToken;
 use webmcp_agents::agent::{AgentStreamPart, ChatMessage};
 use webmcp_agents::config::{Config, Hosted, StartOptions};
-use webmcp_agents::display::render_part;
+use webmcp_agents::display::{render_part, terminal_safe};
 use webmcp_agents::runtime::{AgentHandle, RunApprovals, RunId, TaggedPart};
 use webmcp_agents::store::{RunLog, RunStatus, Store};
 use webmcp_agents::tools::PageTool;
@@ -89,7 +89,7 @@ pub(crate) fn render_tagged(part: &TaggedPart) -> String {
         format!(
             "{}[{}] {line}",
             "  ".repeat(part.depth as usize),
-            part.agent
+            terminal_safe(&part.agent)
         )
     }
 }
@@ -242,7 +242,7 @@ fn print_carts(hosted: &Hosted) {
             .map(|l| format!("{} x {}", l.quantity, l.product_id))
             .collect();
         if !cart.is_empty() {
-            eprintln!("cart of `{source}`: {}", cart.join(", "));
+            eprintln!("cart of `{source}`: {}", terminal_safe(&cart.join(", ")));
         }
     }
 }

@@ -2,7 +2,10 @@
 //! `Host` (DNS rebinding), the `Origin` (other sites' pages), the token and
 //! the body's media type.
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use hyper::header::{
     ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS, ACCESS_CONTROL_ALLOW_ORIGIN,
@@ -35,6 +38,73 @@ pub(crate) enum Refusal {
     Host(String),
     /// An `Origin` not in the allow-list: 403.
     Origin(String),
+    /// More than one header of this name (`Host`, `Origin`): 400. Two
+    /// values leave it to each reader which one counts, and a proxy in
+    /// front may read the other one than this server.
+    Repeated(&'static str),
+}
+
+impl Refusal {
+    /// The kind of refusal, for [`RefusalLog`].
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::NoHost => "no-host",
+            Self::Host(_) => "host",
+            Self::Origin(_) => "origin",
+            Self::Repeated(_) => "repeated-header",
+        }
+    }
+}
+
+/// How often a warning about refused requests of one kind is logged at
+/// most; the refusals in between are counted into the next warning. A page
+/// that sends requests in a loop must not fill the log (and its disk).
+pub(crate) const REFUSAL_LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Rate-limits the warnings about refused requests: per kind of refusal,
+/// the first one is logged, then at most one per [`REFUSAL_LOG_INTERVAL`],
+/// saying how many were refused in between without a line of their own.
+#[derive(Debug, Default)]
+pub(crate) struct RefusalLog {
+    /// Per kind: when the last warning was logged, and the refusals since.
+    kinds: Mutex<HashMap<&'static str, (Instant, u64)>>,
+}
+
+impl RefusalLog {
+    /// Whether to log `refusal` at `now`: `Some(n)` with the refusals of
+    /// its kind left unlogged since the last warning, `None` to count it
+    /// silently.
+    pub(crate) fn admit(&self, refusal: &Refusal, now: Instant) -> Option<u64> {
+        let mut kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
+        match kinds.get_mut(refusal.kind()) {
+            Some((last, unlogged)) if now.duration_since(*last) < REFUSAL_LOG_INTERVAL => {
+                *unlogged += 1;
+                None
+            }
+            Some((last, unlogged)) => {
+                *last = now;
+                Some(std::mem::take(unlogged))
+            }
+            None => {
+                kinds.insert(refusal.kind(), (now, 0));
+                Some(0)
+            }
+        }
+    }
+}
+
+/// The one value of header `name`: `Err` when there are several.
+fn single<'a>(
+    headers: &'a HeaderMap,
+    name: &hyper::header::HeaderName,
+    label: &'static str,
+) -> Result<Option<&'a HeaderValue>, Refusal> {
+    let mut values = headers.get_all(name).iter();
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(Refusal::Repeated(label));
+    }
+    Ok(first)
 }
 
 /// The request checks, built once per server.
@@ -86,7 +156,7 @@ impl Guard {
     /// that an attacker re-pointed at this machine (DNS rebinding) sends
     /// that name, and is refused here even though it reached the port.
     pub(crate) fn check_host(&self, request: &Parts) -> Result<(), Refusal> {
-        let Some(host) = request.headers.get(HOST) else {
+        let Some(host) = single(&request.headers, &HOST, "Host")? else {
             return Err(Refusal::NoHost);
         };
         let host = String::from_utf8_lossy(host.as_bytes()).to_ascii_lowercase();
@@ -112,7 +182,7 @@ impl Guard {
     /// without CORS headers, since it needs none. Returns an allowed other
     /// origin, for CORS headers.
     pub(crate) fn check_origin(&self, request: &Parts) -> Result<Option<HeaderValue>, Refusal> {
-        let Some(origin) = request.headers.get(ORIGIN) else {
+        let Some(origin) = single(&request.headers, &ORIGIN, "Origin")? else {
             return Ok(None);
         };
         let text = String::from_utf8_lossy(origin.as_bytes()).to_ascii_lowercase();
@@ -203,6 +273,8 @@ pub(crate) fn add_cors(headers: &mut HeaderMap, origin: HeaderValue, preflight: 
 mod tests {
     use super::*;
 
+    const TOKEN: &str = "7c1f0e9a3b5d2c8e4f6a0b1c9d8e7f6a5b4c3d2e";
+
     fn parts(headers: &[(&str, &str)]) -> Parts {
         let mut request = hyper::Request::builder().uri("/v1/agents");
         for (name, value) in headers {
@@ -212,7 +284,7 @@ mod tests {
     }
 
     fn guard(options: &ServerOptions) -> Guard {
-        let token = Token::parse(&"t".repeat(40)).unwrap();
+        let token = Token::parse(TOKEN).unwrap();
         Guard::new(token, "127.0.0.1:8080".parse().unwrap(), options)
     }
 
@@ -286,7 +358,7 @@ mod tests {
     fn bearer_scheme_is_case_insensitive_and_the_token_is_not() {
         let guard = guard(&ServerOptions::default());
         let headers = |v: &str| parts(&[("authorization", v)]).headers;
-        let token = "t".repeat(40);
+        let token = TOKEN.to_string();
         assert_eq!(
             guard.authorize(&headers(&format!("Bearer {token}"))),
             Auth::Valid
@@ -304,6 +376,39 @@ mod tests {
             Auth::Wrong
         );
         assert_eq!(guard.authorize(&parts(&[]).headers), Auth::Missing);
+    }
+
+    #[test]
+    fn a_repeated_host_or_origin_is_refused() {
+        let guard = guard(&ServerOptions::default());
+        let two_hosts = parts(&[("host", "127.0.0.1:8080"), ("host", "evil.example")]);
+        assert_eq!(guard.check_host(&two_hosts), Err(Refusal::Repeated("Host")));
+        let two_origins = parts(&[
+            ("host", "127.0.0.1:8080"),
+            ("origin", "http://127.0.0.1:8080"),
+            ("origin", "http://evil.example"),
+        ]);
+        assert_eq!(guard.check_host(&two_origins), Ok(()));
+        assert_eq!(
+            guard.check_origin(&two_origins),
+            Err(Refusal::Repeated("Origin"))
+        );
+    }
+
+    #[test]
+    fn refusal_warnings_are_one_per_kind_and_interval_with_a_count() {
+        let log = RefusalLog::default();
+        let start = Instant::now();
+        let origin = Refusal::Origin("http://evil.example".into());
+        let host = Refusal::Host("evil.example".into());
+        assert_eq!(log.admit(&origin, start), Some(0));
+        for i in 1..=500 {
+            assert_eq!(log.admit(&origin, start + Duration::from_millis(i)), None);
+        }
+        // Another kind has its own allowance.
+        assert_eq!(log.admit(&host, start), Some(0));
+        assert_eq!(log.admit(&origin, start + REFUSAL_LOG_INTERVAL), Some(500));
+        assert_eq!(log.admit(&origin, start + REFUSAL_LOG_INTERVAL), None);
     }
 
     #[test]

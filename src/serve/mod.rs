@@ -284,6 +284,8 @@ pub(crate) struct Server {
     api: Arc<Api>,
     options: ServerOptions,
     guard: guard::Guard,
+    /// How often a refused request is a warning in the log.
+    refusals: guard::RefusalLog,
     runs: Arc<RunBook>,
     /// The questions of its runs that wait for a person.
     approvals: Arc<dyn PendingApprovals>,
@@ -295,6 +297,7 @@ impl Server {
     fn new(api: Arc<Api>, token: Token, listen: SocketAddr, options: ServerOptions) -> Self {
         Self {
             guard: guard::Guard::new(token, listen, &options),
+            refusals: guard::RefusalLog::default(),
             runs: Arc::new(RunBook::default()),
             approvals: Arc::new(InMemoryApprovals::default()),
             live: Arc::new(sessions::LiveRuns::default()),
@@ -378,11 +381,11 @@ impl Drop for RunTicket {
 async fn handle(server: &Server, peer: SocketAddr, request: Request<Incoming>) -> Response<Body> {
     let (parts, body) = request.into_parts();
     if let Err(refusal) = server.guard.check_host(&parts) {
-        return refused(refusal);
+        return refused(&server.refusals, refusal);
     }
     let cors = match server.guard.check_origin(&parts) {
         Ok(cors) => cors,
-        Err(refusal) => return refused(refusal),
+        Err(refusal) => return refused(&server.refusals, refusal),
     };
     let preflight = cors.is_some() && guard::is_preflight(&parts);
     let mut response = if preflight {
@@ -430,18 +433,38 @@ async fn checked(server: &Server, peer: SocketAddr, request: Request<Incoming>) 
     route(server, peer, request).await
 }
 
-fn refused(refusal: guard::Refusal) -> Response<Body> {
+/// The answer to a refused request, and a warning about it, as often as
+/// `log` allows (a page can send refused requests in a loop).
+fn refused(log: &guard::RefusalLog, refusal: guard::Refusal) -> Response<Body> {
+    let unlogged = log.admit(&refusal, std::time::Instant::now());
     match refusal {
         guard::Refusal::NoHost => error(StatusCode::BAD_REQUEST, "the request has no Host header"),
+        guard::Refusal::Repeated(name) => {
+            if let Some(unlogged) = unlogged {
+                tracing::warn!(
+                    header = name,
+                    unlogged,
+                    "refused a request with more than one header of a name that must be single"
+                );
+            }
+            error(
+                StatusCode::BAD_REQUEST,
+                format!("the request has more than one `{name}` header"),
+            )
+        }
         guard::Refusal::Host(host) => {
-            tracing::warn!(%host, "refused a request for another host name (DNS rebinding?)");
+            if let Some(unlogged) = unlogged {
+                tracing::warn!(%host, unlogged, "refused a request for another host name (DNS rebinding?)");
+            }
             error(
                 StatusCode::FORBIDDEN,
                 format!("this server is not reached as `{host}`"),
             )
         }
         guard::Refusal::Origin(origin) => {
-            tracing::warn!(%origin, "refused a request from a page of another origin");
+            if let Some(unlogged) = unlogged {
+                tracing::warn!(%origin, unlogged, "refused a request from a page of another origin");
+            }
             error(
                 StatusCode::FORBIDDEN,
                 format!("pages of `{origin}` may not call this API"),
@@ -605,6 +628,7 @@ fn runtime_error(failure: &RuntimeError) -> Response<Body> {
         RuntimeError::SwapInProgress => StatusCode::CONFLICT,
         RuntimeError::SwapFailed(_) => StatusCode::UNPROCESSABLE_ENTITY,
         RuntimeError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        RuntimeError::EmptyRequest => StatusCode::BAD_REQUEST,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };
     error(status, failure.to_string())
@@ -768,6 +792,10 @@ async fn start_run(server: &Server, client: IpAddr, name: &str, body: RunBody) -
             );
         }
     };
+    // Before the store keeps a session and a run for it.
+    if let Err(e) = wma_runtime::check_request(&messages) {
+        return runtime_error(&e);
+    }
     if server.api.store.is_some() {
         return sessions::start_in_new_session(server, client, name, messages, rules).await;
     }

@@ -156,7 +156,9 @@ fn store_error(e: &StoreError) -> Response<Body> {
         StoreError::SessionNotFound(_)
         | StoreError::RunNotFound(_)
         | StoreError::ApprovalNotFound(_) => StatusCode::NOT_FOUND,
-        StoreError::RunEnded { .. } | StoreError::AlreadyDecided { .. } => StatusCode::CONFLICT,
+        StoreError::RunEnded { .. }
+        | StoreError::AlreadyDecided { .. }
+        | StoreError::SessionLive { .. } => StatusCode::CONFLICT,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     };
     error(status, e.to_string())
@@ -324,6 +326,11 @@ pub(crate) async fn continue_session(
         Ok(rules) => rules,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
+    let new = vec![ChatMessage::user(body.input)];
+    // Before the store keeps a run for it.
+    if let Err(e) = wma_runtime::check_request(&new) {
+        return super::runtime_error(&e);
+    }
     let mut history = session.messages;
     // A turn its host was cut from (a crash, a shutdown that gave up on
     // it) and that the start did not mend yet: its answer, as far as the
@@ -334,7 +341,6 @@ pub(crate) async fn continue_session(
         Ok(None) => {}
         Err(e) => return store_error(&e),
     }
-    let new = vec![ChatMessage::user(body.input)];
     history.extend(new.iter().cloned());
     let agent = session.session.agent;
     start_durable(server, client, &agent, &id, history, new, rules).await
@@ -790,6 +796,9 @@ pub(crate) async fn decide_stored(
         .find(|a| a.is_pending() && a.request.approval_id == approval)?;
     let decided = match store.decide_approval(&found.id, answer).await {
         Ok(decided) => decided,
+        // Another answer got there first (two at once): the question no
+        // longer waits, and a second answer is a 404 like any other.
+        Err(StoreError::AlreadyDecided { .. }) => return None,
         Err(e) => return Some(store_error(&e)),
     };
     let again = store.run(&run).await.ok().flatten();

@@ -25,7 +25,10 @@ impl Token {
 
     /// A token an operator or a program chose. It must be at least
     /// [`MIN_TOKEN_CHARS`] long and printable ASCII without spaces, so that
-    /// it fits in a header unchanged.
+    /// it fits in a header unchanged, and as strong as a cluster's cookie
+    /// must be ([`wma_runtime::cookie_problems`]: enough distinct
+    /// characters and estimated bits, no placeholder): 32 × `a` is long
+    /// enough and guessed at once.
     pub fn parse(text: &str) -> Result<Self, String> {
         if text.len() < MIN_TOKEN_CHARS {
             return Err(format!(
@@ -35,6 +38,13 @@ impl Token {
         }
         if !text.bytes().all(|b| b.is_ascii_graphic()) {
             return Err("the token may only hold printable ASCII without spaces".to_string());
+        }
+        let problems = wma_runtime::cookie_problems(text);
+        if !problems.is_empty() {
+            return Err(format!(
+                "the token is too weak: {} (`openssl rand -hex 32` makes one)",
+                problems.join("; ")
+            ));
         }
         Ok(Self(text.to_string()))
     }
@@ -164,6 +174,17 @@ fn from_file(path: &Path) -> io::Result<(Token, TokenOrigin)> {
 }
 
 fn read_token_file(path: &Path) -> io::Result<Token> {
+    // Opening a folder succeeds on Unix and only reading it fails, with
+    // an error that names no path.
+    if path.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "the http token file {} is a folder; name a file (it is made when missing)",
+                path.display()
+            ),
+        ));
+    }
     let file = File::open(path)?;
     #[cfg(unix)]
     {
@@ -209,9 +230,32 @@ mod tests {
     }
 
     #[test]
-    fn short_or_spaced_tokens_are_refused() {
+    fn short_spaced_or_weak_tokens_are_refused() {
         assert!(Token::parse("secret").is_err());
-        assert!(Token::parse(&format!("{} x", "a".repeat(40))).is_err());
-        assert!(Token::parse(&"a".repeat(MIN_TOKEN_CHARS)).is_ok());
+        let strong = "3f9c1e0b7a6d4c2f8e5b9a1d0c7e6f3a";
+        assert!(Token::parse(&format!("{strong} x")).is_err());
+        assert!(Token::parse(strong).is_ok());
+        // Long enough, and guessed at once.
+        for weak in [
+            "a".repeat(MIN_TOKEN_CHARS),
+            "ab".repeat(20),
+            "change-me".repeat(4),
+        ] {
+            let refused = Token::parse(&weak).unwrap_err();
+            assert!(refused.contains("too weak"), "{weak}: {refused}");
+        }
+    }
+
+    #[test]
+    fn a_token_file_that_is_a_folder_is_named_in_the_error() {
+        let dir = std::env::temp_dir().join(format!("wma-token-dir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let error = TokenSource::File(dir.clone()).load().unwrap_err();
+        assert!(
+            error.to_string().contains(&dir.display().to_string()),
+            "{error}"
+        );
+        assert!(error.to_string().contains("is a folder"), "{error}");
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

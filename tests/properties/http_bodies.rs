@@ -250,6 +250,20 @@ fn starts_a_run(body: &RunBody) -> bool {
     ) && body.messages.as_ref().is_none_or(|m| !m.is_empty())
 }
 
+/// Whether the request of a body that [`starts_a_run`] is empty: an
+/// `input`, or a conversation's last message of the person's, that holds
+/// only white space. The server refuses it before any run.
+fn is_empty_request(body: &RunBody) -> bool {
+    match (&body.input, &body.messages) {
+        (Some(input), _) => input.trim().is_empty(),
+        (None, Some(messages)) => matches!(
+            messages.last(),
+            Some(ChatMessage::User { content }) if content.trim().is_empty()
+        ),
+        (None, None) => false,
+    }
+}
+
 /// A string made of control tokens, the API's words and anything else.
 fn hostile_text() -> impl Strategy<Value = String> {
     prop::collection::vec(
@@ -427,6 +441,10 @@ proptest! {
         let answer = harness.send(Method::POST, "/agents/probe/runs", bytes);
         let error = answered_or_refused(&answer, "a run")?;
         match &parsed {
+            Ok(body) if starts_a_run(body) && is_empty_request(body) => {
+                prop_assert_eq!(answer.status, StatusCode::BAD_REQUEST, "{}", answer.body);
+                prop_assert!(error.unwrap_or_default().contains("the request is empty"));
+            }
             Ok(body) if starts_a_run(body) => {
                 prop_assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
                 prop_assert_eq!(&answer.content_type, "text/event-stream");

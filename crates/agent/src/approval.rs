@@ -16,6 +16,7 @@
 //! gave. A run's own request can only tighten all of this
 //! ([`ApprovalPolicy::decide`] takes the stricter of the two).
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -23,7 +24,8 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::tool::ToolAnnotations;
+use crate::error::{ToolError, ToolErrorCode};
+use crate::tool::{ToolAnnotations, ToolDefinition};
 
 /// How long a question waits for its answer unless the policy says
 /// otherwise; no answer in time denies the call.
@@ -289,7 +291,8 @@ pub fn decide(
 /// A question for a person: may this call run?
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ApprovalRequest {
-    /// Unique among the questions of this process; the answer names it.
+    /// Unique among all questions, across processes (128 random bits);
+    /// the answer names it.
     pub approval_id: String,
     /// The agent whose run makes the call.
     pub agent: String,
@@ -433,11 +436,83 @@ pub fn needs_record(annotations: &ToolAnnotations, asked: bool) -> bool {
     annotations.consequential || asked
 }
 
-/// A fresh approval id: unique in this process, so an answer meant for a
-/// question that timed out can never approve a later one.
+/// The tools a person said no to in this run. Asking again about a call
+/// the person just denied wears them into a yes (a model that wants the
+/// call asks at every step), so a denied tool is no longer offered to the
+/// model for the rest of the run, and a call of it the model makes all the
+/// same is answered `Error [denied]` without asking. The person's next
+/// message starts a new run, where the tool asks again: saying so is
+/// theirs, not the model's.
+#[derive(Debug, Clone, Default)]
+pub struct Refusals {
+    /// Tool name to who said no (`person`, `timeout`, `terminal`, ...).
+    denied: HashMap<String, String>,
+}
+
+impl Refusals {
+    /// Notes a question's answer: a denial of `tool` holds for the rest
+    /// of the run. An answer given for the session (`by` `session`) was
+    /// not asked this run, and the answer it repeats holds already.
+    pub fn record(&mut self, tool: &str, answer: &ApprovalAnswer) {
+        if !answer.approved && answer.by != "session" {
+            self.denied.insert(tool.to_string(), answer.by.clone());
+        }
+    }
+
+    /// Whether a person said no to `tool` in this run.
+    pub fn is_denied(&self, tool: &str) -> bool {
+        self.denied.contains_key(tool)
+    }
+
+    /// The `denied` error a second call of a tool denied in this run gets,
+    /// instead of a question; `None` when it was not denied.
+    pub fn second_request(&self, tool: &str) -> Option<ToolError> {
+        let by = self.denied.get(tool)?;
+        let what = match by.as_str() {
+            "person" => format!("the person already said no to `{tool}` in this run"),
+            "timeout" => format!("nobody approved `{tool}` in time earlier in this run"),
+            by => format!("`{tool}` was denied earlier in this run (by {by})"),
+        };
+        Some(ToolError::new(
+            ToolErrorCode::Denied,
+            format!(
+                "{what}, so it is not asked again; do without it, or tell the person \
+                 what you would need it for"
+            ),
+        ))
+    }
+
+    /// `tools` without those denied in this run: what a step may offer.
+    pub fn offerable(&self, mut tools: Vec<ToolDefinition>) -> Vec<ToolDefinition> {
+        if !self.denied.is_empty() {
+            tools.retain(|t| !self.is_denied(&t.name));
+        }
+        tools
+    }
+}
+
+/// A fresh approval id: 128 random bits in hex, so that it is unique
+/// across processes as well as within one. A question's id is all an
+/// answer names: an id that counted from 1 in every process let an answer
+/// replayed after a restart approve the resumed run's next question, a
+/// call nobody saw. Should the operating system's random source fail, the
+/// id is made of the process id, the time and a counter, still unique
+/// across restarts.
 pub(crate) fn next_approval_id() -> String {
     static NEXT: AtomicU64 = AtomicU64::new(1);
-    format!("approval-{}", NEXT.fetch_add(1, Ordering::Relaxed))
+    let mut bytes = [0u8; 16];
+    if getrandom::fill(&mut bytes).is_ok() {
+        let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        return format!("approval-{hex}");
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "approval-{}-{nanos:x}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// An approver that answers every question the same way at once (hosts
@@ -544,6 +619,37 @@ mod tests {
             policy.decide("cart_view", &ann(true, false), &[], Some("page_text")),
             Verdict::Run
         );
+    }
+
+    #[test]
+    fn a_denied_tool_is_offered_no_more_and_a_second_call_is_denied_without_asking() {
+        let tool = |name: &str| ToolDefinition {
+            name: name.to_string(),
+            description: String::new(),
+            input_schema: serde_json::json!({"type": "object"}),
+            annotations: ann(false, true),
+        };
+        let mut refusals = Refusals::default();
+        let tools = vec![tool("delete_everything"), tool("view")];
+        assert_eq!(refusals.offerable(tools.clone()).len(), 2);
+        assert!(refusals.second_request("delete_everything").is_none());
+        // An approval, and an answer the session gave, change nothing.
+        refusals.record("delete_everything", &ApprovalAnswer::approve());
+        refusals.record(
+            "delete_everything",
+            &ApprovalAnswer::deny().remembered().by("session"),
+        );
+        assert!(!refusals.is_denied("delete_everything"));
+        refusals.record("delete_everything", &ApprovalAnswer::deny());
+        let offered = refusals.offerable(tools);
+        assert_eq!(
+            offered.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+            ["view"]
+        );
+        let error = refusals.second_request("delete_everything").unwrap();
+        assert_eq!(error.code, ToolErrorCode::Denied);
+        assert!(error.message.contains("not asked again"), "{error}");
+        assert!(refusals.second_request("view").is_none());
     }
 
     #[test]

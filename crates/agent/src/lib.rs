@@ -34,7 +34,7 @@ mod validate;
 pub use adapter::{AgentAdapter, LocalAdapter, LocalAdapterOptions, create_local_adapter};
 pub use approval::{
     ApprovalAnswer, ApprovalMode, ApprovalPolicy, ApprovalRequest, ApprovalRule, Approver,
-    CallRecordRequest, DEFAULT_APPROVAL_TIMEOUT, FixedApprover, Reason, Verdict, decide,
+    CallRecordRequest, DEFAULT_APPROVAL_TIMEOUT, FixedApprover, Reason, Refusals, Verdict, decide,
     glob_matches, needs_record,
 };
 pub use error::{AgentError, ProviderError, ToolError, ToolErrorCode};

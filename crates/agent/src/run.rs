@@ -15,7 +15,7 @@ use tracing::{Instrument, Span, field};
 
 use crate::approval::{
     ApprovalAnswer, ApprovalPolicy, ApprovalRequest, ApprovalRule, Approver, CallRecordRequest,
-    Reason, Verdict, decide, needs_record, next_approval_id,
+    Reason, Refusals, Verdict, decide, needs_record, next_approval_id,
 };
 use crate::error::{ProviderError, ToolError, ToolErrorCode};
 use crate::ground::{copy_phrases, short_of_numbers};
@@ -320,6 +320,8 @@ struct Approvals {
     untrusted_seen: Option<String>,
     /// Answers given "for the rest of the session", by tool.
     remembered: HashMap<String, ApprovalAnswer>,
+    /// The tools a person said no to in this run (approval.rs).
+    refusals: Refusals,
 }
 
 impl<P: Provider + 'static> Run<P> {
@@ -371,6 +373,7 @@ impl<P: Provider + 'static> Run<P> {
                 annotations: HashMap::new(),
                 untrusted_seen: None,
                 remembered: HashMap::new(),
+                refusals: Refusals::default(),
             },
         }
     }
@@ -603,6 +606,8 @@ impl<P: Provider + 'static> Run<P> {
             .map(|t| t.name.clone())
             .collect();
         self.observe_for_approvals(&all_tools);
+        // A tool a person denied in this run is not offered again.
+        let all_tools = self.approvals.refusals.offerable(all_tools);
         let ranked = rank_tools(&all_tools, &self.request_text, &self.recent, self.max_tools);
         let constrained = self.constrains(&ranked);
         let first_step = self.seen.is_empty();
@@ -1490,6 +1495,16 @@ impl<P: Provider + 'static> Run<P> {
     /// while it waited. Each decision is an event on the call's span.
     async fn approve(&mut self, call: &ToolCall, span: &Span) -> Option<Result<bool, ToolError>> {
         let a = &self.approvals;
+        // A person said no to this tool in this run: not asked again.
+        if let Some(denied) = a.refusals.second_request(&call.name) {
+            tracing::info!(
+                parent: span,
+                wma.approval.decision = "denied",
+                wma.approval.by = "run",
+                "approval-decided"
+            );
+            return Some(Err(denied));
+        }
         let annotations = a.annotations.get(&call.name).cloned().unwrap_or_default();
         let verdict = decide(
             &a.policy,
@@ -1582,6 +1597,7 @@ impl<P: Provider + 'static> Run<P> {
                 .remembered
                 .insert(call.name.clone(), answer.clone());
         }
+        self.approvals.refusals.record(&call.name, &answer);
         let decision = if answer.approved {
             "approved"
         } else {

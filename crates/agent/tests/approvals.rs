@@ -270,6 +270,56 @@ async fn a_denied_call_never_runs_and_the_model_reads_error_denied() {
     );
 }
 
+#[tokio::test]
+async fn a_tool_the_person_denied_is_not_offered_again_nor_asked_about_in_the_run() {
+    let files = Arc::new(Files::default());
+    // Two calls of the tool in one reply, then a third call in the next
+    // step (which the step no longer offers, so it is not taken).
+    let model = ScriptedProvider::new([
+        format!(
+            "[{}, {}]",
+            call("write_file", "notes.txt"),
+            call("write_file", "other.txt")
+        ),
+        call("write_file", "third.txt"),
+        "I was not allowed to write them.".into(),
+    ]);
+    let approver = always(ApprovalAnswer::deny());
+    let parts: Vec<AgentStreamPart> = run_local_agent(
+        model.clone(),
+        request(&files, "Write notes.txt").with_approver(approver.clone()),
+        LocalLoopOptions {
+            tools_inline: false,
+            ..options(ApprovalPolicy::default())
+        },
+    )
+    .collect()
+    .await;
+    assert!(files.ran().is_empty(), "{parts:#?}");
+    // The person was asked once; the second call was denied without it.
+    assert_eq!(approver.asked.lock().unwrap().len(), 1, "{parts:#?}");
+    assert_eq!(asked(&parts), ["write_file"], "{parts:#?}");
+    let denied = denied_errors(&parts);
+    assert_eq!(denied.len(), 2, "{parts:#?}");
+    assert!(denied[1].message.contains("not asked again"), "{denied:?}");
+    // The steps after the denial no longer offer the tool.
+    let offered = |generation: usize| -> Vec<String> {
+        model.requests()[generation]
+            .tools
+            .iter()
+            .map(|t| t.name.clone())
+            .collect()
+    };
+    assert!(offered(0).contains(&"write_file".to_string()));
+    for generation in 1..model.requests().len() {
+        assert!(
+            !offered(generation).contains(&"write_file".to_string()),
+            "{:?}",
+            offered(generation)
+        );
+    }
+}
+
 // Time is paused: the time limit passes as soon as the run waits on it alone.
 #[tokio::test(start_paused = true)]
 async fn no_answer_within_the_time_limit_denies() {

@@ -494,6 +494,22 @@ pub struct AgentHandle {
     pub(crate) timeouts: Timeouts,
 }
 
+/// Refuses a run that has nothing to do: no messages, or a conversation
+/// whose last message is the person's and holds only white space. Every
+/// run checks this when it starts (a host's, a parent's delegation, a
+/// peer's); a host that keeps records calls it first, so that an empty
+/// request leaves none. A conversation that ends with a call's result
+/// (a run going on after an approval) has its request further up.
+pub fn check_request(messages: &[ChatMessage]) -> Result<(), RuntimeError> {
+    match messages.last() {
+        None => Err(RuntimeError::EmptyRequest),
+        Some(ChatMessage::User { content }) if content.trim().is_empty() => {
+            Err(RuntimeError::EmptyRequest)
+        }
+        Some(_) => Ok(()),
+    }
+}
+
 impl AgentHandle {
     /// The agent's name.
     pub fn name(&self) -> &str {
@@ -554,6 +570,7 @@ impl AgentHandle {
         depth: u32,
         approvals: RunApprovals,
     ) -> Result<RunStream, RuntimeError> {
+        check_request(&messages)?;
         let cancel = parent.child_token();
         let (tx, rx) = mpsc::channel(RUN_PART_BUFFER);
         let span = Span::current();

@@ -30,6 +30,9 @@
 //!   it authenticated. At most [`ClusterGuards::max_pending`] connections
 //!   may be in their handshake at once. After the handshake, frames are
 //!   limited to [`ClusterGuards::max_frame`] (ractor_cluster's own limit).
+//!   ractor_cluster also opens a listener of its own, which nothing can
+//!   turn off; it binds a free loopback port, and every session it accepts
+//!   is ended as it opens, so only the guarded listener serves.
 //! - A cookie must be strong: [`cookie_problems`] lists what is wrong with
 //!   one, and [`ClusterNode::start`] refuses a cookie with problems.
 //! - Two nodes with the same name cannot be told apart by ractor_cluster,
@@ -373,12 +376,36 @@ impl Shared {
 
 struct Sessions(Arc<Shared>);
 
+/// Whether a session came through this node's own guarded listener or
+/// dial. ractor_cluster names a session by its stream's peer: a guarded
+/// stream's label (`ADDR#N`, see [`Shared::guard`]), or, for a connection
+/// its own listener accepted, the bare socket address.
+fn is_guarded(ses: &NodeServerSessionInformation) -> bool {
+    ses.peer_addr.parse::<SocketAddr>().is_err()
+}
+
 impl NodeEventSubscription for Sessions {
-    fn node_session_opened(&self, _ses: NodeServerSessionInformation) {
+    fn node_session_opened(&self, ses: NodeServerSessionInformation) {
+        if !is_guarded(&ses) {
+            // ractor_cluster's own listener (it always opens one, on a
+            // loopback port nobody is told of) has none of the guards:
+            // no handshake timeout, no frame cap before the handshake, no
+            // cap on connections. Its sessions are ended as they open,
+            // before their first frame is read, so that it serves nothing.
+            tracing::warn!(
+                peer = %ses.peer_addr,
+                "closing a cluster connection that did not come through the node's listener"
+            );
+            ses.actor.kill();
+            return;
+        }
         self.0.counts.send_modify(|c| c.opened += 1);
     }
 
     fn node_session_disconnected(&self, ses: NodeServerSessionInformation) {
+        if !is_guarded(&ses) {
+            return;
+        }
         let shared = &self.0;
         shared.counts.send_modify(|c| c.disconnected += 1);
         shared.pending().remove(&ses.peer_addr);
@@ -604,7 +631,8 @@ impl ClusterNode {
         let hostname = addr.ip().to_string();
         // ractor_cluster always opens a listener of its own. It gets a free
         // port on loopback and is not announced: peers reach this node
-        // through the guarded listener above.
+        // through the guarded listener above, and a connection to it is
+        // closed as it opens (see `Sessions::node_session_opened`).
         let server = NodeServer::new(
             0,
             options.cookie.clone(),

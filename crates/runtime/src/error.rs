@@ -61,4 +61,10 @@ pub enum RuntimeError {
     /// The runtime was configured inconsistently.
     #[error("invalid runtime configuration: {0}")]
     Config(String),
+    /// The request a run was asked to start with is empty (no message, or
+    /// a last message of the person's with nothing but white space): no
+    /// run starts, since a model given nothing to do does whatever its
+    /// instructions and tools suggest.
+    #[error("the request is empty: say what the agent should do")]
+    EmptyRequest,
 }

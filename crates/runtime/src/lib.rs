@@ -83,7 +83,7 @@ mod supervisor;
 
 pub use agent::{
     AgentConfig, AgentHandle, DEFAULT_MAX_CONCURRENT_RUNS, RUN_PART_BUFFER, RunApprovals, RunId,
-    RunStream, TaggedStream,
+    RunStream, TaggedStream, check_request,
 };
 pub use bridge::{DEFAULT_TOOL_TIMEOUT, ToolBridgeHandle, ToolSource};
 pub use cluster::{

@@ -32,7 +32,9 @@ const COOKIE: &str = "7c1f0e9a3b5d2c8e4f6a0b1c9d8e7f6a5b4c3d2e1f0a9b8c7d6e5f4a3b
 const LONG: Duration = Duration::from_secs(600);
 
 /// ractor's process groups are process-wide: two tests at once that offer
-/// `adder` would each see the other's. Those tests take turns.
+/// `adder` would each see the other's; and the test of ractor_cluster's own
+/// listener finds it among the listeners a node's start added to the
+/// process. The tests that start nodes take turns.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A runtime with one agent to export, whose model answers each run.
@@ -79,6 +81,7 @@ async fn is_closed(stream: &mut TcpStream) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_that_does_not_authenticate_in_time_is_closed() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let runtime = worker_runtime().await;
     let node =
         ClusterNode::start_with(options("patient"), guards(Duration::from_secs(1)), &runtime)
@@ -95,6 +98,7 @@ async fn a_connection_that_does_not_authenticate_in_time_is_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_frame_before_authentication_closes_the_connection() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let runtime = worker_runtime().await;
     let node = ClusterNode::start_with(options("careful"), guards(LONG), &runtime)
         .await
@@ -117,6 +121,7 @@ async fn a_large_frame_before_authentication_closes_the_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_beyond_the_handshake_limit_are_closed() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let runtime = worker_runtime().await;
     let node = ClusterNode::start_with(
         options("crowded"),
@@ -138,6 +143,98 @@ async fn connections_beyond_the_handshake_limit_are_closed() {
     runtime.shutdown().await;
 }
 
+/// The ports of this process's TCP sockets listening on IPv4 loopback.
+fn own_loopback_listeners() -> std::collections::HashSet<u16> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|fd| std::fs::read_link(fd.ok()?.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy().into_owned();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_string(),
+            )
+        })
+        .collect();
+    std::fs::read_to_string("/proc/net/tcp")
+        .unwrap()
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (local, state, inode) = (fields.get(1)?, fields.get(3)?, fields.get(9)?);
+            let (ip, port) = local.split_once(':')?;
+            // LISTEN, on 127.0.0.1 (the kernel writes it little-endian).
+            (*state == "0A" && ip == "0100007F" && inodes.contains(*inode))
+                .then(|| u16::from_str_radix(port, 16).ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// Whether the node closes `stream` within `limit`.
+async fn closed_within(stream: &mut TcpStream, limit: Duration) -> bool {
+    let mut buf = [0u8; 256];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// ractor_cluster opens a listener of its own beside the guarded one, with
+/// none of its guards; whatever connects to it is closed at once, however
+/// long the guarded listener's handshake timeout, and a peer there that
+/// starts a 15 MiB frame gets nowhere with it.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ractor_clusters_own_listener_serves_nothing() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let runtime = worker_runtime().await;
+    let before = own_loopback_listeners();
+    let node = ClusterNode::start_with(options("walled"), guards(LONG), &runtime)
+        .await
+        .unwrap();
+    let added: Vec<u16> = own_loopback_listeners()
+        .difference(&before)
+        .copied()
+        .filter(|p| *p != node.addr().port())
+        .collect();
+    assert_eq!(added.len(), 1, "ractor_cluster's own listener: {added:?}");
+    let unguarded = std::net::SocketAddr::from(([127, 0, 0, 1], added[0]));
+    let mut silent = Vec::new();
+    for _ in 0..20 {
+        silent.push(TcpStream::connect(unguarded).await.unwrap());
+    }
+    for stream in &mut silent {
+        assert!(
+            closed_within(stream, Duration::from_secs(10)).await,
+            "a silent connection to the unguarded listener is closed at once"
+        );
+    }
+    let mut greedy = TcpStream::connect(unguarded).await.unwrap();
+    let header = (15u64 << 20).to_be_bytes();
+    // Writing may fail once the node closed the connection: that is the point.
+    if greedy.write_all(&header).await.is_ok() {
+        let _ = greedy.write_all(&vec![0u8; 1 << 20]).await;
+    }
+    assert!(closed_within(&mut greedy, Duration::from_secs(10)).await);
+    // The guarded listener still takes a peer's connection.
+    let peer = ClusterNode::start(options("visitor"), &runtime)
+        .await
+        .unwrap();
+    peer.connect(&node.addr().to_string()).await.unwrap();
+    assert_eq!(peer.peers(), vec!["walled@127.0.0.1".to_string()]);
+    peer.shutdown().await;
+    node.shutdown().await;
+    runtime.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_weak_cookie_is_refused() {
     let runtime = worker_runtime().await;
@@ -155,6 +252,7 @@ async fn a_weak_cookie_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_nodes_with_one_name_fail_with_an_error_that_says_so() {
+    let _turn = ONE_AT_A_TIME.lock().await;
     let runtime = worker_runtime().await;
     let first = ClusterNode::start(options("twin"), &runtime).await.unwrap();
     let second = ClusterNode::start(options("twin"), &runtime).await.unwrap();

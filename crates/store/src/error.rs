@@ -118,6 +118,15 @@ pub enum StoreError {
         /// Its tool.
         tool: String,
     },
+    /// A run of the session is in progress on another host that is alive;
+    /// deleting the session would pull its history from under it.
+    #[error("a run of session `{session}` is in progress on host `{host}`; stop it there first")]
+    SessionLive {
+        /// The session.
+        session: String,
+        /// The host running it.
+        host: String,
+    },
     /// No approval has this id.
     #[error("no approval `{0}`")]
     ApprovalNotFound(String),

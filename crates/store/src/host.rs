@@ -56,6 +56,9 @@ impl HostGuard {
     ) -> Result<Self, StoreError> {
         let path = lock_path(file, host);
         let url = crate::store::sqlite_url(&path);
+        // Private like the database beside it (see `files`); should it
+        // fail, SQLite's own attempt below says why.
+        let _ = crate::files::create_private_file(&path);
         let unguarded = |e: sqlx::Error| {
             tracing::warn!(path = %path.display(), error = %e, "the host name is not guarded: its lock file cannot be used");
             Self::None
@@ -118,6 +121,58 @@ impl HostGuard {
             // Closing the connection ends its transaction or its session,
             // and with it the lock.
             let _ = conn.close().await;
+        }
+    }
+}
+
+/// Whether a live process holds `host` on the store now: another
+/// process's name is held exactly as long as that process lives, so this
+/// tells a host that runs from one that was killed. `file` is the SQLite
+/// database (`None` for PostgreSQL, asked on `pool`). A lock that cannot be
+/// probed counts as held: the question is asked before something is
+/// destroyed.
+pub(crate) async fn is_held(file: Option<&Path>, pool: &sqlx::AnyPool, host: &str) -> bool {
+    match file {
+        Some(file) => {
+            let path = lock_path(file, host);
+            if !path.exists() {
+                // The name never held this store.
+                return false;
+            }
+            let Ok(mut conn) = AnyConnection::connect(&crate::store::sqlite_url(&path)).await
+            else {
+                return true;
+            };
+            let mut held = false;
+            for statement in ["PRAGMA busy_timeout = 0", "BEGIN EXCLUSIVE", "ROLLBACK"] {
+                if let Err(e) = sqlx::query(statement).execute(&mut conn).await {
+                    held = crate::store::is_busy(&e) || statement != "ROLLBACK";
+                    break;
+                }
+            }
+            let _ = conn.close().await;
+            held
+        }
+        None => {
+            let key = advisory_key(host);
+            let Ok(mut conn) = pool.acquire().await else {
+                return true;
+            };
+            let taken = sqlx::query("SELECT pg_try_advisory_lock($1)")
+                .bind(key)
+                .fetch_one(&mut *conn)
+                .await
+                .and_then(|row| row.try_get::<bool, _>(0));
+            match taken {
+                Ok(true) => {
+                    let _ = sqlx::query("SELECT pg_advisory_unlock($1)")
+                        .bind(key)
+                        .execute(&mut *conn)
+                        .await;
+                    false
+                }
+                _ => true,
+            }
         }
     }
 }

@@ -42,6 +42,7 @@
 //! ```
 
 mod error;
+mod files;
 mod host;
 mod log;
 mod schema;

@@ -121,6 +121,8 @@ struct Inner {
     /// The file or the URL without its password, for messages.
     location: String,
     host: String,
+    /// The SQLite database's file (`None` on PostgreSQL).
+    sqlite_file: Option<PathBuf>,
     /// Holds the host name while the store is open, so that a second live
     /// process of the same name cannot open it and interrupt this one's
     /// runs.
@@ -224,7 +226,7 @@ impl Store {
                 (url.clone(), backend, redacted)
             }
             None => {
-                std::fs::create_dir_all(&options.data_dir).map_err(|source| {
+                crate::files::create_private_dir(&options.data_dir).map_err(|source| {
                     StoreError::DataDir {
                         path: options.data_dir.clone(),
                         source,
@@ -238,6 +240,20 @@ impl Store {
                 )
             }
         };
+        // The SQLite file, made private before SQLite creates it (its
+        // `-wal` and `-shm` files take its mode): only where the URL lets
+        // SQLite create it, so that a URL naming a file that is not there
+        // is still refused. Should this fail (a folder that is not there),
+        // SQLite's own attempt says why.
+        let sqlite_file = match backend {
+            Backend::Sqlite => host::sqlite_file(&url),
+            Backend::Postgres => None,
+        };
+        if let Some(file) = &sqlite_file
+            && url.contains("mode=rwc")
+        {
+            let _ = crate::files::create_private_file(file);
+        }
         let pool = AnyPoolOptions::new()
             .max_connections(options.max_connections.max(1))
             .acquire_timeout(options.acquire_timeout)
@@ -331,12 +347,21 @@ impl Store {
                 backend,
                 location,
                 host: options.host,
+                sqlite_file: sqlite_file.clone(),
                 host_guard,
                 recovery: Recovery::default(),
                 starting: Mutex::new(HashMap::new()),
                 start_tokens: AtomicU64::new(0),
             }),
         };
+        if let Some(file) = &sqlite_file {
+            let mut paths = Vec::new();
+            if options.database_url.is_none() {
+                paths.push(options.data_dir.clone());
+            }
+            paths.extend(crate::files::store_files(file));
+            crate::files::warn_if_readable(&paths);
+        }
         let recovery = store.recover().await?;
         if !recovery.interrupted_runs.is_empty() || !recovery.in_doubt_calls.is_empty() {
             tracing::warn!(
@@ -670,6 +695,12 @@ impl Store {
     pub async fn delete_session(&self, id: &str) -> Result<bool, StoreError> {
         // A run start still queued is written first, so that it goes too.
         self.settle_session(id).await;
+        if let Some(host) = self.live_elsewhere(id).await? {
+            return Err(StoreError::SessionLive {
+                session: id.to_string(),
+                host,
+            });
+        }
         let db = self.db();
         let mut tx = self.pool().begin().await.map_err(&db)?;
         // Children first, explicitly: the schema's ON DELETE CASCADE would
@@ -695,6 +726,33 @@ impl Store {
         }
         tx.commit().await.map_err(&db)?;
         Ok(deleted.rows_affected() > 0)
+    }
+
+    /// Another host whose run of session `id` is in progress (running,
+    /// or waiting for an answer) and that is alive: its process holds its
+    /// name on the store. A host that was killed holds nothing, and its
+    /// runs are its restart's to recover. This host's own runs are its
+    /// caller's to know about.
+    async fn live_elsewhere(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let db = self.db();
+        let rows = sqlx::query(
+            "SELECT DISTINCT host FROM runs
+             WHERE session_id = $1 AND host <> $2 AND status IN ($3, $4)",
+        )
+        .bind(id)
+        .bind(&self.inner.host)
+        .bind(RunStatus::Running.as_str())
+        .bind(RunStatus::WaitingForApproval.as_str())
+        .fetch_all(self.pool())
+        .await
+        .map_err(&db)?;
+        for row in rows {
+            let host: String = row.try_get(0).map_err(&db)?;
+            if host::is_held(self.inner.sqlite_file.as_deref(), self.pool(), &host).await {
+                return Ok(Some(host));
+            }
+        }
+        Ok(None)
     }
 
     fn session_from_row(&self, row: &AnyRow) -> Result<Session, StoreError> {

@@ -231,7 +231,8 @@ pub struct CallRecord {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Approval {
     /// 32 random hex digits the store made: what a person's decision names
-    /// (the loop's own `approval_id` is unique only within one process).
+    /// (the loop's own `approval_id`, random as well, is what the API
+    /// names).
     pub id: String,
     /// The run that waits.
     pub run_id: String,

@@ -105,7 +105,42 @@ on_both!(
     a_log_killed_mid_run_keeps_every_flushed_part,
     a_host_name_is_held_by_one_live_store_at_a_time,
     sub_agent_runs_are_kept_apart_in_parts_and_call_records,
+    a_session_live_on_another_host_cannot_be_deleted,
 );
+
+/// A host cannot delete a session whose run is in progress on another host
+/// of the store while that host lives (running, or waiting for an
+/// answer); once the other host is gone (closed, or killed: its name is
+/// no longer held), it can.
+async fn a_session_live_on_another_host_cannot_be_deleted(kind: Kind) {
+    let db = Db::new(kind);
+    let first = Store::open(db.options("first")).await.unwrap();
+    let second = Store::open(db.options("second")).await.unwrap();
+    let session = first.create_session("shopper", "").await.unwrap();
+    let run = first.start_run(&session.id, "shopper", None).await.unwrap();
+    let error = second.delete_session(&session.id).await.unwrap_err();
+    assert!(
+        matches!(&error, StoreError::SessionLive { host, .. } if host == "first"),
+        "{error}"
+    );
+    assert!(first.session(&session.id).await.unwrap().is_some());
+    first
+        .set_run_status(&run.id, RunStatus::WaitingForApproval)
+        .await
+        .unwrap();
+    assert!(matches!(
+        second.delete_session(&session.id).await,
+        Err(StoreError::SessionLive { .. })
+    ));
+    // A session of the second host's own, and one whose runs ended, go.
+    let other = second.create_session("shopper", "").await.unwrap();
+    assert!(second.delete_session(&other.id).await.unwrap());
+    // The first host goes away with its run still `waiting-for-approval`.
+    first.close().await;
+    drop(first);
+    assert!(second.delete_session(&session.id).await.unwrap());
+    second.close().await;
+}
 
 /// A second live store under a host name in use is refused before it
 /// recovers anything (it would interrupt the first one's runs); another
@@ -1407,4 +1442,82 @@ async fn a_log_killed_mid_run_keeps_every_flushed_part(kind: Kind) {
         assert!(text.starts_with(&format!("{} ", part.seq)) && text.len() > 4096);
     }
     store.close().await;
+}
+
+#[cfg(unix)]
+fn mode_of(path: &std::path::Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        .permissions()
+        .mode()
+        & 0o777
+}
+
+/// Every file the SQLite store writes is its owner's alone, whatever the
+/// process's umask lets others have: the data folder `0700`, the database,
+/// its WAL and shared-memory files and the host's lock file `0600`.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sqlite_store_is_readable_by_its_owner_only() {
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("nested").join("data");
+    let store = Store::open(StoreOptions::in_data_dir(&data)).await.unwrap();
+    let session = store.create_session("shopper", "secret").await.unwrap();
+    let run = store.start_run(&session.id, "shopper", None).await.unwrap();
+    store
+        .append_part(&run.id, "shopper", 0, &text("a tool's output"))
+        .await
+        .unwrap();
+    assert_eq!(mode_of(&data), 0o700);
+    assert_eq!(mode_of(&root.path().join("nested")), 0o700);
+    let mut files: Vec<_> = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    files.sort();
+    for expected in ["wma.db", "wma.db-shm", "wma.db-wal"] {
+        assert!(files.iter().any(|f| f == expected), "{files:?}");
+    }
+    assert!(files.iter().any(|f| f.contains(".host-")), "{files:?}");
+    for file in &files {
+        assert_eq!(mode_of(&data.join(file)), 0o600, "{file}");
+    }
+    drop(store);
+}
+
+/// A store that others can read (made by hand, or by an older version)
+/// opens with a warning naming each such path.
+#[cfg(unix)]
+#[tokio::test(flavor = "current_thread")]
+async fn a_store_others_can_read_is_a_warning_at_start() {
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    std::fs::create_dir(&data).unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(data.join("wma.db"), b"").unwrap();
+    std::fs::set_permissions(data.join("wma.db"), std::fs::Permissions::from_mode(0o644)).unwrap();
+    let (logs, _guard) = wma_testkit::capture_logs();
+    let store = Store::open(StoreOptions::in_data_dir(&data)).await.unwrap();
+    let text = logs.text();
+    assert!(text.contains("can be read by other users"), "{text}");
+    assert!(text.contains(&format!("path={}", data.display())), "{text}");
+    assert!(
+        text.contains(&format!("path={}", data.join("wma.db").display())),
+        "{text}"
+    );
+    drop(store);
+    // A private store opens without it.
+    let private = root.path().join("private");
+    let (logs, _guard) = wma_testkit::capture_logs();
+    let store = Store::open(StoreOptions::in_data_dir(&private))
+        .await
+        .unwrap();
+    assert!(
+        !logs.text().contains("can be read by other users"),
+        "{}",
+        logs.text()
+    );
+    drop(store);
 }

@@ -28,6 +28,8 @@ pub struct ReceivedCall {
 #[derive(Default)]
 struct State {
     calls: Vec<ReceivedCall>,
+    /// Tools listed after the server's own, as they were given.
+    listed_too: Vec<Value>,
 }
 
 /// An MCP server on a free loopback port, speaking the streamable-HTTP
@@ -64,6 +66,15 @@ impl McpTestServer {
             state,
             release,
         })
+    }
+
+    /// Binds a free loopback port and serves, listing `extra` (raw JSON
+    /// tool entries, however malformed) after the server's own tools.
+    /// Calls of them are refused as calls of unknown tools.
+    pub fn start_listing(extra: Vec<Value>) -> std::io::Result<Self> {
+        let server = Self::start()?;
+        server.lock().listed_too = extra;
+        Ok(server)
     }
 
     /// The endpoint (`http://127.0.0.1:PORT/mcp`).
@@ -154,7 +165,20 @@ async fn handle(
             "serverInfo": {"name": "wma-test-mcp", "version": "0.1.0"},
         }),
         "ping" => json!({}),
-        "tools/list" => json!({"tools": tools()}),
+        "tools/list" => {
+            let mut listed = tools();
+            if let Some(listed) = listed.as_array_mut() {
+                listed.extend(
+                    state
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .listed_too
+                        .iter()
+                        .cloned(),
+                );
+            }
+            json!({"tools": listed})
+        }
         "tools/call" => {
             let tool = params["name"].as_str().unwrap_or_default().to_string();
             let meta = params.get("_meta").cloned().unwrap_or(Value::Null);

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rmcp::model::{
-    CallToolRequestParams, ClientCapabilities, ClientConfig, ErrorCode, Implementation, MetaObject,
-    ProtocolVersion, RequestMetaObject,
+    CallToolRequestParams, ClientCapabilities, ClientConfig, ClientRequest, CustomResult,
+    ErrorCode, Implementation, ListToolsRequest, MetaObject, PaginatedRequestParams,
+    ProtocolVersion, RequestMetaObject, ServerResult,
 };
 use rmcp::service::{MaybeSendFuture, NotificationContext, RunningService};
 use rmcp::transport::common::client_side_sse::ExponentialBackoff;
@@ -505,12 +506,46 @@ impl McpServer {
         // Cleared before asking, so a change announced during the request
         // makes the next listing ask again.
         self.inner.flags.stale.store(false, Ordering::SeqCst);
-        let tools = connection.service.peer().list_all_tools().await?;
-        Ok(tools
-            .iter()
-            .filter_map(|tool| serde_json::to_value(tool).ok())
-            .map(|tool| tool_definition(&tool))
-            .collect())
+        // Each page is read as JSON, tool by tool: rmcp reads a page whole
+        // into its types, so that one tool it cannot read (an
+        // `inputSchema` that is a string) would hide every tool of the
+        // server. A tool that cannot be used is left out alone, named in a
+        // warning.
+        let mut tools = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..MAX_TOOL_PAGES {
+            let request = ClientRequest::ListToolsRequest(ListToolsRequest {
+                method: Default::default(),
+                params: cursor
+                    .take()
+                    .map(|c| PaginatedRequestParams::default().with_cursor(Some(c))),
+                extensions: Default::default(),
+            });
+            let page = match connection.service.peer().send_request(request).await? {
+                ServerResult::ListToolsResult(result) => {
+                    serde_json::to_value(result).unwrap_or_default()
+                }
+                ServerResult::CustomResult(CustomResult(page)) => page,
+                _ => return Err(ServiceError::UnexpectedResponse),
+            };
+            for tool in page["tools"].as_array().into_iter().flatten() {
+                match tool_definition(tool) {
+                    Ok(definition) => tools.push(definition),
+                    Err(problem) => tracing::warn!(
+                        server = %self.name(),
+                        tool = %tool["name"].as_str().unwrap_or("(no name)"),
+                        %problem,
+                        "an MCP tool is left out: it cannot be called as it describes itself; \
+                         the server's other tools stay"
+                    ),
+                }
+            }
+            match page["nextCursor"].as_str() {
+                Some(next) if !next.is_empty() => cursor = Some(next.to_string()),
+                _ => break,
+            }
+        }
+        Ok(tools)
     }
 }
 
@@ -573,8 +608,19 @@ impl Drop for InFlight<'_> {
 /// `_meta` keys that are not the protocol's own.
 pub const IDEMPOTENCY_KEY_META: &str = "io.webmcp-agents/idempotency-key";
 
-/// A server's tool as the loop sees it.
-fn tool_definition(tool: &Value) -> ToolDefinition {
+/// The most pages of `tools/list` read from one server: a server whose
+/// cursors never end cannot keep a listing going for ever.
+const MAX_TOOL_PAGES: usize = 100;
+
+/// A server's tool as the loop sees it, or why it cannot be used: no name,
+/// or an `inputSchema` that is not a JSON Schema of an object (every call
+/// of such a tool would fail its validation). A tool without an
+/// `inputSchema` takes no arguments.
+fn tool_definition(tool: &Value) -> Result<ToolDefinition, String> {
+    let name = match tool["name"].as_str() {
+        Some(name) if !name.trim().is_empty() => name,
+        _ => return Err("it has no name".to_string()),
+    };
     let hints = &tool["annotations"];
     let read_only = hints["readOnlyHint"].as_bool().unwrap_or(false);
     let description = tool["description"]
@@ -582,19 +628,45 @@ fn tool_definition(tool: &Value) -> ToolDefinition {
         .or(tool["title"].as_str())
         .unwrap_or_default();
     let schema = match &tool["inputSchema"] {
-        Value::Object(_) => tool["inputSchema"].clone(),
-        _ => json!({"type": "object", "properties": {}}),
+        Value::Null => json!({"type": "object", "properties": {}}),
+        schema @ Value::Object(fields) => {
+            if let Some(kind) = fields.get("type")
+                && kind != "object"
+            {
+                return Err(format!(
+                    "its inputSchema is of type {kind}; a tool's arguments are an object"
+                ));
+            }
+            wma_agent::CompiledSchema::new(schema)
+                .map_err(|e| format!("its inputSchema is not a valid JSON Schema: {e}"))?;
+            schema.clone()
+        }
+        other => {
+            return Err(format!(
+                "its inputSchema is {}, not a JSON Schema object",
+                json_kind(other)
+            ));
+        }
     };
-    ToolDefinition::new(
-        tool["name"].as_str().unwrap_or_default(),
-        description,
-        schema,
+    Ok(
+        ToolDefinition::new(name, description, schema).with_annotations(ToolAnnotations {
+            read_only,
+            untrusted_content: hints["openWorldHint"].as_bool().unwrap_or(true),
+            consequential: !read_only && hints["destructiveHint"].as_bool().unwrap_or(true),
+        }),
     )
-    .with_annotations(ToolAnnotations {
-        read_only,
-        untrusted_content: hints["openWorldHint"].as_bool().unwrap_or(true),
-        consequential: !read_only && hints["destructiveHint"].as_bool().unwrap_or(true),
-    })
+}
+
+/// What kind of JSON value `value` is, for a message.
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
 }
 
 /// The text of a `tools/call` result: text blocks as they are, other
@@ -782,13 +854,15 @@ mod tests {
     fn hints_map_to_annotations_with_the_protocols_defaults() {
         let echo = tool_definition(&json!({"name": "echo", "description": "Echo.",
             "inputSchema": {"type": "object", "properties": {"message": {"type": "string"}}},
-            "annotations": {"readOnlyHint": true, "openWorldHint": false}}));
+            "annotations": {"readOnlyHint": true, "openWorldHint": false}}))
+        .unwrap();
         assert_eq!(echo.name, "echo");
         assert!(echo.annotations.read_only);
         assert!(!echo.annotations.untrusted_content);
         assert!(!echo.annotations.consequential);
 
-        let unannotated = tool_definition(&json!({"name": "write", "title": "Write a file"}));
+        let unannotated =
+            tool_definition(&json!({"name": "write", "title": "Write a file"})).unwrap();
         assert_eq!(unannotated.description, "Write a file");
         assert!(unannotated.annotations.untrusted_content);
         assert!(unannotated.annotations.consequential);
@@ -796,6 +870,22 @@ mod tests {
             unannotated.input_schema,
             json!({"type": "object", "properties": {}})
         );
+    }
+
+    #[test]
+    fn a_tool_whose_schema_cannot_be_used_is_refused_with_the_reason() {
+        let refused = |tool: Value| tool_definition(&tool).unwrap_err();
+        assert!(refused(json!({"name": "a", "inputSchema": "{}"})).contains("a string"));
+        assert!(
+            refused(json!({"name": "a", "inputSchema": {"type": "string"}}))
+                .contains("of type \"string\"")
+        );
+        assert!(
+            refused(json!({"name": "a", "inputSchema": {"type": "object",
+                "properties": {"n": {"type": "integer", "minimum": "zero"}}}}))
+            .contains("not a valid JSON Schema")
+        );
+        assert!(refused(json!({"inputSchema": {"type": "object"}})).contains("no name"));
     }
 
     #[test]

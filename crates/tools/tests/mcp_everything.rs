@@ -346,3 +346,51 @@ async fn a_killed_http_server_fails_the_running_call_clearly_and_the_session_is_
     assert!(server.restarts() >= 1);
     server.close().await;
 }
+
+/// A server that lists, beside its usable tools, one whose `inputSchema` is
+/// a string (which rmcp cannot read: it used to hide the whole list), one
+/// whose schema is not a valid JSON Schema and one whose arguments are not
+/// an object: each is left out alone, with a warning naming it and why, and
+/// the server's other tools are listed and called as ever.
+#[tokio::test(flavor = "current_thread")]
+async fn a_tool_with_an_unusable_schema_is_left_out_alone() {
+    let peer = wma_testkit::McpTestServer::start_listing(vec![
+        json!({"name": "schema_as_text", "description": "Its schema is a string.",
+               "inputSchema": "{\"type\": \"object\"}"}),
+        json!({"name": "broken_schema", "description": "Its schema does not compile.",
+               "inputSchema": {"type": "object",
+                               "properties": {"n": {"type": "integer", "minimum": "zero"}}}}),
+        json!({"name": "takes_a_string", "description": "Its arguments are a string.",
+               "inputSchema": {"type": "string"}}),
+    ])
+    .unwrap();
+    let (logs, _guard) = wma_testkit::capture_logs();
+    let server = McpServer::connect(McpServerOptions::http("shop", peer.url()))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let names: Vec<String> = server
+        .list_tools()
+        .await
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    assert_eq!(names, ["place_order", "hold_order", "order_status"]);
+    let text = logs.text();
+    for (tool, why) in [
+        ("schema_as_text", "a string"),
+        ("broken_schema", "not a valid JSON Schema"),
+        ("takes_a_string", "of type \"string\""),
+    ] {
+        let line = text
+            .lines()
+            .find(|l| l.contains(&format!("tool={tool}")))
+            .unwrap_or_else(|| panic!("no warning names {tool}: {text}"));
+        assert!(line.contains("WARN") && line.contains(why), "{line}");
+    }
+    let answer = server
+        .call_tool("order_status", json!({}), CancellationToken::new())
+        .await
+        .unwrap();
+    assert!(answer.starts_with("no orders"), "{answer}");
+    server.close().await;
+}
