@@ -345,8 +345,8 @@ pub struct Identifiers {
     /// short values and lines, and the parts of those), oldest first.
     found: Vec<String>,
     /// The values the agent's instructions state (see
-    /// [`Identifiers::add_stated`]): what they quote, and the paths and
-    /// names with a dot, slash or digit they hold.
+    /// [`Identifiers::add_stated`]): what they quote, and the paths they
+    /// hold.
     stated: Vec<String>,
     /// The identifiers of the items that the person's newest words pick out
     /// of the newest result that brought new ones (see
@@ -462,9 +462,8 @@ impl Identifiers {
     }
 
     /// Takes the values a text of the operator's states (the agent's
-    /// instructions): what it quotes, and each word written like a path or
-    /// a name with a dot, slash or digit ("/srv/repo", "notes.db",
-    /// "v2-api"). The instructions often name what a tool needs and the
+    /// instructions): what it quotes, and each word written like a path
+    /// ("/srv/repo", "notes.db"). The instructions often name what a tool needs and the
     /// person never says: the repository folder, the database, the sheet.
     /// They are evidence a free string may copy, never a limit on it.
     pub fn add_stated(&mut self, text: &str) {
@@ -486,9 +485,10 @@ impl Identifiers {
             let word =
                 word.trim_matches(|c: char| matches!(c, ',' | ';' | '(' | ')' | '"' | '\'' | '`'));
             let word = word.strip_suffix('.').unwrap_or(word);
-            if looks_like_path(word)
-                || (word.contains(['/', '_', '-']) && word.chars().any(|c| c.is_ascii_digit()))
-            {
+            // Paths, not ids: an id the instructions give ("ids like b-4")
+            // is an example of the form, and ids are evidence only where
+            // a result or the person gave them (see `ground_identifiers`).
+            if looks_like_path(word) {
                 push(word);
             }
         }

@@ -3243,7 +3243,9 @@ mod tests {
         state.identifiers.add_user_text(request);
         state
             .identifiers
-            .add_stated("The repository is at /srv/git/notes.git; the branch is 'main'.");
+            .add_stated(
+                "The repository is at /srv/git/notes.git; the branch is 'main'; commits have ids like c-42.",
+            );
         let facts = StepFacts {
             request,
             constrained: true,
@@ -3274,6 +3276,8 @@ mod tests {
         ] {
             assert!(evidence.contains(&want.to_string()), "{want}: {evidence:?}");
         }
+        // An id the instructions give is an example of the form, no value.
+        assert!(!evidence.contains(&"c-42".to_string()), "{evidence:?}");
         // A result's values and their parts are evidence too.
         state
             .identifiers
