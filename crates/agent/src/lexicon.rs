@@ -10,9 +10,9 @@
 //! reads them would then decide on nothing: it would take every request for
 //! a question, or for none. So the loop asks [`speaks_english`] once per
 //! request, and every rule that needs these words stands down for a request
-//! that is not English, and says so in the ledger
-//! ([`crate::Policy::for_language`]). What holds in any language (schemas,
-//! annotations, identifiers, digits, the model's own probabilities) stays on.
+//! that is not English, and says so in the ledger (a `Rule` event per rule
+//! that stood down). What holds in any language (schemas, annotations,
+//! identifiers, digits, the model's own probabilities) stays on.
 
 /// Words too common to say anything about which tool is wanted.
 pub(crate) const STOP_WORDS: &[&str] = &[
