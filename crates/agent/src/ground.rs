@@ -23,7 +23,7 @@ use std::collections::HashSet;
 
 use serde_json::{Map, Value};
 
-use crate::lexicon::{ACTION_VERBS, ASKING_HEADS, NUMBER_WORDS, STOP_WORDS};
+use crate::lexicon::{ASKING_HEADS, NUMBER_WORDS, STOP_WORDS, is_action_verb};
 use crate::rank::for_each_term;
 use crate::tool::ToolDefinition;
 
@@ -81,7 +81,7 @@ fn phrases_of<'a>(
     // A verb of the request or a word of a tool's name chooses the tool; it
     // is not what goes in the arguments.
     let chooses_the_tool = |word: &str, buffer: &mut String| {
-        if ACTION_VERBS.contains(&word.to_lowercase().as_str()) {
+        if is_action_verb(&word.to_lowercase()) {
             return true;
         }
         let mut tool_word = false;

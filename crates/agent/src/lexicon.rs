@@ -25,9 +25,9 @@ pub(crate) const STOP_WORDS: &[&str] = &[
     "will", "with", "would", "you", "your",
 ];
 
-/// Verbs that ask for an action ("add", "find", "show"): a request with
-/// one is an action request, and they say what to do, not what to do it to.
-pub(crate) const ACTION_VERBS: &[&str] = &[
+/// Verbs that ask for a change and are also actions ("add", "book"): one
+/// list for both [`is_action_verb`] and [`is_change_verb`].
+const CHANGING_ACTIONS: &[&str] = &[
     "add",
     "buy",
     "purchase",
@@ -35,17 +35,8 @@ pub(crate) const ACTION_VERBS: &[&str] = &[
     "put",
     "remove",
     "delete",
-    "open",
-    "show",
-    "search",
-    "find",
-    "look",
-    "get",
-    "check",
     "apply",
     "book",
-    "go",
-    "navigate",
     "set",
     "change",
     "update",
@@ -57,72 +48,20 @@ pub(crate) const ACTION_VERBS: &[&str] = &[
     "save",
     "fill",
     "submit",
-    "pick",
-    "choose",
-    "select",
-    "compare",
-    "list",
-    "view",
-    "call",
 ];
 
-/// Question words that begin a contraction ("what's", "where's"): no
-/// phrase to quote begins or ends with one.
-pub(crate) const ASKING_HEADS: &[&str] = &[
-    "what", "where", "who", "when", "how", "that", "there", "here", "let",
+/// Verbs that ask for an action that changes nothing ("find", "show").
+const LOOKING_ACTIONS: &[&str] = &[
+    "open", "show", "search", "find", "look", "get", "check", "go", "navigate", "pick", "choose",
+    "select", "compare", "list", "view", "call",
 ];
 
-/// Number words a request may use for a count, with the number each
-/// stands for when it goes into a number argument ("half" has none: half
-/// of what is not the word's to say).
-pub(crate) const NUMBER_WORDS: &[(&str, Option<&str>)] = &[
-    ("one", Some("1")),
-    ("two", Some("2")),
-    ("three", Some("3")),
-    ("four", Some("4")),
-    ("five", Some("5")),
-    ("six", Some("6")),
-    ("seven", Some("7")),
-    ("eight", Some("8")),
-    ("nine", Some("9")),
-    ("ten", Some("10")),
-    ("eleven", Some("11")),
-    ("twelve", Some("12")),
-    ("dozen", Some("12")),
-    ("couple", Some("2")),
-    ("pair", Some("2")),
-    ("half", None),
-    ("once", Some("1")),
-    ("twice", Some("2")),
-];
-
-/// Verbs that ask for something to change. A request without one asks for
-/// information, and [`Policy::read_only_questions`] serves it with tools that
-/// only read.
-pub(crate) const CHANGE_VERBS: &[&str] = &[
-    "add",
-    "buy",
-    "purchase",
-    "order",
-    "put",
-    "remove",
-    "delete",
+/// Verbs that ask for a change that are not said of an action request
+/// ("rename", "run").
+const OTHER_CHANGES: &[&str] = &[
     "erase",
-    "set",
-    "change",
-    "update",
-    "create",
-    "make",
     "write",
-    "save",
-    "send",
-    "cancel",
-    "subscribe",
     "unsubscribe",
-    "submit",
-    "fill",
-    "book",
-    "apply",
     "move",
     "rename",
     "copy",
@@ -160,6 +99,49 @@ pub(crate) const CHANGE_VERBS: &[&str] = &[
     "modify",
     "transfer",
     "mkdir",
+];
+
+/// Whether `word` (lowercased) asks for an action ("add", "find", "show"):
+/// a request with one is an action request, and these words say what to
+/// do, not what to do it to.
+pub(crate) fn is_action_verb(word: &str) -> bool {
+    CHANGING_ACTIONS.contains(&word) || LOOKING_ACTIONS.contains(&word)
+}
+
+/// Whether `word` (lowercased) asks for something to change. A request
+/// without one asks for information.
+pub(crate) fn is_change_verb(word: &str) -> bool {
+    CHANGING_ACTIONS.contains(&word) || OTHER_CHANGES.contains(&word)
+}
+
+/// Question words that begin a contraction ("what's", "where's"): no
+/// phrase to quote begins or ends with one.
+pub(crate) const ASKING_HEADS: &[&str] = &[
+    "what", "where", "who", "when", "how", "that", "there", "here", "let",
+];
+
+/// Number words a request may use for a count, with the number each
+/// stands for when it goes into a number argument ("half" has none: half
+/// of what is not the word's to say).
+pub(crate) const NUMBER_WORDS: &[(&str, Option<&str>)] = &[
+    ("one", Some("1")),
+    ("two", Some("2")),
+    ("three", Some("3")),
+    ("four", Some("4")),
+    ("five", Some("5")),
+    ("six", Some("6")),
+    ("seven", Some("7")),
+    ("eight", Some("8")),
+    ("nine", Some("9")),
+    ("ten", Some("10")),
+    ("eleven", Some("11")),
+    ("twelve", Some("12")),
+    ("dozen", Some("12")),
+    ("couple", Some("2")),
+    ("pair", Some("2")),
+    ("half", None),
+    ("once", Some("1")),
+    ("twice", Some("2")),
 ];
 
 /// Words that ask about something.

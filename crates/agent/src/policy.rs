@@ -25,7 +25,7 @@ use crate::ground::{
     ground_when_values, is_free_string, lists_a_written_value, requires_a_number, short_of_numbers,
     short_of_strings, takes_free_text, takes_identifier, waits_for_a_number, without_leading_zeros,
 };
-use crate::lexicon::{ASKING, AUXILIARY, CHANGE_VERBS, POLITE, TELLING};
+use crate::lexicon::{ASKING, AUXILIARY, POLITE, TELLING, is_change_verb};
 use crate::parse::ParsedCall;
 use crate::provider::{Decoding, PromptMessage, PromptRole};
 use crate::rank::score_tools;
@@ -1186,18 +1186,18 @@ pub(crate) fn seeks_information(request: &str) -> bool {
             .any(|w| ASKING.contains(&w.as_str()) || TELLING.contains(&w.as_str()))
 }
 
-/// Whether the request asks for a change (one of [`CHANGE_VERBS`] as a word).
+/// Whether the request asks for a change (a word [`is_change_verb`] knows).
 pub(crate) fn asks_for_change(request: &str) -> bool {
     request
         .split(|c: char| !c.is_alphanumeric())
-        .any(|w| CHANGE_VERBS.contains(&w.to_lowercase().as_str()))
+        .any(|w| is_change_verb(&w.to_lowercase()))
 }
 
 /// Whether the request uses the verb of a shown tool that changes things:
 /// the first word of its name ("borrow the book" and `borrow_book`, "renew
 /// my loan" and `renewLoan`). The tools themselves say which verbs ask for a
 /// change, so a request is not taken for a question only because its verb
-/// is not in [`CHANGE_VERBS`]; a noun they share ("cart" in `add_to_cart`)
+/// is not one [`is_change_verb`] knows; a noun they share ("cart" in `add_to_cart`)
 /// is no such sign.
 fn names_a_change(request: &str, shown: &[ToolDefinition], read_only: &[String]) -> bool {
     let words = request_words(request);
@@ -2325,7 +2325,7 @@ impl PolicyState {
         // dentist appointment'" asks for one add, not a booking.
         let verbs_made = request_words(&without_quotes(request))
             .iter()
-            .filter(|w| CHANGE_VERBS.contains(&w.as_str()) || names_a_tool(w))
+            .filter(|w| is_change_verb(w) || names_a_tool(w))
             .all(|w| made(w));
         // Every identifier the person wrote is acted on ("add p-17 and
         // p-21" is two adds).

@@ -20,7 +20,7 @@ use crate::approval::{
 use crate::error::{ProviderError, ToolError, ToolErrorCode};
 use crate::ground::{copy_phrases, short_of_numbers};
 use crate::host::{AgentRunRequest, CallContext, ToolHost};
-use crate::lexicon::{ACTION_VERBS, FAILURE_MARKERS, HAND_BACK_MARKERS};
+use crate::lexicon::{FAILURE_MARKERS, HAND_BACK_MARKERS, is_action_verb};
 use crate::message::{ChatMessage, ToolCall};
 use crate::messages;
 use crate::parse::{ParsedReply, parse_tool_calls};
@@ -1899,9 +1899,7 @@ fn acknowledges_failure(reply: &str, failure: &str) -> bool {
 
 /// Whether the person asked for something to be done (not just a question).
 fn is_action_request(request: &str) -> bool {
-    words(request)
-        .iter()
-        .any(|w| ACTION_VERBS.contains(&w.as_str()))
+    words(request).iter().any(|w| is_action_verb(w))
 }
 
 /// Whether a plain reply tells the person to do it themselves with a tool the
