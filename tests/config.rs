@@ -388,6 +388,8 @@ async fn a_config_hosted_webmcp_source_whose_browser_was_killed_serves_again() {
     use webmcp_agents::config::StartOptions;
     use wma_tools::{LoopbackSite, SourceState};
 
+    // It kills every Chromium under this process: none of another test's.
+    let _chromium = crate::support::CHROMIUM.write().await;
     let site = LoopbackSite::serve(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/web_shop"))
         .await
         .unwrap();
@@ -657,6 +659,7 @@ fn a_webmcp_source_offers_debugging_tools_only_when_it_says_so() {
 async fn a_webmcp_sources_page_tools_show_forms_frames_and_annotations() {
     use wma_tools::LoopbackSite;
 
+    let _chromium = crate::support::CHROMIUM.read().await;
     let site = LoopbackSite::serve(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/crates/tools/tests/pages/conformance"

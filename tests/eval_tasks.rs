@@ -295,6 +295,7 @@ fn answer_facts(task: &Task) -> Vec<String> {
 /// here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_task_is_solved_by_its_gold_solution() {
+    let _chromium = crate::support::CHROMIUM.read().await;
     let tasks = load_tasks(&tasks_dir()).unwrap_or_else(|e| panic!("{e}"));
     // A few at a time: each run starts its own servers (and browser).
     let failures: Vec<String> = futures::stream::iter(tasks.iter())

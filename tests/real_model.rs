@@ -244,6 +244,7 @@ async fn the_default_model_shops_on_a_real_web_page() {
     let site = LoopbackSite::serve(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/web_shop"))
         .await
         .unwrap();
+    let _chromium = crate::support::CHROMIUM.read().await;
     let browser = Browser::launch(BrowserOptions::default())
         .await
         .expect("Chromium is installed (scripts/install-peers.sh)");

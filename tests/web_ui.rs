@@ -446,6 +446,7 @@ tools = ["shop"]
         ),
     )
     .await;
+    let _chromium = crate::support::CHROMIUM.read().await;
     let browser = browser().await;
     let page = open(&browser, &server.page_url()).await;
     pick_agent(&page, "lead").await;
@@ -568,6 +569,7 @@ tools = ["files"]
 async fn a_consequential_call_waits_with_its_arguments_and_runs_only_once_approved() {
     let dir = scratch("approve");
     let server = Serve::start(&dir, &files_config(&dir)).await;
+    let _chromium = crate::support::CHROMIUM.read().await;
     let browser = browser().await;
     let page = open(&browser, &server.page_url()).await;
 
@@ -702,6 +704,7 @@ async fn a_reload_during_a_run_reconnects_and_shows_each_part_once() {
         files_config(&dir)
     );
     let server = Serve::start(&dir, &config).await;
+    let _chromium = crate::support::CHROMIUM.read().await;
     let browser = browser().await;
     let page = open(&browser, &server.page_url()).await;
     pick_agent(&page, "writer").await;
@@ -825,6 +828,7 @@ async fn a_past_conversation_reopens_with_its_history_and_continues() {
         ),
     )
     .await;
+    let _chromium = crate::support::CHROMIUM.read().await;
     let browser = browser().await;
     let page = open(&browser, &server.page_url()).await;
     pick_agent(&page, "clerk").await;
@@ -907,6 +911,7 @@ async fn without_the_token_the_page_asks_for_it_and_a_wrong_one_is_refused() {
         "[providers.p]\nkind = \"scripted\"\nreplies = [\"-\"]\n\n[agents.clerk]\nprovider = \"p\"\n",
     )
     .await;
+    let _chromium = crate::support::CHROMIUM.read().await;
     let browser = browser().await;
 
     // No token: the prompt, and no call of the API.

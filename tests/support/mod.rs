@@ -245,3 +245,9 @@ pub(crate) async fn serve_listening(
         stderr,
     }
 }
+
+/// Chromium in this test binary: the test that kills the Chromium
+/// processes under it (to show a page source comes back) holds this
+/// alone, so it kills only its own browser; every other test that runs
+/// Chromium holds it shared for as long as its browser lives.
+pub(crate) static CHROMIUM: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
