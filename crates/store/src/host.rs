@@ -116,8 +116,17 @@ impl HostGuard {
     /// Lets go of the name now (the store is being closed).
     pub(crate) async fn release(&self) {
         if let Self::Held(conn) = self
-            && let Some(conn) = conn.lock().await.take()
+            && let Some(mut conn) = conn.lock().await.take()
         {
+            if conn.backend_name() == "PostgreSQL" {
+                // The server ends a closed session's locks a moment after
+                // the socket closes; unlocking first means the name is
+                // free when `close` returns, so a host probing it next
+                // (deleting this host's sessions) finds it free.
+                let _ = sqlx::query("SELECT pg_advisory_unlock_all()")
+                    .execute(&mut conn)
+                    .await;
+            }
             // Closing the connection ends its transaction or its session,
             // and with it the lock.
             let _ = conn.close().await;
