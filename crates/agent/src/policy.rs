@@ -246,6 +246,11 @@ pub struct Policy {
     /// Where prose and a call are both allowed, call once the model gives a
     /// call at least this probability at the first token. Default 0.5%.
     pub call_threshold: Option<f32>,
+    /// Measure `call_threshold` against the call probability the model
+    /// gives the same prompt with the person's turn emptied (see
+    /// [`Decoding::call_baseline`]): a call is pushed only where the
+    /// request itself makes one more likely. Default: on.
+    pub call_baseline: bool,
     /// On a run's first step, the call threshold applies only where a
     /// calls-only retry would follow a prose reply anyway: the request
     /// names a shown tool (`named_tool_retry`), asks for a change a tool
@@ -369,6 +374,7 @@ impl Policy {
             max_calls: None,
             one_tool_per_reply: false,
             call_threshold: None,
+            call_baseline: false,
             threshold_on_evidence: false,
             copy_bias: 0.0,
             greedy_calls: false,
@@ -413,6 +419,7 @@ impl Policy {
             max_calls: Some(4),
             one_tool_per_reply: true,
             call_threshold: Some(0.005),
+            call_baseline: true,
             threshold_on_evidence: false,
             copy_bias: 3.0,
             greedy_calls: true,
@@ -556,6 +563,7 @@ impl Policy {
                     .collect()
             },
             call_threshold: self.call_threshold,
+            call_baseline: self.call_baseline,
             copy_bias: self.copy_bias,
             greedy_calls: self.greedy_calls,
             finish_cut_calls: self.finish_cut_calls,

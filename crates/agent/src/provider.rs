@@ -221,6 +221,17 @@ pub struct Decoding {
     /// branch between prose and a call); `None` leaves the choice to the
     /// model.
     pub call_threshold: Option<f32>,
+    /// Measure the call threshold against a neutral baseline: where the
+    /// newest user turn (the person's request, or the loop's restatement
+    /// of it) is followed by nothing but system notes, the provider also
+    /// reads the call probability the model gives the same prompt with
+    /// that turn's words removed, and a call is pushed only where the
+    /// words make it more likely than that (and at least
+    /// `call_threshold`). A model that leans to calling whatever is asked
+    /// is then left to choose; a request that calls for a tool still gets
+    /// its push. Costs one short extra pass over that turn (the prompt
+    /// before it is cached).
+    pub call_baseline: bool,
     /// Inside a string or number argument of a constrained call, the logit
     /// bonus for tokens that copy one of the request's
     /// [`copy_phrases`](GenerateRequest::copy_phrases); 0 is none.

@@ -750,6 +750,35 @@ impl ConstraintMatcher {
         self
     }
 
+    /// The call probability the model gives at the first token of another
+    /// prompt, whose last token's `logits` are given, under this matcher's
+    /// grammar; `None` where there is no branch between prose and a call
+    /// to settle, or once this matcher has begun. For the neutral baseline
+    /// of [`Decoding::call_baseline`].
+    pub fn call_probability_of(&self, mut logits: Vec<f32>) -> Result<Option<f32>, OrtError> {
+        if self.masks > 0 || self.call_start.is_none() {
+            return Ok(None);
+        }
+        let mut probe = self.fork().with_call_threshold(None);
+        probe.copy = None;
+        probe.avoid = None;
+        probe.mask_logits(&mut logits)?;
+        Ok(probe.call_probability)
+    }
+
+    /// Raises the call threshold to at least `floor` (a threshold that was
+    /// off stays off: the baseline only holds a push back).
+    pub fn raise_call_threshold(&mut self, floor: f32) {
+        if let Some(threshold) = &mut self.call_threshold {
+            *threshold = threshold.max(floor);
+        }
+    }
+
+    /// The call threshold this matcher settles the first token by.
+    pub fn call_threshold(&self) -> Option<f32> {
+        self.call_threshold
+    }
+
     /// The probability the model gave a call at the first token, once
     /// known (text-or-calls constraints only).
     pub fn call_probability(&self) -> Option<f32> {

@@ -10,8 +10,8 @@ use tokenizers::Tokenizer;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
-    CallFormat, GenerateRequest, Generation, Progress, ProgressFn, Provider, ProviderError,
-    ProviderInfo,
+    CallFormat, GenerateRequest, Generation, Progress, ProgressFn, PromptRole, Provider,
+    ProviderError, ProviderInfo,
 };
 
 use crate::config::{ModelConfig, ModelFiles, TokenizerConfig};
@@ -510,6 +510,33 @@ impl Loaded {
             .min()
     }
 
+    /// The ids of `request`'s prompt with the person's turn emptied, for
+    /// the neutral baseline of [`Decoding::call_baseline`](wma_agent::Decoding::call_baseline),
+    /// where that turn is the newest: after it, the prompt holds what the
+    /// run did, which an empty turn would not explain, and the baseline
+    /// would cost all of it computed twice.
+    fn baseline_prompt(&self, request: &GenerateRequest) -> Result<Option<Vec<u32>>, OrtError> {
+        let Some(at) = request
+            .messages
+            .iter()
+            .rposition(|m| m.role == PromptRole::User)
+        else {
+            return Ok(None);
+        };
+        // Only the loop's own notes may follow it, not replies or results.
+        if request.messages[at].content.is_empty()
+            || request.messages[at + 1..]
+                .iter()
+                .any(|m| m.role != PromptRole::System)
+        {
+            return Ok(None);
+        }
+        let mut neutral = request.clone();
+        neutral.messages[at].content.clear();
+        let rendered = self.render(&neutral)?;
+        Ok(Some(self.encode(&rendered)?))
+    }
+
     /// Renders, tokenizes and generates; runs on a blocking thread.
     fn generate(
         &self,
@@ -525,9 +552,26 @@ impl Loaded {
         // locked: that work grows with the request, and another agent's
         // generation should not wait for it.
         let mut matcher = self.constraint_matcher(request);
+        let baseline = match &matcher {
+            Some(m) if request.decoding.call_baseline && m.call_threshold().is_some() => {
+                self.baseline_prompt(request)?
+            }
+            _ => None,
+        };
         let mut model = self.lock_model();
         model.use_session(session, &canonical)?;
         let prompt = self.prompt_for_cache(&model, &rendered, canonical)?;
+        if let (Some(ids), Some(m)) = (baseline, matcher.as_mut()) {
+            let logits = model.logits_for(&ids)?;
+            if let Some(neutral) = m.call_probability_of(logits)? {
+                tracing::debug!(
+                    baseline = neutral,
+                    threshold = m.call_threshold(),
+                    "call probability of the prompt without the person's turn"
+                );
+                m.raise_call_threshold(neutral);
+            }
+        }
         let terminator = model.reset_terminator()?;
         // A forward pass over a long prompt takes seconds; cancelling must not
         // wait for it to end, so a watcher tells ONNX Runtime to stop.

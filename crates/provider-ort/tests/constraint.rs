@@ -500,6 +500,50 @@ fn a_call_threshold_settles_prose_or_call_at_the_first_token() {
     assert!(!l[word].is_finite());
 }
 
+/// The neutral baseline holds a push back: a prompt without the request's
+/// words that the model already answers with a call at 70% raises the
+/// threshold to 70%, so a request that leaves the call at 50% is left to
+/// the model, while a threshold that was off stays off.
+#[test]
+fn a_call_baseline_raises_the_threshold_to_what_the_neutral_prompt_gives() {
+    let f = fixture();
+    let c = Constraint::TextOrCalls { tools: tools() };
+    let id = |t: &str| f.tokenizer.token_to_id(t).unwrap() as usize;
+    let (brace, word) = (id("{"), id("I"));
+    let split = |call: f32| {
+        let mut l = vec![-1e9f32; 49152];
+        l[brace] = (call / (1.0 - call)).ln();
+        l[word] = 0.0;
+        l
+    };
+    let decoding = Decoding {
+        call_threshold: Some(0.005),
+        ..small_model()
+    };
+    let mut m = f.engine.matcher(&c, CallFormat::Json, &decoding).unwrap();
+    let neutral = m.call_probability_of(split(0.7)).unwrap().unwrap();
+    assert!((neutral - 0.7).abs() < 1e-3, "{neutral}");
+    m.raise_call_threshold(neutral);
+    let mut l = split(0.5);
+    m.mask_logits(&mut l).unwrap();
+    assert!(l[word].is_finite(), "50% is below the baseline: no push");
+    assert_eq!(m.call_probability_of(split(0.9)).unwrap(), None, "begun");
+    // Below the baseline's 30%, the request's 50% is pushed.
+    let mut m = f.engine.matcher(&c, CallFormat::Json, &decoding).unwrap();
+    m.raise_call_threshold(m.call_probability_of(split(0.3)).unwrap().unwrap());
+    let mut l = split(0.5);
+    m.mask_logits(&mut l).unwrap();
+    assert!(!l[word].is_finite(), "50% is above the baseline: pushed");
+    // No threshold: the baseline does not make one.
+    let mut m = f
+        .engine
+        .matcher(&c, CallFormat::Json, &small_model())
+        .unwrap()
+        .with_call_threshold(None);
+    m.raise_call_threshold(0.3);
+    assert_eq!(m.call_threshold(), None);
+}
+
 #[test]
 fn a_repeated_call_is_noticed_and_cut_off() {
     let f = fixture();
