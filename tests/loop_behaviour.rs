@@ -477,6 +477,32 @@ async fn correction_c_a_reply_that_echoes_a_result_is_replaced_by_its_gist() {
     assert_eq!(texts(&parts), vec!["Added p-17 to the cart"]);
 }
 
+/// Prose beside a call that copies the worked example's words is the
+/// loop's, not the model's: it is not shown, and the history keeps the call
+/// without it, so the next step has nothing of it to copy.
+#[tokio::test]
+async fn prose_beside_a_call_that_repeats_the_worked_example_is_dropped() {
+    let provider = ScriptedProvider::new([
+        format!(
+            "To call add_to_cart, reply with:\n{}",
+            call("add_to_cart", json!({"product_id": "p-17"}))
+        ),
+        "Added p-17 to your cart.".to_string(),
+    ]);
+    let parts = run_all(
+        provider.clone(),
+        ask("add p-17 to my cart", shop()),
+        reference(),
+    )
+    .await;
+    assert_finish(&parts, FinishReason::Stop);
+    assert_eq!(texts(&parts), vec!["Added p-17 to your cart."]);
+    let history = turns_with(&provider.requests()[1], PromptRole::Assistant);
+    assert_eq!(history.len(), 1);
+    assert!(!history[0].contains("reply with"), "{history:?}");
+    assert!(history[0].contains("p-17"), "{history:?}");
+}
+
 #[tokio::test]
 async fn corrections_happen_once_per_step() {
     let provider = ScriptedProvider::new([

@@ -728,6 +728,8 @@ pub enum Rule {
     /// user turns (the restated request, a correction, the worked example):
     /// the loop's own words are never the answer, under every policy. An
     /// answer that was nothing else becomes the gist of the last result.
+    /// The prose beside a reply's calls loses them too, and is written to
+    /// the history without them (a model copies its own history).
     NoPromptEchoAnswers,
     /// An answer that repeats a sentence or line of its own was cut before
     /// the first repeat (every policy: a model that loops on a sentence

@@ -567,7 +567,9 @@ impl<P: Provider + 'static> Run<P> {
             let reply = self.unless_made_up(reply, before_retry.take(), &plan.shown);
             if !reply.calls.is_empty() {
                 Span::current().record("wma.outcome", "calls");
-                return self.run_calls(step, reply, &generation.text).await;
+                return self
+                    .run_calls(step, reply, &generation.text, &plan.request.messages)
+                    .await;
             }
             if !corrected && let Some(next) = self.correction(&reply.text, &generation, &plan) {
                 corrected = true;
@@ -1319,8 +1321,25 @@ impl<P: Provider + 'static> Run<P> {
     }
 
     /// Runs a validated reply's calls in order; `raw` is the reply as the
-    /// model wrote it.
-    async fn run_calls(&mut self, step: u32, reply: ParsedReply, raw: &str) -> Option<End> {
+    /// model wrote it, `prompt` what it was written to.
+    async fn run_calls(
+        &mut self,
+        step: u32,
+        mut reply: ParsedReply,
+        raw: &str,
+        prompt: &[PromptMessage],
+    ) -> Option<End> {
+        // Prose beside the calls that only repeats the prompt (the worked
+        // example's "to call …, reply with:") is the loop's words, not the
+        // model's: it is neither shown nor kept in the history, where the
+        // model would copy it again on the next step.
+        if let Some(kept) = without_prompt_echoes(&reply.text, prompt) {
+            self.report(vec![Fired {
+                rule: Rule::NoPromptEchoAnswers,
+                detail: "cut the prose beside the calls that repeats the prompt".to_string(),
+            }]);
+            reply.text = kept;
+        }
         let calls: Vec<ToolCall> = reply
             .calls
             .into_iter()
