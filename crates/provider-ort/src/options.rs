@@ -48,8 +48,10 @@ pub enum ExecutionProvider {
 /// ```
 #[derive(Debug, Clone, PartialEq)]
 pub struct OrtProviderOptions {
-    /// A model folder or a hub id (`org/name`). Default: `$WMA_MODEL` when
-    /// set, else `CACHE/models/SmolLM2-135M-Instruct`.
+    /// A model folder, the name of a model installed in `CACHE/models`
+    /// (see [`ModelSource::folder`](crate::ModelSource::folder)), or a hub
+    /// id (`org/name`). Default: `$WMA_MODEL` when set, else
+    /// `CACHE/models/SmolLM2-135M-Instruct`.
     pub model: Option<String>,
     /// Which graph file to load: a path inside the folder
     /// (`onnx/model_fp16.onnx`) or a short name (`q4` means

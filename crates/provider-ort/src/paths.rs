@@ -2,7 +2,7 @@
 //! model, and whether a model name is a local folder or a hub id.
 
 use std::env;
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
 
 use crate::error::OrtError;
 
@@ -99,10 +99,21 @@ impl ModelSource {
 
     /// The folder the model's files are (or will be) in: for a hub model,
     /// the snapshot of a finished download of its revision, else the folder
-    /// the runtime keeps its download note in.
+    /// the runtime keeps its download note in. A bare name that is no
+    /// folder here but a model the set-up installed
+    /// (`CACHE/models/NAME`, see [`installed_models`]) is that model.
     pub fn folder(&self, cache: &Path) -> PathBuf {
         match self {
-            Self::Local(path) => path.clone(),
+            Self::Local(path) => {
+                let bare = path.components().count() == 1
+                    && matches!(path.components().next(), Some(Component::Normal(_)));
+                let installed = cache.join("models").join(path);
+                if bare && !path.exists() && installed.is_dir() {
+                    installed
+                } else {
+                    path.clone()
+                }
+            }
             Self::Hub { repo, revision } => {
                 crate::hub::finished_snapshot(cache, repo, revision.as_deref())
                     .unwrap_or_else(|| hub_dir(cache, repo))
@@ -124,6 +135,20 @@ impl ModelSource {
             Self::Hub { repo, .. } => repo.clone(),
         }
     }
+}
+
+/// The names of the models installed in `CACHE/models` (each a folder
+/// with a `config.json`), sorted: what a bare `--model NAME` may name.
+pub fn installed_models(cache: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(cache.join("models"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.path().join("config.json").is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
 }
 
 /// The folder a hub repository is downloaded into.
@@ -195,6 +220,30 @@ mod tests {
                 "{local}"
             );
         }
+    }
+
+    /// `--model Qwen2.5-Coder-0.5B-Instruct` names the installed model;
+    /// a folder of that name where the command runs comes first, and a
+    /// name that is installed nowhere stays the folder it names.
+    #[test]
+    fn a_bare_name_is_an_installed_model() {
+        let cache = std::env::temp_dir().join(format!("wma-paths-{}", std::process::id()));
+        let model = cache.join("models").join("Some-Model-0.5B");
+        std::fs::create_dir_all(&model).unwrap();
+        std::fs::write(model.join("config.json"), "{}").unwrap();
+        std::fs::create_dir_all(cache.join("models").join("no-config")).unwrap();
+        assert_eq!(ModelSource::parse("Some-Model-0.5B").folder(&cache), model);
+        assert_eq!(
+            ModelSource::parse("Other-Model").folder(&cache),
+            Path::new("Other-Model")
+        );
+        assert_eq!(
+            ModelSource::parse("./Some-Model-0.5B").folder(&cache),
+            Path::new("./Some-Model-0.5B"),
+            "only a bare name is looked up"
+        );
+        assert_eq!(installed_models(&cache), ["Some-Model-0.5B"]);
+        std::fs::remove_dir_all(&cache).unwrap();
     }
 
     #[test]

@@ -690,7 +690,7 @@ fn load(
         })
     };
     let dir = match source {
-        ModelSource::Local(dir) => dir.clone(),
+        ModelSource::Local(_) => source.folder(cache),
         ModelSource::Hub { repo, revision } => hub::download(
             repo,
             revision.as_deref(),
@@ -701,7 +701,19 @@ fn load(
             cancel,
         )?,
     };
-    let files = ModelFiles::locate(&dir, options.variant.as_deref())?;
+    let files = ModelFiles::locate(&dir, options.variant.as_deref()).map_err(|e| match e {
+        // A mistyped name: say which names would do.
+        OrtError::ModelMissing { what, path } if !dir.exists() => {
+            let installed = crate::paths::installed_models(cache);
+            let what = if installed.is_empty() {
+                what
+            } else {
+                format!("{what} (installed models: {})", installed.join(", "))
+            };
+            OrtError::ModelMissing { what, path }
+        }
+        other => other,
+    })?;
     step(0, "load tokenizer");
     let tokenizer = Tokenizer::from_file(&files.tokenizer)
         .map_err(|e| OrtError::invalid("tokenizer.json", e))?;
