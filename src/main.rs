@@ -33,6 +33,11 @@ struct Cli {
     /// say so); see docs/tracing.md.
     #[arg(long, global = true)]
     otlp: bool,
+    /// Also print what the loop's policy did at each step (the rule lines,
+    /// `· ground-strings: …`); without it a run prints the calls, results,
+    /// approvals and the answer.
+    #[arg(long, short, global = true)]
+    verbose: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -379,6 +384,7 @@ fn main() -> std::process::ExitCode {
 
 async fn run_cli() -> Result<()> {
     let cli = Cli::parse();
+    let verbose = cli.verbose;
     let config = command_config(&cli.command)?;
     // The config's [telemetry] table, with --otlp switching export on.
     let mut tracing_config = config
@@ -405,13 +411,13 @@ async fn run_cli() -> Result<()> {
                     &config,
                     args.agent.as_deref(),
                     &args.request,
-                    args.json,
+                    cli::Output::new(args.json, verbose),
                     &args.approval,
                 )
                 .await
             }
-            (Command::Run(args), None) => run(args).await,
-            (Command::Chat(args), Some(config)) => cli::chat(args, &config).await,
+            (Command::Run(args), None) => run(args, verbose).await,
+            (Command::Chat(args), Some(config)) => cli::chat(args, &config, verbose).await,
             (Command::Serve(args), Some(config)) => cli::serve(args, &config).await,
             (Command::Eval(EvalCommand::Bfcl(args)), _) => eval_bfcl(args).await,
             (Command::Eval(EvalCommand::Shop(args)), _) => eval_shop(args).await,
@@ -524,7 +530,8 @@ async fn load_provider(args: &ModelArgs) -> Result<EvalProvider> {
     Ok(made)
 }
 
-async fn run(args: RunArgs) -> Result<()> {
+async fn run(args: RunArgs, verbose: bool) -> Result<()> {
+    let output = cli::Output::new(args.json, verbose);
     // Flag mistakes are reported before the model loads.
     let approval_rules = args.approval.rules()?;
     let provider = Arc::new(UsageMeter::new(Arc::new(load_model(&args.model).await?)));
@@ -557,10 +564,11 @@ async fn run(args: RunArgs) -> Result<()> {
     let mut parts = run_local_agent(provider.clone(), request, loop_options);
     let mut last = None;
     while let Some(part) = parts.next().await {
-        if args.json {
-            println!("{}", serde_json::to_string(&part)?);
-        } else {
-            println!("{}", render_part(&part));
+        if output.shows(&part) {
+            match output {
+                cli::Output::Json => println!("{}", serde_json::to_string(&part)?),
+                cli::Output::Text { .. } => println!("{}", render_part(&part)),
+            }
         }
         last = Some(part);
     }

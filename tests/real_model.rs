@@ -310,3 +310,33 @@ async fn a_model_is_chosen_by_its_installed_name() {
         "{stderr}"
     );
 }
+
+/// `wma run` prints the person's view (calls, results, the answer); `-v`
+/// adds what the loop's policy did at each step, and `--json` carries
+/// every part for programs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_is_quiet_about_the_policy_unless_asked() {
+    let rule_lines = |out: &str| out.lines().filter(|l| l.starts_with("· ")).count();
+    let (ok, quiet, stderr) = crate::support::run_wma(
+        &["run"],
+        "",
+        std::iter::empty::<(&str, &str)>(),
+        std::time::Duration::from_secs(600),
+    )
+    .await;
+    assert!(ok, "{quiet}\n{stderr}");
+    assert!(quiet.contains("→ add_to_cart"), "{quiet}");
+    assert_eq!(rule_lines(&quiet), 0, "{quiet}");
+    let (ok, verbose, stderr) = crate::support::run_wma(
+        &["run", "-v"],
+        "",
+        std::iter::empty::<(&str, &str)>(),
+        std::time::Duration::from_secs(600),
+    )
+    .await;
+    assert!(ok, "{verbose}\n{stderr}");
+    assert!(rule_lines(&verbose) > 0, "{verbose}");
+    // The same run, greedy: only the rule lines differ.
+    let without: Vec<&str> = verbose.lines().filter(|l| !l.starts_with("· ")).collect();
+    assert_eq!(without, quiet.lines().collect::<Vec<_>>());
+}

@@ -94,11 +94,51 @@ pub(crate) fn render_tagged(part: &TaggedPart) -> String {
     }
 }
 
-fn print_part(part: &TaggedPart, json: bool) -> Result<()> {
-    if json {
-        println!("{}", serde_json::to_string(part)?);
-    } else {
-        println!("{}", render_tagged(part));
+/// How a command prints a run's parts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Output {
+    /// Every part as a JSON line.
+    Json,
+    /// Lines for a person: the calls, results, approvals and the answer;
+    /// with `verbose` (`-v`) also what the loop's policy did.
+    Text {
+        /// Show the policy's rule lines (`· ground-strings: …`) too.
+        verbose: bool,
+    },
+}
+
+impl Output {
+    /// From the `--json` and `-v` flags.
+    pub(crate) fn new(json: bool, verbose: bool) -> Self {
+        if json {
+            Self::Json
+        } else {
+            Self::Text { verbose }
+        }
+    }
+
+    /// Whether the output is for a person.
+    pub(crate) fn is_text(self) -> bool {
+        matches!(self, Self::Text { .. })
+    }
+
+    /// Whether `part` is printed: a rule line only when verbose (JSON
+    /// carries every part, for programs).
+    pub(crate) fn shows(self, part: &AgentStreamPart) -> bool {
+        match self {
+            Self::Json | Self::Text { verbose: true } => true,
+            Self::Text { verbose: false } => !matches!(part, AgentStreamPart::Rule { .. }),
+        }
+    }
+}
+
+fn print_part(part: &TaggedPart, output: Output) -> Result<()> {
+    if !output.shows(&part.part) {
+        return Ok(());
+    }
+    match output {
+        Output::Json => println!("{}", serde_json::to_string(part)?),
+        Output::Text { .. } => println!("{}", render_tagged(part)),
     }
     std::io::stdout().flush()?;
     Ok(())
@@ -207,7 +247,7 @@ impl Interrupt {
 async fn ask(
     agent: &AgentHandle,
     messages: Vec<ChatMessage>,
-    json: bool,
+    output: Output,
     interrupt: &Interrupt,
     approvals: &RunApprovals,
     log: Option<&RunLog>,
@@ -225,7 +265,7 @@ async fn ask(
         if let Some(recorder) = recorder {
             recorder.record_answer(&part);
         }
-        print_part(&part, json)?;
+        print_part(&part, output)?;
         if part.depth == 0 {
             own.push(part.part);
         }
@@ -252,7 +292,7 @@ pub(crate) async fn run(
     config: &Config,
     agent: Option<&str>,
     request: &str,
-    json: bool,
+    output: Output,
     approval: &ApprovalArgs,
 ) -> Result<()> {
     let name = pick_agent(config, agent)?;
@@ -261,14 +301,14 @@ pub(crate) async fn run(
     let hosted = start(config).await?;
     let interrupt = Interrupt::default();
     interrupt.install();
-    if !json {
+    if output.is_text() {
         println!("you → {name}: {request}");
     }
     let started = Instant::now();
     let result = ask(
         &hosted.runtime.agent(&name)?,
         vec![ChatMessage::user(request)],
-        json,
+        output,
         &interrupt,
         &approvals,
         None,
@@ -282,7 +322,8 @@ pub(crate) async fn run(
 }
 
 /// `wma chat`: a conversation on the terminal, one request per line.
-pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
+pub(crate) async fn chat(args: ChatArgs, config: &Config, verbose: bool) -> Result<()> {
+    let output = Output::new(args.json, verbose);
     if args.sessions {
         return list_sessions(config).await;
     }
@@ -352,7 +393,7 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
     interrupt.install();
     eprintln!("talking to `{name}`; Ctrl-C stops a reply, Ctrl-D or /exit ends the chat");
     loop {
-        if !args.json {
+        if output.is_text() {
             print!("you> ");
             std::io::stdout().flush()?;
         }
@@ -386,7 +427,7 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
         let parts = ask(
             &agent,
             history.clone(),
-            args.json,
+            output,
             &interrupt,
             &approvals,
             log,
@@ -417,7 +458,7 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
         }
         history.extend(answer);
     }
-    if !args.json {
+    if output.is_text() {
         println!();
     }
     print_carts(&hosted);
