@@ -4,12 +4,13 @@
 mod cli;
 
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -133,8 +134,16 @@ impl PolicyArgs {
                 format!("unknown policy `{n}`, expected `reference` or `small-model`")
             })?,
         };
+        Policy::named(name)
+            .with_rules(&self.rules_value(&self.rules)?)
+            .map(Some)
+            .map_err(|e| anyhow::anyhow!("--rule: {e}"))
+    }
+
+    /// `--rule NAME=VALUE` flags as one JSON object of rules.
+    fn rules_value(&self, flags: &[String]) -> Result<serde_json::Value> {
         let mut rules = serde_json::Map::new();
-        for rule in &self.rules {
+        for rule in flags {
             let (key, value) = rule
                 .split_once('=')
                 .with_context(|| format!("--rule {rule}: expected NAME=VALUE"))?;
@@ -142,10 +151,7 @@ impl PolicyArgs {
                 .with_context(|| format!("--rule {rule}: the value is not JSON"))?;
             rules.insert(key.trim().to_string(), value);
         }
-        Policy::named(name)
-            .with_rules(&serde_json::Value::Object(rules))
-            .map(Some)
-            .map_err(|e| anyhow::anyhow!("--rule: {e}"))
+        Ok(serde_json::Value::Object(rules))
     }
 }
 
@@ -300,6 +306,88 @@ struct TasksArgs {
     direct: bool,
 }
 
+/// `wma run --config` with flags of the plain run: each flag given on the
+/// command line either applies to the config's agent, overriding the
+/// config's value and saying so, or is an error that says why. The model
+/// flags are errors: the agent's model is its provider's in the config.
+fn apply_run_flags(given: &ArgMatches, args: &RunArgs, config: &mut Config) -> Result<()> {
+    let on_line = |id: &str| given.value_source(id) == Some(ValueSource::CommandLine);
+    let model_flags: Vec<String> = [
+        "model",
+        "variant",
+        "threads",
+        "temperature",
+        "seed",
+        "max_new_tokens",
+        "provider_config",
+        "provider",
+    ]
+    .into_iter()
+    .filter(|id| on_line(id))
+    .map(|id| format!("--{}", id.replace('_', "-")))
+    .collect();
+    if !model_flags.is_empty() {
+        bail!(
+            "{} cannot be used with --config: the agent's model is the one its `provider` names in {} ([providers.NAME]); change it there, or run without --config",
+            model_flags.join(", "),
+            args.config
+                .as_deref()
+                .unwrap_or(Path::new("the config"))
+                .display()
+        );
+    }
+    let name = cli::pick_agent(config, args.agent.as_deref())?;
+    let Some(agent) = config.agents.iter_mut().find(|a| a.name == name) else {
+        bail!("the config has no agent `{name}`");
+    };
+    let mut said = Vec::new();
+    if on_line("max_steps") {
+        said.push(format!(
+            "max_steps {} (the config: {})",
+            args.max_steps, agent.max_steps
+        ));
+        agent.max_steps = args.max_steps;
+    }
+    if on_line("step_timeout") {
+        let timeout = Duration::from_secs(args.model.step_timeout);
+        said.push(format!(
+            "step_timeout {} s (the config: {} s)",
+            timeout.as_secs(),
+            agent.step_timeout.as_secs()
+        ));
+        agent.step_timeout = timeout;
+    }
+    if on_line("constraints") {
+        let mode: ConstraintMode = args.constraints.into();
+        said.push(format!(
+            "constraints {mode:?} (the config: {:?})",
+            agent.constraints
+        ));
+        agent.constraints = mode;
+    }
+    if on_line("policy") || on_line("rules") {
+        let policy = match (&args.policy.policy, &agent.policy) {
+            // Rules alone change the agent's own policy.
+            (None, Some(own)) => own
+                .with_rules(&args.policy.rules_value(&args.policy.rules)?)
+                .map_err(|e| anyhow::anyhow!("--rule: {e}"))?,
+            (None, None) => bail!(
+                "--rule needs --policy here: the agent `{name}` names no policy in the config (its model's size picks one)"
+            ),
+            (Some(_), _) => args.policy.policy()?.context("--policy names a policy")?,
+        };
+        said.push(format!(
+            "policy {} with the rules given",
+            policy.base.as_str()
+        ));
+        agent.policy = Some(policy);
+    }
+    if !said.is_empty() {
+        eprintln!("agent `{name}`, from the command line: {}", said.join("; "));
+    }
+    Ok(())
+}
+
 /// The config a command hosts, read (and validated) before anything starts.
 fn command_config(command: &Command) -> Result<Option<Config>> {
     let path = match command {
@@ -383,9 +471,15 @@ fn main() -> std::process::ExitCode {
 }
 
 async fn run_cli() -> Result<()> {
-    let cli = Cli::parse();
+    let matches = Cli::command().get_matches();
+    let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     let verbose = cli.verbose;
-    let config = command_config(&cli.command)?;
+    let mut config = command_config(&cli.command)?;
+    if let (Command::Run(args), Some(config), Some(("run", given))) =
+        (&cli.command, config.as_mut(), matches.subcommand())
+    {
+        apply_run_flags(given, args, config)?;
+    }
     // The config's [telemetry] table, with --otlp switching export on.
     let mut tracing_config = config
         .as_ref()

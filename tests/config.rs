@@ -698,3 +698,52 @@ async fn a_webmcp_sources_page_tools_show_forms_frames_and_annotations() {
             .is_some_and(|u| u.ends_with("/frame.html"))
     );
 }
+
+/// `wma run --config` with the plain run's flags: a loop flag given on the
+/// command line overrides the agent's setting and says so; a model flag is
+/// an error that says where the model is set, before anything starts.
+#[test]
+fn run_flags_with_a_config_apply_or_say_why_not() {
+    let dir = std::env::temp_dir().join(format!("wma-run-flags-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("clerk.toml");
+    std::fs::write(
+        &config,
+        "[providers.p]\nkind = \"scripted\"\nreplies = [\"Hi.\"]\n\n[agents.clerk]\nprovider = \"p\"\nmax_steps = 4\n",
+    )
+    .unwrap();
+    let wma = |flags: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wma"))
+            .arg("run")
+            .arg("--config")
+            .arg(&config)
+            .args(flags)
+            .arg("Hello")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .expect("wma runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stdout, stderr) = wma(&["--max-steps", "2", "--policy", "reference"]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(stdout.contains("Hi."), "{stdout}");
+    assert!(
+        stderr.contains("max_steps 2 (the config: 4)") && stderr.contains("policy reference"),
+        "{stderr}"
+    );
+    let (code, stdout, stderr) = wma(&["--model", "SmolLM2-135M-Instruct"]);
+    assert_eq!(code, Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("--model cannot be used with --config"),
+        "{stderr}"
+    );
+    assert!(!stdout.contains("Hi."), "nothing ran: {stdout}");
+    let (code, _, stderr) = wma(&["--rule", "copy_bias=0"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stderr.contains("--rule needs --policy"), "{stderr}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

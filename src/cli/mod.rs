@@ -178,7 +178,7 @@ pub(crate) async fn start(config: &Config) -> Result<Hosted> {
 }
 
 /// The agent a request goes to: the one named, or the only top-level one.
-fn pick_agent(config: &Config, named: Option<&str>) -> Result<String> {
+pub(crate) fn pick_agent(config: &Config, named: Option<&str>) -> Result<String> {
     if let Some(name) = named {
         if config.agent(name).is_none() {
             bail!(
