@@ -131,6 +131,7 @@ pub fn small_model_decoding() -> Decoding {
         one_tool_per_reply: true,
         single_call: Vec::new(),
         call_threshold: Some(0.005),
+        call_baseline: true,
         copy_bias: 3.0,
         greedy_calls: true,
         finish_cut_calls: Some(64),
