@@ -34,11 +34,6 @@ struct Cli {
     /// say so); see docs/tracing.md.
     #[arg(long, global = true)]
     otlp: bool,
-    /// Also print what the loop's policy did at each step (the rule lines,
-    /// `· ground-strings: …`); without it a run prints the calls, results,
-    /// approvals and the answer.
-    #[arg(long, short, global = true)]
-    verbose: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -193,6 +188,11 @@ struct RunArgs {
     /// Print the parts as JSON lines instead of text.
     #[arg(long)]
     json: bool,
+    /// Also print what the loop's policy did at each step (the rule lines,
+    /// `· ground-strings: …`); without it a run prints the calls, results,
+    /// approvals and the answer.
+    #[arg(long, short)]
+    verbose: bool,
     /// Run the request against an agent of this config instead (the model
     /// and loop options above are then the config's).
     #[arg(long, short)]
@@ -473,7 +473,6 @@ fn main() -> std::process::ExitCode {
 async fn run_cli() -> Result<()> {
     let matches = Cli::command().get_matches();
     let cli = Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
-    let verbose = cli.verbose;
     let mut config = command_config(&cli.command)?;
     if let (Command::Run(args), Some(config), Some(("run", given))) =
         (&cli.command, config.as_mut(), matches.subcommand())
@@ -505,13 +504,13 @@ async fn run_cli() -> Result<()> {
                     &config,
                     args.agent.as_deref(),
                     &args.request,
-                    cli::Output::new(args.json, verbose),
+                    cli::Output::new(args.json, args.verbose),
                     &args.approval,
                 )
                 .await
             }
-            (Command::Run(args), None) => run(args, verbose).await,
-            (Command::Chat(args), Some(config)) => cli::chat(args, &config, verbose).await,
+            (Command::Run(args), None) => run(args).await,
+            (Command::Chat(args), Some(config)) => cli::chat(args, &config).await,
             (Command::Serve(args), Some(config)) => cli::serve(args, &config).await,
             (Command::Eval(EvalCommand::Bfcl(args)), _) => eval_bfcl(args).await,
             (Command::Eval(EvalCommand::Shop(args)), _) => eval_shop(args).await,
@@ -624,8 +623,8 @@ async fn load_provider(args: &ModelArgs) -> Result<EvalProvider> {
     Ok(made)
 }
 
-async fn run(args: RunArgs, verbose: bool) -> Result<()> {
-    let output = cli::Output::new(args.json, verbose);
+async fn run(args: RunArgs) -> Result<()> {
+    let output = cli::Output::new(args.json, args.verbose);
     // Flag mistakes are reported before the model loads.
     let approval_rules = args.approval.rules()?;
     let provider = Arc::new(UsageMeter::new(Arc::new(load_model(&args.model).await?)));

@@ -38,6 +38,11 @@ pub(crate) struct ChatArgs {
     /// Print the parts as JSON lines instead of text.
     #[arg(long)]
     pub(crate) json: bool,
+    /// Also print what the loop's policy did at each step (the rule
+    /// lines); without it a reply shows the calls, results, approvals and
+    /// the answer.
+    #[arg(long, short)]
+    pub(crate) verbose: bool,
     #[command(flatten)]
     pub(crate) approval: ApprovalArgs,
     /// Continue this session of the store (`[store]`): its messages are
@@ -322,8 +327,8 @@ pub(crate) async fn run(
 }
 
 /// `wma chat`: a conversation on the terminal, one request per line.
-pub(crate) async fn chat(args: ChatArgs, config: &Config, verbose: bool) -> Result<()> {
-    let output = Output::new(args.json, verbose);
+pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
+    let output = Output::new(args.json, args.verbose);
     if args.sessions {
         return list_sessions(config).await;
     }
