@@ -565,6 +565,42 @@ async fn an_id_the_person_wrote_is_the_second_sign_for_a_tool_that_takes_one() {
     }
 }
 
+/// A push the request's words do not earn is held back and said: the
+/// model gave a call 1%, above the 0.5% threshold, but as much without the
+/// request's words; with the baseline off nothing is said.
+#[tokio::test]
+async fn a_call_the_baseline_does_not_earn_is_reported_as_held_back() {
+    for (baseline_on, neutral, said) in [
+        (true, 0.02, true),
+        (true, 0.001, false),
+        (false, 0.02, false),
+    ] {
+        let provider = ScriptedProvider::new(["Some prose."])
+            .with_constraints(true)
+            .with_call_probability(0.01)
+            .with_call_baseline(neutral);
+        let options = small_model_with(|p| {
+            p.call_baseline = baseline_on;
+            p.named_tool_retry = None;
+            p.question_lookup_retry = false;
+            p.change_request_retry = false;
+        });
+        let parts = run_all(
+            provider.clone(),
+            ask("View my cart, please.", annotated_shop()),
+            options,
+        )
+        .await;
+        assert_eq!(provider.requests()[0].decoding.call_baseline, baseline_on);
+        assert_eq!(
+            fired(&parts).iter().any(|r| r == "call-baseline"),
+            said,
+            "baseline {baseline_on}, neutral {neutral}: {:?}",
+            fired(&parts)
+        );
+    }
+}
+
 #[tokio::test]
 async fn without_constraints_a_prose_reply_stands_as_the_reference_has_it() {
     for (provider, mode) in [

@@ -720,6 +720,10 @@ pub enum Rule {
     /// See [`Policy::call_now_min_probability`]: the reference's correction
     /// was held back.
     CallNowGate,
+    /// See [`Policy::call_baseline`]: the call threshold would have pushed
+    /// a call, but the prompt without the request's words gave a call as
+    /// much weight, so the model was left to choose.
+    CallBaseline,
     /// See [`Policy::done_on_repeated_lookup`].
     DoneOnRepeatedLookup,
     /// See [`Policy::calls_within_offer`].
@@ -770,6 +774,7 @@ impl Rule {
             Self::ThresholdOnEvidence => "threshold-on-evidence",
             Self::CallThreshold => "call-threshold",
             Self::CallNowGate => "call-now-gate",
+            Self::CallBaseline => "call-baseline",
             Self::DoneOnRepeatedLookup => "done-on-repeated-lookup",
             Self::CallsWithinOffer => "calls-within-offer",
             Self::NoPromptEchoAnswers => "no-prompt-echo-answers",

@@ -269,6 +269,10 @@ pub struct Generation {
     /// Under a constraint that allowed prose or a call: the probability the
     /// model gave a call at its first token, when the provider knows it.
     pub call_probability: Option<f32>,
+    /// Under [`Decoding::call_baseline`]: the probability the model gave a
+    /// call for the same prompt with the newest user turn's words removed,
+    /// when the provider measured it.
+    pub call_baseline: Option<f32>,
 }
 
 impl Generation {

@@ -544,6 +544,22 @@ impl<P: Provider + 'static> Run<P> {
                 Ok(g) => g,
                 Err(end) => return Some(end),
             };
+            if let (Some(p), Some(neutral), Some(threshold)) = (
+                generation.call_probability,
+                generation.call_baseline,
+                plan.request.decoding.call_threshold,
+            ) && p >= threshold
+                && p < neutral
+            {
+                self.report(vec![Fired {
+                    rule: Rule::CallBaseline,
+                    detail: format!(
+                        "no push to a call: it had {:.2}%, and {:.2}% without the request's words",
+                        p * 100.0,
+                        neutral * 100.0
+                    ),
+                }]);
+            }
             let reply = parse_tool_calls(&generation.text);
             if let Some(problem) = self.problem(&generation.text, &reply, &plan) {
                 if repaired {

@@ -86,6 +86,9 @@ pub struct ScriptedProvider {
     /// The call probability reported for generations under a text-or-calls
     /// constraint.
     call_probability: Option<f32>,
+    /// The neutral baseline's call probability reported where the request
+    /// asks for one ([`crate::Decoding::call_baseline`]).
+    call_baseline: Option<f32>,
 }
 
 impl ScriptedProvider {
@@ -107,6 +110,7 @@ impl ScriptedProvider {
             constraints: false,
             max_prompt_chars: None,
             call_probability: None,
+            call_baseline: None,
         }
     }
 
@@ -138,6 +142,14 @@ impl ScriptedProvider {
     /// text-or-calls constraint, as a provider that decodes under one does.
     pub fn with_call_probability(mut self, p: f32) -> Self {
         self.call_probability = Some(p);
+        self
+    }
+
+    /// Reports `p` as the call probability of the neutral baseline
+    /// ([`crate::Decoding::call_baseline`]) for generations that ask for
+    /// one under a text-or-calls constraint, as the ONNX provider does.
+    pub fn with_call_baseline(mut self, p: f32) -> Self {
+        self.call_baseline = Some(p);
         self
     }
 
@@ -222,6 +234,9 @@ impl Provider for ScriptedProvider {
     ) -> Result<Generation, ProviderError> {
         let input_tokens = Self::prompt_chars(&request) as u32 / 4;
         let text_or_calls = matches!(request.constraint, Some(Constraint::TextOrCalls { .. }));
+        let baseline = text_or_calls
+            && request.decoding.call_baseline
+            && request.decoding.call_threshold.is_some();
         let reply = {
             let mut inner = self.lock();
             if inner.requests.len() == SCRIPTED_REQUEST_LOG {
@@ -253,6 +268,7 @@ impl Provider for ScriptedProvider {
             finish_reason: Some("stop".to_string()),
             cached_tokens: None,
             call_probability: self.call_probability.filter(|_| text_or_calls),
+            call_baseline: self.call_baseline.filter(|_| baseline),
         })
     }
 

@@ -672,6 +672,7 @@ impl Provider for OpenAiProvider {
             total_time: Some(total_time),
             finish_reason: choice.finish_reason.clone(),
             call_probability: None,
+            call_baseline: None,
         })
     }
 

@@ -561,9 +561,11 @@ impl Loaded {
         let mut model = self.lock_model();
         model.use_session(session, &canonical)?;
         let prompt = self.prompt_for_cache(&model, &rendered, canonical)?;
+        let mut call_baseline = None;
         if let (Some(ids), Some(m)) = (baseline, matcher.as_mut()) {
             let logits = model.logits_for(&ids)?;
             if let Some(neutral) = m.call_probability_of(logits)? {
+                call_baseline = Some(neutral);
                 tracing::debug!(
                     baseline = neutral,
                     threshold = m.call_threshold(),
@@ -657,6 +659,7 @@ impl Loaded {
             total_time: Some(start.elapsed()),
             finish_reason: Some(reason.as_str().to_string()),
             call_probability: matcher.as_ref().and_then(|m| m.call_probability()),
+            call_baseline,
         })
     }
 }

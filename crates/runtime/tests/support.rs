@@ -279,6 +279,7 @@ impl Provider for TokenModel {
             total_time: Some(started.elapsed()),
             finish_reason: Some("stop".to_string()),
             call_probability: None,
+            call_baseline: None,
         })
     }
 
