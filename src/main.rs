@@ -52,6 +52,13 @@ enum Command {
     /// Measure how well a model calls tools.
     #[command(subcommand)]
     Eval(EvalCommand),
+    /// Print the shell completion script for SHELL (bash, zsh, fish,
+    /// elvish, powershell), e.g. `wma completions bash >
+    /// ~/.local/share/bash-completion/completions/wma`.
+    Completions {
+        /// The shell to complete in.
+        shell: clap_complete::Shell,
+    },
 }
 
 #[derive(Subcommand)]
@@ -485,9 +492,6 @@ async fn run_cli() -> Result<()> {
         .map(|c| c.telemetry.clone())
         .unwrap_or_default();
     tracing_config.enabled |= cli.otlp;
-    if tracing_config.service_name.is_none() {
-        tracing_config.service_name = Some("wma".to_string());
-    }
     let telemetry =
         webmcp_agents::telemetry::init(&tracing_config).context("could not start tracing")?;
     let span = tracing::info_span!("wma");
@@ -512,6 +516,10 @@ async fn run_cli() -> Result<()> {
             (Command::Run(args), None) => run(args).await,
             (Command::Chat(args), Some(config)) => cli::chat(args, &config).await,
             (Command::Serve(args), Some(config)) => cli::serve(args, &config).await,
+            (Command::Completions { shell }, _) => {
+                clap_complete::generate(shell, &mut Cli::command(), "wma", &mut std::io::stdout());
+                Ok(())
+            }
             (Command::Eval(EvalCommand::Bfcl(args)), _) => eval_bfcl(args).await,
             (Command::Eval(EvalCommand::Shop(args)), _) => eval_shop(args).await,
             (Command::Eval(EvalCommand::Tasks(args)), _) => eval_tasks(args).await,

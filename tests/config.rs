@@ -747,3 +747,32 @@ fn run_flags_with_a_config_apply_or_say_why_not() {
     assert!(stderr.contains("--rule needs --policy"), "{stderr}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `wma completions SHELL` prints a completion script the shell accepts,
+/// with every command.
+#[test]
+fn completions_are_printed_for_a_shell() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wma"))
+        .args(["completions", "bash"])
+        .output()
+        .expect("wma runs");
+    assert!(out.status.success());
+    let script = String::from_utf8(out.stdout).unwrap();
+    for command in ["run", "chat", "serve", "check", "eval", "completions"] {
+        assert!(script.contains(command), "{command} missing");
+    }
+    let checked = std::process::Command::new("bash")
+        .args(["-n", "-c", &script])
+        .status()
+        .expect("bash runs");
+    assert!(checked.success(), "bash refuses the script");
+    let wrong = std::process::Command::new(env!("CARGO_BIN_EXE_wma"))
+        .args(["completions", "tcsh"])
+        .output()
+        .expect("wma runs");
+    assert_eq!(
+        wrong.status.code(),
+        Some(2),
+        "an unknown shell is a usage error"
+    );
+}
