@@ -378,10 +378,15 @@
         head(node, `${how}${by}${remember}`, part.name);
         break;
       }
-      case 'rule':
-        head(node, 'rule', part.rule);
-        node.appendChild(el('div', 'detail', part.detail));
+      case 'rule': {
+        // What the loop's policy did is there for whoever wants it, folded
+        // under its step: the person's view is the calls and the answer.
+        const fold = el('details', 'fold');
+        fold.appendChild(el('summary', 'label', `policy: ${part.rule}`));
+        fold.appendChild(el('div', 'detail', part.detail));
+        node.appendChild(fold);
         break;
+      }
       case 'finish':
         node.appendChild(el('span', 'label', `finished (${part.reason})`));
         break;
