@@ -225,6 +225,22 @@ pub const DEFAULT_REQUEST: &str = "Find a waterproof backpack and add it to my c
 /// Instructions for the shop's agent.
 pub const INSTRUCTIONS: &str = "This is an outdoor shop. To buy something: search_products, then add_to_cart with the product's id. view_cart shows the cart.";
 
+/// The config `wma chat` and `wma serve` host when given none: the shop's
+/// agent, `shopper`, on the default model with the demo shop's tools and
+/// [`INSTRUCTIONS`], as `wma run` asks it.
+pub fn demo_config() -> String {
+    let instructions = toml::Value::String(INSTRUCTIONS.to_string());
+    format!(
+        "[providers.default]\nkind = \"onnx\"\n\n\
+         [tools.shop]\nkind = \"demo-shop\"\n\n\
+         [agents.shopper]\n\
+         description = \"Helps a person shop at the outdoor store.\"\n\
+         instructions = {instructions}\n\
+         tools = [\"shop\"]\n\
+         max_steps = 6\n"
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

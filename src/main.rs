@@ -401,8 +401,16 @@ fn command_config(command: &Command) -> Result<Option<Config>> {
         Command::Run(RunArgs {
             config: Some(path), ..
         }) => path,
-        Command::Chat(args) => &args.config,
-        Command::Serve(args) => &args.config,
+        Command::Chat(cli::ChatArgs { config, .. })
+        | Command::Serve(cli::ServeArgs { config, .. }) => match config {
+            Some(path) => path,
+            None => {
+                return Ok(Some(Config::parse(
+                    &demo_shop::demo_config(),
+                    "the built-in demo config",
+                )?));
+            }
+        },
         Command::Check(args) => &args.config,
         _ => return Ok(None),
     };

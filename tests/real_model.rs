@@ -340,3 +340,23 @@ async fn a_run_is_quiet_about_the_policy_unless_asked() {
     let without: Vec<&str> = verbose.lines().filter(|l| !l.starts_with("· ")).collect();
     assert_eq!(without, quiet.lines().collect::<Vec<_>>());
 }
+
+/// `wma chat` with no config talks to the demo shop's agent on the default
+/// model, turn after turn: a general question is answered, and the next
+/// turn looks at the cart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wma_chat_without_a_config_talks_to_the_demo_agent() {
+    let (ok, stdout, stderr) = crate::support::run_wma(
+        &["chat"],
+        "What is the capital of France? Answer in one word.\nShow me my cart.\n",
+        std::iter::empty::<(&str, &str)>(),
+        std::time::Duration::from_secs(600),
+    )
+    .await;
+    assert!(ok, "{stdout}\n{stderr}");
+    assert!(stderr.contains("talking to `shopper`"), "{stderr}");
+    assert_eq!(stdout.matches("[finished:").count(), 2, "{stdout}");
+    let (first, second) = stdout.split_once("[finished:").unwrap();
+    assert!(first.contains("Paris"), "{stdout}");
+    assert!(second.contains("→ view_cart"), "{stdout}");
+}

@@ -29,9 +29,10 @@ const REMOTE_WAIT: Duration = Duration::from_secs(30);
 /// `wma chat`.
 #[derive(Args)]
 pub(crate) struct ChatArgs {
-    /// The config to host.
+    /// The config to host (default: the demo shop's agent on the default
+    /// model, as `wma run` asks it).
     #[arg(long, short)]
-    pub(crate) config: PathBuf,
+    pub(crate) config: Option<PathBuf>,
     /// The agent to talk to (default: the config's only top-level agent).
     #[arg(long)]
     pub(crate) agent: Option<String>,
@@ -61,9 +62,10 @@ pub(crate) struct ChatArgs {
 /// `wma serve`.
 #[derive(Args)]
 pub(crate) struct ServeArgs {
-    /// The config to host.
+    /// The config to host (default: the demo shop's agent on the default
+    /// model, as `wma run` asks it).
     #[arg(long, short)]
-    pub(crate) config: PathBuf,
+    pub(crate) config: Option<PathBuf>,
     /// Where the HTTP API listens (default: the config's `[server] listen`,
     /// else 127.0.0.1:8080).
     #[arg(long)]
