@@ -776,3 +776,43 @@ fn completions_are_printed_for_a_shell() {
         "an unknown shell is a usage error"
     );
 }
+
+/// A tool source the agent needs that cannot start is an error of the run
+/// (exit status 1, the reason said), not a warning before an answer made
+/// without its tools.
+#[test]
+fn a_run_whose_tool_source_cannot_start_is_an_error() {
+    let dir = std::env::temp_dir().join(format!("wma-broken-source-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("clerk.toml");
+    std::fs::write(
+        &config,
+        "[providers.p]\nkind = \"scripted\"\nreplies = [\"Hi.\"]\n\n\
+         [tools.broken]\nkind = \"mcp-stdio\"\ncommand = \"/nonexistent/mcp-server\"\n\n\
+         [agents.clerk]\nprovider = \"p\"\ntools = [\"broken\"]\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wma"))
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .arg("Hello")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("wma runs");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("the tool source `broken` that `clerk` needs could not start")
+            && stderr.contains("/nonexistent/mcp-server"),
+        "{stderr}"
+    );
+    assert!(
+        !stdout.contains("Hi."),
+        "no answer without the tools: {stdout}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -184,6 +184,41 @@ pub(crate) async fn start(config: &Config) -> Result<Hosted> {
     Ok(hosted)
 }
 
+/// Starts every tool source the agent `name` uses, its sub-agents' too,
+/// and fails with the reason when one cannot start: a run that needs a
+/// source that is down would answer without its tools and look like
+/// success.
+pub(crate) async fn ensure_sources(config: &Config, hosted: &Hosted, name: &str) -> Result<()> {
+    use webmcp_agents::agent::ToolHost;
+    use webmcp_agents::tools::SourceState;
+
+    let mut agents = vec![name.to_string()];
+    let mut sources: Vec<String> = Vec::new();
+    while let Some(agent) = agents.pop() {
+        let Some(spec) = config.agent(&agent) else {
+            continue;
+        };
+        for source in &spec.tools {
+            if !sources.contains(source) {
+                sources.push(source.clone());
+            }
+        }
+        agents.extend(spec.sub_agents.iter().cloned());
+    }
+    for (source, set) in &hosted.tool_sets {
+        if !sources.contains(source) {
+            continue;
+        }
+        set.list_tools().await;
+        for health in set.health() {
+            if let SourceState::Down { reason } | SourceState::GaveUp { reason } = health.state {
+                bail!("the tool source `{source}` that `{name}` needs could not start: {reason}");
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The agent a request goes to: the one named, or the only top-level one.
 pub(crate) fn pick_agent(config: &Config, named: Option<&str>) -> Result<String> {
     if let Some(name) = named {
@@ -306,6 +341,10 @@ pub(crate) async fn run(
     let approvals = RunApprovals::asking(approve::approver(approval.mode(false), None))
         .with_rules(approval.rules()?);
     let hosted = start(config).await?;
+    if let Err(error) = ensure_sources(config, &hosted, &name).await {
+        hosted.shutdown().await;
+        return Err(error);
+    }
     let interrupt = Interrupt::default();
     interrupt.install();
     if output.is_text() {
@@ -395,6 +434,10 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
     };
     let approvals = RunApprovals::asking(approver).with_rules(args.approval.rules()?);
     let hosted = start(config).await?;
+    if let Err(error) = ensure_sources(config, &hosted, &name).await {
+        hosted.shutdown().await;
+        return Err(error);
+    }
     let agent = hosted.runtime.agent(&name)?;
     let interrupt = Interrupt::default();
     interrupt.install();
