@@ -52,6 +52,9 @@ enum Command {
     /// Measure how well a model calls tools.
     #[command(subcommand)]
     Eval(EvalCommand),
+    /// List the models installed in the cache (`--model NAME` takes their
+    /// names): family, size, graph files and the policy each gets.
+    Models,
     /// Print the shell completion script for SHELL (bash, zsh, fish,
     /// elvish, powershell), e.g. `wma completions bash >
     /// ~/.local/share/bash-completion/completions/wma`.
@@ -395,6 +398,94 @@ fn apply_run_flags(given: &ArgMatches, args: &RunArgs, config: &mut Config) -> R
     Ok(())
 }
 
+/// `wma models`: each model installed in `CACHE/models` with its family,
+/// size in parameters, graph files and the loop policy it gets by default.
+fn list_models() -> Result<()> {
+    let cache = wma_provider_ort::cache_dir()?;
+    let folder = cache.join("models");
+    let names = wma_provider_ort::installed_models(&cache);
+    if names.is_empty() {
+        println!(
+            "no models in {} (scripts/setup.sh installs the default one)",
+            folder.display()
+        );
+        return Ok(());
+    }
+    println!(
+        "models in {} (choose one with --model NAME):",
+        folder.display()
+    );
+    println!("| name | family | parameters | graphs | default policy |");
+    println!("|---|---|---|---|---|");
+    for name in names {
+        let dir = folder.join(&name);
+        let config = wma_provider_ort::ModelConfig::load(&dir).ok();
+        let family = config
+            .as_ref()
+            .and_then(|c| c.model_type.clone())
+            .unwrap_or_else(|| "?".to_string());
+        let parameters = config.as_ref().and_then(|c| c.parameters);
+        let size = match parameters {
+            Some(n) if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
+            Some(n) if n >= 1_000_000 => format!("{}M", (n as f64 / 1e6).round()),
+            Some(_) => "<1M".to_string(),
+            None => "?".to_string(),
+        };
+        let policy = Policy::for_model(parameters).base.as_str();
+        let default = if name == wma_provider_ort::DEFAULT_MODEL_NAME {
+            " (the default model)"
+        } else {
+            ""
+        };
+        println!(
+            "| {name}{default} | {family} | {size} | {} | {policy} |",
+            graph_files(&dir.join("onnx"))
+        );
+    }
+    Ok(())
+}
+
+/// The ONNX graphs of a model's `onnx` folder with their variant name and
+/// size on disk (a graph's external weights counted with it): `q4 (96
+/// MB), fp32 (538 MB)`.
+fn graph_files(onnx: &Path) -> String {
+    let Ok(entries) = std::fs::read_dir(onnx) else {
+        return "none".to_string();
+    };
+    let files: Vec<(String, u64)> = entries
+        .flatten()
+        .filter_map(|e| Some((e.file_name().into_string().ok()?, e.metadata().ok()?.len())))
+        .collect();
+    let mut graphs: Vec<String> = files
+        .iter()
+        .filter_map(|(file, _)| file.strip_suffix(".onnx"))
+        .map(|stem| {
+            let bytes: u64 = files
+                .iter()
+                .filter(|(f, _)| {
+                    f.strip_prefix(stem)
+                        .is_some_and(|rest| rest.starts_with(".onnx"))
+                })
+                .map(|(_, len)| len)
+                .sum();
+            let variant =
+                stem.strip_prefix("model_")
+                    .unwrap_or(if stem == "model" { "fp32" } else { stem });
+            if bytes < 1_000_000 {
+                format!("{variant} (<1 MB)")
+            } else {
+                format!("{variant} ({} MB)", bytes / 1_000_000)
+            }
+        })
+        .collect();
+    graphs.sort();
+    if graphs.is_empty() {
+        "none".to_string()
+    } else {
+        graphs.join(", ")
+    }
+}
+
 /// The config a command hosts, read (and validated) before anything starts.
 fn command_config(command: &Command) -> Result<Option<Config>> {
     let path = match command {
@@ -524,6 +615,7 @@ async fn run_cli() -> Result<()> {
             (Command::Run(args), None) => run(args).await,
             (Command::Chat(args), Some(config)) => cli::chat(args, &config).await,
             (Command::Serve(args), Some(config)) => cli::serve(args, &config).await,
+            (Command::Models, _) => list_models(),
             (Command::Completions { shell }, _) => {
                 clap_complete::generate(shell, &mut Cli::command(), "wma", &mut std::io::stdout());
                 Ok(())

@@ -360,3 +360,35 @@ async fn wma_chat_without_a_config_talks_to_the_demo_agent() {
     assert!(first.contains("Paris"), "{stdout}");
     assert!(second.contains("→ view_cart"), "{stdout}");
 }
+
+/// `wma models` lists what the set-up installed, the default model marked,
+/// with its family and the policy it gets.
+#[test]
+fn wma_models_lists_the_installed_models() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wma"))
+        .arg("models")
+        .output()
+        .expect("wma runs");
+    assert!(out.status.success());
+    let listed = String::from_utf8_lossy(&out.stdout);
+    let default = listed
+        .lines()
+        .find(|l| l.contains(wma_provider_ort::DEFAULT_MODEL_NAME))
+        .unwrap_or_else(|| panic!("{listed}"));
+    assert!(
+        default.contains("(the default model)") && default.contains("| llama |"),
+        "{default}"
+    );
+    assert!(default.contains("q4 ("), "{default}");
+    // The evaluation model, where the set-up installed it too.
+    let cache = wma_provider_ort::cache_dir().unwrap();
+    if cache
+        .join("models/Qwen2.5-Coder-0.5B-Instruct/config.json")
+        .is_file()
+    {
+        assert!(
+            listed.contains("| Qwen2.5-Coder-0.5B-Instruct | qwen2 |"),
+            "{listed}"
+        );
+    }
+}
