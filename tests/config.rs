@@ -816,3 +816,50 @@ fn a_run_whose_tool_source_cannot_start_is_an_error() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Traces sent to a collector that is not there: the run still answers,
+/// and says once that its spans went nowhere.
+#[test]
+fn an_unreachable_collector_is_said_once() {
+    let dir = std::env::temp_dir().join(format!("wma-no-collector-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("clerk.toml");
+    std::fs::write(
+        &config,
+        "[providers.p]\nkind = \"scripted\"\nreplies = [\"Hi.\"]\n\n[agents.clerk]\nprovider = \"p\"\n",
+    )
+    .unwrap();
+    // A port nobody listens on: bound, then let go.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wma"))
+        .arg("run")
+        .arg("--otlp")
+        .arg("--config")
+        .arg(&config)
+        .arg("Hello")
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://127.0.0.1:{port}"),
+        )
+        .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
+        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("wma runs");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains("Hi."), "{stdout}");
+    assert_eq!(
+        stderr.matches("traces could not be sent to").count(),
+        1,
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

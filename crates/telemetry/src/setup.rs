@@ -148,6 +148,11 @@ pub fn build(settings: &Settings) -> Result<(Dispatch, TelemetryGuard), Telemetr
         #[cfg(not(feature = "grpc"))]
         OtlpProtocol::Grpc => return Err(TelemetryError::GrpcNotBuilt),
     };
+    let exporter = WarnOnce {
+        inner: exporter,
+        endpoint: export.endpoint.clone(),
+        warned: std::sync::atomic::AtomicBool::new(false),
+    };
     let provider = SdkTracerProvider::builder()
         .with_span_processor(GenAiConventions(
             BatchSpanProcessor::builder(exporter).build(),
@@ -174,6 +179,47 @@ pub fn build(settings: &Settings) -> Result<(Dispatch, TelemetryGuard), Telemetr
             export: Some(export.clone()),
         },
     ))
+}
+
+/// The OTLP exporter, saying once on stderr when the collector cannot be
+/// reached or refuses the spans: a run exported to nowhere would otherwise
+/// look traced. Later failures stay quiet (each batch would say the same).
+#[derive(Debug)]
+struct WarnOnce<E> {
+    inner: E,
+    endpoint: String,
+    warned: std::sync::atomic::AtomicBool,
+}
+
+impl<E: opentelemetry_sdk::trace::SpanExporter> opentelemetry_sdk::trace::SpanExporter
+    for WarnOnce<E>
+{
+    async fn export(&self, batch: Vec<opentelemetry_sdk::trace::SpanData>) -> OTelSdkResult {
+        let result = self.inner.export(batch).await;
+        if let Err(error) = &result
+            && !self.warned.swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            // Not through `tracing`: this runs on the exporter's thread,
+            // and an event there would be exported in its turn.
+            eprintln!(
+                "warning: traces could not be sent to {}: {error} (is the collector running? later failures are not reported)",
+                self.endpoint
+            );
+        }
+        result
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
 }
 
 fn parse_filter(filter: &str) -> Result<EnvFilter, TelemetryError> {
