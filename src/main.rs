@@ -54,13 +54,25 @@ enum Command {
     Eval(EvalCommand),
     /// List the models installed in the cache (`--model NAME` takes their
     /// names): family, size, graph files and the policy each gets.
-    Models,
+    Models {
+        #[command(subcommand)]
+        action: Option<ModelsAction>,
+    },
     /// Print the shell completion script for SHELL (bash, zsh, fish,
     /// elvish, powershell), e.g. `wma completions bash >
     /// ~/.local/share/bash-completion/completions/wma`.
     Completions {
         /// The shell to complete in.
         shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Subcommand)]
+enum ModelsAction {
+    /// Remove an installed model (its folder in the cache's `models`).
+    Rm {
+        /// The model's name, as `wma models` lists it.
+        name: String,
     },
 }
 
@@ -420,9 +432,12 @@ fn list_models() -> Result<()> {
     for name in names {
         let dir = folder.join(&name);
         let config = wma_provider_ort::ModelConfig::load(&dir).ok();
-        let family = config
-            .as_ref()
-            .and_then(|c| c.model_type.clone())
+        // Read on its own: a config too partial for the runtime's reading
+        // (no layer counts) still names its family.
+        let family = std::fs::read_to_string(dir.join("config.json"))
+            .ok()
+            .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+            .and_then(|c| c["model_type"].as_str().map(str::to_string))
             .unwrap_or_else(|| "?".to_string());
         let parameters = config.as_ref().and_then(|c| c.parameters);
         let size = match parameters {
@@ -441,6 +456,31 @@ fn list_models() -> Result<()> {
             "| {name}{default} | {family} | {size} | {} | {policy} |",
             graph_files(&dir.join("onnx"))
         );
+    }
+    Ok(())
+}
+
+/// `wma models rm NAME`: removes an installed model's folder. Only a name
+/// `wma models` lists is taken, never a path.
+fn remove_model(name: &str) -> Result<()> {
+    let cache = wma_provider_ort::cache_dir()?;
+    let installed = wma_provider_ort::installed_models(&cache);
+    if !installed.iter().any(|n| n == name) {
+        bail!(
+            "no installed model is named `{name}` (installed: {})",
+            if installed.is_empty() {
+                "none".to_string()
+            } else {
+                installed.join(", ")
+            }
+        );
+    }
+    let folder = cache.join("models").join(name);
+    std::fs::remove_dir_all(&folder)
+        .with_context(|| format!("could not remove {}", folder.display()))?;
+    println!("removed {name} ({})", folder.display());
+    if name == wma_provider_ort::DEFAULT_MODEL_NAME {
+        println!("it was the default model: scripts/setup.sh installs it again");
     }
     Ok(())
 }
@@ -615,7 +655,13 @@ async fn run_cli() -> Result<()> {
             (Command::Run(args), None) => run(args).await,
             (Command::Chat(args), Some(config)) => cli::chat(args, &config).await,
             (Command::Serve(args), Some(config)) => cli::serve(args, &config).await,
-            (Command::Models, _) => list_models(),
+            (Command::Models { action: None }, _) => list_models(),
+            (
+                Command::Models {
+                    action: Some(ModelsAction::Rm { name }),
+                },
+                _,
+            ) => remove_model(&name),
             (Command::Completions { shell }, _) => {
                 clap_complete::generate(shell, &mut Cli::command(), "wma", &mut std::io::stdout());
                 Ok(())

@@ -863,3 +863,42 @@ fn an_unreachable_collector_is_said_once() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `wma models rm NAME` removes a model `wma models` lists, and refuses a
+/// name that is not installed (a path included) without touching anything.
+#[test]
+fn an_installed_model_is_removed_by_name() {
+    let cache = std::env::temp_dir().join(format!("wma-models-rm-{}", std::process::id()));
+    let model = cache.join("models").join("Small-Model");
+    std::fs::create_dir_all(model.join("onnx")).unwrap();
+    std::fs::write(model.join("config.json"), "{\"model_type\": \"llama\"}").unwrap();
+    std::fs::write(model.join("onnx/model_q4.onnx"), "graph").unwrap();
+    let wma = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wma"))
+            .args(args)
+            .env("WMA_CACHE_DIR", &cache)
+            .output()
+            .expect("wma runs");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, listed, _) = wma(&["models"]);
+    assert_eq!(code, Some(0));
+    assert!(listed.contains("| Small-Model | llama |"), "{listed}");
+    for wrong in ["Other-Model", "../models/Small-Model", "."] {
+        let (code, _, stderr) = wma(&["models", "rm", wrong]);
+        assert_eq!(code, Some(1), "{wrong}: {stderr}");
+        assert!(stderr.contains("no installed model is named"), "{stderr}");
+        assert!(model.is_dir(), "{wrong} removed nothing");
+    }
+    let (code, stdout, stderr) = wma(&["models", "rm", "Small-Model"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stdout.contains("removed Small-Model"), "{stdout}");
+    assert!(!model.exists());
+    let (_, listed, _) = wma(&["models"]);
+    assert!(listed.contains("no models in"), "{listed}");
+    std::fs::remove_dir_all(&cache).unwrap();
+}
