@@ -52,6 +52,28 @@ pub fn terminal_safe(text: &str) -> String {
     out
 }
 
+/// `value` as one JSON line that is as safe on a terminal as
+/// [`terminal_safe`] text: serde escapes the C0 controls, and the C1
+/// controls and the bidi and line-separator characters, which JSON allows
+/// as they are, are written as `\uXXXX` escapes too. Those characters can
+/// only stand inside JSON strings, where the escape means the same
+/// character: a program reading the line gets the same value.
+pub fn json_line<T: serde::Serialize>(value: &T) -> serde_json::Result<String> {
+    let text = serde_json::to_string(value)?;
+    if !text.chars().any(is_hidden_control) {
+        return Ok(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if is_hidden_control(c) {
+            let _ = write!(out, "\\u{:04x}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    Ok(out)
+}
+
 /// One part as a line (or a few) of text for a terminal. Message starts become
 /// step headers, calls show their arguments, results are cut to a readable
 /// length. What the part carries goes through [`terminal_safe`].
@@ -121,6 +143,21 @@ mod tests {
             "done\n  ┆ ✓ approved delete_everything (person)"
         );
         assert_eq!(terminal_safe("tab\tand ünïcode"), "tab\tand ünïcode");
+    }
+
+    #[test]
+    fn json_lines_escape_what_a_terminal_would_obey_and_keep_the_value() {
+        let part = AgentStreamPart::Text {
+            text: "a\u{9b}2J\u{202e}b\u{2028}c\u{1b}[2K é".into(),
+        };
+        let line = json_line(&part).unwrap();
+        assert!(!line.chars().any(is_hidden_control), "{line}");
+        assert!(
+            line.contains("\\u009b") && line.contains("\\u202e"),
+            "{line}"
+        );
+        let back: AgentStreamPart = serde_json::from_str(&line).unwrap();
+        assert_eq!(back, part);
     }
 
     #[test]

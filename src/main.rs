@@ -813,7 +813,9 @@ async fn run(args: RunArgs) -> Result<()> {
     while let Some(part) = parts.next().await {
         if output.shows(&part) {
             match output {
-                cli::Output::Json => println!("{}", serde_json::to_string(&part)?),
+                cli::Output::Json => {
+                    println!("{}", webmcp_agents::display::json_line(&part)?)
+                }
                 cli::Output::Text { .. } => println!("{}", render_part(&part)),
             }
         }

@@ -144,7 +144,7 @@ fn print_part(part: &TaggedPart, output: Output) -> Result<()> {
         return Ok(());
     }
     match output {
-        Output::Json => println!("{}", serde_json::to_string(part)?),
+        Output::Json => println!("{}", webmcp_agents::display::json_line(part)?),
         Output::Text { .. } => println!("{}", render_tagged(part)),
     }
     std::io::stdout().flush()?;
