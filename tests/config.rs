@@ -699,33 +699,51 @@ async fn a_webmcp_sources_page_tools_show_forms_frames_and_annotations() {
     );
 }
 
+/// A scripted agent, `clerk`, that answers "Hi.".
+const SCRIPTED_CLERK: &str =
+    "[providers.p]\nkind = \"scripted\"\nreplies = [\"Hi.\"]\n\n[agents.clerk]\nprovider = \"p\"\n";
+
+/// A scratch folder for one test, with `config.toml` holding `text`: the
+/// folder (to remove at the end) and the config's path.
+fn scratch_config(name: &str, text: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!("wma-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("config.toml");
+    std::fs::write(&config, text).unwrap();
+    (dir, config)
+}
+
+/// The `wma` binary with its stdin closed.
+fn wma_command() -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_wma"));
+    command.stdin(std::process::Stdio::null());
+    command
+}
+
+/// Runs `command` to its end: its exit status, stdout and stderr.
+fn finished(command: &mut std::process::Command) -> (Option<i32>, String, String) {
+    let out = command.output().expect("wma runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 /// `wma run --config` with the plain run's flags: a loop flag given on the
 /// command line overrides the agent's setting and says so; a model flag is
 /// an error that says where the model is set, before anything starts.
 #[test]
 fn run_flags_with_a_config_apply_or_say_why_not() {
-    let dir = std::env::temp_dir().join(format!("wma-run-flags-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("clerk.toml");
-    std::fs::write(
-        &config,
-        "[providers.p]\nkind = \"scripted\"\nreplies = [\"Hi.\"]\n\n[agents.clerk]\nprovider = \"p\"\nmax_steps = 4\n",
-    )
-    .unwrap();
+    let (dir, config) = scratch_config("run-flags", &format!("{SCRIPTED_CLERK}max_steps = 4\n"));
     let wma = |flags: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wma"))
-            .arg("run")
-            .arg("--config")
-            .arg(&config)
-            .args(flags)
-            .arg("Hello")
-            .stdin(std::process::Stdio::null())
-            .output()
-            .expect("wma runs");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
+        finished(
+            wma_command()
+                .arg("run")
+                .arg("--config")
+                .arg(&config)
+                .args(flags)
+                .arg("Hello"),
         )
     };
     let (code, stdout, stderr) = wma(&["--max-steps", "2", "--policy", "reference"]);
@@ -752,12 +770,8 @@ fn run_flags_with_a_config_apply_or_say_why_not() {
 /// with every command.
 #[test]
 fn completions_are_printed_for_a_shell() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wma"))
-        .args(["completions", "bash"])
-        .output()
-        .expect("wma runs");
-    assert!(out.status.success());
-    let script = String::from_utf8(out.stdout).unwrap();
+    let (code, script, _) = finished(wma_command().args(["completions", "bash"]));
+    assert_eq!(code, Some(0));
     for command in ["run", "chat", "serve", "check", "eval", "completions"] {
         assert!(script.contains(command), "{command} missing");
     }
@@ -766,15 +780,8 @@ fn completions_are_printed_for_a_shell() {
         .status()
         .expect("bash runs");
     assert!(checked.success(), "bash refuses the script");
-    let wrong = std::process::Command::new(env!("CARGO_BIN_EXE_wma"))
-        .args(["completions", "tcsh"])
-        .output()
-        .expect("wma runs");
-    assert_eq!(
-        wrong.status.code(),
-        Some(2),
-        "an unknown shell is a usage error"
-    );
+    let (code, _, _) = finished(wma_command().args(["completions", "tcsh"]));
+    assert_eq!(code, Some(2), "an unknown shell is a usage error");
 }
 
 /// A tool source the agent needs that cannot start is an error of the run
@@ -782,29 +789,21 @@ fn completions_are_printed_for_a_shell() {
 /// without its tools.
 #[test]
 fn a_run_whose_tool_source_cannot_start_is_an_error() {
-    let dir = std::env::temp_dir().join(format!("wma-broken-source-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("clerk.toml");
-    std::fs::write(
-        &config,
-        "[providers.p]\nkind = \"scripted\"\nreplies = [\"Hi.\"]\n\n\
-         [tools.broken]\nkind = \"mcp-stdio\"\ncommand = \"/nonexistent/mcp-server\"\n\n\
-         [agents.clerk]\nprovider = \"p\"\ntools = [\"broken\"]\n",
-    )
-    .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wma"))
-        .arg("run")
-        .arg("--config")
-        .arg(&config)
-        .arg("Hello")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("wma runs");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
+    let (dir, config) = scratch_config(
+        "broken-source",
+        &format!(
+            "{SCRIPTED_CLERK}tools = [\"broken\"]\n\n\
+             [tools.broken]\nkind = \"mcp-stdio\"\ncommand = \"/nonexistent/mcp-server\"\n"
+        ),
     );
-    assert_eq!(out.status.code(), Some(1), "{stdout}\n{stderr}");
+    let (code, stdout, stderr) = finished(
+        wma_command()
+            .arg("run")
+            .arg("--config")
+            .arg(&config)
+            .arg("Hello"),
+    );
+    assert_eq!(code, Some(1), "{stdout}\n{stderr}");
     assert!(
         stderr.contains("the tool source `broken` that `clerk` needs could not start")
             && stderr.contains("/nonexistent/mcp-server"),
@@ -821,40 +820,26 @@ fn a_run_whose_tool_source_cannot_start_is_an_error() {
 /// and says once that its spans went nowhere.
 #[test]
 fn an_unreachable_collector_is_said_once() {
-    let dir = std::env::temp_dir().join(format!("wma-no-collector-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("clerk.toml");
-    std::fs::write(
-        &config,
-        "[providers.p]\nkind = \"scripted\"\nreplies = [\"Hi.\"]\n\n[agents.clerk]\nprovider = \"p\"\n",
-    )
-    .unwrap();
+    let (dir, config) = scratch_config("no-collector", SCRIPTED_CLERK);
     // A port nobody listens on: bound, then let go.
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_wma"))
-        .arg("run")
-        .arg("--otlp")
-        .arg("--config")
-        .arg(&config)
-        .arg("Hello")
-        .env(
-            "OTEL_EXPORTER_OTLP_ENDPOINT",
-            format!("http://127.0.0.1:{port}"),
-        )
-        .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
-        .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
-        .stdin(std::process::Stdio::null())
-        .output()
-        .expect("wma runs");
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
+    let (code, stdout, stderr) = finished(
+        wma_command()
+            .args(["run", "--otlp", "--config"])
+            .arg(&config)
+            .arg("Hello")
+            .env(
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                format!("http://127.0.0.1:{port}"),
+            )
+            .env_remove("OTEL_EXPORTER_OTLP_PROTOCOL")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"),
     );
-    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     assert!(stdout.contains("Hi."), "{stdout}");
     assert_eq!(
         stderr.matches("traces could not be sent to").count(),
@@ -873,18 +858,7 @@ fn an_installed_model_is_removed_by_name() {
     std::fs::create_dir_all(model.join("onnx")).unwrap();
     std::fs::write(model.join("config.json"), "{\"model_type\": \"llama\"}").unwrap();
     std::fs::write(model.join("onnx/model_q4.onnx"), "graph").unwrap();
-    let wma = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wma"))
-            .args(args)
-            .env("WMA_CACHE_DIR", &cache)
-            .output()
-            .expect("wma runs");
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let wma = |args: &[&str]| finished(wma_command().args(args).env("WMA_CACHE_DIR", &cache));
     let (code, listed, _) = wma(&["models"]);
     assert_eq!(code, Some(0));
     assert!(listed.contains("| Small-Model | llama |"), "{listed}");
