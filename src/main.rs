@@ -152,15 +152,15 @@ impl PolicyArgs {
             })?,
         };
         Policy::named(name)
-            .with_rules(&self.rules_value(&self.rules)?)
+            .with_rules(&self.rules_value()?)
             .map(Some)
             .map_err(|e| anyhow::anyhow!("--rule: {e}"))
     }
 
-    /// `--rule NAME=VALUE` flags as one JSON object of rules.
-    fn rules_value(&self, flags: &[String]) -> Result<serde_json::Value> {
+    /// The `--rule NAME=VALUE` flags as one JSON object of rules.
+    fn rules_value(&self) -> Result<serde_json::Value> {
         let mut rules = serde_json::Map::new();
-        for rule in flags {
+        for rule in &self.rules {
             let (key, value) = rule
                 .split_once('=')
                 .with_context(|| format!("--rule {rule}: expected NAME=VALUE"))?;
@@ -391,7 +391,7 @@ fn apply_run_flags(given: &ArgMatches, args: &RunArgs, config: &mut Config) -> R
         let policy = match (&args.policy.policy, &agent.policy) {
             // Rules alone change the agent's own policy.
             (None, Some(own)) => own
-                .with_rules(&args.policy.rules_value(&args.policy.rules)?)
+                .with_rules(&args.policy.rules_value()?)
                 .map_err(|e| anyhow::anyhow!("--rule: {e}"))?,
             (None, None) => bail!(
                 "--rule needs --policy here: the agent `{name}` names no policy in the config (its model's size picks one)"

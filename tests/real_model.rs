@@ -158,19 +158,26 @@ async fn the_default_model_answers_a_general_question_without_a_call() {
     assert!(answer.contains("Paris"), "{answer}");
 }
 
+/// Runs the `wma` binary with `args`, `stdin` piped in, in the time a
+/// real model's runs may take: (success, stdout, stderr).
+async fn model_wma(args: &[&str], stdin: &str) -> (bool, String, String) {
+    crate::support::run_wma(
+        args,
+        stdin,
+        std::iter::empty::<(&str, &str)>(),
+        std::time::Duration::from_secs(600),
+    )
+    .await
+}
+
 /// The example team of `configs/shop-team.toml`, as its header says to run
 /// it: the parent hands the search to its catalog helper and the found
 /// backpack, one item with its id, to its cart helper, which adds it once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shop_team_config_puts_the_backpack_in_the_cart() {
     let config = concat!(env!("CARGO_MANIFEST_DIR"), "/configs/shop-team.toml");
-    let (ok, stdout, stderr) = crate::support::run_wma(
-        &["run", "--config", config, demo_shop::DEFAULT_REQUEST],
-        "",
-        std::iter::empty::<(&str, &str)>(),
-        std::time::Duration::from_secs(600),
-    )
-    .await;
+    let (ok, stdout, stderr) =
+        model_wma(&["run", "--config", config, demo_shop::DEFAULT_REQUEST], "").await;
     assert!(ok, "{stdout}\n{stderr}");
     // The cart's end state is reported after the run, with the usage.
     assert!(
@@ -283,7 +290,7 @@ async fn the_default_model_shops_on_a_real_web_page() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_model_is_chosen_by_its_installed_name() {
     let name = wma_provider_ort::DEFAULT_MODEL_NAME;
-    let (ok, stdout, stderr) = crate::support::run_wma(
+    let (ok, stdout, stderr) = model_wma(
         &[
             "run",
             "--model",
@@ -291,19 +298,12 @@ async fn a_model_is_chosen_by_its_installed_name() {
             "What is the capital of France? Answer in one word.",
         ],
         "",
-        std::iter::empty::<(&str, &str)>(),
-        std::time::Duration::from_secs(600),
     )
     .await;
     assert!(ok, "{stdout}\n{stderr}");
     assert!(stdout.contains("Paris"), "{stdout}\n{stderr}");
-    let (ok, stdout, stderr) = crate::support::run_wma(
-        &["run", "--model", "SmolLM2-135M-Instruckt", "Hello"],
-        "",
-        std::iter::empty::<(&str, &str)>(),
-        std::time::Duration::from_secs(600),
-    )
-    .await;
+    let (ok, stdout, stderr) =
+        model_wma(&["run", "--model", "SmolLM2-135M-Instruckt", "Hello"], "").await;
     assert!(!ok, "{stdout}\n{stderr}");
     assert!(
         stderr.contains("installed models:") && stderr.contains(name),
@@ -317,23 +317,11 @@ async fn a_model_is_chosen_by_its_installed_name() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_is_quiet_about_the_policy_unless_asked() {
     let rule_lines = |out: &str| out.lines().filter(|l| l.starts_with("· ")).count();
-    let (ok, quiet, stderr) = crate::support::run_wma(
-        &["run"],
-        "",
-        std::iter::empty::<(&str, &str)>(),
-        std::time::Duration::from_secs(600),
-    )
-    .await;
+    let (ok, quiet, stderr) = model_wma(&["run"], "").await;
     assert!(ok, "{quiet}\n{stderr}");
     assert!(quiet.contains("→ add_to_cart"), "{quiet}");
     assert_eq!(rule_lines(&quiet), 0, "{quiet}");
-    let (ok, verbose, stderr) = crate::support::run_wma(
-        &["run", "-v"],
-        "",
-        std::iter::empty::<(&str, &str)>(),
-        std::time::Duration::from_secs(600),
-    )
-    .await;
+    let (ok, verbose, stderr) = model_wma(&["run", "-v"], "").await;
     assert!(ok, "{verbose}\n{stderr}");
     assert!(rule_lines(&verbose) > 0, "{verbose}");
     // The same run, greedy: only the rule lines differ.
@@ -346,11 +334,9 @@ async fn a_run_is_quiet_about_the_policy_unless_asked() {
 /// turn looks at the cart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wma_chat_without_a_config_talks_to_the_demo_agent() {
-    let (ok, stdout, stderr) = crate::support::run_wma(
+    let (ok, stdout, stderr) = model_wma(
         &["chat"],
         "What is the capital of France? Answer in one word.\nShow me my cart.\n",
-        std::iter::empty::<(&str, &str)>(),
-        std::time::Duration::from_secs(600),
     )
     .await;
     assert!(ok, "{stdout}\n{stderr}");
