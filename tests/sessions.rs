@@ -1338,29 +1338,32 @@ async fn a_call_its_run_stopped_in_the_middle_of_is_in_doubt_at_once() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// An agent `name` with the cart's tools that asks before `add_to_cart`,
+/// its scripted model giving `replies` in order.
+fn asking_cart_config(dir: &Path, name: &str, replies: &[&str]) -> PathBuf {
+    let replies: Vec<String> = replies.iter().map(|r| format!("    {r},\n")).collect();
+    let text = format!(
+        "\n[providers.{name}]\nkind = \"scripted\"\nreplies = [\n{}]\n\n\
+         [tools.cart]\nkind = \"demo-shop\"\nallow = [\"add_to_cart\", \"view_cart\"]\n\n\
+         [agents.{name}]\nprovider = \"{name}\"\ntools = [\"cart\"]\n\
+         approval = {{ tools = {{ add_to_cart = \"ask\" }} }}\n\n",
+        replies.concat()
+    );
+    write_config(dir, &text)
+}
+
 /// `again` asks before `add_to_cart`; a new process's model starts its
 /// replies afresh, so the run it resumes calls `add_to_cart` once more.
 fn resume_config(dir: &Path) -> PathBuf {
-    let text = r#"
-[providers.again]
-kind = "scripted"
-replies = [
-    '{"name": "add_to_cart", "arguments": {"product_id": "p-17"}}',
-    '{"name": "view_cart", "arguments": {}}',
-    "Your cart has p-17.",
-]
-
-[tools.cart]
-kind = "demo-shop"
-allow = ["add_to_cart", "view_cart"]
-
-[agents.again]
-provider = "again"
-tools = ["cart"]
-approval = { tools = { add_to_cart = "ask" } }
-
-"#;
-    write_config(dir, text)
+    asking_cart_config(
+        dir,
+        "again",
+        &[
+            r#"'{"name": "add_to_cart", "arguments": {"product_id": "p-17"}}'"#,
+            r#"'{"name": "view_cart", "arguments": {}}'"#,
+            r#""Your cart has p-17.""#,
+        ],
+    )
 }
 
 /// The question waiting in this process for `run`, once there is one.
@@ -1476,26 +1479,15 @@ async fn an_empty_request_is_refused_before_a_session_or_run_is_kept() {
 
 /// `twice` asks before each of two `add_to_cart` calls.
 fn twice_config(dir: &Path) -> PathBuf {
-    let text = r#"
-[providers.twice]
-kind = "scripted"
-replies = [
-    '{"name": "add_to_cart", "arguments": {"product_id": "p-17"}}',
-    '{"name": "add_to_cart", "arguments": {"product_id": "p-18"}}',
-    "Both are in your cart.",
-]
-
-[tools.cart]
-kind = "demo-shop"
-allow = ["add_to_cart", "view_cart"]
-
-[agents.twice]
-provider = "twice"
-tools = ["cart"]
-approval = { tools = { add_to_cart = "ask" } }
-
-"#;
-    write_config(dir, text)
+    asking_cart_config(
+        dir,
+        "twice",
+        &[
+            r#"'{"name": "add_to_cart", "arguments": {"product_id": "p-17"}}'"#,
+            r#"'{"name": "add_to_cart", "arguments": {"product_id": "p-18"}}'"#,
+            r#""Both are in your cart.""#,
+        ],
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
