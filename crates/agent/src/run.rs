@@ -34,7 +34,7 @@ use crate::prompt::{
     page_note, prompt_messages, system_prompt, truncate_chars, window,
 };
 use crate::provider::{
-    Constraint, GenerateRequest, Generation, PromptMessage, PromptRole, Provider,
+    Constraint, Decoding, GenerateRequest, Generation, PromptMessage, PromptRole, Provider,
 };
 use crate::rank::rank_tools;
 use crate::tool::{PageContext, SubAgentInfo, ToolAnnotations, ToolDefinition};
@@ -1121,7 +1121,7 @@ impl<P: Provider + 'static> Run<P> {
             let shown = &ranked[..count];
             let (request, system) = self.build_request(shown, page, turns);
             if self.fits(&request).await? {
-                return Ok((request, shown.to_vec(), system));
+                return Ok((self.shaped(request, shown), shown.to_vec(), system));
             }
         }
         let fewest = &ranked[..counts.last().copied().unwrap_or(0)];
@@ -1132,10 +1132,23 @@ impl<P: Provider + 'static> Run<P> {
         for start in 1..=newest_user {
             let (request, system) = self.build_request(fewest, page, &turns[start..]);
             if self.fits(&request).await? {
-                return Ok((request, fewest.to_vec(), system));
+                return Ok((self.shaped(request, fewest), fewest.to_vec(), system));
             }
         }
         Err(End::Error(messages::TOO_LONG.to_string()))
+    }
+
+    /// The fitted request with how its replies are shaped for `shown`:
+    /// the policy's decoding and the phrases a copy bias favours. Made once
+    /// per step, not for every fit attempt: neither changes the prompt.
+    fn shaped(&self, mut request: GenerateRequest, shown: &[ToolDefinition]) -> GenerateRequest {
+        // Only a copy bias reads the phrases: without one they are not
+        // worth finding.
+        if self.policy.copy_bias > 0.0 {
+            request.copy_phrases = self.copy_evidence(shown);
+        }
+        request.decoding = self.policy.decoding(shown, &self.request_text);
+        request
     }
 
     async fn fits(&self, request: &GenerateRequest) -> Result<bool, End> {
@@ -1199,19 +1212,15 @@ impl<P: Provider + 'static> Run<P> {
         if let Some(note) = &note {
             messages.push(PromptMessage::new(PromptRole::System, note.clone()));
         }
+        // The decoding shape and the copy phrases are not part of the
+        // prompt: `shaped` adds them once the request fits.
         let request = GenerateRequest {
             messages,
             tools,
             constraint: None,
             max_new_tokens: None,
-            // Only a copy bias reads the phrases: without one they are
-            // not worth finding.
-            copy_phrases: if self.policy.copy_bias > 0.0 {
-                self.copy_evidence(shown)
-            } else {
-                Vec::new()
-            },
-            decoding: self.policy.decoding(shown, &self.request_text),
+            copy_phrases: Vec::new(),
+            decoding: Decoding::default(),
         };
         let system = match (serving, note) {
             (Some(_), _) => SystemChoice::Kept,
