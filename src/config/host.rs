@@ -275,6 +275,11 @@ impl Config {
 
     /// Loads the models and starts the runtime (and the cluster node, when asked).
     pub async fn start(&self, options: StartOptions) -> Result<Hosted, RuntimeError> {
+        // Said where every command that hosts the config passes, after the
+        // log is set up (the config is read before it is).
+        for note in &self.notes {
+            tracing::warn!("{note}");
+        }
         let (mut builder, shops, tool_sets) = self.runtime_parts();
         if let Some(progress) = options.progress.clone() {
             builder = builder.on_provider_progress(move |name, p| progress(name, p));

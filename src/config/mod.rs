@@ -9,6 +9,12 @@
 //! kind of thing it is set on. `docs/configuration.md` lists every setting
 //! with its default.
 //!
+//! A config may also take its MCP servers from the `mcpServers` JSON file
+//! other MCP clients write (`mcp_servers = "mcp.json"`): each server becomes
+//! a tool source of that name, checked as strictly as a `[tools.NAME]`
+//! table, and a config with tool sources and no agents gets one agent,
+//! [`DEFAULT_AGENT`], that sees them all.
+//!
 //! ```
 //! use webmcp_agents::config::Config;
 //! let config = Config::parse(
@@ -33,6 +39,7 @@
 mod builtin;
 mod error;
 mod host;
+mod mcp_json;
 mod raw;
 mod validate;
 
@@ -53,6 +60,10 @@ pub use host::{Hosted, ProgressCallback, StartOptions, provider_source};
 /// loopback only, so nothing outside this machine reaches the agents.
 pub const DEFAULT_SERVER_LISTEN: &str = "127.0.0.1:8080";
 
+/// The name of the one agent a config with tool sources and no `[agents]`
+/// gets (it sees every tool source, on the only provider).
+pub const DEFAULT_AGENT: &str = "assistant";
+
 /// A validated config: what the host starts.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -60,9 +71,11 @@ pub struct Config {
     pub file: PathBuf,
     /// `[providers.NAME]`, by name.
     pub providers: Vec<ProviderConfig>,
-    /// `[tools.NAME]`, by name.
+    /// `[tools.NAME]`, by name, then the servers of the `mcp_servers`
+    /// file, in its order.
     pub tools: Vec<ToolSourceConfig>,
-    /// `[agents.NAME]` hosted here, by name.
+    /// `[agents.NAME]` hosted here, by name; with no `[agents]` and some
+    /// tool source, the one agent [`DEFAULT_AGENT`].
     pub agents: Vec<AgentSpec>,
     /// `[agents.NAME]` with `remote = true`: hosted by another node.
     pub remote_agents: Vec<RemoteAgentSpec>,
@@ -82,6 +95,11 @@ pub struct Config {
     /// `[store]`: where `wma serve` and `wma chat --session` keep sessions
     /// and runs (see `docs/sessions.md`).
     pub store: StoreSpec,
+    /// What the config leaves out on purpose that a person should hear of,
+    /// one sentence each: the `mcpServers` entries marked disabled. Not
+    /// errors, so validation cannot refuse them; [`Config::start`] logs
+    /// them as warnings.
+    pub notes: Vec<String>,
 }
 
 /// `[store]`: where sessions, runs, consequential calls and pending
@@ -286,7 +304,8 @@ impl Config {
         Self::parse(&text, path)
     }
 
-    /// Validates config text; `file` names it in errors.
+    /// Validates config text; `file` names it in errors, and its folder is
+    /// where relative paths start (the `mcp_servers` file, read here).
     pub fn parse(text: &str, file: impl AsRef<Path>) -> Result<Self, ConfigError> {
         Self::parse_with_env(text, file, |name| std::env::var(name).ok())
     }

@@ -15,6 +15,9 @@ pub(crate) type Name = Spanned<String>;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawConfig {
+    /// `mcp_servers`: a Claude-Desktop-style `mcpServers` JSON file whose
+    /// servers become tool sources (read by `mcp_json`).
+    pub(crate) mcp_servers: Option<Spanned<String>>,
     #[serde(default)]
     pub(crate) providers: BTreeMap<Name, RawProvider>,
     #[serde(default)]

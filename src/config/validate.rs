@@ -22,13 +22,14 @@ use crate::serve::{ServerOptions, TokenSource};
 
 use super::builtin::BUILTINS;
 use super::error::{ConfigError, Source};
+use super::mcp_json::{self, McpServers};
 use super::raw::{
     Name, ProviderKind, RawAgent, RawApproval, RawCluster, RawConfig, RawConstraints, RawMode,
     RawProvider, RawServer, RawStore, RawToolSource, ToolKind,
 };
 use super::{
-    AgentSpec, ClusterSpec, Config, DEFAULT_SERVER_LISTEN, ProviderConfig, ProviderSpec,
-    RemoteAgentSpec, ScriptedSpec, StoreSpec, ToolSourceConfig, ToolSourceSpec,
+    AgentSpec, ClusterSpec, Config, DEFAULT_AGENT, DEFAULT_SERVER_LISTEN, ProviderConfig,
+    ProviderSpec, RemoteAgentSpec, ScriptedSpec, StoreSpec, ToolSourceConfig, ToolSourceSpec,
 };
 
 type Result<T> = std::result::Result<T, ConfigError>;
@@ -70,16 +71,38 @@ pub(crate) fn validate(
             spec: provider_spec(source, name.get_ref(), provider)?,
         });
     }
+    let mcp = match &raw.mcp_servers {
+        Some(path) => Some(mcp_json::read(source, path)?),
+        None => None,
+    };
     let mut tools = Vec::new();
     for (name, tool) in &raw.tools {
         check_name(source, "tools", name)?;
         tools.push(tool_source(source, name.get_ref(), tool)?);
     }
-    if raw.agents.is_empty() {
+    if let Some(mcp) = &mcp {
+        for server in &mcp.sources {
+            if let Some(clash) = raw.tools.keys().find(|t| *t.get_ref() == server.name) {
+                return Err(source.invalid(
+                    clash.span(),
+                    format!("tools.{}", server.name),
+                    format!(
+                        "`{name}` is also a server of {file} (`mcpServers.{name}`), and a tool source needs a name of its own: rename one of them",
+                        name = server.name,
+                        file = mcp.file.display()
+                    ),
+                ));
+            }
+        }
+        tools.extend(mcp.sources.iter().cloned());
+    }
+    if raw.agents.is_empty() && tools.is_empty() {
         return Err(source.invalid(
             0..0,
             "agents",
-            "the config has no agents: add an [agents.NAME] table",
+            format!(
+                "the config has no agents: add an [agents.NAME] table (a config with tool sources and no agents gets one agent, `{DEFAULT_AGENT}`, that sees them all)"
+            ),
         ));
     }
     let cluster = match &raw.cluster {
@@ -106,7 +129,18 @@ pub(crate) fn validate(
             });
             continue;
         }
-        agents.push(agent_spec(source, &key, name, agent, &raw)?);
+        agents.push(agent_spec(
+            source,
+            &key,
+            name,
+            agent,
+            &raw,
+            &tools,
+            mcp.as_ref(),
+        )?);
+    }
+    if raw.agents.is_empty() {
+        agents.push(default_agent(source, &raw, &tools)?);
     }
     check_cycles(source, &raw.agents)?;
     if let Some(cluster) = &cluster {
@@ -151,6 +185,65 @@ pub(crate) fn validate(
         server_options,
         cluster,
         store,
+        notes: mcp
+            .iter()
+            .flat_map(|mcp| {
+                mcp.disabled.iter().map(|name| {
+                    format!(
+                        "{}: `mcpServers.{name}` is marked \"disabled\": true, so it is not started",
+                        mcp.file.display()
+                    )
+                })
+            })
+            .collect(),
+    })
+}
+
+/// The agent of a config that has tool sources and no `[agents]`: it sees
+/// every source, on the only provider, with every other setting at its
+/// default, so a provider and an `mcpServers` file are a whole config.
+fn default_agent(
+    source: &Source<'_>,
+    raw: &RawConfig,
+    tools: &[ToolSourceConfig],
+) -> Result<AgentSpec> {
+    let provider = match raw.providers.keys().collect::<Vec<_>>()[..] {
+        [only] => only.get_ref().clone(),
+        [] => {
+            return Err(source.invalid(
+                0..0,
+                "providers",
+                format!(
+                    "the config has no agents, so it gets one, `{DEFAULT_AGENT}`, that sees every tool source; it needs a provider: add a [providers.NAME] table"
+                ),
+            ));
+        }
+        _ => {
+            return Err(source.invalid(
+                0..0,
+                "agents",
+                format!(
+                    "the config has no agents, so it gets one, `{DEFAULT_AGENT}`, that sees every tool source; with several providers{} it cannot tell which model to run: add an [agents.NAME] table that names one with `provider`",
+                    known(raw.providers.keys())
+                ),
+            ));
+        }
+    };
+    let defaults = LocalLoopOptions::default();
+    Ok(AgentSpec {
+        name: DEFAULT_AGENT.to_string(),
+        description: String::new(),
+        provider,
+        instructions: None,
+        max_steps: defaults.max_steps,
+        step_timeout: defaults.step_timeout,
+        max_tools: defaults.max_tools,
+        constraints: ConstraintMode::Auto,
+        policy: None,
+        max_concurrent_runs: DEFAULT_MAX_CONCURRENT_RUNS,
+        tools: tools.iter().map(|t| t.name.clone()).collect(),
+        sub_agents: Vec::new(),
+        approval: ApprovalPolicy::default(),
     })
 }
 
@@ -677,6 +770,8 @@ fn agent_spec(
     name: &Name,
     agent: &RawAgent,
     raw: &RawConfig,
+    sources: &[ToolSourceConfig],
+    mcp: Option<&McpServers>,
 ) -> Result<AgentSpec> {
     let provider = match &agent.provider {
         Some(provider) => {
@@ -720,14 +815,25 @@ fn agent_spec(
     };
     let mut tools = Vec::new();
     for tool in agent.tools.iter().flat_map(|t| t.get_ref()) {
-        if !raw.tools.keys().any(|t| t.get_ref() == tool.get_ref()) {
+        if !sources.iter().any(|t| t.name == *tool.get_ref()) {
+            if let Some(mcp) = mcp.filter(|m| m.disabled.contains(tool.get_ref())) {
+                return Err(source.invalid(
+                    tool.span(),
+                    format!("{key}.tools"),
+                    format!(
+                        "`{name}` is marked \"disabled\": true in {file}, so it is not started: take it out of `tools`, or enable it in the file",
+                        name = tool.get_ref(),
+                        file = mcp.file.display()
+                    ),
+                ));
+            }
             return Err(source.invalid(
                 tool.span(),
                 format!("{key}.tools"),
                 format!(
                     "there is no tool source named `{}`{}",
                     tool.get_ref(),
-                    known(raw.tools.keys())
+                    known_names(sources.iter().map(|t| t.name.as_str()))
                 ),
             ));
         }
@@ -892,7 +998,12 @@ fn policy(source: &Source<'_>, key: &str, agent: &RawAgent) -> Result<Option<Pol
 
 /// ", the providers are `a`, `b`" (or nothing when there are none).
 fn known<'a>(names: impl Iterator<Item = &'a Name>) -> String {
-    let names: Vec<String> = names.map(|n| format!("`{}`", n.get_ref())).collect();
+    known_names(names.map(|n| n.get_ref().as_str()))
+}
+
+/// [`known`] of plain names.
+fn known_names<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let names: Vec<String> = names.map(|n| format!("`{n}`")).collect();
     if names.is_empty() {
         String::new()
     } else {
