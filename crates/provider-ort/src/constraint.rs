@@ -237,7 +237,15 @@ impl ConstraintEngine {
             }
             Arc::new(bits)
         };
-        let call_starts = [starting_with(b'{'), starting_with(b'<')];
+        // Where `<tool_call>` is a special token, it is how the model opens
+        // a Hermes call (the grammar names that token), and it belongs with
+        // the call's first tokens: its bytes carry the special-token marker,
+        // not `<`.
+        let mut hermes_starts = starting_with(b'<');
+        if let Some(id) = trie.get_special_token("<tool_call>") {
+            Arc::make_mut(&mut hermes_starts)[id as usize / 32] |= 1 << (id % 32);
+        }
+        let call_starts = [starting_with(b'{'), hermes_starts];
         let quote_tokens = Arc::new(
             (0..size as u32)
                 .filter(|&id| trie.token(id).first() == Some(&b'"'))
@@ -817,8 +825,13 @@ impl ConstraintMatcher {
             .map_err(|e| OrtError::Constraint(e.to_string()))?;
         self.tokens += 1;
         if self.calls.is_some() {
-            self.output
-                .extend_from_slice(self.env.tok_trie().token(token));
+            // A special token (`<tool_call>`) is written as its text, without
+            // the trie's marker byte, so the reply reads as the model wrote it.
+            let bytes = self.env.tok_trie().token(token);
+            let bytes = bytes
+                .strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
+                .unwrap_or(bytes);
+            self.output.extend_from_slice(bytes);
             self.read_calls();
         }
         Ok(())

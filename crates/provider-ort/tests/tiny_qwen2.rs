@@ -20,8 +20,13 @@ use common::{max_abs_diff, options};
 use qwen2::tiny_qwen2_model;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use wma_agent::{CallFormat, GenerateRequest, PromptMessage, PromptRole, Provider, ToolDefinition};
-use wma_provider_ort::{GenerateParams, ModelConfig, OrtModel, OrtProvider, argmax};
+use wma_agent::{
+    CallFormat, Constraint, Decoding, GenerateRequest, PromptMessage, PromptRole, Provider,
+    ToolDefinition,
+};
+use wma_provider_ort::{
+    ConstraintEngine, GenerateParams, ModelConfig, OrtModel, OrtProvider, argmax,
+};
 
 /// The float32 graphs agree to about 1.5e-5 however tokens are batched
 /// (measured by `make_tiny_model.py --check`); 1e-4 leaves room without
@@ -304,4 +309,63 @@ async fn the_template_takes_the_tools_and_asks_for_hermes_calls() {
     let g = p.generate(request, CancellationToken::new()).await.unwrap();
     assert!(g.input_tokens.unwrap() > 50);
     assert!((1..=8).contains(&g.output_tokens.unwrap()));
+}
+
+/// Qwen2's tokenizer has `<tool_call>` as a special token, and that token is
+/// how its chat template opens a call. The "text or call" branch must count
+/// it as a call: its bytes carry the trie's special-token marker, not `<`,
+/// so a call probability read from `<`-tokens alone was 0 for every prompt,
+/// and no threshold, baseline or gate on it could ever act. Once written,
+/// the call is read as the model wrote it, so a repeat is noticed.
+#[test]
+fn the_call_token_of_a_hermes_vocabulary_counts_as_a_call() {
+    let dir = tiny_qwen2_model();
+    let file = dir.join("tokenizer.json");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let tokenizer = tokenizers::Tokenizer::from_file(&file).unwrap();
+    let id = |t: &str| tokenizer.token_to_id(t).unwrap();
+    let (call, im_end) = (id("<tool_call>"), id("<|im_end|>"));
+    let engine = ConstraintEngine::new(&text, tokenizer.clone(), &[im_end], None).unwrap();
+    let constraint = Constraint::TextOrCalls {
+        tools: vec![shop_tool()],
+    };
+    let word = tokenizer.encode("I", false).unwrap().get_ids()[0] as usize;
+    let split = |p: f32| {
+        let mut l = vec![-1e9f32; engine.vocab_size()];
+        l[call as usize] = (p / (1.0 - p)).ln();
+        l[word] = 0.0;
+        l
+    };
+    let decoding = Decoding {
+        call_threshold: Some(0.005),
+        ..Decoding::default()
+    };
+    let matcher = || {
+        engine
+            .matcher(&constraint, CallFormat::Hermes, &decoding)
+            .unwrap()
+    };
+    let p = matcher().call_probability_of(split(0.02)).unwrap().unwrap();
+    assert!((p - 0.02).abs() < 1e-4, "the call token's share: {p}");
+    // Above the threshold the call is pushed: only the call token is left.
+    let mut m = matcher();
+    let mut l = split(0.02);
+    m.mask_logits(&mut l).unwrap();
+    assert!(l[call as usize].is_finite() && !l[word].is_finite());
+    // The call, as the template asks for it, is read; its repeat is noticed.
+    let body = "\n{\"name\": \"search_products\", \"arguments\": {\"query\": \"tent\"}}\n";
+    let mut ids = vec![call];
+    ids.extend(tokenizer.encode(body, false).unwrap().get_ids());
+    ids.push(id("</tool_call>"));
+    assert_eq!(
+        m.feed(&ids).unwrap(),
+        ids.len(),
+        "the grammar takes the call"
+    );
+    assert!(m.writing_call(), "a reply opened by <tool_call> is a call");
+    assert!(!m.repeated_a_call());
+    let mut again = vec![tokenizer.encode("\n", false).unwrap().get_ids()[0], call];
+    again.extend(&ids[1..]);
+    assert_eq!(m.feed(&again).unwrap(), again.len(), "and a second one");
+    assert!(m.repeated_a_call(), "the same call written twice");
 }
