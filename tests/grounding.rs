@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use webmcp_agents::agent::{
-    AgentStreamPart, Constraint, ConstraintMode, Decoding, FinishReason, GenerateRequest,
-    LocalLoopOptions, Policy, ToolAnnotations, ToolDefinition, messages,
+    AgentStreamPart, CallFormat, Constraint, ConstraintMode, Decoding, FinishReason,
+    GenerateRequest, LocalLoopOptions, Policy, ToolAnnotations, ToolDefinition, messages,
 };
 use wma_testkit::{InMemoryToolHost, ScriptedProvider};
 
@@ -1277,4 +1277,96 @@ async fn once_the_change_asked_for_is_made_no_tool_that_changes_things_is_offere
         allowed(&requests[1])
     );
     assert!(fired(&parts).contains(&"stop-changing-when-done".to_string()));
+}
+
+/// Once a lookup answered a question, the step offers no tool; a model
+/// that still tries a call (Qwen writes one inside a fence, malformed) is
+/// repaired once, and a second try ends in the lookup's gist, not the
+/// apology.
+#[tokio::test]
+async fn a_call_tried_again_where_an_answer_is_owed_gives_the_lookups_gist() {
+    let fenced = "```json\n<tool_call>\n  \"name\": \"search_products\",\n  \"arguments\": \"tent\"\n</tool_call>\n```";
+    let provider = ScriptedProvider::new([
+        call("search_products", json!({"query": "tent"})),
+        fenced.to_string(),
+        fenced.to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(
+        provider.clone(),
+        ask("Which tents do you have?", annotated_shop()),
+        inline(),
+    )
+    .await;
+    assert_finish(&parts, FinishReason::Stop);
+    assert_eq!(provider.requests().len(), 3, "one repair");
+    let answer = texts(&parts).join("\n");
+    assert!(answer.contains("Trail Tent"), "{answer}");
+}
+
+/// An answer of markup alone says nothing, under every policy: with no
+/// result to tell of, the run did not answer; after a lookup, the
+/// result's gist answers.
+#[tokio::test]
+async fn an_answer_of_markup_alone_is_no_answer() {
+    let reference = || LocalLoopOptions {
+        policy: Some(Policy::reference()),
+        ..inline()
+    };
+    let provider = ScriptedProvider::new(["```json\n```json\n```json\n[]\n```"]);
+    let parts = run_all(
+        provider,
+        ask("Show me my cart", annotated_shop()),
+        reference(),
+    )
+    .await;
+    assert_finish(&parts, FinishReason::Unrepaired);
+    assert!(
+        !texts(&parts).iter().any(|t| t.contains("```")),
+        "{parts:?}"
+    );
+    let provider = ScriptedProvider::new([
+        call("search_products", json!({"query": "tent"})),
+        "```json\n<tool_response>\n</tool_response>\n```".to_string(),
+    ]);
+    let parts = run_all(
+        provider,
+        ask("Which tents do you have?", annotated_shop()),
+        reference(),
+    )
+    .await;
+    assert_finish(&parts, FinishReason::Stop);
+    let answer = texts(&parts).join("\n");
+    assert!(answer.contains("Trail Tent"), "{answer}");
+}
+
+/// Where the chat template presents the tools (they are not listed
+/// inline), the small-model policy writes no worked example of its own
+/// beside it; the reference writes one, as its spec asks, and so does
+/// every policy where the loop lists the tools itself.
+#[tokio::test]
+async fn no_worked_example_beside_a_template_that_presents_the_tools() {
+    let prompt = |policy: Policy, tools_inline: bool| async move {
+        let provider = ScriptedProvider::new(["Hello."])
+            .with_call_format(CallFormat::Hermes)
+            .with_tools_inline(tools_inline);
+        let options = LocalLoopOptions {
+            policy: Some(policy),
+            tools_inline,
+            ..LocalLoopOptions::default()
+        };
+        run_all(
+            provider.clone(),
+            ask("Find a tent", annotated_shop()),
+            options,
+        )
+        .await;
+        prompt_text(&provider.requests()[0])
+    };
+    let example = "reply with:";
+    let small = prompt(Policy::small_model(), false).await;
+    assert!(!small.contains(example), "{small}");
+    assert!(small.contains("A failed call comes back"), "{small}");
+    assert!(prompt(Policy::reference(), false).await.contains(example));
+    assert!(prompt(Policy::small_model(), true).await.contains(example));
 }

@@ -251,6 +251,12 @@ pub struct Policy {
     /// [`Decoding::call_baseline`]): a call is pushed only where the
     /// request itself makes one more likely. Default: on.
     pub call_baseline: bool,
+    /// Where the chat template presents the tools and how to call them
+    /// (the provider does not list them inline), the loop writes no worked
+    /// example of its own: a second call with placeholder values beside
+    /// the template's is what a model copies ("To call query, reply
+    /// with:") instead of calling. Default: on. The reference writes one.
+    pub no_example_beside_template_tools: bool,
     /// On a run's first step, the call threshold applies only where a
     /// calls-only retry would follow a prose reply anyway: the request
     /// names a shown tool (`named_tool_retry`), asks for a change a tool
@@ -375,6 +381,7 @@ impl Policy {
             one_tool_per_reply: false,
             call_threshold: None,
             call_baseline: false,
+            no_example_beside_template_tools: false,
             threshold_on_evidence: false,
             copy_bias: 0.0,
             greedy_calls: false,
@@ -420,6 +427,7 @@ impl Policy {
             one_tool_per_reply: true,
             call_threshold: Some(0.005),
             call_baseline: true,
+            no_example_beside_template_tools: true,
             threshold_on_evidence: false,
             copy_bias: 3.0,
             greedy_calls: true,
@@ -1652,7 +1660,9 @@ fn identifier_part(call: &ParsedCall, offered: &ToolDefinition) -> Option<(Value
 /// lines, and a failed call's turn (`Error [code]: …`, the loop's own
 /// words to the model) when it is one of its lines whole; a result's lines
 /// are the answer's to quote. A line of one word, or an answer of fewer than three, is
-/// never an echo: "Yes." or "Done." can be both.
+/// never an echo: "Yes." or "Done." can be both. An answer of markup alone
+/// (fences, tags, lines without a letter or digit) is `Some("")`: it tells
+/// nothing.
 pub(crate) fn without_prompt_echoes(answer: &str, prompt: &[PromptMessage]) -> Option<String> {
     fn norm(text: &str) -> String {
         text.split(|c: char| !c.is_alphanumeric())
@@ -1664,6 +1674,17 @@ pub(crate) fn without_prompt_echoes(answer: &str, prompt: &[PromptMessage]) -> O
     fn is_markup(line: &str) -> bool {
         let line = line.trim();
         line.starts_with("```") || (line.starts_with('<') && line.ends_with('>'))
+    }
+    // Markup alone (fences, tags, brackets) tells nothing: a model that
+    // wanted a call it was not offered writes "```json" or an empty
+    // `<tool_response>`.
+    if !answer.trim().is_empty()
+        && answer
+            .lines()
+            .filter(|l| !is_markup(l))
+            .all(|l| !l.chars().any(char::is_alphanumeric))
+    {
+        return Some(String::new());
     }
     if answer.split_whitespace().count() < 3 {
         return None;

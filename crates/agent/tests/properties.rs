@@ -1312,6 +1312,7 @@ proptest! {
                     tools: &tools,
                     tools_inline: inline,
                     call_format: format,
+                    no_worked_example: false,
                 })
             }
         });
