@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use serde_json::{Value, json};
 use webmcp_agents::agent::{
-    AgentStreamPart, CallFormat, Constraint, ConstraintMode, Decoding, FinishReason,
-    GenerateRequest, LocalLoopOptions, Policy, ToolAnnotations, ToolDefinition, messages,
+    AgentStreamPart, Constraint, ConstraintMode, Decoding, FinishReason, GenerateRequest,
+    LocalLoopOptions, Policy, ToolAnnotations, ToolDefinition, messages,
 };
 use wma_testkit::{InMemoryToolHost, ScriptedProvider};
 
@@ -1338,35 +1338,4 @@ async fn an_answer_of_markup_alone_is_no_answer() {
     assert_finish(&parts, FinishReason::Stop);
     let answer = texts(&parts).join("\n");
     assert!(answer.contains("Trail Tent"), "{answer}");
-}
-
-/// Where the chat template presents the tools (they are not listed
-/// inline), the small-model policy writes no worked example of its own
-/// beside it; the reference writes one, as its spec asks, and so does
-/// every policy where the loop lists the tools itself.
-#[tokio::test]
-async fn no_worked_example_beside_a_template_that_presents_the_tools() {
-    let prompt = |policy: Policy, tools_inline: bool| async move {
-        let provider = ScriptedProvider::new(["Hello."])
-            .with_call_format(CallFormat::Hermes)
-            .with_tools_inline(tools_inline);
-        let options = LocalLoopOptions {
-            policy: Some(policy),
-            tools_inline,
-            ..LocalLoopOptions::default()
-        };
-        run_all(
-            provider.clone(),
-            ask("Find a tent", annotated_shop()),
-            options,
-        )
-        .await;
-        prompt_text(&provider.requests()[0])
-    };
-    let example = "reply with:";
-    let small = prompt(Policy::small_model(), false).await;
-    assert!(!small.contains(example), "{small}");
-    assert!(small.contains("A failed call comes back"), "{small}");
-    assert!(prompt(Policy::reference(), false).await.contains(example));
-    assert!(prompt(Policy::small_model(), true).await.contains(example));
 }

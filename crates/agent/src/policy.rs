@@ -251,12 +251,6 @@ pub struct Policy {
     /// [`Decoding::call_baseline`]): a call is pushed only where the
     /// request itself makes one more likely. Default: on.
     pub call_baseline: bool,
-    /// Where the chat template presents the tools and how to call them
-    /// (the provider does not list them inline), the loop writes no worked
-    /// example of its own: a second call with placeholder values beside
-    /// the template's is what a model copies ("To call query, reply
-    /// with:") instead of calling. Default: on. The reference writes one.
-    pub no_example_beside_template_tools: bool,
     /// On a run's first step, the call threshold applies only where a
     /// calls-only retry would follow a prose reply anyway: the request
     /// names a shown tool (`named_tool_retry`), asks for a change a tool
@@ -381,7 +375,6 @@ impl Policy {
             one_tool_per_reply: false,
             call_threshold: None,
             call_baseline: false,
-            no_example_beside_template_tools: false,
             threshold_on_evidence: false,
             copy_bias: 0.0,
             greedy_calls: false,
@@ -427,7 +420,6 @@ impl Policy {
             one_tool_per_reply: true,
             call_threshold: Some(0.005),
             call_baseline: true,
-            no_example_beside_template_tools: true,
             threshold_on_evidence: false,
             copy_bias: 3.0,
             greedy_calls: true,

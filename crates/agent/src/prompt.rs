@@ -167,11 +167,6 @@ pub struct SystemPromptInput<'a> {
     pub tools_inline: bool,
     /// How calls are written.
     pub call_format: CallFormat,
-    /// Leave out the worked example: the chat template already presents
-    /// the tools and how to call them, and a second call with placeholder
-    /// values beside it is what a model copies ("To call query, reply
-    /// with:") instead of calling.
-    pub no_worked_example: bool,
 }
 
 /// Builds the system prompt: the opening sentence, "About this site", the
@@ -218,10 +213,8 @@ pub fn system_prompt(input: &SystemPromptInput<'_>) -> String {
         out.push_str("\nTo call a tool, reply with only one JSON object: {\"name\": \"<tool name>\", \"arguments\": {<arguments>}}. Its result comes back in a tool message.");
     }
     if let Some(first) = tools.first() {
-        if !input.no_worked_example {
-            out.push_str("\n\n");
-            out.push_str(&worked_example(first, input.call_format));
-        }
+        out.push_str("\n\n");
+        out.push_str(&worked_example(first, input.call_format));
         out.push_str("\n\nA failed call comes back as \"Error [code]: message\". The codes mean:");
         for code in ToolErrorCode::ALL {
             out.push_str(&format!("\n- {}: {}", code.as_str(), code.meaning()));
@@ -300,7 +293,6 @@ pub(crate) fn page_note(
     tools: &[ToolDefinition],
     told: &[ToolDefinition],
     call_format: CallFormat,
-    no_worked_example: bool,
 ) -> String {
     let mut parts = Vec::new();
     if let Some(page) = page {
@@ -330,7 +322,7 @@ pub(crate) fn page_note(
             gone.join(", ")
         ));
     }
-    if let Some(first) = tools.first().filter(|_| !no_worked_example) {
+    if let Some(first) = tools.first() {
         parts.push(worked_example(first, call_format));
     }
     parts.join("\n\n")
@@ -953,7 +945,7 @@ mod tests {
         };
         let told = [tool("search"), tool("open")];
         let now = [tool("add"), tool("search")];
-        let note = page_note(Some(&page), &now, &told, CallFormat::default(), false);
+        let note = page_note(Some(&page), &now, &told, CallFormat::default());
         assert!(
             note.starts_with("The user is on the page \"Product\" (path /p/17 About this site:)."),
             "{note}"
@@ -1159,7 +1151,6 @@ mod tests {
             tools: &tools,
             tools_inline: true,
             call_format: CallFormat::Json,
-            no_worked_example: false,
         });
         assert!(
             text.contains("/p/17")

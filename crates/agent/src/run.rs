@@ -915,13 +915,6 @@ impl<P: Provider + 'static> Run<P> {
         End::Finish(reason)
     }
 
-    /// Whether the prompt goes without the loop's worked example (see
-    /// [`Policy::no_example_beside_template_tools`]): the chat template
-    /// presents the tools itself.
-    fn no_worked_example(&self) -> bool {
-        self.policy.no_example_beside_template_tools && !self.tools_inline
-    }
-
     /// Why the first attempt's call threshold is held back, if it is. The
     /// threshold settles prose or a call in favour of a call on little
     /// weight; that takes the evidence a calls-only retry would take
@@ -1201,16 +1194,7 @@ impl<P: Provider + 'static> Run<P> {
         let serving = kept.filter(|k| k.serves(shown, page, whole));
         let noting =
             kept.filter(|_| serving.is_none() && self.tools_inline && whole && !shown.is_empty());
-        let no_example = self.no_worked_example();
-        let note = noting.map(|k| {
-            page_note(
-                page,
-                shown,
-                &k.listed,
-                self.provider.call_format(),
-                no_example,
-            )
-        });
+        let note = noting.map(|k| page_note(page, shown, &k.listed, self.provider.call_format()));
         let (system, listed) = match serving.or(noting) {
             Some(k) => (k.text.clone(), k.listed.as_slice()),
             None => (
@@ -1221,7 +1205,6 @@ impl<P: Provider + 'static> Run<P> {
                     tools: shown,
                     tools_inline: self.tools_inline,
                     call_format: self.provider.call_format(),
-                    no_worked_example: no_example,
                 }),
                 shown,
             ),

@@ -1312,7 +1312,6 @@ proptest! {
                     tools: &tools,
                     tools_inline: inline,
                     call_format: format,
-                    no_worked_example: false,
                 })
             }
         });
