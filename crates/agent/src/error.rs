@@ -129,21 +129,6 @@ pub enum ProviderError {
     Generation(String),
 }
 
-/// An error of this crate's own functions (not of a run: a run reports its
-/// errors as stream parts).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum AgentError {
-    /// A tool's input schema is not a valid JSON Schema.
-    #[error("the input schema of tool `{tool}` is invalid: {reason}")]
-    InvalidSchema {
-        /// The tool.
-        tool: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-}
-
 /// A tool's successful output that is framed as an error the way tool
 /// servers commonly write one, as the tool error it is: text that opens
 /// with `Error:` (or `Error executing …`, `error: …`), or a JSON object

@@ -37,7 +37,7 @@ pub use approval::{
     CallRecordRequest, DEFAULT_APPROVAL_TIMEOUT, FixedApprover, Reason, Refusals, Verdict, decide,
     glob_matches, needs_record,
 };
-pub use error::{AgentError, ProviderError, ToolError, ToolErrorCode};
+pub use error::{ProviderError, ToolError, ToolErrorCode};
 pub use ground::{
     Identifiers, MAX_COPY_PHRASES, MAX_PHRASE_WORDS, copy_phrases, ground_tool, is_identifier_key,
 };
