@@ -1001,6 +1001,29 @@ fn an_mcp_servers_file_makes_a_tool_source_of_each_server() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `wma check` says which `mcpServers` entries are disabled and so not
+/// started: a run only logs it, and a person checking the config should
+/// see it there.
+#[test]
+fn wma_check_says_which_mcp_servers_are_disabled() {
+    let json = r#"{"mcpServers": {"files": {"command": "fs-server"}, "off": {"command": "old-server", "disabled": true}}}"#;
+    let (dir, config) = scratch_mcp_config("mcp-check-notes", json, MCP_HEAD);
+    let (code, stdout, stderr) = finished(wma_command().arg("check").arg(&config));
+    assert_eq!(code, Some(0), "{stderr}");
+    let note = stdout
+        .lines()
+        .find(|line| line.starts_with("  note: "))
+        .unwrap_or_else(|| panic!("no note: {stdout}"));
+    assert!(
+        note.contains(
+            "mcp.json: `mcpServers.off` is marked \"disabled\": true, so it is not started"
+        ),
+        "{note}"
+    );
+    assert!(stdout.contains("tools: files\n"), "{stdout}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A provider and an `mcpServers` file are a whole config: its one agent
 /// sees every tool source. Without a provider to run it on, or with
 /// several to choose from, the config says so.

@@ -2,6 +2,8 @@
 
 mod support;
 
+#[cfg(unix)]
+mod chat_terminal;
 mod cluster;
 mod config;
 mod delegation;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{Result, bail};
 use async_trait::async_trait;
 use clap::{Args, ValueEnum};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use webmcp_agents::agent::{
     AgentStreamPart, ApprovalAnswer, ApprovalMode, ApprovalRequest, ApprovalRule, Approver,
     CallRecordRequest, FixedApprover,
@@ -79,17 +79,98 @@ impl ApprovalArgs {
     }
 }
 
-/// Lines of stdin, read on a thread of their own (reading blocks), shared
-/// by a chat's requests and the answers to its questions.
+/// What asking for a line gave.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Input {
+    /// A line, trimmed.
+    Line(String),
+    /// Ctrl-C at the line editor. On Unix it is passed on as SIGINT too,
+    /// so it also stops the reply in flight, or ends the command between
+    /// replies, as Ctrl-C does while no editor holds the terminal.
+    Interrupted,
+    /// The input ended: Ctrl-D, the end of a pipe, or a terminal that
+    /// cannot be read.
+    Ended,
+}
+
+/// A line asked of the line editor, and where its answer goes.
+struct Asked {
+    prompt: String,
+    /// Whether the line joins the history Up and Down walk: a chat's
+    /// requests do, answers to questions do not.
+    kept: bool,
+    reply: oneshot::Sender<Input>,
+}
+
+/// Where the lines come from.
+enum Source {
+    /// Stdin read ahead, on a thread of its own (reading blocks), for a
+    /// pipe or a file. Lines that are not UTF-8 come as their number.
+    Read(tokio::sync::Mutex<mpsc::Receiver<Result<String, usize>>>),
+    /// A line editor on the terminal, on a thread of its own, asked for
+    /// one line at a time: it shows a prompt only when a line is wanted,
+    /// never in the middle of a reply. The lock keeps one question at the
+    /// editor at a time, so a line goes to the one who asked for it.
+    Edited(tokio::sync::Mutex<mpsc::Sender<Asked>>),
+}
+
+/// The person's lines, shared by a chat's requests and the answers to its
+/// questions: read from stdin, or on a terminal through a line editor.
 #[derive(Clone)]
 pub(crate) struct Lines {
-    rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Result<String, usize>>>>,
+    source: Arc<Source>,
 }
 
 impl Lines {
-    /// Starts reading stdin.
+    /// Starts reading stdin as plain lines.
     pub(crate) fn stdin() -> Self {
         Self::reading(std::io::BufReader::new(std::io::stdin()))
+    }
+
+    /// A line editor for a person at a terminal (arrow keys, history of
+    /// the chat's lines, in memory only) when stdin is one; else plain
+    /// lines, as [`stdin`](Self::stdin) reads them.
+    pub(crate) fn terminal_or_stdin() -> Self {
+        if !std::io::stdin().is_terminal() {
+            return Self::stdin();
+        }
+        // The editor draws on the terminal itself rather than on stdout,
+        // so stdout carries only the chat's output even when it is
+        // redirected.
+        let config = rustyline::Config::builder()
+            .behavior(rustyline::Behavior::PreferTerm)
+            .build();
+        match rustyline::DefaultEditor::with_config(config) {
+            Ok(mut editor) => Self::editing(move |prompt: &str, kept: bool| {
+                use rustyline::error::ReadlineError;
+                match editor.readline(prompt) {
+                    Ok(line) => {
+                        let line = line.trim().to_string();
+                        if kept && !line.is_empty() {
+                            let _ = editor.add_history_entry(line.as_str());
+                        }
+                        Input::Line(line)
+                    }
+                    Err(ReadlineError::Interrupted) => {
+                        // The editor holds the terminal in raw mode, where
+                        // Ctrl-C is a key and no signal: passed on, it
+                        // does what it does everywhere else in wma.
+                        #[cfg(unix)]
+                        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGINT);
+                        Input::Interrupted
+                    }
+                    Err(ReadlineError::Eof) => Input::Ended,
+                    Err(e) => {
+                        eprintln!("error: the terminal could not be read: {e}");
+                        Input::Ended
+                    }
+                }
+            }),
+            Err(e) => {
+                eprintln!("warning: no line editing ({e}); reading plain lines");
+                Self::stdin()
+            }
+        }
     }
 
     /// Starts reading `input` on a thread of its own. A line that is not
@@ -118,21 +199,93 @@ impl Lines {
             }
         });
         Self {
-            rx: Arc::new(tokio::sync::Mutex::new(rx)),
+            source: Arc::new(Source::Read(tokio::sync::Mutex::new(rx))),
         }
     }
 
-    /// The next line; `None` once stdin ended. A line that is not UTF-8
-    /// is refused on stderr, saying which it was, and the next is read.
-    pub(crate) async fn next(&self) -> Option<String> {
-        let mut rx = self.rx.lock().await;
-        loop {
-            match rx.recv().await? {
-                Ok(line) => return Some(line),
-                Err(number) => eprintln!(
-                    "error: line {number} of the input is not valid UTF-8; it was not sent \
-                     (the chat goes on)"
-                ),
+    /// Serves each line asked for with `read(prompt, kept)`, on a thread
+    /// of its own (the editor blocks), until the input ends.
+    fn editing(mut read: impl FnMut(&str, bool) -> Input + Send + 'static) -> Self {
+        let (tx, mut rx) = mpsc::channel::<Asked>(1);
+        std::thread::spawn(move || {
+            while let Some(asked) = rx.blocking_recv() {
+                let input = read(&asked.prompt, asked.kept);
+                let ended = input == Input::Ended;
+                // A question given up on (its wait ran out) while the person
+                // typed: the line was typed for that question's prompt, so
+                // it answers nothing else.
+                if let Err(Input::Line(line)) = asked.reply.send(input)
+                    && !line.is_empty()
+                {
+                    eprintln!("(the question had stopped waiting; that line was not used)");
+                }
+                if ended {
+                    return;
+                }
+            }
+        });
+        Self {
+            source: Arc::new(Source::Edited(tokio::sync::Mutex::new(tx))),
+        }
+    }
+
+    /// Whether a line editor reads the lines (it shows the prompts).
+    pub(crate) fn edits(&self) -> bool {
+        matches!(*self.source, Source::Edited(_))
+    }
+
+    /// A request of the chat, after `prompt` (on stdout when read plainly;
+    /// an empty prompt prints nothing); the editor keeps it in its
+    /// history.
+    pub(crate) async fn request(&self, prompt: &str) -> Result<Input> {
+        if !self.edits() && !prompt.is_empty() {
+            let mut out = std::io::stdout();
+            write!(out, "{prompt}")?;
+            out.flush()?;
+        }
+        Ok(self.next(prompt, true).await)
+    }
+
+    /// An answer to a question, after `prompt` (on stderr when read
+    /// plainly, beside the question).
+    pub(crate) async fn answer(&self, prompt: &str) -> Input {
+        if !self.edits() {
+            let mut err = std::io::stderr();
+            let _ = write!(err, "{prompt}");
+            let _ = err.flush();
+        }
+        self.next(prompt, false).await
+    }
+
+    /// The next line. Read plainly, a line that is not UTF-8 is refused on
+    /// stderr, saying which it was, and the next is read.
+    async fn next(&self, prompt: &str, kept: bool) -> Input {
+        match &*self.source {
+            Source::Read(rx) => {
+                let mut rx = rx.lock().await;
+                loop {
+                    match rx.recv().await {
+                        None => return Input::Ended,
+                        Some(Ok(line)) => return Input::Line(line),
+                        Some(Err(number)) => eprintln!(
+                            "error: line {number} of the input is not valid UTF-8; it was not \
+                             sent (the chat goes on)"
+                        ),
+                    }
+                }
+            }
+            Source::Edited(editor) => {
+                let editor = editor.lock().await;
+                let (reply, answer) = oneshot::channel();
+                let asked = Asked {
+                    prompt: prompt.to_string(),
+                    kept,
+                    reply,
+                };
+                if editor.send(asked).await.is_err() {
+                    return Input::Ended;
+                }
+                answer.await.unwrap_or(Input::Ended)
             }
         }
     }
@@ -187,16 +340,27 @@ impl Approver for TerminalApprover {
             terminal_safe(&arguments)
         );
         loop {
-            let _ = write!(
-                err,
-                "run it? [y]es, [n]o, [a]lways or [never] for this session: "
-            );
-            let _ = err.flush();
-            let Some(line) = self.lines.next().await else {
-                let _ = writeln!(err, "(no answer: the input ended; denied)");
-                return ApprovalAnswer::deny()
-                    .by("terminal")
-                    .with_note("nobody answered (the input ended)");
+            let line = match self
+                .lines
+                .answer("run it? [y]es, [n]o, [a]lways or [never] for this session: ")
+                .await
+            {
+                Input::Line(line) => line,
+                // On Unix the reply is being stopped as well (the editor
+                // passed Ctrl-C on as SIGINT), which may end this question
+                // before this answer is read.
+                Input::Interrupted => {
+                    let _ = writeln!(err, "(Ctrl-C: denied)");
+                    return ApprovalAnswer::deny()
+                        .by("terminal")
+                        .with_note("the person pressed Ctrl-C instead of answering");
+                }
+                Input::Ended => {
+                    let _ = writeln!(err, "(no answer: the input ended; denied)");
+                    return ApprovalAnswer::deny()
+                        .by("terminal")
+                        .with_note("nobody answered (the input ended)");
+                }
             };
             if let Some(answer) = parse_answer(&line) {
                 if answer.remember
@@ -389,9 +553,83 @@ mod tests {
     async fn a_line_that_is_not_utf8_is_skipped_and_the_rest_is_read() {
         let input: &'static [u8] = b"first\nbad \xff\xfe line\nthird\n";
         let lines = Lines::reading(std::io::BufReader::new(input));
-        assert_eq!(lines.next().await.as_deref(), Some("first"));
-        assert_eq!(lines.next().await.as_deref(), Some("third"));
-        assert_eq!(lines.next().await, None);
+        assert!(!lines.edits());
+        assert_eq!(
+            lines.request("").await.unwrap(),
+            Input::Line("first".into())
+        );
+        assert_eq!(lines.answer("").await, Input::Line("third".into()));
+        assert_eq!(lines.request("").await.unwrap(), Input::Ended);
+    }
+
+    /// What an editor was asked, in order: (prompt, kept in history).
+    type Asks = Arc<Mutex<Vec<(String, bool)>>>;
+
+    /// A line editor whose person types what is sent on the returned
+    /// sender (nothing left: Ctrl-D), and what it was asked.
+    fn scripted_editor() -> (Lines, std::sync::mpsc::Sender<Input>, Asks) {
+        let (keys, typed) = std::sync::mpsc::channel::<Input>();
+        let asked = Arc::new(Mutex::new(Vec::new()));
+        let seen = asked.clone();
+        let lines = Lines::editing(move |prompt: &str, kept: bool| {
+            seen.lock().unwrap().push((prompt.to_string(), kept));
+            typed.recv().unwrap_or(Input::Ended)
+        });
+        (lines, keys, asked)
+    }
+
+    #[tokio::test]
+    async fn the_editor_reads_a_line_only_when_one_is_asked_for_with_the_askers_prompt() {
+        let (lines, keys, asked) = scripted_editor();
+        for input in [
+            Input::Line("Show me my cart".into()),
+            Input::Line("y".into()),
+            Input::Interrupted,
+            Input::Ended,
+            Input::Line("never read".into()),
+        ] {
+            keys.send(input).unwrap();
+        }
+        assert!(lines.edits());
+        // Lines are waiting to be typed, yet none is read before it is asked for.
+        assert!(asked.lock().unwrap().is_empty());
+        assert_eq!(
+            lines.request("you> ").await.unwrap(),
+            Input::Line("Show me my cart".into())
+        );
+        assert_eq!(lines.answer("run it? ").await, Input::Line("y".into()));
+        assert_eq!(lines.request("you> ").await.unwrap(), Input::Interrupted);
+        assert_eq!(lines.request("you> ").await.unwrap(), Input::Ended);
+        // Once the input ended, the editor is not asked again.
+        assert_eq!(lines.request("you> ").await.unwrap(), Input::Ended);
+        assert_eq!(
+            *asked.lock().unwrap(),
+            [
+                ("you> ".to_string(), true),
+                ("run it? ".to_string(), false),
+                ("you> ".to_string(), true),
+                ("you> ".to_string(), true),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_line_typed_for_a_question_given_up_on_answers_nothing_else() {
+        use futures::FutureExt;
+        let (lines, keys, asked) = scripted_editor();
+        // The question is put to the editor, then given up on (its wait ran
+        // out) while the person has not typed yet.
+        assert!(lines.answer("run it? ").now_or_never().is_none());
+        keys.send(Input::Line("y".into())).unwrap();
+        keys.send(Input::Line("Show me my cart".into())).unwrap();
+        assert_eq!(
+            lines.request("you> ").await.unwrap(),
+            Input::Line("Show me my cart".into())
+        );
+        assert_eq!(
+            *asked.lock().unwrap(),
+            [("run it? ".to_string(), false), ("you> ".to_string(), true)]
+        );
     }
 
     fn order(call_id: &str) -> CallRecordRequest {

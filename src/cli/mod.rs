@@ -20,7 +20,7 @@ use webmcp_agents::store::{RunLog, RunStatus, Store};
 use webmcp_agents::tools::PageTool;
 use webmcp_agents::{mend, serve};
 
-use approve::{ApprovalArgs, Lines, RecordingApprover};
+use approve::{ApprovalArgs, Input, Lines, RecordingApprover};
 use progress::Bars;
 
 /// How long a command waits for the nodes that host its remote sub-agents.
@@ -419,8 +419,14 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
         kept = Some((store, session.id));
     }
     // The person's requests and their answers to approval questions come
-    // in on the same stdin, one per line.
-    let lines = Lines::stdin();
+    // in on the same stdin, one per line: through a line editor for a
+    // person at a terminal, plainly for a program (a pipe, or `--json`,
+    // whose stdout must carry JSON lines only).
+    let lines = if output.is_text() {
+        Lines::terminal_or_stdin()
+    } else {
+        Lines::stdin()
+    };
     let asking = approve::approver(args.approval.mode(true), Some(lines.clone()));
     // A kept chat records its calls that need it before they are sent, in
     // the turn's run, as `wma serve` does; a chat without a store keeps
@@ -442,16 +448,19 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
     let interrupt = Interrupt::default();
     interrupt.install();
     eprintln!("talking to `{name}`; Ctrl-C stops a reply, Ctrl-D or /exit ends the chat");
+    let prompt = if output.is_text() { "you> " } else { "" };
     loop {
-        if output.is_text() {
-            print!("you> ");
-            std::io::stdout().flush()?;
-        }
-        let line = tokio::select! {
-            _ = interrupt.quit.cancelled() => None,
-            line = lines.next() => line,
+        let input = if lines.edits() {
+            // The editor holds the terminal in raw mode until it returns
+            // (Ctrl-C reaches it as a key): the chat must not end under it.
+            lines.request(prompt).await?
+        } else {
+            tokio::select! {
+                _ = interrupt.quit.cancelled() => Input::Ended,
+                input = lines.request(prompt) => input?,
+            }
         };
-        let Some(line) = line else { break };
+        let Input::Line(line) = input else { break };
         if line == "/exit" || line == "/quit" {
             break;
         }
@@ -508,7 +517,8 @@ pub(crate) async fn chat(args: ChatArgs, config: &Config) -> Result<()> {
         }
         history.extend(answer);
     }
-    if output.is_text() {
+    // The plain prompt's line is still open; the editor ended its own.
+    if output.is_text() && !lines.edits() {
         println!();
     }
     print_carts(&hosted);
@@ -795,6 +805,12 @@ fn page_tool_line(tool: &PageTool) -> String {
 /// `wma check`: validates a config and says what it would start.
 pub(crate) fn check(config: &Config) {
     println!("{}: ok", config.file.display());
+    // What the config leaves out on purpose (disabled `mcpServers`
+    // entries): a run only logs it, so a person checking the config sees
+    // it here.
+    for note in &config.notes {
+        println!("  note: {note}");
+    }
     for agent in &config.agents {
         let mut line = format!("  agent {} on {}", agent.name, agent.provider);
         if !agent.tools.is_empty() {
