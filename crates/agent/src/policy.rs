@@ -1720,16 +1720,45 @@ pub(crate) fn without_prompt_echoes(answer: &str, prompt: &[PromptMessage]) -> O
                 || returned.contains(&line)
                 || (!sentences.is_empty() && sentences.iter().all(|s| rewords(s))))
     };
+    // A sentence of the model's that holds a run of the loop's own words,
+    // word for word, is the loop's too ("The next step for it is to call
+    // hash." after "Do the next step for it, …"; "Don't say it worked."
+    // beside a sentence of its own): it is cut up to its full stop or
+    // colon, and the line keeps the rest.
+    let runs: Vec<&[String]> = own.iter().flat_map(|s| s.windows(OWN_WORD_RUN)).collect();
+    let quotes_own = |sentence: &str| {
+        let words: Vec<String> = norm(sentence).split(' ').map(str::to_string).collect();
+        words
+            .windows(OWN_WORD_RUN)
+            .any(|w| runs.iter().any(|r| *r == w))
+    };
+    let without_own = |line: &str| -> String {
+        line.split_inclusive(['.', '!', '?', ':'])
+            .filter(|s| !quotes_own(s))
+            .collect::<String>()
+            .trim()
+            .to_string()
+    };
     let lines: Vec<&str> = answer.lines().collect();
-    if !lines.iter().any(|l| echoes(l)) {
+    if !lines
+        .iter()
+        .any(|l| echoes(l) || without_own(l) != l.trim())
+    {
         return None;
     }
-    let kept: Vec<&str> = lines
+    let kept: Vec<String> = lines
         .into_iter()
         .filter(|l| !echoes(l) && !is_markup(l))
+        .map(without_own)
+        .filter(|l| !l.is_empty())
         .collect();
     Some(kept.join("\n").trim().to_string())
 }
+
+/// How many words in a row of one of the loop's own sentences make a
+/// sentence of an answer the loop's: five is longer than the phrases an
+/// answer shares with them by chance ("for it", "the next step").
+const OWN_WORD_RUN: usize = 5;
 
 /// Why the offer held a tool back, in words for the model.
 fn why_held(rule: Rule, tool: &str) -> String {
@@ -2770,15 +2799,27 @@ mod tests {
             None
         );
         assert_eq!(echo("Do it."), None);
+        // A sentence that holds five words in a row of the loop's own is
+        // cut from the line, which keeps the rest.
+        assert_eq!(
+            echo("The next step for it is to call search_books.").as_deref(),
+            Some("")
+        );
+        assert_eq!(
+            echo("The tool failed. Don't say it worked. Call the tool again with fixed arguments, or tell me what went wrong.").as_deref(),
+            Some("The tool failed.")
+        );
+        assert_eq!(echo("The next step is to read the book."), None);
         // The loop's own sentences reworded a little are still its own.
         assert_eq!(
             echo("If the results above answer it, answer me. If something is still to be done, do it.")
                 .as_deref(),
             Some("")
         );
+        // Its words before a colon are cut; what follows is the model's.
         assert_eq!(
             echo("The results above answer it: The Salt Road is on the shelf.").as_deref(),
-            None
+            Some("The Salt Road is on the shelf.")
         );
     }
 
