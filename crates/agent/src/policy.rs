@@ -1728,9 +1728,7 @@ pub(crate) fn without_prompt_echoes(answer: &str, prompt: &[PromptMessage]) -> O
     let runs: Vec<&[String]> = own.iter().flat_map(|s| s.windows(OWN_WORD_RUN)).collect();
     let quotes_own = |sentence: &str| {
         let words: Vec<String> = norm(sentence).split(' ').map(str::to_string).collect();
-        words
-            .windows(OWN_WORD_RUN)
-            .any(|w| runs.iter().any(|r| *r == w))
+        words.windows(OWN_WORD_RUN).any(|w| runs.contains(&w))
     };
     let without_own = |line: &str| -> String {
         line.split_inclusive(['.', '!', '?', ':'])
