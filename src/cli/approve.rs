@@ -19,6 +19,11 @@ use webmcp_agents::display::terminal_safe;
 use webmcp_agents::runtime::TaggedPart;
 use webmcp_agents::store::Store;
 
+/// How long a question answered by Ctrl-C waits for the reply's stop
+/// (the SIGINT the editor passed on) before it is a plain denial.
+#[cfg(unix)]
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// How calls that need approval are answered.
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub(crate) enum ApproveMode {
@@ -347,10 +352,14 @@ impl Approver for TerminalApprover {
             {
                 Input::Line(line) => line,
                 // On Unix the reply is being stopped as well (the editor
-                // passed Ctrl-C on as SIGINT), which may end this question
-                // before this answer is read.
+                // passed Ctrl-C on as SIGINT), and the run's stop ends this
+                // question: the loop races it against the answer. A denial
+                // given at once would let the run go on to its next step
+                // before the stop lands, so it waits for the stop first.
                 Input::Interrupted => {
                     let _ = writeln!(err, "(Ctrl-C: denied)");
+                    #[cfg(unix)]
+                    tokio::time::sleep(STOP_GRACE).await;
                     return ApprovalAnswer::deny()
                         .by("terminal")
                         .with_note("the person pressed Ctrl-C instead of answering");
