@@ -973,26 +973,37 @@ async fn a_call_written_in_prose_is_held_to_the_steps_offer() {
     assert_eq!(calls_made(&parts), [r#"add_to_cart {"product_id":"p-99"}"#]);
 }
 
-/// "Which tents do you have?" on the annotated shop: a search that answers
-/// it, then `second` written in a Markdown fence (a provider without a "text
-/// or calls" grammar can still write a call where the step offers no tool),
-/// then an answer.
-async fn a_call_in_prose_after_the_answering_search(
-    second: String,
+/// "Which tents do you have?" on the annotated shop, the model's replies
+/// after the search that answers it being `after`, under `options`.
+async fn tents_after_the_search(
+    after: &[String],
+    constraints: bool,
+    options: LocalLoopOptions,
 ) -> (ScriptedProvider, Vec<AgentStreamPart>) {
-    let provider = ScriptedProvider::new([
-        call("search_products", json!({"query": "tent"})),
-        format!("```json\n{second}\n```"),
-        "We have the Trail Tent.".to_string(),
-    ])
-    .with_constraints(true);
+    let mut replies = vec![call("search_products", json!({"query": "tent"}))];
+    replies.extend(after.iter().cloned());
+    let provider = ScriptedProvider::new(replies).with_constraints(constraints);
     let parts = run_all(
         provider.clone(),
         ask("Which tents do you have?", annotated_shop()),
-        inline(),
+        options,
     )
     .await;
     (provider, parts)
+}
+
+/// The search that answers "Which tents do you have?", then `second`
+/// written in a Markdown fence (a provider without a "text or calls"
+/// grammar can still write a call where the step offers no tool), then an
+/// answer.
+async fn a_call_in_prose_after_the_answering_search(
+    second: String,
+) -> (ScriptedProvider, Vec<AgentStreamPart>) {
+    let after = [
+        format!("```json\n{second}\n```"),
+        "We have the Trail Tent.".to_string(),
+    ];
+    tents_after_the_search(&after, true, inline()).await
 }
 
 #[tokio::test]
@@ -1043,21 +1054,12 @@ async fn a_lookup_written_in_prose_when_an_answer_is_owed_runs() {
 
 #[tokio::test]
 async fn an_answer_that_only_repeats_the_prompt_becomes_the_last_results_gist() {
-    let provider = ScriptedProvider::new([
-        call("search_products", json!({"query": "tent"})),
-        messages::restate_after_lookup("Which tents do you have?")
-            .lines()
-            .last()
-            .unwrap()
-            .to_string(),
-    ])
-    .with_constraints(true);
-    let parts = run_all(
-        provider.clone(),
-        ask("Which tents do you have?", annotated_shop()),
-        inline(),
-    )
-    .await;
+    let echo = messages::restate_after_lookup("Which tents do you have?")
+        .lines()
+        .last()
+        .unwrap()
+        .to_string();
+    let (_, parts) = tents_after_the_search(&[echo], true, inline()).await;
     assert_finish(&parts, FinishReason::Stop);
     let answer = texts(&parts).join("\n");
     assert!(answer.contains("Trail Tent"), "{answer}");
@@ -1286,18 +1288,8 @@ async fn once_the_change_asked_for_is_made_no_tool_that_changes_things_is_offere
 #[tokio::test]
 async fn a_call_tried_again_where_an_answer_is_owed_gives_the_lookups_gist() {
     let fenced = "```json\n<tool_call>\n  \"name\": \"search_products\",\n  \"arguments\": \"tent\"\n</tool_call>\n```";
-    let provider = ScriptedProvider::new([
-        call("search_products", json!({"query": "tent"})),
-        fenced.to_string(),
-        fenced.to_string(),
-    ])
-    .with_constraints(true);
-    let parts = run_all(
-        provider.clone(),
-        ask("Which tents do you have?", annotated_shop()),
-        inline(),
-    )
-    .await;
+    let (provider, parts) =
+        tents_after_the_search(&[fenced.to_string(), fenced.to_string()], true, inline()).await;
     assert_finish(&parts, FinishReason::Stop);
     assert_eq!(provider.requests().len(), 3, "one repair");
     let answer = texts(&parts).join("\n");
@@ -1325,16 +1317,8 @@ async fn an_answer_of_markup_alone_is_no_answer() {
         !texts(&parts).iter().any(|t| t.contains("```")),
         "{parts:?}"
     );
-    let provider = ScriptedProvider::new([
-        call("search_products", json!({"query": "tent"})),
-        "```json\n<tool_response>\n</tool_response>\n```".to_string(),
-    ]);
-    let parts = run_all(
-        provider,
-        ask("Which tents do you have?", annotated_shop()),
-        reference(),
-    )
-    .await;
+    let markup = "```json\n<tool_response>\n</tool_response>\n```".to_string();
+    let (_, parts) = tents_after_the_search(&[markup], false, reference()).await;
     assert_finish(&parts, FinishReason::Stop);
     let answer = texts(&parts).join("\n");
     assert!(answer.contains("Trail Tent"), "{answer}");
