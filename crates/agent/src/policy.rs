@@ -1737,18 +1737,22 @@ pub(crate) fn without_prompt_echoes(answer: &str, prompt: &[PromptMessage]) -> O
             .trim()
             .to_string()
     };
-    let lines: Vec<&str> = answer.lines().collect();
+    // Each line read once: whether it echoes whole, and what is left of
+    // it without the sentences that quote the loop.
+    let lines: Vec<(&str, bool, String)> = answer
+        .lines()
+        .map(|l| (l, echoes(l), without_own(l)))
+        .collect();
     if !lines
         .iter()
-        .any(|l| echoes(l) || without_own(l) != l.trim())
+        .any(|(l, echo, rest)| *echo || rest != l.trim())
     {
         return None;
     }
     let kept: Vec<String> = lines
         .into_iter()
-        .filter(|l| !echoes(l) && !is_markup(l))
-        .map(without_own)
-        .filter(|l| !l.is_empty())
+        .filter(|(l, echo, rest)| !echo && !is_markup(l) && !rest.is_empty())
+        .map(|(_, _, rest)| rest)
         .collect();
     Some(kept.join("\n").trim().to_string())
 }

@@ -562,19 +562,22 @@ impl<P: Provider + 'static> Run<P> {
             }
             let reply = parse_tool_calls(&generation.text);
             if let Some(problem) = self.problem(&generation.text, &reply, &plan) {
-                // On a step that offered no tool because a lookup answered
-                // the request, a second call attempt stands for an answer
-                // that told nothing: the lookup's gist answers, not the
-                // apology.
-                if repaired
-                    && self.policy.answer_after_lookup
-                    && plan.offered.is_empty()
-                    && self.rules.answered.is_some()
-                {
-                    tracing::debug!(%problem, "a call again where the step offered none");
-                    return Some(self.answer(String::new(), &generation, &plan.request.messages));
-                }
                 if repaired {
+                    // On a step that offered no tool because a lookup
+                    // answered the request, the second call attempt stands
+                    // for an answer that told nothing: the lookup's gist
+                    // answers, not the apology.
+                    if self.policy.answer_after_lookup
+                        && plan.offered.is_empty()
+                        && self.rules.answered.is_some()
+                    {
+                        tracing::debug!(%problem, "a call again where the step offered none");
+                        return Some(self.answer(
+                            String::new(),
+                            &generation,
+                            &plan.request.messages,
+                        ));
+                    }
                     Span::current().record("wma.outcome", "apology");
                     self.emit(AgentStreamPart::Text {
                         text: messages::APOLOGY.to_string(),
