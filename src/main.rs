@@ -34,6 +34,10 @@ struct Cli {
     /// say so); see docs/tracing.md.
     #[arg(long, global = true)]
     otlp: bool,
+    /// Also write the spans to FILE as OTLP JSON lines (`wma trace FILE`
+    /// prints them); overrides the config's `[telemetry] file`.
+    #[arg(long, global = true, value_name = "FILE")]
+    trace_file: Option<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -49,6 +53,10 @@ enum Command {
     Serve(cli::ServeArgs),
     /// Check a config and say what it would start.
     Check(cli::CheckArgs),
+    /// Serve a config's agents as MCP tools (stdio, or streamable HTTP).
+    Mcp(cli::mcp::McpArgs),
+    /// Print the runs of a trace file as indented trees.
+    Trace(cli::trace::TraceArgs),
     /// Measure how well a model calls tools.
     #[command(subcommand)]
     Eval(EvalCommand),
@@ -533,7 +541,8 @@ fn command_config(command: &Command) -> Result<Option<Config>> {
             config: Some(path), ..
         }) => path,
         Command::Chat(cli::ChatArgs { config, .. })
-        | Command::Serve(cli::ServeArgs { config, .. }) => match config {
+        | Command::Serve(cli::ServeArgs { config, .. })
+        | Command::Mcp(cli::mcp::McpArgs { config, .. }) => match config {
             Some(path) => path,
             None => {
                 return Ok(Some(Config::parse(
@@ -631,6 +640,9 @@ async fn run_cli() -> Result<()> {
         .map(|c| c.telemetry.clone())
         .unwrap_or_default();
     tracing_config.enabled |= cli.otlp;
+    if let Some(file) = &cli.trace_file {
+        tracing_config.file = Some(file.clone());
+    }
     let telemetry =
         webmcp_agents::telemetry::init(&tracing_config).context("could not start tracing")?;
     let span = tracing::info_span!("wma");
@@ -655,6 +667,8 @@ async fn run_cli() -> Result<()> {
             (Command::Run(args), None) => run(args).await,
             (Command::Chat(args), Some(config)) => cli::chat(args, &config).await,
             (Command::Serve(args), Some(config)) => cli::serve(args, &config).await,
+            (Command::Mcp(args), Some(config)) => cli::mcp::serve(args, &config).await,
+            (Command::Trace(args), _) => cli::trace::print(args),
             (Command::Models { action: None }, _) => list_models(),
             (
                 Command::Models {
@@ -676,7 +690,7 @@ async fn run_cli() -> Result<()> {
                 }
                 Ok(())
             }
-            (Command::Chat(_) | Command::Serve(_) | Command::Check(_), None) => {
+            (Command::Chat(_) | Command::Serve(_) | Command::Check(_) | Command::Mcp(_), None) => {
                 unreachable!("these commands always read a config")
             }
         }

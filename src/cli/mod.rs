@@ -1,7 +1,9 @@
 //! The `wma` commands that host a config: `run --config`, `chat`, `serve`, `check`.
 
 pub(crate) mod approve;
+pub(crate) mod mcp;
 pub(crate) mod progress;
+pub(crate) mod trace;
 
 use std::collections::HashMap;
 use std::io::Write;

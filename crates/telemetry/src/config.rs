@@ -43,6 +43,10 @@ pub struct TelemetryConfig {
     pub log: Option<String>,
     /// What is exported, in the same syntax. Default [`DEFAULT_TRACE_FILTER`].
     pub traces: Option<String>,
+    /// Also write the spans to this file, one OTLP JSON export request per
+    /// line (appended), for `wma trace FILE` or any OTLP/JSON reader; works
+    /// with or without a collector.
+    pub file: Option<std::path::PathBuf>,
 }
 
 /// The wire protocol of the OTLP exporter.
