@@ -1,6 +1,8 @@
 //! Configuration: the raw form read from a config file, and the settings
 //! it resolves to once the standard `OTEL_*` variables are applied.
 
+use std::path::PathBuf;
+
 use serde::Deserialize;
 
 use crate::error::TelemetryError;
@@ -45,8 +47,10 @@ pub struct TelemetryConfig {
     pub traces: Option<String>,
     /// Also write the spans to this file, one OTLP JSON export request per
     /// line (appended), for `wma trace FILE` or any OTLP/JSON reader; works
-    /// with or without a collector.
-    pub file: Option<std::path::PathBuf>,
+    /// with or without a collector. Default none. A relative path is taken
+    /// from the working directory. The `OTEL_*` variables leave it alone
+    /// (they speak of OTLP export; a file is asked for by name).
+    pub file: Option<PathBuf>,
 }
 
 /// The wire protocol of the OTLP exporter.
@@ -92,6 +96,18 @@ pub struct Settings {
     pub log_filter: String,
     /// What is exported.
     pub trace_filter: String,
+    /// A file the spans are also written to, as OTLP JSON lines; `None`
+    /// writes none. Independent of [`Settings::export`]: either one builds
+    /// the OpenTelemetry layer.
+    pub file: Option<PathBuf>,
+}
+
+impl Settings {
+    /// Whether spans go anywhere (a collector or a file), that is whether
+    /// the OpenTelemetry layer is built at all.
+    pub fn is_tracing(&self) -> bool {
+        self.export.is_some() || self.file.is_some()
+    }
 }
 
 impl TelemetryConfig {
@@ -115,6 +131,9 @@ impl TelemetryConfig {
     ///   `OTEL_EXPORTER_OTLP_ENDPOINT` (with `/v1/traces` added for HTTP),
     ///   choose the endpoint.
     /// - `OTEL_SERVICE_NAME` names the service; `RUST_LOG` filters the log.
+    /// - The trace file ([`TelemetryConfig::file`]) is kept as configured:
+    ///   the variables speak of OTLP export, and a file is asked for by
+    ///   name, so not even `OTEL_SDK_DISABLED` drops it.
     ///
     /// Headers, timeout and compression (`OTEL_EXPORTER_OTLP_HEADERS`, `..._TIMEOUT`,
     /// `..._COMPRESSION`), the sampler (`OTEL_TRACES_SAMPLER`), batching
@@ -179,6 +198,7 @@ impl TelemetryConfig {
                 .traces
                 .clone()
                 .unwrap_or_else(|| DEFAULT_TRACE_FILTER.to_string()),
+            file: self.file.clone(),
         })
     }
 
@@ -281,6 +301,42 @@ mod tests {
             .resolve(env(&[("OTEL_TRACES_EXPORTER", "otlp")]))
             .unwrap();
         assert!(on.export.is_some());
+    }
+
+    #[test]
+    fn a_trace_file_traces_without_a_collector_and_the_variables_leave_it_alone() {
+        let config = TelemetryConfig {
+            file: Some(PathBuf::from("runs.jsonl")),
+            ..TelemetryConfig::default()
+        };
+        let settings = config.resolve(env(&[])).unwrap();
+        assert_eq!(settings.file, Some(PathBuf::from("runs.jsonl")));
+        assert_eq!(settings.export, None);
+        assert!(settings.is_tracing());
+        for pairs in [
+            [("OTEL_SDK_DISABLED", "true")],
+            [("OTEL_TRACES_EXPORTER", "none")],
+        ] {
+            let settings = config.resolve(env(&pairs)).unwrap();
+            assert_eq!(settings.file, Some(PathBuf::from("runs.jsonl")));
+        }
+        let both = config
+            .resolve(env(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318")]))
+            .unwrap();
+        assert!(both.export.is_some() && both.file.is_some());
+        assert!(
+            !TelemetryConfig::default()
+                .resolve(env(&[]))
+                .unwrap()
+                .is_tracing()
+        );
+    }
+
+    #[test]
+    fn the_file_is_read_from_a_config_table() {
+        let config: TelemetryConfig =
+            serde_json::from_str(r#"{"file": "/tmp/wma-trace.jsonl"}"#).unwrap();
+        assert_eq!(config.file, Some(PathBuf::from("/tmp/wma-trace.jsonl")));
     }
 
     #[test]

@@ -26,6 +26,23 @@ pub enum TelemetryError {
     /// Spans could not be sent (the collector is down or refused them).
     #[error("could not export spans: {0}")]
     Export(String),
+    /// The trace file cannot be opened for appending.
+    #[error("cannot write the trace file {}: {why}", path.display())]
+    TraceFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What the system said.
+        why: String,
+    },
+    /// A trace file cannot be read, or a line of it is not an OTLP JSON
+    /// export request.
+    #[error("cannot read the trace file {}: {why}", path.display())]
+    ReadTraceFile {
+        /// The file.
+        path: std::path::PathBuf,
+        /// What is wrong, with the line number where one line is at fault.
+        why: String,
+    },
     /// A log or trace filter does not parse.
     #[error("the filter `{filter}` does not parse: {why}")]
     Filter {

@@ -1,6 +1,7 @@
 //! Building the subscriber: a stderr log layer, and the OpenTelemetry layer
 //! with its OTLP exporter when export is on.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
@@ -17,6 +18,7 @@ use tracing_subscriber::{Layer, Registry};
 
 use crate::config::{OtlpExport, OtlpProtocol, Settings, TelemetryConfig};
 use crate::error::TelemetryError;
+use crate::file::FileExporter;
 
 /// Keeps the exporter alive. Dropping it flushes what is buffered and shuts
 /// the exporter down, so keep it until the program ends.
@@ -28,15 +30,21 @@ pub struct TelemetryGuard {
     #[cfg(feature = "grpc")]
     runtime: Option<tokio::runtime::Runtime>,
     export: Option<OtlpExport>,
+    file: Option<PathBuf>,
 }
 
 impl TelemetryGuard {
-    /// Where spans go, or `None` when export is off.
+    /// Where spans go over OTLP, or `None` when export to a collector is off.
     pub fn export(&self) -> Option<&OtlpExport> {
         self.export.as_ref()
     }
 
-    /// Whether spans are exported.
+    /// The trace file spans are written to, or `None`.
+    pub fn file(&self) -> Option<&Path> {
+        self.file.as_deref()
+    }
+
+    /// Whether spans go anywhere: to a collector, a trace file or both.
     pub fn is_exporting(&self) -> bool {
         self.provider.is_some()
     }
@@ -73,6 +81,7 @@ impl std::fmt::Debug for TelemetryGuard {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TelemetryGuard")
             .field("export", &self.export)
+            .field("file", &self.file)
             .finish_non_exhaustive()
     }
 }
@@ -91,12 +100,14 @@ pub fn init(config: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> 
 /// Builds the subscriber for `settings` without installing it (tests and
 /// benchmarks scope it with `tracing::dispatcher::with_default`).
 ///
-/// With export off there is no OpenTelemetry layer at all, and spans below
-/// the log filter's level are disabled where they are declared: tracing off
-/// costs one cached interest check per span.
+/// With neither a collector nor a trace file there is no OpenTelemetry
+/// layer at all, and spans below the log filter's level are disabled where
+/// they are declared: tracing off costs one cached interest check per span.
+/// A trace file that cannot be opened for appending is an error here, before
+/// any work is traced.
 pub fn build(settings: &Settings) -> Result<(Dispatch, TelemetryGuard), TelemetryError> {
     let log_filter = parse_filter(&settings.log_filter)?;
-    let Some(export) = &settings.export else {
+    if !settings.is_tracing() {
         // One global filter: what it rejects is disabled where it is declared,
         // so an info span costs one cached check and is never built.
         let log = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
@@ -108,61 +119,75 @@ pub fn build(settings: &Settings) -> Result<(Dispatch, TelemetryGuard), Telemetr
                 #[cfg(feature = "grpc")]
                 runtime: None,
                 export: None,
+                file: None,
             },
         ));
-    };
+    }
     // Two filters, one per layer: the log keeps its own level while the
     // exporter gets the info-level GenAI spans.
     let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_filter(log_filter);
     let trace_filter = parse_filter(&settings.trace_filter)?;
+    let mut provider = SdkTracerProvider::builder().with_resource(resource(settings));
+    // The file first: it is the one setting that can fail on a person's
+    // typo, and nothing else has started yet.
+    if let Some(path) = &settings.file {
+        let exporter = WarnOnce {
+            inner: FileExporter::open(path)?,
+            failure: format!("traces could not be written to {}", path.display()),
+            hint: "",
+            warned: std::sync::atomic::AtomicBool::new(false),
+        };
+        provider = provider.with_span_processor(GenAiConventions(
+            BatchSpanProcessor::builder(exporter).build(),
+        ));
+    }
     #[cfg(feature = "grpc")]
     let mut runtime = None;
-    let exporter = match export.protocol {
-        OtlpProtocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
-            .with_http()
-            .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-            .with_endpoint(export.endpoint.clone())
-            .build()
-            .map_err(|e| TelemetryError::Exporter(e.to_string()))?,
-        #[cfg(feature = "grpc")]
-        OtlpProtocol::Grpc => {
-            let rt = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .thread_name("otlp-grpc")
-                .enable_all()
+    if let Some(export) = &settings.export {
+        let exporter = match export.protocol {
+            OtlpProtocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(export.endpoint.clone())
                 .build()
-                .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
-            let exporter = {
-                let _entered = rt.enter();
-                opentelemetry_otlp::SpanExporter::builder()
-                    .with_tonic()
-                    .with_endpoint(export.endpoint.clone())
+                .map_err(|e| TelemetryError::Exporter(e.to_string()))?,
+            #[cfg(feature = "grpc")]
+            OtlpProtocol::Grpc => {
+                let rt = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(1)
+                    .thread_name("otlp-grpc")
+                    .enable_all()
                     .build()
-                    .map_err(|e| TelemetryError::Exporter(e.to_string()))?
-            };
-            runtime = Some(rt);
-            exporter
-        }
-        #[cfg(not(feature = "grpc"))]
-        OtlpProtocol::Grpc => return Err(TelemetryError::GrpcNotBuilt),
-    };
-    let exporter = WarnOnce {
-        inner: exporter,
-        endpoint: export.endpoint.clone(),
-        warned: std::sync::atomic::AtomicBool::new(false),
-    };
-    let provider = SdkTracerProvider::builder()
-        .with_span_processor(GenAiConventions(
+                    .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+                let exporter = {
+                    let _entered = rt.enter();
+                    opentelemetry_otlp::SpanExporter::builder()
+                        .with_tonic()
+                        .with_endpoint(export.endpoint.clone())
+                        .build()
+                        .map_err(|e| TelemetryError::Exporter(e.to_string()))?
+                };
+                runtime = Some(rt);
+                exporter
+            }
+            #[cfg(not(feature = "grpc"))]
+            OtlpProtocol::Grpc => return Err(TelemetryError::GrpcNotBuilt),
+        };
+        let exporter = WarnOnce {
+            inner: exporter,
+            failure: format!("traces could not be sent to {}", export.endpoint),
+            hint: "is the collector running? ",
+            warned: std::sync::atomic::AtomicBool::new(false),
+        };
+        // A processor (and its thread) per destination: a collector that
+        // is slow to answer does not hold the file's lines back.
+        provider = provider.with_span_processor(GenAiConventions(
             BatchSpanProcessor::builder(exporter).build(),
-        ))
-        .with_resource(
-            Resource::builder()
-                .with_service_name(settings.service_name.clone())
-                .build(),
-        )
-        .build();
+        ));
+    }
+    let provider = provider.build();
     let tracer = provider.tracer("webmcp-agents");
     let otel = tracing_opentelemetry::layer()
         .with_tracer(tracer)
@@ -176,18 +201,51 @@ pub fn build(settings: &Settings) -> Result<(Dispatch, TelemetryGuard), Telemetr
             provider: Some(provider),
             #[cfg(feature = "grpc")]
             runtime,
-            export: Some(export.clone()),
+            export: settings.export.clone(),
+            file: settings.file.clone(),
         },
     ))
 }
 
-/// The OTLP exporter, saying once on stderr when the collector cannot be
-/// reached or refuses the spans: a run exported to nowhere would otherwise
-/// look traced. Later failures stay quiet (each batch would say the same).
+/// Phoenix files spans under the project its resource attribute
+/// `openinference.project.name` names (else under `default`); other
+/// backends ignore it.
+pub const PROJECT_NAME_ATTRIBUTE: &str = "openinference.project.name";
+
+/// The spans' resource: the SDK's own attributes and `OTEL_RESOURCE_ATTRIBUTES`,
+/// then `service.name`, and the service name as the Phoenix project unless
+/// the variable names one, so that a run lands in a project named like the
+/// service rather than in Phoenix's `default`.
+fn resource(settings: &Settings) -> Resource {
+    let resource = Resource::builder()
+        .with_service_name(settings.service_name.clone())
+        .build();
+    if resource
+        .get(&opentelemetry::Key::from_static_str(PROJECT_NAME_ATTRIBUTE))
+        .is_some()
+    {
+        return resource;
+    }
+    Resource::builder()
+        .with_service_name(settings.service_name.clone())
+        .with_attribute(opentelemetry::KeyValue::new(
+            PROJECT_NAME_ATTRIBUTE,
+            settings.service_name.clone(),
+        ))
+        .build()
+}
+
+/// An exporter that says once on stderr when its spans do not arrive (the
+/// collector cannot be reached or refuses them, the trace file cannot be
+/// written): a run exported to nowhere would otherwise look traced. Later
+/// failures stay quiet (each batch would say the same).
 #[derive(Debug)]
 struct WarnOnce<E> {
     inner: E,
-    endpoint: String,
+    /// What failed, as the warning says it: `traces could not be sent to URL`.
+    failure: String,
+    /// A question that points at the usual cause, or empty.
+    hint: &'static str,
     warned: std::sync::atomic::AtomicBool,
 }
 
@@ -202,8 +260,8 @@ impl<E: opentelemetry_sdk::trace::SpanExporter> opentelemetry_sdk::trace::SpanEx
             // Not through `tracing`: this runs on the exporter's thread,
             // and an event there would be exported in its turn.
             eprintln!(
-                "warning: traces could not be sent to {}: {error} (is the collector running? later failures are not reported)",
-                self.endpoint
+                "warning: {}: {error} ({}later failures are not reported)",
+                self.failure, self.hint
             );
         }
         result
