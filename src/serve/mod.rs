@@ -15,6 +15,8 @@
 //! | `GET /v1/sessions/{session}`, `DELETE /v1/sessions/{session}` | reads one with its messages and runs, deletes it |
 //! | `POST /v1/sessions/{session}/runs` | continues it: a run whose history is the session's |
 //! | `GET /v1/runs/{run}/events` | a run's parts after `Last-Event-ID`, then the live rest |
+//! | `GET /v1/models`, `GET /v1/models/{agent}` | the agents as OpenAI models |
+//! | `POST /v1/chat/completions` | a run answered as an OpenAI chat completion |
 //!
 //! Only the operator gets in: every request but a bare health check needs
 //! the bearer token, pages of other origins and requests for other host
@@ -28,6 +30,7 @@ mod approvals;
 mod conn;
 mod guard;
 mod health;
+mod openai;
 mod options;
 mod sessions;
 mod token;
@@ -579,6 +582,11 @@ async fn route(server: &Server, peer: SocketAddr, request: Request<Incoming>) ->
                 .and_then(|v| v.to_str().ok());
             sessions::events(server, run, last).await
         }
+        (&Method::GET, ["v1", "models"]) => openai::models(api),
+        (&Method::GET, ["v1", "models", model]) => openai::model(api, model),
+        (&Method::POST, ["v1", "chat", "completions"]) => {
+            openai::chat_completions(server, peer.ip(), request).await
+        }
         (&Method::PUT, ["v1", "agents", agent, "provider"]) => {
             let agent = agent.to_string();
             match read_json::<SwapBody>(&server.options, request).await {
@@ -595,7 +603,10 @@ async fn route(server: &Server, peer: SocketAddr, request: Request<Incoming>) ->
         | (_, ["v1", "sessions"])
         | (_, ["v1", "sessions", _])
         | (_, ["v1", "sessions", _, "runs"])
-        | (_, ["v1", "runs", _, "events"]) => error(
+        | (_, ["v1", "runs", _, "events"])
+        | (_, ["v1", "models"])
+        | (_, ["v1", "models", _])
+        | (_, ["v1", "chat", "completions"]) => error(
             StatusCode::METHOD_NOT_ALLOWED,
             format!("{method} is not allowed on {path}"),
         ),
