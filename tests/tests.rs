@@ -12,6 +12,7 @@ mod grounding;
 mod http_api;
 mod kv_cache;
 mod loop_behaviour;
+mod mcp_server;
 mod openai_api;
 mod properties;
 mod real_model;
