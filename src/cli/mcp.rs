@@ -34,7 +34,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{AUTHORIZATION, HeaderValue, WWW_AUTHENTICATE};
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
@@ -578,6 +578,7 @@ async fn serve_http(
         eprintln!("warning: wma mcp listens beyond this machine ({addr}); see docs/security.md");
     }
     let token = Arc::new(token);
+    let header_timeout = options.header_timeout;
     let stop = wait_for_stop();
     tokio::pin!(stop);
     loop {
@@ -602,7 +603,16 @@ async fn serve_http(
                 let token = token.clone();
                 async move { Ok::<_, Infallible>(route(&service, &token, request).await) }
             });
-            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            // A client that dribbles its request head holds the connection
+            // no longer than `wma serve` lets it ([server]
+            // header_timeout_secs). hyper's timeout also closes a
+            // kept-alive connection that waits that long for its next
+            // request, which costs a client only a reconnect.
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout);
             let connection = builder.serve_connection(TokioIo::new(stream), handler);
             tokio::select! {
                 _ = connection => {}
