@@ -488,21 +488,36 @@ approval = { tools = { add_to_cart = "ask" } }
         })
         .await
         .expect("the call asks");
-        let (status, _) = json_of(
-            host.client
-                .post(format!(
-                    "{}/agents/clerk/runs/{}/approvals/{}",
-                    host.base,
-                    question["run_id"].as_str().unwrap(),
-                    question["approval_id"].as_str().unwrap()
-                ))
-                .json(&json!({"approve": approve}))
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await;
-        assert_eq!(status, StatusCode::OK);
+        let url = format!(
+            "{}/agents/clerk/runs/{}/approvals/{}",
+            host.base,
+            question["run_id"].as_str().unwrap(),
+            question["approval_id"].as_str().unwrap()
+        );
+        // A question is listed as soon as the run asks it, which can be
+        // before the server has filed the run under its id (a run with a
+        // store is filed once its request joined the session); until then
+        // the answer is 404, so it is sent again until it is taken.
+        tokio::time::timeout(HANG, async {
+            loop {
+                let response = host
+                    .client
+                    .post(&url)
+                    .json(&json!({"approve": approve}))
+                    .send()
+                    .await
+                    .unwrap();
+                match response.status() {
+                    StatusCode::OK => return,
+                    StatusCode::NOT_FOUND => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    other => panic!("{other}: {}", response.text().await.unwrap()),
+                }
+            }
+        })
+        .await
+        .expect("the answer is taken");
         question
     }
 

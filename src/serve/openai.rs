@@ -103,10 +103,11 @@ const REFUSED: &[Refused] = &[
         "how the model samples is its provider's config",
     ),
     ("modalities", text_only, "the answer is text"),
-    ("audio", nothing, "the answer is text"),
+    ("audio", absent, "the answer is text"),
+    // Even `{}` asks for a search, with OpenAI's defaults.
     (
         "web_search_options",
-        nothing,
+        absent,
         "the agent searches only with its own tools",
     ),
 ];
@@ -145,6 +146,10 @@ fn nothing(value: &Value) -> bool {
         Value::String(text) => text.is_empty(),
         _ => false,
     }
+}
+
+fn absent(value: &Value) -> bool {
+    value.is_null()
 }
 
 fn no_choice(value: &Value) -> bool {
@@ -402,9 +407,9 @@ fn model_object(name: &str, created: u64) -> Value {
     json!({"id": name, "object": "model", "created": created, "owned_by": OWNED_BY})
 }
 
-/// `GET /v1/models`: the agents this host runs, in the config's order (the
-/// agents `POST /v1/agents/{agent}/runs` takes, sub-agents included;
-/// remote agents are another node's to answer).
+/// `GET /v1/models`: the agents this host runs, in the order
+/// `GET /v1/agents` lists them (the agents `POST /v1/agents/{agent}/runs`
+/// takes, sub-agents included; remote agents are another node's to answer).
 pub(crate) fn models(api: &Api) -> Response<Body> {
     let created = started_at(api);
     let data: Vec<Value> = api
@@ -668,10 +673,12 @@ fn streamed(body: Body, reply: Reply) -> Response<Body> {
                 return Some((Ok::<_, Infallible>(Frame::data(bytes)), s));
             }
             if s.done {
-                // Dropping the run's stream here: it ended (its terminal
-                // part was read), or ended without one.
                 return None;
             }
+            // Read to the run's stream's end, not only to its terminal
+            // part: on a server with a store the stream ends once the
+            // answer has joined the session, so a client that goes on
+            // with the session as soon as it has `[DONE]` finds it there.
             match s.body.frame().await {
                 Some(Ok(frame)) => {
                     if let Ok(data) = frame.into_data() {
@@ -679,9 +686,7 @@ fn streamed(body: Body, reply: Reply) -> Response<Body> {
                             s.answer.observe(&part);
                         }
                     }
-                    if !s.answer.ended() {
-                        continue;
-                    }
+                    continue;
                 }
                 Some(Err(never)) => match never {},
                 None => {}
@@ -767,10 +772,6 @@ impl Answer {
             AgentStreamPart::Error { message } => self.end = Some(End::Failed(message.clone())),
             _ => {}
         }
-    }
-
-    fn ended(&self) -> bool {
-        self.end.is_some()
     }
 
     /// What `content` says: the answer; for a run that did not answer,
@@ -860,6 +861,7 @@ mod tests {
             ("response_format", json!({"type": "json_object"})),
             ("logprobs", json!(true)),
             ("modalities", json!(["text", "audio"])),
+            ("web_search_options", json!({})),
         ] {
             let mut body = json!({"model": "clerk", "messages": user});
             body[field] = value;
@@ -932,7 +934,6 @@ mod tests {
         ] {
             answer.observe(&p);
         }
-        assert!(!answer.ended());
         assert_eq!(answer.finish_reason(), "interrupted");
         answer.observe(&part(
             0,
