@@ -646,11 +646,19 @@ async fn run_cli() -> Result<()> {
     let telemetry =
         webmcp_agents::telemetry::init(&tracing_config).context("could not start tracing")?;
     let span = tracing::info_span!("wma");
-    if let (Some(export), Some(trace)) = (
-        telemetry.export(),
-        webmcp_agents::telemetry::trace_id(&span),
-    ) {
-        eprintln!("tracing to {} (trace {trace})", export.endpoint);
+    // The trace id, to find the run: in a backend's search box (docs/tracing.md
+    // says where), or with `wma trace FILE --trace ID`.
+    if let Some(trace) = webmcp_agents::telemetry::trace_id(&span) {
+        if let Some(export) = telemetry.export() {
+            eprintln!("tracing to {} (trace {trace})", export.endpoint);
+        }
+        if let Some(file) = telemetry.file() {
+            eprintln!(
+                "trace {trace} written to {} (`wma trace {}` prints it)",
+                file.display(),
+                file.display()
+            );
+        }
     }
     let result = async {
         match (cli.command, config) {

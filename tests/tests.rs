@@ -18,4 +18,5 @@ mod properties;
 mod real_model;
 mod served;
 mod sessions;
+mod traces;
 mod web_ui;

@@ -296,7 +296,10 @@ fn parse_filter(filter: &str) -> Result<EnvFilter, TelemetryError> {
 ///   both), so that Jaeger shows it red;
 /// - counts are integers: tracing-opentelemetry writes `u32`/`u64` fields
 ///   (token usage, step numbers) as strings, which backends cannot sum or
-///   compare, so the known count attributes are turned back into integers.
+///   compare, so the known count attributes are turned back into integers;
+/// - a field recorded more than once (`wma.steps`, at every step) keeps its
+///   last value only: the SDK appends one attribute per record, and
+///   backends differ on which of them they show.
 #[derive(Debug)]
 struct GenAiConventions<P>(P);
 
@@ -316,6 +319,14 @@ impl<P: SpanProcessor> SpanProcessor for GenAiConventions<P> {
     }
 
     fn on_end(&self, mut span: SpanData) {
+        let mut seen = std::collections::HashSet::new();
+        let mut last_first: Vec<opentelemetry::KeyValue> = std::mem::take(&mut span.attributes)
+            .into_iter()
+            .rev()
+            .filter(|kv| seen.insert(kv.key.clone()))
+            .collect();
+        last_first.reverse();
+        span.attributes = last_first;
         for kv in &mut span.attributes {
             if let opentelemetry::Value::String(text) = &kv.value
                 && COUNT_ATTRIBUTES.contains(&kv.key.as_str())

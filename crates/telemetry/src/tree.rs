@@ -66,10 +66,13 @@ impl RecordedSpan {
     }
 }
 
+/// The last value of `key`: a field recorded twice (by files written before
+/// the exporter kept only the last) counts as its last value, as backends
+/// read it.
 fn lookup<'a>(attributes: &'a [(String, String)], key: &str) -> Option<&'a str> {
     attributes
         .iter()
-        .find(|(k, _)| k == key)
+        .rfind(|(k, _)| k == key)
         .map(|(_, v)| v.as_str())
 }
 
@@ -389,9 +392,10 @@ const HIDDEN: [&str; 10] = [
 ];
 
 /// Short names for the attributes that matter, in the order they print.
-const LABELS: [(&str, &str); 13] = [
+const LABELS: [(&str, &str); 14] = [
     ("error.type", "error"),
     ("gen_ai.request.model", "model"),
+    ("gen_ai.provider.name", "provider"),
     ("wma.steps", "steps"),
     ("wma.finish_reason", "finish"),
     ("wma.tools_shown", "tools"),
@@ -421,13 +425,28 @@ fn span_details(span: &RecordedSpan) -> String {
         ));
     }
     for (key, label) in LABELS {
-        // A generation's model and provider are in its name already.
-        if chat && key == "gen_ai.request.model" {
+        // A generation's model is in its name already, and its provider
+        // on the run's line.
+        if chat && matches!(key, "gen_ai.request.model" | "gen_ai.provider.name") {
             continue;
         }
         let Some(value) = span.attribute(key) else {
             continue;
         };
+        // The usual case says nothing: only a retry or a constraint is news.
+        if matches!(
+            (key, value),
+            ("wma.attempt", "first") | ("wma.constraint", "none")
+        ) {
+            continue;
+        }
+        // Recorded as a JSON list in a string; a person reads `stop`.
+        if key == "gen_ai.response.finish_reasons"
+            && let Ok(reasons) = serde_json::from_str::<Vec<String>>(value)
+        {
+            out.push(format!("{label}={}", quoted(&reasons.join(","))));
+            continue;
+        }
         // Seconds, as the conventions have it; a person reads `12.3ms`.
         let time = (key == "gen_ai.server.time_to_first_token")
             .then(|| value.parse::<f64>().ok())
@@ -440,16 +459,18 @@ fn span_details(span: &RecordedSpan) -> String {
             None => out.push(format!("{label}={}", quoted(value))),
         }
     }
-    for (key, value) in &span.attributes {
+    let mut shown: HashSet<&str> = HashSet::new();
+    for (key, _) in &span.attributes {
         let known = LABELS.iter().any(|(k, _)| k == key);
         if known
             || HIDDEN.contains(&key.as_str())
             || key.starts_with("code.")
             || key.starts_with("thread.")
-            || (chat && key == "gen_ai.provider.name")
+            || !shown.insert(key)
         {
             continue;
         }
+        let value = span.attribute(key).unwrap_or_default();
         out.push(format!("{}={}", short(key), quoted(value)));
     }
     out.join(" ")
@@ -646,7 +667,9 @@ mod tests {
                 (0, 10),
                 &[
                     s("gen_ai.request.model", "parent-model"),
+                    s("gen_ai.provider.name", "onnx"),
                     i("wma.steps", 1),
+                    i("wma.steps", 2),
                     s("wma.finish_reason", "stop"),
                 ]
                 .join(","),
@@ -664,7 +687,10 @@ mod tests {
                     i("gen_ai.usage.output_tokens", 9),
                     r#"{"key":"gen_ai.server.time_to_first_token","value":{"doubleValue":0.0005}}"#
                         .to_string(),
+                    s("gen_ai.provider.name", "onnx"),
+                    s("gen_ai.response.finish_reasons", r#"[\"stop\"]"#),
                     s("wma.attempt", "first"),
+                    s("wma.constraint", "calls-only"),
                 ]
                 .join(","),
             ),
@@ -681,9 +707,9 @@ mod tests {
         let printed = traces[0].to_string();
         let expected = "\
 trace 4bf92f3577b34da6a3ce929d0e0e4736  webmcp-agents  2023-11-14 22:13:20.000 UTC  10.0 ms  6 spans
-invoke_agent parent                +0 µs    10.0 ms  model=parent-model steps=1 finish=stop
+invoke_agent parent                +0 µs    10.0 ms  model=parent-model provider=onnx steps=2 finish=stop
 └─ step 1                        +1.0 ms     6.0 ms  tools=1 outcome=calls
-   ├─ chat parent-model          +1.0 ms     1.0 ms  in=120 out=9 ttft=500µs attempt=first
+   ├─ chat parent-model          +1.0 ms     1.0 ms  in=120 out=9 finish=stop ttft=500µs constraint=calls-only
    ├─ execute_tool helper        +2.0 ms     4.0 ms  error=tool_failed
    │  └─ invoke_agent helper     +3.0 ms     3.0 ms  model=helper-model steps=1 finish=stop
    │     └─ step 1               +3.0 ms     2.0 ms  outcome=answer

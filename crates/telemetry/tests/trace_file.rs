@@ -41,6 +41,7 @@ fn spans_are_written_on_flush_with_their_parents_and_read_back() {
         let id = trace_id(&run).expect("a traced span has a trace id");
         run.in_scope(|| {
             run.record("wma.steps", 1_u64);
+            run.record("wma.steps", 2_u64);
             let step = tracing::info_span!("step", otel.name = "step 1", wma.step = 1_u64);
             step.in_scope(|| {
                 tracing::info!(
@@ -92,9 +93,19 @@ fn spans_are_written_on_flush_with_their_parents_and_read_back() {
                 && kv["value"]["stringValue"] == "trace-file-test"),
         "{resource}"
     );
+    // A field recorded twice is one attribute with its last value.
+    let steps: Vec<&serde_json::Value> = line["resourceSpans"][0]["scopeSpans"][0]["spans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|span| span["attributes"].as_array().unwrap())
+        .filter(|kv| kv["key"] == "wma.steps")
+        .collect();
+    assert_eq!(steps.len(), 1, "{line}");
+    assert_eq!(steps[0]["value"]["intValue"], "2");
     let printed = trace.to_string();
     assert!(printed.contains("invoke_agent shopper"), "{printed}");
-    assert!(printed.contains("steps=1"), "{printed}");
+    assert!(printed.contains("steps=2"), "{printed}");
     assert!(printed.contains("· loop-guard"), "{printed}");
 
     // A second run appends: the first is still there.
