@@ -3,8 +3,8 @@
 //! streamable HTTP. The agents run on scripted providers, so the answers
 //! are exact. Also: a run that did not answer is an error result, the HTTP
 //! endpoint wants the host's token, a call that needs a person's approval
-//! is denied and said so (unless pre-approved), and a cancelled or
-//! abandoned call stops its run.
+//! is denied and said so (unless pre-approved, or approved by the client's
+//! person through a form), and a cancelled or abandoned call stops its run.
 //!
 //! The client runs in the venv that `scripts/install-peers.sh` makes from
 //! tools/python/servers.txt (the MCP SDK 1.x); without it the tests fail
@@ -348,12 +348,16 @@ async fn on_stdio_stdout_carries_only_json_rpc() {
             "clientInfo": {"name": "raw", "version": "1"}}}),
         json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
         json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+        json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+            "name": "greeter", "arguments": {"request": "Say hello"}}}),
     ];
     let stdin: String = messages.iter().map(|m| format!("{m}\n")).collect();
+    // With tracing on, whose line is for a person too. Nothing listens
+    // where the spans go; that is said on stderr as well.
     let (ok, stdout, stderr) = crate::support::run_wma(
-        &["mcp", "--config", &config],
+        &["--otlp", "mcp", "--config", &config],
         &stdin,
-        std::iter::empty::<(&str, &str)>(),
+        [("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")],
         HANG,
     )
     .await;
@@ -365,10 +369,24 @@ async fn on_stdio_stdout_carries_only_json_rpc() {
                 .unwrap_or_else(|e| panic!("stdout has a line that is not JSON ({e}): {line:?}"))
         })
         .collect();
-    assert_eq!(lines.len(), 2, "{stdout}");
+    assert_eq!(lines.len(), 3, "{stdout}");
     assert!(lines.iter().all(|m| m["jsonrpc"] == "2.0"), "{stdout}");
-    assert_eq!(lines[1]["result"]["tools"][0]["name"], "greeter");
+    // The requests are served side by side: each answer by its id.
+    let answer = |id: u64| {
+        lines
+            .iter()
+            .find(|m| m["id"] == id)
+            .unwrap_or_else(|| panic!("no answer to request {id}: {stdout}"))
+    };
+    assert_eq!(answer(2)["result"]["tools"][0]["name"], "greeter");
+    assert_eq!(
+        answer(3)["result"]["content"][0]["text"],
+        "Hello there.",
+        "{stdout}"
+    );
+    assert!(stderr.contains("tracing to"), "{stderr}");
     assert!(stderr.contains("agent(s) ready"), "{stderr}");
+    assert!(stderr.contains("mcp: `greeter` ended stop"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -474,17 +492,78 @@ async fn a_call_that_needs_approval_is_denied_and_said_so_unless_pre_approved() 
         "{}",
         flagged.text(0)
     );
+}
 
-    // No one can be asked: `--approve ask` is refused at the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_approve_ask_the_clients_person_answers_through_a_form() {
+    let config = config_file("elicit", CLERK);
+    let config = config.display().to_string();
+    let call = json!([{"tool": "clerk", "arguments": {"request": "Put p-17 in my cart"}}]);
+    let plan = |elicit: Option<bool>| {
+        let mut plan = over_stdio(&["--config", &config, "--approve", "ask"], call.clone());
+        if let Some(approve) = elicit {
+            plan["elicit"] = json!({"approve": approve});
+        }
+        plan
+    };
+
+    let yes = client(plan(Some(true))).await;
+    let asked = yes.json["elicited"].as_array().unwrap();
+    assert_eq!(asked.len(), 1, "{}", yes.json);
+    let message = asked[0]["message"].as_str().unwrap();
+    assert!(
+        message.contains("`clerk`")
+            && message.contains("`add_to_cart`")
+            && message.contains("p-17"),
+        "{message}"
+    );
+    assert_eq!(
+        asked[0]["schema"]["properties"]["approve"]["type"],
+        "boolean"
+    );
+    // Approved: the call ran, nothing was denied.
+    assert_eq!(
+        yes.call(0)["texts"].as_array().unwrap().len(),
+        1,
+        "{}",
+        yes.json
+    );
+
+    let no = client(plan(Some(false))).await;
+    assert!(
+        no.text(0).contains("add_to_cart (of `clerk`)") && no.text(0).contains("said no"),
+        "{}",
+        no.text(0)
+    );
+
+    // A client that offers no form cannot be asked: denied, and said why.
+    let formless = client(plan(None)).await;
+    assert!(formless.json["elicited"].as_array().unwrap().is_empty());
+    assert!(
+        formless.text(0).contains("add_to_cart (of `clerk`)")
+            && formless.text(0).contains("no way to ask"),
+        "{}",
+        formless.text(0)
+    );
+
+    // Over HTTP there is no way back for an answer: refused at the start.
     let (ok, _, stderr) = crate::support::run_wma(
-        &["mcp", "--config", &config, "--approve", "ask"],
+        &[
+            "mcp",
+            "--config",
+            &config,
+            "--listen",
+            "127.0.0.1:0",
+            "--approve",
+            "ask",
+        ],
         "",
         std::iter::empty::<(&str, &str)>(),
         HANG,
     )
     .await;
     assert!(!ok);
-    assert!(stderr.contains("cannot ask a person"), "{stderr}");
+    assert!(stderr.contains("cannot ask about a call"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,10 +15,12 @@
 //! `http-token`).
 //!
 //! Calls follow the config's approval rules and the `--ask`/`--deny`
-//! flags. A call that needs a person's approval is denied: there is no
-//! person to ask (on stdio, stdin is the protocol), so the denial goes to
-//! the agent's model, and the tool's result names the calls that were
-//! denied. `--approve all` lets them run. See docs/mcp.md.
+//! flags. A call that needs a person's approval is denied by default:
+//! there is no person at `wma mcp` to ask (on stdio, stdin is the
+//! protocol), so the denial goes to the agent's model, and the tool's
+//! result names the calls that were denied. `--approve all` lets them run;
+//! `--approve ask` (stdio only) asks the client's person with a form (MCP
+//! elicitation), and denies when the client offers none. See docs/mcp.md.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -28,6 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
+use async_trait::async_trait;
 use clap::Args;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full};
@@ -36,20 +39,21 @@ use hyper::header::{AUTHORIZATION, HeaderValue, WWW_AUTHENTICATE};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
-    ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequestParams,
+    ElicitationAction, ElicitationSchema, Implementation, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{ElicitationMode, RequestContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
-use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
+use rmcp::{ErrorData, Peer, RoleServer, ServerHandler, ServiceExt};
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use webmcp_agents::agent::{
-    AgentStreamPart, Approver, ChatMessage, FinishReason, FixedApprover, ToolErrorCode, ToolHost,
+    AgentStreamPart, ApprovalAnswer, ApprovalRequest, ApprovalRule, Approver, ChatMessage,
+    FinishReason, FixedApprover, ToolErrorCode, ToolHost,
 };
 use webmcp_agents::config::{Config, Hosted, StartOptions};
 use webmcp_agents::runtime::{AgentHandle, RunApprovals};
@@ -65,6 +69,9 @@ const REMOTE_WAIT: Duration = Duration::from_secs(30);
 /// The path the streamable HTTP endpoint answers on.
 const MCP_PATH: &str = "/mcp";
 
+/// The field of the approval form: whether the call may run.
+const APPROVE_FIELD: &str = "approve";
+
 /// How often an HTTP call's open response is pinged while its run works.
 const SSE_PING: Duration = Duration::from_secs(2);
 
@@ -72,7 +79,11 @@ const SSE_PING: Duration = Duration::from_secs(2);
 const UNATTENDED: &str = "wma mcp";
 
 /// What the agent's model reads when a call needed a person's approval.
-const NO_ONE_TO_ASK: &str = "it needs a person's approval, and `wma mcp` has no one to ask (its caller is a program); the operator can pre-approve with `wma mcp --approve all` or an `auto` rule in the config";
+const NO_ONE_TO_ASK: &str = "it needs a person's approval, and `wma mcp` has no one to ask (its caller is a program); the operator can pre-approve with `wma mcp --approve all` or an `auto` rule in the config, or let the client's person answer with `--approve ask` on stdio";
+
+/// The same when `--approve ask` met a client that offers no form to ask
+/// its person with.
+const CLIENT_CANNOT_ASK: &str = "it needs a person's approval, and the MCP client offers no way to ask one (it declared no form elicitation)";
 
 /// `wma mcp`.
 #[derive(Args)]
@@ -94,7 +105,7 @@ pub(crate) struct McpArgs {
 pub(crate) async fn serve(args: McpArgs, config: &Config) -> Result<()> {
     // Flag mistakes and a token that cannot be read are said before a
     // model loads.
-    let approvals = approvals(&args.approval)?;
+    let approvals = Approvals::from_flags(&args.approval, args.listen.is_some())?;
     let token = match args.listen {
         Some(_) => {
             let (token, origin) =
@@ -142,19 +153,125 @@ pub(crate) async fn serve(args: McpArgs, config: &Config) -> Result<()> {
     result
 }
 
-/// The runs' approvals: the config's rules with `--ask` and `--deny` on
-/// top, and an approver that cannot ask anyone.
-fn approvals(args: &ApprovalArgs) -> Result<RunApprovals> {
-    let approver: Arc<dyn Approver> = match args.approve {
-        Some(ApproveMode::All) => Arc::new(FixedApprover::approve_all("--approve all")),
-        Some(ApproveMode::Ask) => bail!(
-            "`wma mcp` cannot ask a person about a call: on stdio its stdin carries the protocol, and over HTTP its caller is a program. Pre-approve with --approve all, or set the tools to `auto` in the config's [agents.NAME.approval]"
-        ),
-        Some(ApproveMode::None) | None => {
-            Arc::new(FixedApprover::deny_all(UNATTENDED, NO_ONE_TO_ASK))
+/// How the calls of every run are approved: the config's rules, with the
+/// `--ask` and `--deny` flags on top, and who answers a call that needs a
+/// person.
+#[derive(Clone)]
+struct Approvals {
+    /// Who answers.
+    answering: Answering,
+    /// The runs' own rules, from `--ask` and `--deny`.
+    rules: Vec<ApprovalRule>,
+}
+
+/// Who answers a call that needs a person's approval.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Answering {
+    /// No one: it is denied, and the model reads why (the default).
+    Deny,
+    /// `--approve all`: the operator approved every such call beforehand.
+    ApproveAll,
+    /// `--approve ask`, on stdio: the client's person, through a form the
+    /// client shows (MCP elicitation); denied when the client offers none.
+    Client,
+}
+
+impl Approvals {
+    /// From the approval flags; `http` says whether the transport is HTTP,
+    /// where no question can be sent.
+    fn from_flags(args: &ApprovalArgs, http: bool) -> Result<Self> {
+        let answering = match args.approve {
+            Some(ApproveMode::All) => Answering::ApproveAll,
+            // Without sessions an HTTP call has no way back for the
+            // client's answer: the question would wait out its time.
+            Some(ApproveMode::Ask) if http => bail!(
+                "`wma mcp --listen` cannot ask about a call: over HTTP it keeps no session for the client's answer. Ask on stdio, pre-approve with --approve all, or set the tools to `auto` in the config's [agents.NAME.approval]"
+            ),
+            Some(ApproveMode::Ask) => Answering::Client,
+            Some(ApproveMode::None) | None => Answering::Deny,
+        };
+        Ok(Self {
+            answering,
+            rules: args.rules()?,
+        })
+    }
+
+    /// A run's approvals for a call that came from `peer`.
+    fn for_call(&self, peer: &Peer<RoleServer>) -> RunApprovals {
+        let approver: Arc<dyn Approver> = match self.answering {
+            Answering::Deny => Arc::new(FixedApprover::deny_all(UNATTENDED, NO_ONE_TO_ASK)),
+            Answering::ApproveAll => Arc::new(FixedApprover::approve_all("--approve all")),
+            Answering::Client => Arc::new(ClientApprover { peer: peer.clone() }),
+        };
+        RunApprovals::asking(approver).with_rules(self.rules.clone())
+    }
+}
+
+/// Asks the MCP client's person about a call, with a form of one yes/no
+/// field (form elicitation). The run's approval policy bounds the wait,
+/// and a stopped run stops waiting.
+struct ClientApprover {
+    /// The client that made the tool call.
+    peer: Peer<RoleServer>,
+}
+
+#[async_trait]
+impl Approver for ClientApprover {
+    async fn ask(&self, request: ApprovalRequest) -> ApprovalAnswer {
+        let deny = |note: String| ApprovalAnswer::deny().by(UNATTENDED).with_note(note);
+        if !self
+            .peer
+            .supported_elicitation_modes()
+            .contains(&ElicitationMode::Form)
+        {
+            return deny(CLIENT_CANNOT_ASK.to_string());
         }
-    };
-    Ok(RunApprovals::asking(approver).with_rules(args.rules()?))
+        let schema = match ElicitationSchema::builder()
+            .required_bool_with(APPROVE_FIELD, |b| {
+                b.title("Approve").description("Let the call run")
+            })
+            .build()
+        {
+            Ok(schema) => schema,
+            Err(e) => return deny(format!("the question could not be made: {e}")),
+        };
+        let message = format!(
+            "The agent `{}` wants to call `{}` with {}\n(it asks because {})\nApprove it?",
+            request.agent, request.tool, request.arguments, request.reason
+        );
+        let asked = self
+            .peer
+            .create_elicitation(ElicitRequestParams::FormElicitationParams {
+                meta: None,
+                message,
+                requested_schema: schema,
+            })
+            .await;
+        match asked {
+            Ok(result) => {
+                let yes = result.action == ElicitationAction::Accept
+                    && result
+                        .content
+                        .as_ref()
+                        .and_then(|c| c.get(APPROVE_FIELD))
+                        .and_then(Value::as_bool)
+                        == Some(true);
+                match result.action {
+                    _ if yes => ApprovalAnswer::approve(),
+                    ElicitationAction::Accept => {
+                        ApprovalAnswer::deny().with_note("the person said no")
+                    }
+                    ElicitationAction::Decline => {
+                        ApprovalAnswer::deny().with_note("the person declined to approve it")
+                    }
+                    // Cancel, and whatever a later revision adds: no yes.
+                    _ => ApprovalAnswer::deny()
+                        .with_note("the person dismissed the question without approving it"),
+                }
+            }
+            Err(e) => deny(format!("the MCP client could not be asked: {e}")),
+        }
+    }
 }
 
 /// Loads the config's models (progress on stderr) and starts its runtime
@@ -198,8 +315,8 @@ struct AgentTools {
     tools: Arc<Vec<Tool>>,
     /// Each tool's agent, by tool name.
     agents: Arc<HashMap<String, AgentHandle>>,
-    /// Every run's approver and rules.
-    approvals: RunApprovals,
+    /// How every run's calls are approved.
+    approvals: Approvals,
 }
 
 impl AgentTools {
@@ -210,7 +327,7 @@ impl AgentTools {
         config: &Config,
         hosted: &Hosted,
         names: &[String],
-        approvals: RunApprovals,
+        approvals: Approvals,
     ) -> Result<Self> {
         let mut tools = Vec::new();
         let mut agents = HashMap::new();
@@ -252,14 +369,11 @@ impl AgentTools {
         agent: &AgentHandle,
         request: String,
         cancel: CancellationToken,
+        approvals: RunApprovals,
     ) -> CallToolResult {
         let started = Instant::now();
         let run = agent
-            .run_with(
-                vec![ChatMessage::user(request)],
-                cancel,
-                self.approvals.clone(),
-            )
+            .run_with(vec![ChatMessage::user(request)], cancel, approvals)
             .await;
         let mut run = match run {
             Ok(run) => run,
@@ -333,8 +447,15 @@ impl ServerHandler for AgentTools {
             )])
             .into());
         };
+        let approvals = self.approvals.for_call(&context.peer);
         Ok(self
-            .ask(&request.name, agent, text.to_string(), context.ct.clone())
+            .ask(
+                &request.name,
+                agent,
+                text.to_string(),
+                context.ct.clone(),
+                approvals,
+            )
             .await
             .into())
     }

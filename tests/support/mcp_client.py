@@ -12,6 +12,7 @@ The plan is a JSON object on argv[1]:
     {"http": {"url": "http://.../mcp", "token": "..."}}   # token optional
     "calls": [{"tool": "...", "arguments": {...},
                "cancel_after": 0.5}]                     # cancel_after optional
+    "elicit": {"approve": true}                           # optional
 
 A call with `cancel_after` is cancelled that many seconds after it was
 sent, with the protocol's `notifications/cancelled`; its entry then says
@@ -20,6 +21,11 @@ seconds after it was sent, and the client goes away (it closes its
 connections, or the server's stdin): its entry says `{"dropped": true}`
 and it must be the last. Every other call's entry is the tool's result as
 the SDK parsed it: `isError` and the text of each content block.
+
+With `elicit`, the client offers form elicitation and answers every
+question the server asks with that content (accepting it); the questions
+are reported under "elicited", each with its message and schema. Without
+it the client offers no elicitation.
 """
 
 import json
@@ -66,14 +72,25 @@ async def cancelled_call(session, tool, arguments, after):
     return {"cancelled": True, **result}
 
 
-async def session_plan(session, plan):
+def elicitation(plan, report):
+    """The session's elicitation callback for `plan`, or None."""
+    if "elicit" not in plan:
+        return None
+
+    async def answer(context, params):
+        report["elicited"].append(
+            {"message": params.message, "schema": params.requestedSchema}
+        )
+        return types.ElicitResult(action="accept", content=plan["elicit"])
+
+    return answer
+
+
+async def session_plan(session, plan, report):
     init = await session.initialize()
     listed = await session.list_tools()
-    report = {
-        "server": init.serverInfo.model_dump(mode="json", exclude_none=True),
-        "tools": [t.model_dump(mode="json", exclude_none=True) for t in listed.tools],
-        "calls": [],
-    }
+    report["server"] = init.serverInfo.model_dump(mode="json", exclude_none=True)
+    report["tools"] = [t.model_dump(mode="json", exclude_none=True) for t in listed.tools]
     for step in plan.get("calls", []):
         tool, arguments = step["tool"], step.get("arguments", {})
         if "drop_after" in step:
@@ -98,6 +115,8 @@ async def session_plan(session, plan):
 
 
 async def main(plan):
+    report = {"calls": [], "elicited": []}
+    callback = elicitation(plan, report)
     if "stdio" in plan:
         server = StdioServerParameters(
             command=plan["stdio"]["command"],
@@ -105,15 +124,19 @@ async def main(plan):
             env=plan["stdio"].get("env"),
         )
         async with stdio_client(server, errlog=sys.stderr) as (read, write):
-            async with ClientSession(read, write, read_timeout_seconds=CALL_LIMIT) as session:
-                return await session_plan(session, plan)
+            async with ClientSession(
+                read, write, read_timeout_seconds=CALL_LIMIT, elicitation_callback=callback
+            ) as session:
+                return await session_plan(session, plan, report)
     http = plan["http"]
     headers = {}
     if http.get("token"):
         headers["Authorization"] = f"Bearer {http['token']}"
     async with streamablehttp_client(http["url"], headers=headers) as (read, write, _):
-        async with ClientSession(read, write, read_timeout_seconds=CALL_LIMIT) as session:
-            return await session_plan(session, plan)
+        async with ClientSession(
+            read, write, read_timeout_seconds=CALL_LIMIT, elicitation_callback=callback
+        ) as session:
+            return await session_plan(session, plan, report)
 
 
 if __name__ == "__main__":
