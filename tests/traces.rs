@@ -69,14 +69,34 @@ const TEAM_TREE: [(usize, &str); 12] = [
     (2, "chat lead-model"),
 ];
 
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "wma-traces-{name}-{}-{:?}",
-        std::process::id(),
-        std::time::SystemTime::now()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A folder of the test's own, removed when dropped (declare it first, so
+/// that what runs in it, Phoenix, is stopped before it goes).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Scratch {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos();
+        let dir =
+            std::env::temp_dir().join(format!("wma-traces-{name}-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = Path;
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// Writes the team's config into `dir` and gives its path.
@@ -123,7 +143,7 @@ fn printed_trace_id(stderr: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_team_run_written_to_a_trace_file_prints_as_a_tree_with_the_helper_under_the_call() {
-    let dir = scratch("file");
+    let dir = Scratch::new("file");
     let config = team_config(&dir);
     let file = dir.join("runs.jsonl");
     let file_arg = file.display().to_string();
@@ -242,7 +262,7 @@ async fn a_team_run_written_to_a_trace_file_prints_as_a_tree_with_the_helper_und
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trace_file_that_cannot_be_written_stops_the_run_before_it_starts() {
-    let dir = scratch("unwritable");
+    let dir = Scratch::new("unwritable");
     let config = team_config(&dir);
     let file = dir.join("no-such-folder").join("runs.jsonl");
     let file_arg = file.display().to_string();
@@ -390,7 +410,7 @@ fn free_port() -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_team_run_exported_to_phoenix_reads_back_with_the_helper_under_the_parent() {
-    let dir = scratch("phoenix");
+    let dir = Scratch::new("phoenix");
     let phoenix = Phoenix::start(&dir).await;
     let config = team_config(&dir);
     let cache = dir.display().to_string();
