@@ -87,6 +87,13 @@ const CLIENT_CANNOT_ASK: &str = "it needs a person's approval, and the MCP clien
 
 /// `wma mcp`.
 #[derive(Args)]
+// The approval flags are shared with `wma run`, whose `ask` is the
+// terminal's; here it is the client's person.
+#[command(
+    after_help = "Approvals here: a call that needs a person is denied by default (no one to ask); \
+                  --approve all pre-approves; --approve ask (stdio only) asks the MCP client's \
+                  person with a form (elicitation). See docs/mcp.md."
+)]
 pub(crate) struct McpArgs {
     /// The config to host (default: the demo shop's agent on the default
     /// model, as `wma run` asks it).
