@@ -1,10 +1,11 @@
 //! `wma mcp`: the config's agents as MCP tools, listed and called by the
 //! MCP Python SDK's own client (tests/support/mcp_client.py) over stdio and
 //! streamable HTTP. The agents run on scripted providers, so the answers
-//! are exact. Also: a run that did not answer is an error result, the HTTP
-//! endpoint wants the host's token, a call that needs a person's approval
-//! is denied and said so (unless pre-approved, or approved by the client's
-//! person through a form), and a cancelled or abandoned call stops its run.
+//! are exact. Also: a run that did not answer is an error result, its
+//! steps and calls come as progress notifications, the HTTP endpoint wants
+//! the host's token, a call that needs a person's approval is denied and
+//! said so (unless pre-approved, or approved by the client's person
+//! through a form), and a cancelled or abandoned call stops its run.
 //!
 //! The client runs in the venv that `scripts/install-peers.sh` makes from
 //! tools/python/servers.txt (the MCP SDK 1.x); without it the tests fail
@@ -301,6 +302,13 @@ fn assert_listed_and_answered(report: &Report) {
         report.text(1).contains("did not answer") && report.text(1).contains("step limit"),
         "{}",
         report.text(1)
+    );
+    // Each step and call was told as progress while the run went on.
+    assert_eq!(
+        report.call(1)["progress"],
+        json!(["step 1", "`walker` calls `view_cart`"]),
+        "{}",
+        report.json
     );
     // A call without its request is an error result the model can mend.
     assert_eq!(report.call(2)["isError"], true, "{}", report.json);

@@ -41,7 +41,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequestParams,
     ElicitationAction, ElicitationSchema, Implementation, ListToolsResult, PaginatedRequestParams,
-    ServerCapabilities, ServerConfig, Tool, ToolAnnotations,
+    ProgressNotificationParam, ProgressToken, RequestParamsMeta, ServerCapabilities, ServerConfig,
+    Tool, ToolAnnotations,
 };
 use rmcp::service::{ElicitationMode, RequestContext};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -113,16 +114,16 @@ pub(crate) async fn serve(args: McpArgs, config: &Config) -> Result<()> {
     // Flag mistakes and a token that cannot be read are said before a
     // model loads.
     let approvals = Approvals::from_flags(&args.approval, args.listen.is_some())?;
-    let token = match args.listen {
-        Some(_) => {
+    let transport = match args.listen {
+        Some(listen) => {
             let (token, origin) =
                 config.server_options.token.load().context(
                     "could not read the http token (see [server] in docs/configuration.md)",
                 )?;
             eprintln!("{}", origin.notice(&token));
-            Some(token)
+            Transport::Http { listen, token }
         }
-        None => None,
+        None => Transport::Stdio,
     };
     let names: Vec<String> = config
         .top_level_agents()
@@ -147,17 +148,30 @@ pub(crate) async fn serve(args: McpArgs, config: &Config) -> Result<()> {
             .map(|n| format!("`{n}`"))
             .collect::<Vec<_>>()
             .join(", "),
-        match args.listen {
-            Some(_) => "streamable HTTP",
-            None => "stdio",
+        match transport {
+            Transport::Http { .. } => "streamable HTTP",
+            Transport::Stdio => "stdio",
         }
     );
-    let result = match (args.listen, token) {
-        (Some(listen), Some(token)) => serve_http(server, listen, token, config).await,
-        _ => serve_stdio(server).await,
+    let result = match transport {
+        Transport::Http { listen, token } => serve_http(server, listen, token, config).await,
+        Transport::Stdio => serve_stdio(server).await,
     };
     hosted.shutdown().await;
     result
+}
+
+/// Where the protocol goes.
+enum Transport {
+    /// stdin and stdout, for the process that started `wma mcp`.
+    Stdio,
+    /// Streamable HTTP on `listen`, behind `token`.
+    Http {
+        /// The address to listen on.
+        listen: SocketAddr,
+        /// The host's bearer token.
+        token: Token,
+    },
 }
 
 /// How the calls of every run are approved: the config's rules, with the
@@ -370,6 +384,9 @@ impl AgentTools {
 
     /// Runs the agent of `tool` on `request` until it ends, or until
     /// `cancel` (the client's cancellation, or its going away) stops it.
+    /// With `progress`, each step and call is told to the client as it
+    /// starts: a run on a small CPU model can outlast a client's request
+    /// timeout, which progress lets it extend.
     async fn ask(
         &self,
         tool: &str,
@@ -377,6 +394,7 @@ impl AgentTools {
         request: String,
         cancel: CancellationToken,
         approvals: RunApprovals,
+        progress: Option<Progress>,
     ) -> CallToolResult {
         let started = Instant::now();
         let run = agent
@@ -392,7 +410,14 @@ impl AgentTools {
             }
         };
         let mut outcome = Outcome::default();
+        let mut told = 0.0;
         while let Some(part) = run.next_tagged().await {
+            if let Some(progress) = &progress
+                && let Some(message) = progress_message(part.depth, &part.agent, &part.part)
+            {
+                told += 1.0;
+                progress.tell(told, message).await;
+            }
             outcome.observe(part.depth, &part.agent, &part.part);
         }
         eprintln!(
@@ -455,6 +480,13 @@ impl ServerHandler for AgentTools {
             .into());
         };
         let approvals = self.approvals.for_call(&context.peer);
+        let progress = request
+            .progress_token()
+            .or_else(|| context.meta.get_progress_token())
+            .map(|token| Progress {
+                peer: context.peer.clone(),
+                token,
+            });
         Ok(self
             .ask(
                 &request.name,
@@ -462,9 +494,43 @@ impl ServerHandler for AgentTools {
                 text.to_string(),
                 context.ct.clone(),
                 approvals,
+                progress,
             )
             .await
             .into())
+    }
+}
+
+/// Where a call's progress goes: the client that asked for it, under the
+/// token it gave.
+struct Progress {
+    /// The client.
+    peer: Peer<RoleServer>,
+    /// The call's `progressToken`.
+    token: ProgressToken,
+}
+
+impl Progress {
+    /// Tells the client the run got to `count` with `message`. A client
+    /// that is gone is no reason to stop the run here: its going away
+    /// cancels the call.
+    async fn tell(&self, count: f64, message: String) {
+        let mut param = ProgressNotificationParam::new(self.token.clone(), count);
+        param.message = Some(message);
+        let _ = self.peer.notify_progress(param).await;
+    }
+}
+
+/// The progress line of a part: a step of the agent, or a call of any
+/// agent of the run (a sub-agent's included); `None` for the others.
+fn progress_message(depth: u32, agent: &str, part: &AgentStreamPart) -> Option<String> {
+    match part {
+        AgentStreamPart::MessageStart { step } if depth == 0 => Some(format!("step {step}")),
+        AgentStreamPart::ToolCall { name, .. } => Some(format!("`{agent}` calls `{name}`")),
+        AgentStreamPart::ApprovalRequested { name, .. } => {
+            Some(format!("`{agent}` asks about a call of `{name}`"))
+        }
+        _ => None,
     }
 }
 

@@ -20,7 +20,8 @@ sent, with the protocol's `notifications/cancelled`; its entry then says
 seconds after it was sent, and the client goes away (it closes its
 connections, or the server's stdin): its entry says `{"dropped": true}`
 and it must be the last. Every other call's entry is the tool's result as
-the SDK parsed it: `isError` and the text of each content block.
+the SDK parsed it: `isError` and the text of each content block, with
+the messages of the progress notifications the server sent for it.
 
 With `elicit`, the client offers form elicitation and answers every
 question the server asks with that content (accepting it); the questions
@@ -104,11 +105,17 @@ async def session_plan(session, plan, report):
                 await cancelled_call(session, tool, arguments, step["cancel_after"])
             )
             continue
-        result = await session.call_tool(tool, arguments)
+        progress = []
+
+        async def told(done, total, message):
+            progress.append(message)
+
+        result = await session.call_tool(tool, arguments, progress_callback=told)
         report["calls"].append(
             {
                 "isError": bool(result.isError),
                 "texts": [c.text for c in result.content if c.type == "text"],
+                "progress": progress,
             }
         )
     return report
