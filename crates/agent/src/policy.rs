@@ -109,22 +109,19 @@ pub struct Policy {
     /// a haircut "at 09:00" it wrote the date as the start time. Default:
     /// on.
     pub ground_dates: bool,
-    /// A free string argument of a constrained call (a string, at any depth,
+    /// Free string arguments of a constrained call (a string, at any depth,
     /// that is not an identifier, a date or a time and lists no values,
-    /// pattern or format of its own) may only take a phrase the
-    /// conversation shows: a run of up to six of the person's words that
-    /// begins and ends on a word that says something (not a common word,
-    /// not a verb of the request, not a word of a shown tool's name), what
-    /// the person quoted or wrote after a colon, or a value or line of a
-    /// successful result (and the parts of it between commas and colons).
-    /// A tiny model left free fills strings with the nearest words of its
-    /// prompt: the tool's description as a search (`"Borrow a book that is
-    /// on the shelf, by its id."`), `"todos_list_todos"`,
-    /// `"path/to/your/directory"`, the whole request and then some. A tool
-    /// that requires a free string no phrase fits is short of it: the
-    /// named-tool retry does not count it as named, and a step that offers
-    /// only such tools has no call threshold ("What is a holy book?"
-    /// beside `search_holy_books`). Default: on.
+    /// pattern or format of its own) are biased toward what the run has
+    /// seen, never held to it: the copy bias (`copy_bias`) favours the
+    /// person's phrases, what they quoted or wrote after a colon, the values
+    /// and lines of successful results, and what the agent's instructions
+    /// state (paths, names). A value that needs the model's own knowledge
+    /// (`Asia/Tokyo` for "Tokyo", a query, a sentence to write) stays
+    /// writable. A tool that requires a free string for which the run has
+    /// seen no fitting phrase is *short* of it: the named-tool retry does
+    /// not count it as named, and a step that offers only such tools has no
+    /// call threshold ("What is a holy book?" beside `search_holy_books`).
+    /// Default: on.
     pub ground_strings: bool,
     /// A lookup that just answered (whether it found anything or not), or
     /// an action that just succeeded, is not offered on the next step: the
