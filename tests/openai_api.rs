@@ -22,8 +22,9 @@ const HANG: Duration = Duration::from_secs(30);
 
 const INSTALL_HINT: &str = "run scripts/install-peers.sh (it makes the venv of tools/python/clients.txt with the `openai` package)";
 
-/// The clerk answers two requests; the greeter has one answer, so its
-/// second run fails (the script has no more replies).
+/// The clerk answers two requests, then starts its replies over; the
+/// greeter has no answer, so each of its runs fails (the script has no
+/// more replies).
 const CONFIG: &str = r#"
 [providers.clerk]
 kind = "scripted"
@@ -31,7 +32,7 @@ replies = ["Hello! What can I find for you?", "The Summit 30L is our waterproof 
 
 [providers.greeter]
 kind = "scripted"
-replies = ["Hello there."]
+replies = []
 
 [agents.clerk]
 description = "Helps a person shop."
@@ -422,13 +423,17 @@ async fn the_agents_answer_is_a_chat_completion_streamed_or_not() {
     );
 
     // A run that did not answer (its model failed) does not finish with
-    // `stop`, streamed or not.
+    // `stop`, streamed or not. The clerk's replies were all given: a new
+    // conversation gets them from the first again.
     let (_, answered) = json_of(
-        host.complete(&json!({"model": "greeter", "messages": [user("Hi")]}), None)
+        host.complete(&json!({"model": "clerk", "messages": [user("Hi")]}), None)
             .await,
     )
     .await;
-    assert_eq!(answered["choices"][0]["message"]["content"], "Hello there.");
+    assert_eq!(
+        answered["choices"][0]["message"]["content"],
+        "Hello! What can I find for you?"
+    );
     assert_eq!(answered["choices"][0]["finish_reason"], "stop");
     let (status, failed) = json_of(
         host.complete(&json!({"model": "greeter", "messages": [user("Hi")]}), None)

@@ -16,6 +16,7 @@ mod mcp_server;
 mod openai_api;
 mod properties;
 mod real_model;
+mod scripted_runs;
 mod served;
 mod sessions;
 mod traces;

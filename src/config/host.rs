@@ -75,8 +75,10 @@ pub fn provider_source(spec: &ProviderSpec) -> ProviderSource {
             ProviderSource::try_new(move || OrtProvider::new(options.clone()))
         }
         ProviderSpec::Scripted(script) => {
-            // One script for the provider's whole life: a restart must not
-            // replay replies already given.
+            // One provider for the actor's whole life, so that a restart
+            // of the actor does not replay the replies of the runs going
+            // on; each run gets its own pass over them, so that a host
+            // answers every run, not only its first.
             let replies = script.replies.iter().map(|r| {
                 let reply = ScriptedReply::text(r.clone());
                 if script.delay.is_zero() {
@@ -87,7 +89,8 @@ pub fn provider_source(spec: &ProviderSpec) -> ProviderSource {
             });
             let provider = ScriptedProvider::new(replies)
                 .with_model(script.model.clone())
-                .with_tools_inline(script.tools_inline);
+                .with_tools_inline(script.tools_inline)
+                .pass_per_run();
             ProviderSource::shared(Arc::new(provider))
         }
         ProviderSpec::Openai(options) => {
