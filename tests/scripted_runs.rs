@@ -168,7 +168,10 @@ fn end(parts: &[Value]) -> &Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_scripted_team_answers_two_runs_in_a_row() {
     let host = Host::start("team", SCRIPTED_TEAM).await;
-    for request in ["Find a backpack and add it to my cart.", "Once more, please."] {
+    for request in [
+        "Find a backpack and add it to my cart.",
+        "Once more, please.",
+    ] {
         let parts = host.run("shopper", request).await;
         assert_eq!(
             texts(&parts, 0),

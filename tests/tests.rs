@@ -2,6 +2,7 @@
 
 mod support;
 
+mod agent_listing;
 #[cfg(unix)]
 mod chat_terminal;
 mod cluster;

@@ -411,10 +411,12 @@ async fn a_conversation_streams_the_agents_and_its_sub_agents_parts() {
             r#"
 [providers.lead]
 kind = "scripted"
+model = "lead-model"
 replies = {lead}
 
 [providers.helper]
 kind = "scripted"
+model = "helper-model"
 replies = {helper}
 
 [tools.shop]
@@ -437,6 +439,30 @@ tools = ["shop"]
     let _chromium = crate::support::CHROMIUM.read().await;
     let browser = browser().await;
     let page = open(&browser, &server.page_url()).await;
+    // The agent where requests start is listed first and picked, though
+    // its sub-agent comes first by name; each is shown with its model.
+    until(
+        &page,
+        "the agents listed",
+        "!document.getElementById('app').hidden && document.getElementById('agent').options.length === 2",
+    )
+    .await;
+    assert_eq!(
+        eval(
+            &page,
+            "Array.from(document.getElementById('agent').options).map(o => [o.value, o.textContent])"
+        )
+        .await,
+        json!([["lead", "lead · lead-model"], ["helper", "helper · helper-model"]])
+    );
+    assert_eq!(
+        eval(&page, "document.getElementById('agent').value").await,
+        "lead"
+    );
+    assert_eq!(
+        eval(&page, "document.getElementById('agent-model').textContent").await,
+        "Model: lead-model (provider lead, scripted)"
+    );
     pick_agent(&page, "lead").await;
     // The token left the address bar once the page kept it.
     assert_eq!(eval(&page, "location.hash").await, "");
@@ -501,6 +527,93 @@ tools = ["shop"]
         "Array.from(document.querySelectorAll('#sessions li')).some(li => li.textContent.includes('What is in my cart?'))",
     )
     .await;
+
+    drop(page);
+    browser.close().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_loads_another_model_into_the_agents_provider() {
+    let dir = scratch("swap");
+    let server = Serve::start(
+        &dir,
+        r#"
+[providers.lead]
+kind = "scripted"
+model = "lead-model"
+replies = ["From the lead model."]
+
+[providers.fresh]
+kind = "scripted"
+model = "fresh-model"
+replies = ["From the fresh model."]
+
+[agents.lead]
+provider = "lead"
+"#,
+    )
+    .await;
+    let _chromium = crate::support::CHROMIUM.read().await;
+    let browser = browser().await;
+    let page = open(&browser, &server.page_url()).await;
+    pick_agent(&page, "lead").await;
+    // The config's providers are offered, the loaded one chosen; loading
+    // it again is nothing to do.
+    assert_eq!(
+        eval(
+            &page,
+            "Array.from(document.getElementById('provider').options).map(o => o.value)"
+        )
+        .await,
+        json!(["fresh", "lead"])
+    );
+    assert_eq!(
+        eval(&page, "document.getElementById('provider').value").await,
+        "lead"
+    );
+    assert_eq!(
+        eval(&page, "document.getElementById('swap').disabled").await,
+        true
+    );
+
+    eval(
+        &page,
+        "(() => { const s = document.getElementById('provider'); s.value = 'fresh'; \
+         s.dispatchEvent(new Event('change')); document.getElementById('swap').click(); return true; })()",
+    )
+    .await;
+    until(
+        &page,
+        "the new model shown",
+        "document.getElementById('agent-model').textContent === 'Model: fresh-model (provider lead, scripted)'",
+    )
+    .await;
+    assert_eq!(
+        eval(
+            &page,
+            "document.getElementById('agent').selectedOptions[0].textContent"
+        )
+        .await,
+        "lead · fresh-model"
+    );
+    assert_eq!(
+        eval(&page, "document.getElementById('swap').disabled").await,
+        true
+    );
+    let listed = server.get_json("/v1/agents").await;
+    assert_eq!(listed["agents"][0]["loaded"], "fresh", "{listed}");
+
+    // The next run is answered by the model loaded.
+    say(&page, "Hello").await;
+    until_ended(&page).await;
+    let shown_parts = parts(&page).await;
+    assert!(
+        shown_parts
+            .iter()
+            .any(|p| p.kind == "text" && p.text == "From the fresh model."),
+        "{shown_parts:#?}"
+    );
 
     drop(page);
     browser.close().await;

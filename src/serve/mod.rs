@@ -4,7 +4,7 @@
 //! | method and path | what it does |
 //! |---|---|
 //! | `GET /v1/health` | whether the host serves; each actor's state with the token |
-//! | `GET /v1/agents` | the agents, their providers, models and sub-agents |
+//! | `GET /v1/agents` | the agents (top-level first), their providers, models and sub-agents; the config's providers |
 //! | `POST /v1/agents/{agent}/runs` | starts a run; the answer is an SSE stream of its parts |
 //! | `POST /v1/agents/{agent}/runs/{run}/stop` | stops a run (and its sub-agents' runs) |
 //! | `PUT /v1/agents/{agent}/provider` | swaps the model of the agent's provider |
@@ -58,7 +58,7 @@ use wma_runtime::{
     ToolBridgeHandle,
 };
 
-use crate::config::{Config, Hosted, provider_source};
+use crate::config::{Config, Hosted, ProviderSpec, provider_source};
 
 pub use approvals::{AnswerRefused, InMemoryApprovals, PendingApproval, PendingApprovals};
 pub use conn::{ACCEPT_BACKOFF_MAX, ACCEPT_BACKOFF_MIN};
@@ -104,6 +104,10 @@ pub struct Api {
     /// Where sessions, runs' logs and pending approvals are kept; without
     /// one, runs stream from memory only and `/v1/sessions` answers 503.
     store: Option<wma_store::Store>,
+    /// The config provider each provider actor serves since a swap, by the
+    /// actor's name; an actor not here serves its own. `GET /v1/agents`
+    /// shows it, so that a page can tell which one to offer as current.
+    loaded: Mutex<HashMap<String, String>>,
 }
 
 impl Api {
@@ -129,6 +133,7 @@ impl Api {
             tool_sets: Vec::new(),
             started: Instant::now(),
             store: None,
+            loaded: Mutex::default(),
         }))
     }
 
@@ -158,6 +163,16 @@ impl Api {
 
     fn agent(&self, name: &str) -> Option<&Agent> {
         self.agents.iter().find(|a| a.handle.name() == name)
+    }
+
+    /// The config provider whose model the provider actor `actor` serves.
+    fn loaded_in(&self, actor: &str) -> String {
+        // The map holds plain names; a panic elsewhere leaves it usable.
+        let loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        loaded
+            .get(actor)
+            .cloned()
+            .unwrap_or_else(|| actor.to_string())
     }
 }
 
@@ -704,7 +719,18 @@ pub fn parse_body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Str
     serde_json::from_slice(bytes).map_err(|e| format!("{PREFIX}: {e}"))
 }
 
+/// `GET /v1/agents`: the agents where requests start (no hosted agent
+/// delegates to them) first, then those only other agents call, then the
+/// agents of other nodes; each group in the runtime's order (by name).
+/// With them, the config's providers, the choices of
+/// `PUT /v1/agents/{agent}/provider`.
 fn list_agents(api: &Api) -> Response<Body> {
+    let called: Vec<&str> = api
+        .agents
+        .iter()
+        .flat_map(|a| a.handle.config().profile.sub_agents.iter())
+        .map(|s| s.name.as_str())
+        .collect();
     let mut agents: Vec<Value> = api
         .agents
         .iter()
@@ -716,7 +742,9 @@ fn list_agents(api: &Api) -> Response<Body> {
                 "name": agent.handle.name(),
                 "description": config.description,
                 "remote": false,
+                "top_level": !called.contains(&agent.handle.name()),
                 "provider": provider,
+                "loaded": api.loaded_in(provider),
                 "model": info.model,
                 "provider_kind": info.provider,
                 "tool_sources": config.tool_sources.clone().unwrap_or_default(),
@@ -726,10 +754,28 @@ fn list_agents(api: &Api) -> Response<Body> {
             })
         })
         .collect();
-    agents.extend(api.config.remote_agents.iter().map(
-        |remote| json!({"name": remote.name, "description": remote.description, "remote": true}),
-    ));
-    json_response(StatusCode::OK, &json!({"agents": agents}))
+    // A stable sort: each group keeps the runtime's order.
+    agents.sort_by_key(|a| a["top_level"] != true);
+    agents.extend(api.config.remote_agents.iter().map(|remote| {
+        json!({"name": remote.name, "description": remote.description, "remote": true, "top_level": false})
+    }));
+    let providers: Vec<Value> = api
+        .config
+        .providers
+        .iter()
+        .map(|p| {
+            let (kind, model) = match &p.spec {
+                ProviderSpec::Onnx(options) => ("onnx", options.model.clone()),
+                ProviderSpec::Scripted(script) => ("scripted", Some(script.model.clone())),
+                ProviderSpec::Openai(options) => ("openai", Some(options.model.clone())),
+            };
+            json!({"name": p.name, "kind": kind, "model": model})
+        })
+        .collect();
+    json_response(
+        StatusCode::OK,
+        &json!({"agents": agents, "providers": providers}),
+    )
 }
 
 /// An agent's approval policy as `GET /v1/agents` shows it.
@@ -1016,6 +1062,10 @@ async fn swap(api: &Api, name: &str, body: SwapBody) -> Response<Body> {
         .await;
     match swapped {
         Ok(info) => {
+            api.loaded
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(provider.clone(), body.provider.clone());
             let shared: Vec<&str> = api
                 .agents
                 .iter()

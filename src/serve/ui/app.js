@@ -1,6 +1,7 @@
-// The web page of `wma serve`: pick an agent, talk to it, watch its parts
-// (and its sub-agents') stream in, answer the calls that wait for
-// approval, reopen past conversations.
+// The web page of `wma serve`: pick an agent (those where requests start
+// first, each with its model), load another of the config's models into
+// its provider, talk to it, watch its parts (and its sub-agents') stream
+// in, answer the calls that wait for approval, reopen past conversations.
 //
 // Everything that comes from the server (a model's text, a tool's output,
 // a page's content, a session's title) is data: it goes into the page with
@@ -26,7 +27,12 @@
 
   const state = {
     token: null,
+    // The hosted agents, those where requests start (`top_level`) first.
     agents: [],
+    // The config's providers: what `PUT /v1/agents/{agent}/provider` loads.
+    providers: [],
+    // A swap is loading: the controls wait for it.
+    swapping: false,
     // { agent, session, title, items: [...], run: { id, agent, lastId } | null }
     view: null,
     // Aborts the stream being read.
@@ -179,6 +185,8 @@
     sessionStorage.removeItem(TOKEN_KEY);
     $('app').hidden = true;
     $('agent-label').hidden = true;
+    $('provider-label').hidden = true;
+    $('swap').hidden = true;
     $('new-session').hidden = true;
     $('forget-token').hidden = true;
     $('token-panel').hidden = false;
@@ -191,17 +199,17 @@
     state.token = token;
     sessionStorage.setItem(TOKEN_KEY, token);
     $('token-error').textContent = '';
-    let agents;
     try {
-      agents = await callJson('GET', '/v1/agents');
+      await readAgents();
     } catch (e) {
       if (e.status !== 401) askForToken(`The server did not answer: ${e.message}`);
       return;
     }
-    state.agents = (agents.agents || []).filter((a) => !a.remote);
     $('token-panel').hidden = true;
     $('app').hidden = false;
     $('agent-label').hidden = false;
+    $('provider-label').hidden = state.providers.length === 0;
+    $('swap').hidden = state.providers.length === 0;
     $('new-session').hidden = false;
     $('forget-token').hidden = false;
     showAgents();
@@ -214,13 +222,55 @@
   // -------------------------------------------------------------------
   // Agents
 
+  // Reads the agents and the config's providers. The agents where
+  // requests start come first (the server lists them so; kept here for a
+  // server that does not), each group in the server's order.
+  async function readAgents() {
+    const answer = await callJson('GET', '/v1/agents');
+    const agents = (answer.agents || []).filter((a) => !a.remote);
+    state.agents = agents.filter((a) => a.top_level).concat(agents.filter((a) => !a.top_level));
+    state.providers = answer.providers || [];
+  }
+
+  // The agent to show first: the first one where requests start.
+  function firstAgent() {
+    const first = state.agents.find((a) => a.top_level) || state.agents[0];
+    return first ? first.name : null;
+  }
+
+  // The model an agent runs on, as the page names it.
+  function modelOf(agent) {
+    return agent.model || agent.provider || '';
+  }
+
   function showAgents() {
     const select = $('agent');
+    const chosen = select.value;
     clear(select);
-    for (const agent of state.agents) {
-      const option = el('option', null, agent.name);
-      option.value = agent.name;
-      select.appendChild(option);
+    const groups = [
+      ['Agents', state.agents.filter((a) => a.top_level)],
+      ['Sub-agents', state.agents.filter((a) => !a.top_level)],
+    ];
+    for (const [label, agents] of groups) {
+      if (agents.length === 0) continue;
+      const group = el('optgroup');
+      group.label = label;
+      for (const agent of agents) {
+        const option = el('option', null, `${agent.name} · ${modelOf(agent)}`);
+        option.value = agent.name;
+        option.dataset.model = modelOf(agent);
+        group.appendChild(option);
+      }
+      select.appendChild(group);
+    }
+    if (chosen && agentNamed(chosen)) select.value = chosen;
+    const providers = $('provider');
+    clear(providers);
+    for (const p of state.providers) {
+      const model = p.model || 'the default model';
+      const option = el('option', null, `${p.name} · ${model} (${p.kind})`);
+      option.value = p.name;
+      providers.appendChild(option);
     }
     if (state.agents.length === 0) {
       setStatus('This server hosts no agent.', true);
@@ -235,6 +285,51 @@
     $('agent').value = name;
     const agent = agentNamed(name);
     $('agent-description').textContent = agent && agent.description ? agent.description : '';
+    $('agent-model').textContent = agent
+      ? `Model: ${modelOf(agent)} (provider ${agent.provider}, ${agent.provider_kind})`
+      : '';
+    if (agent && state.providers.some((p) => p.name === agent.loaded)) {
+      $('provider').value = agent.loaded;
+    }
+    updateSwap();
+  }
+
+  // The Load button is for another provider than the one loaded.
+  function updateSwap() {
+    const agent = agentNamed($('agent').value);
+    const wanted = $('provider').value;
+    $('provider').disabled = state.swapping || !agent;
+    $('swap').disabled = state.swapping || !agent || !wanted || wanted === agent.loaded;
+  }
+
+  // Loads the chosen provider's model into the agent's provider, through
+  // `PUT /v1/agents/{agent}/provider`; every agent on that provider runs
+  // on it from the next step on.
+  async function swap() {
+    const agent = agentNamed($('agent').value);
+    const wanted = $('provider').value;
+    if (!agent || !wanted) return;
+    state.swapping = true;
+    updateSwap();
+    setStatus(`Loading ${wanted} into ${agent.provider}…`);
+    try {
+      const reply = await callJson(
+        'PUT',
+        `/v1/agents/${encodeURIComponent(agent.name)}/provider`,
+        { provider: wanted },
+      );
+      await readAgents();
+      showAgents();
+      const agents = (reply.agents || [agent.name]).join(', ');
+      setStatus(`Loaded ${reply.loaded} (${reply.model}) for ${agents}.`);
+    } catch (e) {
+      if (e.status !== 401) setStatus(`The model did not load: ${e.message}`, true);
+    } finally {
+      state.swapping = false;
+      const shown = agentNamed($('agent').value);
+      if (shown) showAgent(shown.name);
+      else updateSwap();
+    }
   }
 
   // -------------------------------------------------------------------
@@ -276,7 +371,7 @@
       view = null;
     }
     if (!view || !agentNamed(view.agent)) {
-      showView(newView(state.agents.length ? state.agents[0].name : null));
+      showView(newView(firstAgent()));
       return;
     }
     showView(view);
@@ -800,6 +895,8 @@
       setStatus('');
     });
     $('refresh-sessions').addEventListener('click', refreshSessions);
+    $('provider').addEventListener('change', updateSwap);
+    $('swap').addEventListener('click', swap);
 
     const token = tokenFromFragment() || sessionStorage.getItem(TOKEN_KEY);
     if (token) {
