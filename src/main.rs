@@ -696,6 +696,9 @@ async fn run_cli() -> Result<()> {
                 if args.pages {
                     cli::check_pages(&config).await;
                 }
+                if args.probe {
+                    cli::check_probe(&config).await?;
+                }
                 Ok(())
             }
             (Command::Chat(_) | Command::Serve(_) | Command::Check(_) | Command::Mcp(_), None) => {

@@ -1386,3 +1386,52 @@ async fn the_example_webmcp_config_opens_the_library_page() {
         assert!(names.contains(&wanted), "{names:?}");
     }
 }
+
+/// `wma check --probe` starts every tool source as a run would and lists
+/// its tools, without loading a model; a source that cannot start fails
+/// the command (exit 1) and is named, so a script learns before a run
+/// does that a server is missing. Without `--probe` nothing is started.
+#[test]
+fn wma_check_probe_starts_each_source_and_fails_on_one_that_cannot_start() {
+    let (node, server) = node_and_filesystem_server();
+    let toml = format!(
+        "[providers.p]\nkind = \"scripted\"\nreplies = []\n\n\
+         [tools.files]\nkind = \"mcp-stdio\"\ncommand = {node:?}\nargs = [{server:?}, \".\"]\n\n\
+         [tools.calc]\nkind = \"native\"\nbuiltins = [\"calculator\"]\n",
+        node = node.display().to_string(),
+        server = server.display().to_string(),
+    );
+    let (dir, config) = scratch_config("check-probe", &toml);
+    let (code, stdout, stderr) = finished(wma_command().arg("check").arg("--probe").arg(&config));
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("source calc: started, 1 tool(s): calculator"),
+        "{stdout}"
+    );
+    let files = stdout
+        .lines()
+        .find(|line| line.starts_with("  source files: started"))
+        .unwrap_or_else(|| panic!("no line for files: {stdout}"));
+    assert!(files.contains("read_text_file"), "{files}");
+
+    let broken = format!(
+        "{toml}\n[tools.gone]\nkind = \"mcp-stdio\"\ncommand = {:?}\n",
+        dir.join("no-such-server").display().to_string()
+    );
+    std::fs::write(&config, broken).unwrap();
+    let (code, stdout, stderr) = finished(wma_command().arg("check").arg(&config));
+    assert_eq!(code, Some(0), "without --probe nothing starts: {stderr}");
+    assert!(!stdout.contains("source gone"), "{stdout}");
+    let (code, stdout, stderr) = finished(wma_command().arg("check").arg("--probe").arg(&config));
+    assert_eq!(code, Some(1), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("source gone: could not start:") && stdout.contains("no-such-server"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("source calc: started"), "{stdout}");
+    assert!(
+        stderr.contains("tool source(s) that could not start: gone"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -86,6 +86,11 @@ pub(crate) struct CheckArgs {
     /// registers, with their frame, form and annotations.
     #[arg(long)]
     pub(crate) pages: bool,
+    /// Also start every tool source as a run would (MCP servers, pages,
+    /// built-ins; no model is loaded) and list its tools; the command
+    /// fails when one cannot start.
+    #[arg(long)]
+    pub(crate) probe: bool,
 }
 
 /// A tagged part as a line for a person: a sub-agent's parts are indented
@@ -755,6 +760,30 @@ async fn wait_for_stop() {
 }
 
 /// `wma check --pages`: every `webmcp` source's tools, one line each.
+/// `wma check --probe`: starts each tool source and lists its tools; an
+/// error names every source that could not start, so a script (or CI)
+/// learns before a run does that a server is missing.
+pub(crate) async fn check_probe(config: &Config) -> Result<()> {
+    let mut down = Vec::new();
+    for (source, result) in config.probe_sources().await {
+        match result {
+            Ok(tools) => println!(
+                "  source {source}: started, {} tool(s): {}",
+                tools.len(),
+                tools.join(", ")
+            ),
+            Err(reason) => {
+                println!("  source {source}: could not start: {reason}");
+                down.push(source);
+            }
+        }
+    }
+    if !down.is_empty() {
+        bail!("tool source(s) that could not start: {}", down.join(", "));
+    }
+    Ok(())
+}
+
 pub(crate) async fn check_pages(config: &Config) {
     for (source, tools) in config.page_tools().await {
         match tools {

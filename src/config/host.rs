@@ -225,6 +225,45 @@ impl Config {
         pages
     }
 
+    /// Starts every tool source as a run would (MCP servers, built-ins and
+    /// shops here; pages through [`Config::page_tools`]), lists its tools
+    /// and returns their names by source name, or why the source could not
+    /// start. Nothing else starts: no model is loaded. The sets are dropped
+    /// before it returns, which ends their servers' sessions.
+    pub async fn probe_sources(&self) -> Vec<(String, Result<Vec<String>, String>)> {
+        let mut probed = Vec::new();
+        let mut pages = self.page_tools().await.into_iter();
+        for source in &self.tools {
+            if matches!(source.spec, ToolSourceSpec::WebMcp { .. }) {
+                let result = pages
+                    .next()
+                    .map(|(_, tools)| tools)
+                    .unwrap_or_else(|| Err("the page was not opened".to_string()));
+                probed.push((
+                    source.name.clone(),
+                    result.map(|tools| tools.into_iter().map(|t| t.definition.name).collect()),
+                ));
+                continue;
+            }
+            let (_, set) = tool_source(source, &mut Vec::new());
+            let tools = set.list_tools().await;
+            let down = set
+                .health()
+                .into_iter()
+                .find_map(|health| match health.state {
+                    wma_tools::SourceState::Down { reason }
+                    | wma_tools::SourceState::GaveUp { reason } => Some(reason),
+                    _ => None,
+                });
+            let result = match down {
+                Some(reason) => Err(reason),
+                None => Ok(tools.into_iter().map(|t| t.name).collect()),
+            };
+            probed.push((source.name.clone(), result));
+        }
+        probed
+    }
+
     /// The runtime builder for this config, with the shops of its
     /// `demo-shop` sources. Only providers some agent uses are registered,
     /// so a config may list models to swap to without loading them.
