@@ -16,6 +16,7 @@ mod loop_behaviour;
 mod mcp_server;
 mod openai_api;
 mod properties;
+mod readme;
 mod real_model;
 mod scripted_runs;
 mod served;
