@@ -1,5 +1,5 @@
-//! Hub downloads through `hf-hub`, against a small HTTP server on the
-//! loopback address that serves the tiny model's folder in a hub's layout
+//! Hub downloads through `hf-hub`, against the testkit's [`FakeHub`] on
+//! the loopback address, which serves the tiny model's folder in a hub's layout
 //! (`/{repo}/resolve/{revision}/{file}`, ranged answers with the commit
 //! and etag headers a hub sends), so nothing leaves the machine: the
 //! standard Hugging Face cache layout at a pinned revision, the token,
@@ -12,9 +12,6 @@
 
 mod common;
 
-use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Arc, Mutex};
@@ -23,123 +20,7 @@ use common::{cache, tiny_model};
 use tokio_util::sync::CancellationToken;
 use wma_agent::{GenerateRequest, Progress, ProgressFn, PromptMessage, PromptRole, Provider};
 use wma_provider_ort::{ModelSource, OrtProvider, OrtProviderOptions, download, dylib_path};
-
-/// The commit each revision the test hub knows resolves to.
-const REVISIONS: [(&str, &str); 2] = [
-    ("main", "1111111111111111111111111111111111111111"),
-    ("v2", "2222222222222222222222222222222222222222"),
-];
-
-/// One request the hub answered: path, `Range` and `Authorization`.
-#[derive(Debug, Clone)]
-struct Seen {
-    path: String,
-    range: Option<String>,
-    auth: Option<String>,
-}
-
-/// The test hub's log, and a file whose ranged answers break once.
-#[derive(Default)]
-struct HubState {
-    seen: Vec<Seen>,
-    /// `(file, offset)`: the first ranged request for `file` that starts
-    /// at or past `offset` gets its connection closed without an answer.
-    break_once: Option<(String, u64)>,
-}
-
-/// Serves `root` as `/{repo}/resolve/{revision}/{file}` until the process
-/// ends; returns the endpoint and the state.
-fn serve(root: PathBuf, repo: &'static str) -> (String, Arc<Mutex<HubState>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let endpoint = format!("http://{}", listener.local_addr().unwrap());
-    let state = Arc::new(Mutex::new(HubState::default()));
-    let shared = Arc::clone(&state);
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { continue };
-            let root = root.clone();
-            let shared = Arc::clone(&shared);
-            std::thread::spawn(move || answer(stream, &root, repo, &shared));
-        }
-    });
-    (endpoint, state)
-}
-
-fn answer(mut stream: std::net::TcpStream, root: &Path, repo: &str, state: &Mutex<HubState>) {
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut request_line = String::new();
-    if reader.read_line(&mut request_line).is_err() {
-        return;
-    }
-    let mut headers = HashMap::new();
-    let mut line = String::new();
-    while reader.read_line(&mut line).is_ok_and(|n| n > 2) {
-        if let Some((k, v)) = line.trim_end().split_once(':') {
-            headers.insert(k.trim().to_ascii_lowercase(), v.trim().to_string());
-        }
-        line.clear();
-    }
-    let path = request_line
-        .split_whitespace()
-        .nth(1)
-        .unwrap_or("")
-        .to_string();
-    let range = headers.get("range").cloned();
-    state.lock().unwrap().seen.push(Seen {
-        path: path.clone(),
-        range: range.clone(),
-        auth: headers.get("authorization").cloned(),
-    });
-    let found = path
-        .strip_prefix(&format!("/{repo}/resolve/"))
-        .and_then(|rest| rest.split_once('/'))
-        .and_then(|(revision, file)| {
-            let commit = REVISIONS.iter().find(|(r, _)| *r == revision)?.1;
-            let full = root.join(file);
-            full.is_file().then(|| (commit, file.to_string(), full))
-        });
-    let Some((commit, file, full)) = found else {
-        let _ = write!(
-            stream,
-            "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        );
-        return;
-    };
-    let body = std::fs::read(full).unwrap();
-    let len = body.len() as u64;
-    let (start, end) = range
-        .as_deref()
-        .and_then(|r| r.strip_prefix("bytes="))
-        .and_then(|r| r.split_once('-'))
-        .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
-        .map_or((0, len - 1), |(a, b)| (a, b.min(len - 1)));
-    if start > 0 {
-        let mut s = state.lock().unwrap();
-        if let Some((f, offset)) = &s.break_once
-            && *f == file
-            && start >= *offset
-        {
-            s.break_once = None;
-            // The connection breaks before the answer.
-            return;
-        }
-    }
-    let slice = &body[start as usize..=end as usize];
-    // The etag names the content, as a hub's does.
-    let etag = format!("{:016x}{len}", fnv(&body));
-    let _ = write!(
-        stream,
-        "HTTP/1.1 206 Partial Content\r\nContent-Length: {}\r\nContent-Range: bytes {start}-{end}/{len}\r\nETag: \"{etag}\"\r\nX-Repo-Commit: {commit}\r\nConnection: close\r\n\r\n",
-        slice.len()
-    );
-    let _ = stream.write_all(slice);
-}
-
-fn fnv(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf29ce484222325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x100000001b3)
-    })
-}
+use wma_testkit::{FakeHub, HUB_REVISIONS as REVISIONS};
 
 fn temp(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("wma-hub-{name}-{}", std::process::id()));
@@ -266,14 +147,14 @@ fn a_pinned_revision_lands_in_the_standard_cache_with_progress() {
         return;
     }
     let source = tiny_model();
-    let (endpoint, state) = serve(source.clone(), "test-org/tiny-llama");
+    let hub = FakeHub::serve(source.clone(), "test-org/tiny-llama");
     let home = temp("pinned");
-    run_child(PINNED_TEST, &endpoint, &home, &source);
+    run_child(PINNED_TEST, hub.endpoint(), &home, &source);
     assert_eq!(
         std::fs::read_to_string(home.join("hub/models--test-org--tiny-llama/refs/v2")).unwrap(),
         REVISIONS[1].1
     );
-    let seen = state.lock().unwrap().seen.clone();
+    let seen = hub.requests();
     // Only the pinned revision is asked for, always with the token; the
     // 4-bit graph first (the tiny model has none: a 404, not an error).
     assert!(
@@ -341,15 +222,13 @@ fn a_broken_download_resumes_where_it_stopped() {
         .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
         .collect();
     std::fs::write(repo.join("onnx/model.onnx"), &graph).unwrap();
-    let (endpoint, state) = serve(repo.clone(), "test-org/tiny-llama");
+    let hub = FakeHub::serve(repo.clone(), "test-org/tiny-llama");
     // The graph's answers break at its second chunk.
-    state.lock().unwrap().break_once = Some(("onnx/model.onnx".into(), CHUNK as u64));
+    hub.break_once("onnx/model.onnx", CHUNK as u64);
     let home = temp("resume");
-    run_child(RESUME_TEST, &endpoint, &home, &repo);
-    let ranges: Vec<String> = state
-        .lock()
-        .unwrap()
-        .seen
+    run_child(RESUME_TEST, hub.endpoint(), &home, &repo);
+    let ranges: Vec<String> = hub
+        .requests()
         .iter()
         .filter(|s| s.path.ends_with("/onnx/model.onnx"))
         .filter_map(|s| s.range.clone())
@@ -391,9 +270,9 @@ fn a_repository_without_the_graph_asked_for_is_a_clear_error() {
         return;
     }
     let source = tiny_model();
-    let (endpoint, _) = serve(source.clone(), "test-org/tiny-llama");
+    let hub = FakeHub::serve(source.clone(), "test-org/tiny-llama");
     let home = temp("nograph");
-    run_child(NO_GRAPH_TEST, &endpoint, &home, &source);
+    run_child(NO_GRAPH_TEST, hub.endpoint(), &home, &source);
     let _ = std::fs::remove_dir_all(&home);
 }
 
@@ -405,15 +284,15 @@ fn a_hub_id_is_loaded_by_the_provider() {
         return load_in_child(&wma_cache);
     }
     let source = tiny_model();
-    let (endpoint, state) = serve(source.clone(), "test-org/tiny-llama");
+    let hub = FakeHub::serve(source.clone(), "test-org/tiny-llama");
     let home = temp("provider");
-    run_child(PROVIDER_TEST, &endpoint, &home, &source);
+    run_child(PROVIDER_TEST, hub.endpoint(), &home, &source);
     assert!(
         snapshot(&home, REVISIONS[0].1)
             .join("onnx/model.onnx")
             .is_file()
     );
-    let seen = state.lock().unwrap().seen.clone();
+    let seen = hub.requests();
     // The second provider of the child used the finished download.
     let probes = seen
         .iter()

@@ -12,6 +12,9 @@
 //!   with a tool that answers only when the test lets it.
 //! - [`PostgresServer`]: a real, throwaway PostgreSQL server (initdb into a
 //!   temporary folder), stopped on drop, for tests of the store.
+//! - [`FakeHub`]: a model hub on loopback serving a folder as one
+//!   repository, with a log of what it was asked, a gated mode and a
+//!   connection that breaks once, for tests of model downloads.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -28,6 +31,7 @@
 //! ```
 
 mod host;
+mod hub;
 mod llamacpp;
 mod logs;
 mod mcp;
@@ -36,6 +40,7 @@ pub mod postgres;
 mod serve;
 
 pub use host::{InMemoryToolHost, RecordedCall, ToolFn};
+pub use hub::{FakeHub, HUB_REVISIONS, HubRequest};
 pub use llamacpp::{LlamaServer, cache_dir, default_gguf};
 pub use logs::{CapturedLogs, capture_logs};
 pub use mcp::{McpTestServer, ReceivedCall};
