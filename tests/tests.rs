@@ -14,6 +14,7 @@ mod http_api;
 mod kv_cache;
 mod loop_behaviour;
 mod mcp_server;
+mod models;
 mod openai_api;
 mod properties;
 mod readme;

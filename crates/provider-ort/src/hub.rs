@@ -227,6 +227,8 @@ async fn fetch_all(
         repo: api.repo(pinned.clone()),
         cached: Cache::new(options.hub_cache.clone()).repo(pinned),
         progress: progress.clone(),
+        endpoint: options.endpoint.clone(),
+        token: options.token.is_some(),
     };
     let mut snapshot = None;
     for file in REQUIRED {
@@ -274,6 +276,10 @@ struct Hub {
     repo: ApiRepo,
     cached: CacheRepo,
     progress: ProgressFn,
+    /// The hub asked, named when it cannot be reached.
+    endpoint: String,
+    /// Whether a token was sent: a refusal then means something else.
+    token: bool,
 }
 
 impl Hub {
@@ -282,7 +288,11 @@ impl Hub {
             .await?
             .ok_or_else(|| OrtError::Download {
                 url: self.repo.url(file),
-                reason: "not found".into(),
+                reason: format!(
+                    "not found: the repository does not exist at this revision, or it is not a model \
+                     folder in the ONNX layout (the provider needs {}, and an ONNX graph)",
+                    REQUIRED.join(", ")
+                ),
             })
     }
 
@@ -308,9 +318,42 @@ impl Hub {
             }
             Err(e) => Err(OrtError::Download {
                 url: self.repo.url(file),
-                reason: e.to_string(),
+                reason: failure(&e, &self.endpoint, self.token),
             }),
         }
+    }
+}
+
+/// What a failed request means to whoever asked for the model: a hub that
+/// cannot be reached names the hub and `$HF_ENDPOINT`, a refusal names
+/// `$HF_TOKEN`; anything else is `hf-hub`'s own words.
+fn failure(error: &ApiError, endpoint: &str, token: bool) -> String {
+    let request = match error {
+        ApiError::RequestError(e) => Some(e),
+        ApiError::TooManyRetries(inner) => match inner.as_ref() {
+            ApiError::RequestError(e) => Some(e),
+            _ => None,
+        },
+        _ => None,
+    };
+    let Some(request) = request else {
+        return error.to_string();
+    };
+    match request.status().map(|s| s.as_u16()) {
+        Some(status @ (401 | 403)) if token => format!(
+            "the hub refused the token (HTTP {status}): the repository is gated or private and \
+             the token ($HF_TOKEN, else the cache's token file) has no access to it"
+        ),
+        Some(status @ (401 | 403)) => format!(
+            "the hub asks for a token (HTTP {status}): the repository is gated or private, or \
+             does not exist; set $HF_TOKEN to a token with access to it"
+        ),
+        Some(_) => error.to_string(),
+        None if request.is_connect() || request.is_timeout() => format!(
+            "cannot reach the hub at {endpoint} ({error}); check the network, or set \
+             $HF_ENDPOINT to a hub that can be reached"
+        ),
+        None => error.to_string(),
     }
 }
 

@@ -79,6 +79,13 @@ impl ModelSource {
         if path.exists() {
             return Self::Local(path.to_path_buf());
         }
+        Self::hub(name).unwrap_or_else(|| Self::Local(path.to_path_buf()))
+    }
+
+    /// Reads `org/name` or `org/name@revision` as a hub id whatever is on
+    /// disk (for `wma models pull`, which never takes a folder); `None`
+    /// for anything else.
+    pub fn hub(name: &str) -> Option<Self> {
         let (repo, revision) = match name.split_once('@') {
             Some((repo, revision)) => (repo, Some(revision)),
             None => (name, None),
@@ -87,21 +94,18 @@ impl ModelSource {
         // but nothing in one is blank or another `@`.
         let revision_ok = revision
             .is_none_or(|r| !r.is_empty() && !r.contains('@') && !r.contains(char::is_whitespace));
-        if looks_like_hub_id(repo) && revision_ok {
-            Self::Hub {
-                repo: repo.to_string(),
-                revision: revision.map(str::to_string),
-            }
-        } else {
-            Self::Local(path.to_path_buf())
-        }
+        (looks_like_hub_id(repo) && revision_ok).then(|| Self::Hub {
+            repo: repo.to_string(),
+            revision: revision.map(str::to_string),
+        })
     }
 
     /// The folder the model's files are (or will be) in: for a hub model,
     /// the snapshot of a finished download of its revision, else the folder
     /// the runtime keeps its download note in. A bare name that is no
-    /// folder here but a model the set-up installed
-    /// (`CACHE/models/NAME`, see [`installed_models`]) is that model.
+    /// folder here but an installed model (`CACHE/models/NAME`, a folder
+    /// the set-up made or a link `wma models pull` made to a download's
+    /// snapshot; see [`installed_models`]) is that model.
     pub fn folder(&self, cache: &Path) -> PathBuf {
         match self {
             Self::Local(path) => {
@@ -137,8 +141,9 @@ impl ModelSource {
     }
 }
 
-/// The names of the models installed in `CACHE/models` (each a folder
-/// with a `config.json`), sorted: what a bare `--model NAME` may name.
+/// The names of the models installed in `CACHE/models` (each a folder, or
+/// a link to one, with a `config.json`), sorted: what a bare `--model
+/// NAME` may name.
 pub fn installed_models(cache: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(cache.join("models"))
         .into_iter()
