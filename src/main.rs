@@ -772,7 +772,10 @@ async fn pull_model(
     let name = repo.rsplit('/').next().unwrap_or(&repo).to_string();
     let link = models.join(&name);
     let present = link.symlink_metadata().is_ok();
-    if present && !force {
+    // A link whose download was deleted from the hub cache is no model:
+    // it is replaced without --force.
+    let broken = link.is_symlink() && !link.join("config.json").is_file();
+    if present && !force && !broken {
         let origin = ModelOrigin::of(&link);
         if let ModelOrigin::Hub {
             repo: installed,

@@ -266,6 +266,15 @@ fn a_name_taken_is_kept_unless_forced_and_a_pinned_revision_is_listed() {
             .join("config.json")
             .is_file()
     );
+
+    // The Hugging Face cache deleted under the link: no model is listed,
+    // and a pull installs it again without --force.
+    std::fs::remove_dir_all(env.hub_cache()).unwrap();
+    let listing = env.wma(&["models"]);
+    assert!(row(&listing, "tiny-llama").is_none(), "{}", text(&listing));
+    let pulled = env.wma(&["models", "pull", "test-org/tiny-llama@v2"]);
+    assert!(pulled.status.success(), "{}", text(&pulled));
+    assert!(link.join("onnx/model.onnx").is_file());
 }
 
 #[test]
