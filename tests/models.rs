@@ -390,3 +390,20 @@ fn the_models_the_set_up_converts_are_named_with_its_command() {
     );
     assert!(hub.requests().is_empty(), "{:?}", hub.requests());
 }
+
+#[test]
+fn a_variant_outside_the_default_graphs_is_named_in_the_command_to_run_it() {
+    let hub = FakeHub::serve(tiny_model(), REPO);
+    let env = Env::new(hub.endpoint());
+    let pulled = env.wma(&["models", "pull", REPO, "--variant", "onnx/model_gqa.onnx"]);
+    assert!(pulled.status.success(), "{}", text(&pulled));
+    // Only that graph was fetched: `--model tiny-llama` alone finds none.
+    assert!(
+        stdout(&pulled).contains("run it with --model tiny-llama --variant onnx/model_gqa.onnx"),
+        "{}",
+        text(&pulled)
+    );
+    let listing = env.wma(&["models"]);
+    let line = row(&listing, "tiny-llama").unwrap_or_else(|| panic!("{}", text(&listing)));
+    assert!(line.contains("| gqa (<1 MB) |"), "{line}");
+}
