@@ -122,9 +122,9 @@ enum EvalCommand {
 /// Which model, and how to run it.
 #[derive(Args, Clone)]
 struct ModelArgs {
-    /// A model folder, the name of a model the set-up installed
-    /// (`Qwen2.5-Coder-0.5B-Instruct`), or a hub id (default: the model the
-    /// set-up made).
+    /// A model folder, the name of an installed model (`wma models` lists
+    /// them, e.g. `Qwen2.5-Coder-0.5B-Instruct`), or a hub id (default: the
+    /// model the set-up made).
     #[arg(long, env = "WMA_MODEL")]
     model: Option<String>,
     /// The graph file inside the model folder (e.g. onnx/model.onnx for fp32).
