@@ -12,7 +12,10 @@
 //!   syntax, with placeholders) are not run.
 //! - **As written.** Each line runs with `sh -c`, unchanged, in the
 //!   reader's environment (the cache folder the set-up filled, its token),
-//!   with a folder first on `PATH` whose `wma` is the binary under test.
+//!   with a folder first on `PATH` whose `wma` is the binary under test,
+//!   and without the variables cargo and nextest set for a test
+//!   (`CARGO_PKG_NAME`, `CARGO_MANIFEST_DIR`, ...), which no reader's shell
+//!   has.
 //!   It must exit with status 0. Placeholders have no place in a block:
 //!   the README writes real names (`runs.jsonl`, `configs/mcp-files.toml`).
 //! - **Where.** The blocks run in order, each in a fresh folder that holds
@@ -23,8 +26,9 @@
 //!   of `scripts/` runs in the checkout itself: cargo keys its build cache
 //!   by the checkout's path, so from a copy it would build everything
 //!   again. The cargo lines are run as written, `cargo run --release`
-//!   included: when the release build is not there yet (a clean checkout),
-//!   the first of them builds it, which takes minutes.
+//!   included: they share the checkout's release build, so they take
+//!   seconds when it is up to date, and the first of them builds it when
+//!   it is not (a clean checkout, changed sources), which takes minutes.
 //! - **`cargo install`** runs as written with `CARGO_INSTALL_ROOT` set to a
 //!   scratch folder, so it leaves the reader's `~/.cargo/bin` alone; the
 //!   `wma` it installed must answer `--version`.
@@ -253,6 +257,31 @@ fn mirror(name: &str) -> Scratch {
     scratch
 }
 
+/// Whether `name` is a variable cargo or nextest set for this test's
+/// process rather than one of the reader's shell (`CARGO_PKG_NAME`,
+/// `CARGO_MANIFEST_DIR`, `NEXTEST_RUN_ID`, ...). A command runs without
+/// them: build scripts that read such a variable make cargo build again
+/// whenever its value changes, so a cargo line run with this package's
+/// values would rebuild the release binary it shares with the reader.
+fn set_for_tests(name: &str) -> bool {
+    const PREFIXES: [&str; 6] = [
+        "CARGO_PKG_",
+        "CARGO_MANIFEST_",
+        "CARGO_CRATE_",
+        "CARGO_BIN_",
+        "NEXTEST",
+        "__NEXTEST",
+    ];
+    const NAMES: [&str; 5] = [
+        "CARGO",
+        "CARGO_PRIMARY_PACKAGE",
+        "CARGO_TARGET_TMPDIR",
+        "CARGO_RUSTC_CURRENT_DIR",
+        "OUT_DIR",
+    ];
+    PREFIXES.iter().any(|p| name.starts_with(p)) || NAMES.contains(&name)
+}
+
 /// What every line runs with.
 struct Setting {
     /// The folder whose `wma` is the binary under test, first on `PATH`.
@@ -278,6 +307,11 @@ impl Setting {
         let mut paths = vec![self.bin.0.clone()];
         paths.extend(std::env::split_paths(&path));
         let mut command = Command::new("sh");
+        for (name, _) in std::env::vars_os() {
+            if set_for_tests(&name.to_string_lossy()) {
+                command.env_remove(name);
+            }
+        }
         command
             .arg("-c")
             .arg(&line.text)
@@ -353,7 +387,7 @@ impl Running {
             Ok(status) => status.unwrap(),
             Err(_) => {
                 self.signal(nix::sys::signal::Signal::SIGKILL);
-                let stderr = tail(&(&mut self.stderr).await.unwrap_or_default());
+                let stderr = excerpt(&(&mut self.stderr).await.unwrap_or_default());
                 panic!(
                     "{}: still running after {} s\n--- stderr ---\n{stderr}",
                     at(&self.line),
@@ -378,10 +412,19 @@ fn at(line: &Line) -> String {
     format!("README.md line {}: `{}`", line.number, line.text)
 }
 
-/// The last lines of a command's output, enough to see why it failed.
-fn tail(text: &str) -> String {
+/// A command's output, shortened to its first and last lines: enough to
+/// see why it failed (an error's message leads, a backtrace follows it).
+fn excerpt(text: &str) -> String {
     let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(40)..].join("\n")
+    if lines.len() <= 40 {
+        return lines.join("\n");
+    }
+    format!(
+        "{}\n[… {} lines …]\n{}",
+        lines[..15].join("\n"),
+        lines.len() - 40,
+        lines[lines.len() - 25..].join("\n")
+    )
 }
 
 /// Fails, naming the line, unless the command exited with 0.
@@ -390,8 +433,8 @@ fn assert_success(line: &Line, (status, stdout, stderr): &(ExitStatus, String, S
         status.success(),
         "{}: {status}\n--- stdout ---\n{}\n--- stderr ---\n{}",
         at(line),
-        tail(stdout),
-        tail(stderr)
+        excerpt(stdout),
+        excerpt(stderr)
     );
 }
 
@@ -447,8 +490,8 @@ impl Server {
                 status.success(),
                 "{}: after SIGTERM, {status}\n--- stdout ---\n{}\n--- stderr ---\n{}",
                 at(&line),
-                tail(&stdout),
-                tail(&stderr)
+                excerpt(&stdout),
+                excerpt(&stderr)
             );
         }
     }
@@ -481,7 +524,7 @@ async fn wait_for_line(running: &mut Running, prefix: &str) -> String {
             panic!(
                 "{}: ended ({status}) before it printed `{prefix}…`\n--- stderr ---\n{}",
                 at(&running.line),
-                tail(&stderr)
+                excerpt(&stderr)
             )
         }
         Err(_) => panic!(
@@ -755,6 +798,8 @@ fn the_readme_keeps_its_rules_of_blocks() {
         "scripts/setup.sh && cargo run --release -- run"
     )));
     assert!(!in_checkout(&line("wma run")));
+    assert!(set_for_tests("CARGO_PKG_NAME") && set_for_tests("CARGO"));
+    assert!(!set_for_tests("CARGO_HOME") && !set_for_tests("CARGO_TARGET_DIR"));
 }
 
 #[test]
@@ -837,7 +882,7 @@ async fn every_command_of_the_readme_works_as_written() {
                         ended.1.contains("assistant:"),
                         "{}: no reply\n--- stdout ---\n{}",
                         at(&line),
-                        tail(&ended.1)
+                        excerpt(&ended.1)
                     );
                 }
                 Kind::McpStdio => mcp_stdio(&setting, &line, dir).await,
