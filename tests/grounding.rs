@@ -1323,3 +1323,58 @@ async fn an_answer_of_markup_alone_is_no_answer() {
     let answer = texts(&parts).join("\n");
     assert!(answer.contains("Trail Tent"), "{answer}");
 }
+
+/// A coordinator (every tool a helper) starts with a delegation when a
+/// helper relates to what the person asks; a question none of them
+/// relates to is the coordinator's own to answer in words, not one to
+/// push on a helper ("What's the capital of Japan?" went to the database
+/// helper, which wrote SQL for it).
+#[tokio::test]
+async fn a_coordinator_delegates_first_only_what_a_helper_relates_to() {
+    let helpers = || {
+        let host = Arc::new(InMemoryToolHost::new());
+        host.add(
+            ToolDefinition::new(
+                "db_agent",
+                "Answers questions about the shop's orders with SQL.",
+                json!({"type": "object", "properties": {
+                    "task": {"type": "string"}
+                }, "required": ["task"]}),
+            ),
+            |_| Ok("Three orders.".to_string()),
+        );
+        host
+    };
+    let profile = || webmcp_agents::agent::AgentProfile {
+        name: Some("assistant".to_string()),
+        sub_agents: vec![webmcp_agents::agent::SubAgentInfo {
+            name: "db_agent".to_string(),
+            description: "Answers questions about the shop's orders with SQL.".to_string(),
+        }],
+        ..Default::default()
+    };
+    // (request, whether the first attempt allows calls only)
+    for (request, calls_first) in [
+        ("What's the capital of Japan?", false),
+        ("How many orders does the shop have?", true),
+    ] {
+        let provider = ScriptedProvider::new(["Tokyo.".to_string()]).with_constraints(true);
+        let mut ask = ask(request, helpers());
+        ask.agent = Some(profile());
+        let parts = run_all(provider.clone(), ask, inline()).await;
+        assert_eq!(
+            matches!(
+                provider.requests()[0].constraint,
+                Some(Constraint::CallsOnly { .. })
+            ),
+            calls_first,
+            "{request}: {:?}",
+            fired(&parts)
+        );
+        assert_eq!(
+            fired(&parts).contains(&"coordinator-calls-first".to_string()),
+            calls_first,
+            "{request}"
+        );
+    }
+}

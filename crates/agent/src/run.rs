@@ -745,6 +745,22 @@ impl<P: Provider + 'static> Run<P> {
         } else if self.policy.coordinator_calls_first
             && offered.iter().all(|t| sub_agents.contains(&t.name))
             && (asks_for_change(&self.request_text) || seeks_information(&self.request_text))
+            // A question none of the helpers relates to ("What's the
+            // capital of Japan?" beside a database helper) is the
+            // coordinator's to answer: forcing a delegation sent it to
+            // SQL. Read on the helpers as shown: the offered forms carry
+            // the request's own phrases as tasks.
+            && !self
+                .rules
+                .related(
+                    &self.request_text,
+                    &shown
+                        .iter()
+                        .filter(|t| offered.iter().any(|o| o.name == t.name))
+                        .cloned()
+                        .collect::<Vec<_>>(),
+                )
+                .is_empty()
         {
             Some(Fired {
                 rule: Rule::CoordinatorCallsFirst,
