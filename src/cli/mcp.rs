@@ -56,16 +56,11 @@ use webmcp_agents::agent::{
     AgentStreamPart, ApprovalAnswer, ApprovalRequest, ApprovalRule, Approver, ChatMessage,
     FinishReason, FixedApprover, ToolErrorCode, ToolHost,
 };
-use webmcp_agents::config::{Config, Hosted, StartOptions};
+use webmcp_agents::config::{Config, Hosted};
 use webmcp_agents::runtime::{AgentHandle, RunApprovals};
 use webmcp_agents::serve::Token;
 
 use super::approve::{ApprovalArgs, ApproveMode};
-use super::progress::Bars;
-
-/// How long `wma mcp` waits for the nodes that host its remote sub-agents
-/// (as the other commands that host a config do).
-const REMOTE_WAIT: Duration = Duration::from_secs(30);
 
 /// The path the streamable HTTP endpoint answers on.
 const MCP_PATH: &str = "/mcp";
@@ -133,7 +128,8 @@ pub(crate) async fn serve(args: McpArgs, config: &Config) -> Result<()> {
     if names.is_empty() {
         bail!("{} has no agent to serve", config.file.display());
     }
-    let hosted = start(config).await?;
+    // On stdio, stdout is the protocol's: the cluster's address goes to stderr.
+    let hosted = super::start_announcing(config, super::Announce::Stderr).await?;
     let server = match AgentTools::new(config, &hosted, &names, approvals).await {
         Ok(server) => server,
         Err(error) => {
@@ -293,39 +289,6 @@ impl Approver for ClientApprover {
             Err(e) => deny(format!("the MCP client could not be asked: {e}")),
         }
     }
-}
-
-/// Loads the config's models (progress on stderr) and starts its runtime
-/// and cluster node, as [`super::start`] does, but says everything on
-/// stderr: on stdio, stdout is the protocol's.
-async fn start(config: &Config) -> Result<Hosted> {
-    let bars = Bars::new();
-    let started = Instant::now();
-    let hosted = config
-        .start(StartOptions {
-            progress: Some(bars.callback()),
-            cluster: true,
-        })
-        .await;
-    bars.finish();
-    let hosted = hosted.with_context(|| format!("could not start {}", config.file.display()))?;
-    eprintln!(
-        "{} agent(s) ready in {:.1} s",
-        config.agents.len(),
-        started.elapsed().as_secs_f64()
-    );
-    if let Some(node) = &hosted.cluster {
-        eprintln!("cluster listening on {}", node.addr());
-        for remote in &config.remote_agents {
-            if let Err(error) = node.wait_for_agent(&remote.name, REMOTE_WAIT).await {
-                eprintln!(
-                    "warning: no node offers `{}` yet ({error}); delegating to it fails until one does",
-                    remote.name
-                );
-            }
-        }
-    }
-    Ok(hosted)
 }
 
 /// The MCP server: one tool per top-level agent. Cheap to clone (the HTTP

@@ -158,9 +158,20 @@ fn print_part(part: &TaggedPart, output: Output) -> Result<()> {
     Ok(())
 }
 
+/// Where [`start_announcing`] says which address the cluster node listens on.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Announce {
+    /// On stdout, so a script (or a test) that started this node reads
+    /// where it is.
+    Stdout,
+    /// On stderr, where stdout carries a protocol (`wma mcp` on stdio).
+    Stderr,
+}
+
 /// Loads the config's models (with progress bars) and starts its runtime
 /// and cluster node; waits for the nodes that host its remote sub-agents.
-pub(crate) async fn start(config: &Config) -> Result<Hosted> {
+/// The node's address is said where `announce` says.
+pub(crate) async fn start_announcing(config: &Config, announce: Announce) -> Result<Hosted> {
     let bars = Bars::new();
     let started = Instant::now();
     let hosted = config
@@ -177,8 +188,10 @@ pub(crate) async fn start(config: &Config) -> Result<Hosted> {
         started.elapsed().as_secs_f64()
     );
     if let Some(node) = &hosted.cluster {
-        // On stdout, so a script (or a test) that started this node reads where it is.
-        println!("cluster listening on {}", node.addr());
+        match announce {
+            Announce::Stdout => println!("cluster listening on {}", node.addr()),
+            Announce::Stderr => eprintln!("cluster listening on {}", node.addr()),
+        }
         for remote in &config.remote_agents {
             if let Err(error) = node.wait_for_agent(&remote.name, REMOTE_WAIT).await {
                 eprintln!(
@@ -189,6 +202,11 @@ pub(crate) async fn start(config: &Config) -> Result<Hosted> {
         }
     }
     Ok(hosted)
+}
+
+/// [`start_announcing`] with the node's address on stdout.
+pub(crate) async fn start(config: &Config) -> Result<Hosted> {
+    start_announcing(config, Announce::Stdout).await
 }
 
 /// Starts every tool source the agent `name` uses, its sub-agents' too,
