@@ -1052,6 +1052,9 @@ async fn run_cli() -> Result<()> {
     if let Some(trace) = webmcp_agents::telemetry::trace_id(&span) {
         if let Some(export) = telemetry.export() {
             eprintln!("tracing to {} (trace {trace})", export.endpoint);
+            if let Some(link) = tracing_config.trace_link(&trace) {
+                eprintln!("see the trace at {link}");
+            }
         }
         if let Some(file) = telemetry.file() {
             eprintln!(

@@ -412,7 +412,17 @@ fn free_port() -> u16 {
 async fn a_team_run_exported_to_phoenix_reads_back_with_the_helper_under_the_parent() {
     let dir = Scratch::new("phoenix");
     let phoenix = Phoenix::start(&dir).await;
-    let config = team_config(&dir);
+    // Where Phoenix shows a trace: every run then prints its link.
+    let config = dir.join("team-linked.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "{TEAM}\n[telemetry]\ntrace_url = \"{}/redirects/traces/{{trace_id}}\"\n",
+            phoenix.base
+        ),
+    )
+    .unwrap();
+    let config = config.display().to_string();
     let cache = dir.display().to_string();
     let (ok, stdout, stderr) = run_wma(
         &["--otlp", "run", "--config", &config, "What are 2 and 3?"],
@@ -435,6 +445,11 @@ async fn a_team_run_exported_to_phoenix_reads_back_with_the_helper_under_the_par
         phoenix.log_text()
     );
     let id = printed_trace_id(&stderr);
+    let link = format!("{}/redirects/traces/{id}", phoenix.base);
+    assert!(
+        stderr.contains(&format!("see the trace at {link}\n")),
+        "{stderr}"
+    );
 
     // Phoenix files spans in the background: wait for the whole run. The
     // project is named by the service (`openinference.project.name`).

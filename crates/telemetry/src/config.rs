@@ -7,6 +7,9 @@ use serde::Deserialize;
 
 use crate::error::TelemetryError;
 
+/// Where a trace's id goes in [`TelemetryConfig::trace_url`].
+pub const TRACE_ID_PLACEHOLDER: &str = "{trace_id}";
+
 /// `service.name` unless `OTEL_SERVICE_NAME` or the config says otherwise.
 pub const DEFAULT_SERVICE_NAME: &str = "webmcp-agents";
 
@@ -51,6 +54,13 @@ pub struct TelemetryConfig {
     /// from the working directory. The `OTEL_*` variables leave it alone
     /// (they speak of OTLP export; a file is asked for by name).
     pub file: Option<PathBuf>,
+    /// Where a trace is seen in the backend the spans go to, with
+    /// `{trace_id}` where its id goes: every run then prints its link
+    /// (Phoenix: `http://localhost:6006/redirects/traces/{trace_id}`;
+    /// Jaeger: `http://localhost:16686/trace/{trace_id}`). The OTLP
+    /// endpoint does not say where a backend shows its traces, so nothing
+    /// is guessed from it. Default: none, and only the id is printed.
+    pub trace_url: Option<String>,
 }
 
 /// The wire protocol of the OTLP exporter.
@@ -143,6 +153,15 @@ impl TelemetryConfig {
         &self,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<Settings, TelemetryError> {
+        if let Some(url) = &self.trace_url
+            && !url.contains(TRACE_ID_PLACEHOLDER)
+        {
+            return Err(TelemetryError::Invalid {
+                setting: "telemetry.trace_url".to_string(),
+                value: url.clone(),
+                why: format!("write {TRACE_ID_PLACEHOLDER} where the trace's id goes"),
+            });
+        }
         let var = |name: &str| env(name).filter(|v| !v.trim().is_empty());
         let traces_endpoint = var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT");
         let base_endpoint = var("OTEL_EXPORTER_OTLP_ENDPOINT");
@@ -200,6 +219,25 @@ impl TelemetryConfig {
                 .unwrap_or_else(|| DEFAULT_TRACE_FILTER.to_string()),
             file: self.file.clone(),
         })
+    }
+
+    /// The link to trace `trace_id` in the backend, from
+    /// [`TelemetryConfig::trace_url`]; `None` when no URL is set.
+    ///
+    /// ```
+    /// let config = wma_telemetry::TelemetryConfig {
+    ///     trace_url: Some("http://localhost:6006/redirects/traces/{trace_id}".into()),
+    ///     ..Default::default()
+    /// };
+    /// assert_eq!(
+    ///     config.trace_link("4bf92f3577b34da6a3ce929d0e0e4736").as_deref(),
+    ///     Some("http://localhost:6006/redirects/traces/4bf92f3577b34da6a3ce929d0e0e4736"),
+    /// );
+    /// assert_eq!(wma_telemetry::TelemetryConfig::default().trace_link("4bf9"), None);
+    /// ```
+    pub fn trace_link(&self, trace_id: &str) -> Option<String> {
+        let url = self.trace_url.as_deref()?;
+        Some(url.replace(TRACE_ID_PLACEHOLDER, trace_id))
     }
 
     /// [`TelemetryConfig::resolve`] with the process environment.
@@ -301,6 +339,28 @@ mod tests {
             .resolve(env(&[("OTEL_TRACES_EXPORTER", "otlp")]))
             .unwrap();
         assert!(on.export.is_some());
+    }
+
+    #[test]
+    fn a_trace_url_needs_the_place_of_the_trace_id() {
+        let config = TelemetryConfig {
+            trace_url: Some("http://localhost:16686/trace/".to_string()),
+            ..TelemetryConfig::default()
+        };
+        let e = config.resolve(env(&[])).unwrap_err().to_string();
+        assert!(
+            e.contains("telemetry.trace_url") && e.contains("{trace_id}"),
+            "{e}"
+        );
+        let config = TelemetryConfig {
+            trace_url: Some("http://localhost:16686/trace/{trace_id}".to_string()),
+            ..TelemetryConfig::default()
+        };
+        config.resolve(env(&[])).unwrap();
+        assert_eq!(
+            config.trace_link("abc").as_deref(),
+            Some("http://localhost:16686/trace/abc")
+        );
     }
 
     #[test]

@@ -35,7 +35,7 @@ mod tree;
 
 pub use config::{
     DEFAULT_LOG_FILTER, DEFAULT_SERVICE_NAME, DEFAULT_TRACE_FILTER, OtlpExport, OtlpProtocol,
-    Settings, TelemetryConfig,
+    Settings, TRACE_ID_PLACEHOLDER, TelemetryConfig,
 };
 pub use error::TelemetryError;
 pub use setup::{PROJECT_NAME_ATTRIBUTE, TelemetryGuard, build, init, trace_id};
