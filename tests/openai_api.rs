@@ -89,40 +89,11 @@ struct Host {
 impl Host {
     async fn start(name: &str, config: &str) -> Self {
         let dir = scratch(name);
-        let file = dir.join("wma.toml");
-        let store = serde_json::to_string(&dir.join("data").display().to_string()).unwrap();
-        std::fs::write(
-            &file,
-            format!("{config}\n[server]\ntoken_file = \"token\"\n\n[store]\ndata_dir = {store}\n"),
-        )
-        .unwrap();
-        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_wma"));
-        command
-            .args(["serve", "--config"])
-            .arg(&file)
-            .args(["--listen", "127.0.0.1:0"])
-            .env("WMA_CACHE_DIR", &dir)
-            .env("RUST_LOG", "warn");
-        let crate::support::Serving {
-            child,
-            addr,
-            stderr,
-            ..
-        } = crate::support::serve_listening(command, HANG).await;
-        // Read, so that the server never blocks on a full pipe.
-        tokio::spawn(async move {
-            use tokio::io::AsyncBufReadExt;
-            let mut lines = tokio::io::BufReader::new(stderr).lines();
-            while let Ok(Some(_)) = lines.next_line().await {}
-        });
-        let token = std::fs::read_to_string(dir.join("token"))
-            .unwrap()
-            .trim()
-            .to_string();
+        let (child, base, token) = crate::support::serve_config(&dir, config, HANG).await;
         Self {
             child,
             dir,
-            base: format!("http://{addr}/v1"),
+            base,
             client: client(&token),
             token,
         }

@@ -246,6 +246,48 @@ pub(crate) async fn serve_listening(
     }
 }
 
+/// A `wma serve` of a test's own on a free loopback port: `config` with a
+/// token file and a SQLite store added, written to `dir` (its cache folder
+/// too). Its stderr is read, so the server never blocks on a full pipe.
+/// Returns the process (killed when dropped), the API's base URL
+/// (`http://ADDR/v1`) and the token.
+pub(crate) async fn serve_config(
+    dir: &std::path::Path,
+    config: &str,
+    limit: std::time::Duration,
+) -> (tokio::process::Child, String, String) {
+    let file = dir.join("wma.toml");
+    let store = serde_json::to_string(&dir.join("data").display().to_string()).unwrap();
+    std::fs::write(
+        &file,
+        format!("{config}\n[server]\ntoken_file = \"token\"\n\n[store]\ndata_dir = {store}\n"),
+    )
+    .unwrap();
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_wma"));
+    command
+        .args(["serve", "--config"])
+        .arg(&file)
+        .args(["--listen", "127.0.0.1:0"])
+        .env("WMA_CACHE_DIR", dir)
+        .env("RUST_LOG", "warn");
+    let Serving {
+        child,
+        addr,
+        stderr,
+        ..
+    } = serve_listening(command, limit).await;
+    tokio::spawn(async move {
+        use tokio::io::AsyncBufReadExt;
+        let mut lines = tokio::io::BufReader::new(stderr).lines();
+        while let Ok(Some(_)) = lines.next_line().await {}
+    });
+    let token = std::fs::read_to_string(dir.join("token"))
+        .unwrap()
+        .trim()
+        .to_string();
+    (child, format!("http://{addr}/v1"), token)
+}
+
 /// Chromium in this test binary: the test that kills the Chromium
 /// processes under it (to show a page source comes back) holds this
 /// alone, so it kills only its own browser; every other test that runs
