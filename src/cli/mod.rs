@@ -285,21 +285,47 @@ struct Interrupt {
 impl Interrupt {
     fn install(&self) {
         let this = self.clone();
+        // The handler is registered here, before the task first runs: the
+        // line editor passes Ctrl-C on as SIGINT, and one raised before a
+        // lazily registered handler existed would end the process (seen on
+        // a loaded machine).
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let mut interrupts = match signal(SignalKind::interrupt()) {
+                Ok(signals) => signals,
+                Err(e) => {
+                    eprintln!("warning: Ctrl-C cannot be caught ({e}); it ends wma");
+                    return;
+                }
+            };
+            tokio::spawn(async move {
+                while interrupts.recv().await.is_some() {
+                    this.interrupted().await;
+                }
+            });
+        }
+        #[cfg(not(unix))]
         tokio::spawn(async move {
             while tokio::signal::ctrl_c().await.is_ok() {
-                let running = this
-                    .running
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clone();
-                match running {
-                    Some((agent, run)) => {
-                        let _ = agent.stop(run).await;
-                    }
-                    None => this.quit.cancel(),
-                }
+                this.interrupted().await;
             }
         });
+    }
+
+    /// One Ctrl-C: stops the run in flight, or ends the command.
+    async fn interrupted(&self) {
+        let running = self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        match running {
+            Some((agent, run)) => {
+                let _ = agent.stop(run).await;
+            }
+            None => self.quit.cancel(),
+        }
     }
 
     fn set(&self, run: Option<(AgentHandle, RunId)>) {
