@@ -43,13 +43,7 @@ provider = "greeter"
 "#;
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "wma-openai-{name}-{}-{:?}",
-        std::process::id(),
-        std::time::SystemTime::now()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    crate::support::scratch("openai", name)
 }
 
 fn client(token: &str) -> Client {

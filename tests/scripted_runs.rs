@@ -65,12 +65,7 @@ struct Host {
 
 impl Host {
     async fn start(name: &str, config: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "wma-scripted-{name}-{}-{:?}",
-            std::process::id(),
-            std::time::SystemTime::now()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::support::scratch("scripted", name);
         let (child, base, token) = crate::support::serve_config(&dir, config, HANG).await;
         Self {
             base,

@@ -29,13 +29,7 @@ const TOKEN: &str = "sessions-token-0123456789abcdef0123456789abcdef";
 const HANG: Duration = Duration::from_secs(30);
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "wma-sessions-{name}-{}-{:?}",
-        std::process::id(),
-        std::time::SystemTime::now()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    crate::support::scratch("sessions", name)
 }
 
 fn client(token: &str) -> Client {

@@ -310,3 +310,15 @@ pub(crate) fn node_and_filesystem_server() -> (std::path::PathBuf, std::path::Pa
     }
     (node, server)
 }
+
+/// A fresh folder for one test, named by its file's `prefix` and the
+/// test's `name` (the process and the time keep runs apart).
+pub(crate) fn scratch(prefix: &str, name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "wma-{prefix}-{name}-{}-{:?}",
+        std::process::id(),
+        std::time::SystemTime::now()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
