@@ -1545,8 +1545,18 @@ async fn eval_tasks(mut args: TasksArgs) -> Result<()> {
             } else {
                 run.calls.join("; ")
             };
+            // Which rules acted on this task, so a rule's ablation
+            // (`--rule NAME=false`) can rerun just the tasks it touched.
+            let mut fired: Vec<&str> = run.rules.iter().map(String::as_str).collect();
+            fired.sort_unstable();
+            fired.dedup();
+            let fired = if fired.is_empty() {
+                String::new()
+            } else {
+                format!("; fired {}", fired.join(", "))
+            };
             eprintln!(
-                "[{done}/{total}] {}/{} ({}, {policy}, run {i}): {verdict} [{} steps, {:.1} s, ended {}; {calls}]",
+                "[{done}/{total}] {}/{} ({}, {policy}, run {i}): {verdict} [{} steps, {:.1} s, ended {}; {calls}{fired}]",
                 task.domain,
                 task.name,
                 task.half,
