@@ -58,11 +58,12 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use parking_lot::Mutex;
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE, HeaderMap, HeaderValue};
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
@@ -246,7 +247,7 @@ impl Bench {
     }
 
     fn rng(&self) -> Rng {
-        Rng(self.seeds.lock().unwrap_or_else(|e| e.into_inner()).next())
+        Rng(self.seeds.lock().next())
     }
 
     /// An HTTP client from `ip` that sends the token with every request.
@@ -259,10 +260,7 @@ impl Bench {
     /// per-client slots were freed.
     fn cut_client(&self) -> Client {
         let ip = self.next_ip();
-        self.cut_ips
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(ip);
+        self.cut_ips.lock().push(ip);
         self.client(ip)
     }
 
@@ -446,21 +444,17 @@ struct Phase {
 }
 
 impl Phase {
-    fn tally(&self) -> std::sync::MutexGuard<'_, Tally> {
-        self.tally.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn over(&self) -> bool {
         Instant::now() >= self.deadline || self.stop.is_cancelled()
     }
 
     fn count(&self, name: &'static str) {
-        *self.tally().counters.entry(name).or_insert(0) += 1;
+        *self.tally.lock().counters.entry(name).or_insert(0) += 1;
     }
 
     fn error(&self, kind: impl Into<String>, example: impl Into<String>) {
         let example = example.into();
-        let mut tally = self.tally();
+        let mut tally = self.tally.lock();
         if example.contains("hang:") {
             tally.hangs += 1;
         }
@@ -473,7 +467,7 @@ impl Phase {
 
     /// Checks a stream that was read to its end.
     fn checked(&self, what: &str, stream: &StreamState) {
-        let mut tally = self.tally();
+        let mut tally = self.tally.lock();
         tally.streams += 1;
         if let Some(problem) = stream.violation() {
             tally.violations += 1;
@@ -677,13 +671,13 @@ async fn steady(bench: Arc<Bench>, phase: Arc<Phase>, client: Client, agent: usi
                 Ok(()) => {
                     phase.checked("steady", &sse.state);
                     if let Some(at) = sse.state.terminal_at {
-                        phase.tally().latencies.push(at - sent);
+                        phase.tally.lock().latencies.push(at - sent);
                     }
                 }
                 Err(e) => phase.error("steady: stream", e),
             },
             Start::Refused => {
-                phase.tally().refused += 1;
+                phase.tally.lock().refused += 1;
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             Start::Failed(kind, example) => {
@@ -778,7 +772,7 @@ async fn stopper(bench: Arc<Bench>, phase: Arc<Phase>, agent: usize) {
         let mut sse = match start_run(&bench, &client, &lead).await {
             Start::Streaming(sse) => sse,
             Start::Refused => {
-                phase.tally().refused += 1;
+                phase.tally.lock().refused += 1;
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 continue;
             }
@@ -945,7 +939,7 @@ async fn prober(bench: Arc<Bench>, phase: Arc<Phase>) {
         let sent = Instant::now();
         match client.get(bench.url("/health")).send().await {
             Ok(response) if response.status() == StatusCode::OK => {
-                phase.tally().probes.push(sent.elapsed());
+                phase.tally.lock().probes.push(sent.elapsed());
                 phase.count("probes: answered");
             }
             Ok(response) => phase.error(
@@ -1181,7 +1175,7 @@ async fn run_phase(bench: &Arc<Bench>, kind: Kind, length: Duration) -> Row {
     while adversaries.join_next().await.is_some() {}
     let (runs, in_flight, drained_in) = bench.drain().await;
     let budget_spent = phase.budget.load(Ordering::Relaxed) <= 0;
-    let tally = std::mem::take(&mut *phase.tally());
+    let tally = std::mem::take(&mut *phase.tally.lock());
     bench.fresh_scripts().await;
     Row {
         kind: phase.kind,
@@ -1242,11 +1236,7 @@ fn ms(value: Option<f64>) -> String {
 /// Four concurrent runs (the per-client cap) from each address whose runs
 /// were cut off: a slot the server failed to free shows up as a 429.
 async fn check_slots(bench: &Arc<Bench>) -> (usize, Vec<String>) {
-    let ips = bench
-        .cut_ips
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let ips = bench.cut_ips.lock().clone();
     let per_client = bench.options.max_runs_per_client;
     let mut problems = Vec::new();
     // The agent no other task runs on.

@@ -2,8 +2,9 @@
 //! cart, view the cart. The `wma` command runs its default request against it,
 //! and tests read the cart back to see whether the agent really did the job.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use wma_agent::{ToolAnnotations, ToolDefinition, ToolError, ToolErrorCode};
 use wma_tools::NativeTools;
@@ -116,7 +117,7 @@ impl Shop {
 
     /// What is in the cart.
     pub fn cart(&self) -> Vec<CartLine> {
-        self.cart.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.cart.lock().clone()
     }
 
     /// The shop's tools.
@@ -185,7 +186,7 @@ impl Shop {
                         format!("{} has only {} in stock", p.title, p.stock),
                     ));
                 }
-                let mut cart = cart.lock().unwrap_or_else(|e| e.into_inner());
+                let mut cart = cart.lock();
                 match cart.iter_mut().find(|l| l.product_id == p.id) {
                     Some(line) => line.quantity += quantity,
                     None => cart.push(CartLine { product_id: p.id.to_string(), quantity }),
@@ -202,7 +203,7 @@ impl Shop {
             )
             .with_annotations(read_only),
             move |_| {
-                let cart = cart.lock().unwrap_or_else(|e| e.into_inner());
+                let cart = cart.lock();
                 let mut total = 0.0;
                 let items: Vec<Value> = cart
                     .iter()

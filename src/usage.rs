@@ -1,10 +1,11 @@
 //! Counting what a run cost the model: a provider wrapper that adds up the
 //! token counts and timings of every generation, for the `wma` summary line.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
     CallFormat, GenerateRequest, Generation, ProgressFn, Provider, ProviderError, ProviderInfo,
@@ -103,16 +104,12 @@ impl<P: Provider + ?Sized> UsageMeter<P> {
 
     /// The totals so far.
     pub fn usage(&self) -> Usage {
-        Usage::of(&self.lock())
+        Usage::of(&self.log.lock())
     }
 
     /// Takes the generations recorded so far, leaving the log empty.
     pub fn take(&self) -> Vec<Generation> {
-        std::mem::take(&mut *self.lock())
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Generation>> {
-        self.log.lock().unwrap_or_else(|e| e.into_inner())
+        std::mem::take(&mut *self.log.lock())
     }
 }
 
@@ -136,7 +133,7 @@ impl<P: Provider + ?Sized> Provider for UsageMeter<P> {
         cancel: CancellationToken,
     ) -> Result<Generation, ProviderError> {
         let generation = self.inner.generate(request, cancel).await?;
-        self.lock().push(generation.clone());
+        self.log.lock().push(generation.clone());
         Ok(generation)
     }
 
@@ -150,7 +147,7 @@ impl<P: Provider + ?Sized> Provider for UsageMeter<P> {
             .inner
             .generate_in_session(session, request, cancel)
             .await?;
-        self.lock().push(generation.clone());
+        self.log.lock().push(generation.clone());
         Ok(generation)
     }
 

@@ -1171,7 +1171,7 @@ async fn wma_run_asks_only_when_told_to_read_answers_and_never_waits_otherwise()
 struct Recording {
     server: Arc<wma_testkit::McpTestServer>,
     /// (tool, call id, calls the server had received when it was recorded).
-    recorded: std::sync::Mutex<Vec<(String, String, usize)>>,
+    recorded: parking_lot::Mutex<Vec<(String, String, usize)>>,
     refuse: bool,
 }
 
@@ -1188,7 +1188,7 @@ impl Approver for Recording {
         if self.refuse {
             return Err("the store's database cannot be reached".to_string());
         }
-        self.recorded.lock().unwrap().push((
+        self.recorded.lock().push((
             call.tool.clone(),
             call.call_id.clone(),
             self.server.calls().len(),
@@ -1232,7 +1232,7 @@ async fn an_auto_consequential_mcp_call_is_recorded_first_and_its_server_gets_th
     let agent = runtime.agent("buyer").unwrap();
     let recording = Arc::new(Recording {
         server: server.clone(),
-        recorded: std::sync::Mutex::new(Vec::new()),
+        recorded: parking_lot::Mutex::new(Vec::new()),
         refuse: false,
     });
     let run = agent
@@ -1248,7 +1248,7 @@ async fn an_auto_consequential_mcp_call_is_recorded_first_and_its_server_gets_th
     // Only the consequential call was recorded, while its server had seen
     // only the read before it.
     assert_eq!(
-        *recording.recorded.lock().unwrap(),
+        *recording.recorded.lock(),
         [("place_order".to_string(), "call_2_1".to_string(), 1)]
     );
     let received = server.calls();
@@ -1277,7 +1277,7 @@ async fn an_auto_consequential_mcp_call_is_recorded_first_and_its_server_gets_th
     // A record that cannot be made: the call never reaches its server.
     let refusing = Arc::new(Recording {
         server: server.clone(),
-        recorded: std::sync::Mutex::new(Vec::new()),
+        recorded: parking_lot::Mutex::new(Vec::new()),
         refuse: true,
     });
     let run = agent

@@ -567,7 +567,7 @@ async fn a_sub_agents_parts_stay_between_the_call_that_started_it_and_its_result
 /// about comes from.
 #[derive(Default)]
 struct WhoCalls {
-    calls: std::sync::Mutex<Vec<(String, String, String)>>,
+    calls: parking_lot::Mutex<Vec<(String, String, String)>>,
 }
 
 #[async_trait::async_trait]
@@ -584,11 +584,9 @@ impl webmcp_agents::agent::Approver for WhoCalls {
         call: &webmcp_agents::agent::CallRecordRequest,
     ) -> Result<Option<String>, String> {
         let sub_run = TaggedPart::current_sub_run();
-        self.calls.lock().unwrap().push((
-            call.agent.clone(),
-            sub_run.clone(),
-            call.call_id.clone(),
-        ));
+        self.calls
+            .lock()
+            .push((call.agent.clone(), sub_run.clone(), call.call_id.clone()));
         Ok(Some(format!("key-{sub_run}")))
     }
 }
@@ -704,7 +702,7 @@ async fn each_sub_agent_run_in_a_run_is_told_apart_in_its_parts_and_by_its_appro
     // The host's approver, told about each consequential call before it
     // is sent, knows which run makes it: the same id its parts carry.
     assert_eq!(
-        *who.calls.lock().unwrap(),
+        *who.calls.lock(),
         [
             (
                 "leaf".to_string(),

@@ -5,9 +5,10 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use webmcp_agents::agent::{
@@ -190,7 +191,6 @@ impl Steered {
     fn seen_by(&self, agent: &str) -> Vec<Seen> {
         self.seen
             .lock()
-            .unwrap()
             .iter()
             .filter(|s| s.session.split('#').next() == Some(agent))
             .cloned()
@@ -232,11 +232,10 @@ impl Provider for Steered {
         let text = self
             .replies
             .lock()
-            .unwrap()
             .get_mut(&agent)
             .and_then(VecDeque::pop_front)
             .unwrap_or_else(|| panic!("no reply left for {agent}"));
-        self.seen.lock().unwrap().push(Seen {
+        self.seen.lock().push(Seen {
             session: session.to_string(),
             input_tokens: generation.input_tokens.unwrap_or(0),
             cached_tokens: generation.cached_tokens.unwrap_or(0),

@@ -1658,7 +1658,7 @@ async fn a_question_denied_after_a_restart_reaches_the_model_as_denied() {
 struct ChatProcess {
     child: tokio::process::Child,
     stdin: tokio::process::ChildStdin,
-    stderr: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+    stderr: std::sync::Arc<parking_lot::Mutex<Vec<String>>>,
 }
 
 impl ChatProcess {
@@ -1673,12 +1673,12 @@ impl ChatProcess {
             .spawn()
             .unwrap();
         let stdin = child.stdin.take().unwrap();
-        let stderr = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stderr = std::sync::Arc::new(parking_lot::Mutex::new(Vec::new()));
         let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
         let said = stderr.clone();
         tokio::spawn(async move {
             while let Ok(Some(line)) = lines.next_line().await {
-                said.lock().unwrap().push(line);
+                said.lock().push(line);
             }
         });
         Self {
@@ -1701,19 +1701,14 @@ impl ChatProcess {
     async fn said<T>(&self, find: impl Fn(&str) -> Option<T>) -> T {
         tokio::time::timeout(HANG, async {
             loop {
-                if let Some(found) = self.stderr.lock().unwrap().iter().find_map(|l| find(l)) {
+                if let Some(found) = self.stderr.lock().iter().find_map(|l| find(l)) {
                     return found;
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })
         .await
-        .unwrap_or_else(|_| {
-            panic!(
-                "`wma chat` never said it: {:?}",
-                self.stderr.lock().unwrap()
-            )
-        })
+        .unwrap_or_else(|_| panic!("`wma chat` never said it: {:?}", self.stderr.lock()))
     }
 }
 
@@ -1839,7 +1834,7 @@ async fn a_call_that_ctrl_c_stops_in_wma_chat_is_in_doubt_at_once() {
         .await
         .expect("the chat ends")
         .unwrap();
-    assert!(status.success(), "{:?}", chat.stderr.lock().unwrap());
+    assert!(status.success(), "{:?}", chat.stderr.lock());
     let calls = store.calls_of_run(&runs[0].id).await.unwrap();
     assert_eq!(calls[0].status, CallStatus::InDoubt, "{calls:?}");
     assert_eq!(orders.calls().len(), 1);

@@ -5,11 +5,12 @@
 
 use std::collections::HashMap;
 use std::io::{IsTerminal, Write};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use anyhow::{Result, bail};
 use async_trait::async_trait;
 use clap::{Args, ValueEnum};
+use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 use webmcp_agents::agent::{
     AgentStreamPart, ApprovalAnswer, ApprovalMode, ApprovalRequest, ApprovalRule, Approver,
@@ -372,10 +373,8 @@ impl Approver for TerminalApprover {
                 }
             };
             if let Some(answer) = parse_answer(&line) {
-                if answer.remember
-                    && let Ok(mut remembered) = self.remembered.lock()
-                {
-                    remembered.insert(
+                if answer.remember {
+                    self.remembered.lock().insert(
                         (request.agent.clone(), request.tool.clone()),
                         answer.clone(),
                     );
@@ -389,7 +388,6 @@ impl Approver for TerminalApprover {
     fn remembered(&self, agent: &str, tool: &str) -> Option<ApprovalAnswer> {
         self.remembered
             .lock()
-            .ok()?
             .get(&(agent.to_string(), tool.to_string()))
             .cloned()
     }
@@ -451,7 +449,7 @@ impl RecordingApprover {
     /// The turn going on is the store's run `run_id`: its calls are
     /// recorded under it.
     pub(crate) fn begin_turn(&self, run_id: &str) {
-        *self.run.lock().unwrap_or_else(|e| e.into_inner()) = Some(run_id.to_string());
+        *self.run.lock() = Some(run_id.to_string());
     }
 
     /// A part of the turn: when it is the result or the error of a call
@@ -465,11 +463,11 @@ impl RecordingApprover {
             AgentStreamPart::ToolError { call_id, error, .. } => (call_id, error.to_string(), true),
             _ => return,
         };
-        let key = self
-            .in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&(part.agent.clone(), part.sub_run.clone(), call_id.clone()));
+        let key = self.in_flight.lock().remove(&(
+            part.agent.clone(),
+            part.sub_run.clone(),
+            call_id.clone(),
+        ));
         let Some(key) = key else { return };
         let store = self.store.clone();
         let recording = tokio::spawn(async move {
@@ -477,10 +475,7 @@ impl RecordingApprover {
                 eprintln!("warning: the answer of call {key} was not recorded: {e}");
             }
         });
-        self.answers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(recording);
+        self.answers.lock().push(recording);
     }
 
     /// The turn ended: its answers are recorded, and a recorded call that
@@ -489,12 +484,11 @@ impl RecordingApprover {
     /// Returns those calls' keys by (calling agent, sub-agent run, call
     /// id).
     pub(crate) async fn end_turn(&self) -> HashMap<(String, String, String), String> {
-        let answers = std::mem::take(&mut *self.answers.lock().unwrap_or_else(|e| e.into_inner()));
+        let answers = std::mem::take(&mut *self.answers.lock());
         for recording in answers {
             let _ = recording.await;
         }
-        let unanswered =
-            std::mem::take(&mut *self.in_flight.lock().unwrap_or_else(|e| e.into_inner()));
+        let unanswered = std::mem::take(&mut *self.in_flight.lock());
         for ((_, _, call_id), key) in &unanswered {
             match self.store.abandon_call(key).await {
                 Ok(true) => eprintln!(
@@ -504,7 +498,7 @@ impl RecordingApprover {
                 Err(e) => eprintln!("warning: call {key}, cut short, was not marked in doubt: {e}"),
             }
         }
-        *self.run.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.run.lock() = None;
         unanswered
     }
 }
@@ -526,7 +520,6 @@ impl Approver for RecordingApprover {
         let run = self
             .run
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .clone()
             .ok_or("no turn of the chat is going on to record it in")?;
         // Which of the turn's sub-agent runs calls, as its parts carry it.
@@ -543,13 +536,10 @@ impl Approver for RecordingApprover {
             )
             .await
             .map_err(|e| e.to_string())?;
-        self.in_flight
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(
-                (call.agent.clone(), sub_run, call.call_id.clone()),
-                record.idempotency_key.clone(),
-            );
+        self.in_flight.lock().insert(
+            (call.agent.clone(), sub_run, call.call_id.clone()),
+            record.idempotency_key.clone(),
+        );
         Ok(Some(record.idempotency_key))
     }
 }
@@ -581,7 +571,7 @@ mod tests {
         let asked = Arc::new(Mutex::new(Vec::new()));
         let seen = asked.clone();
         let lines = Lines::editing(move |prompt: &str, kept: bool| {
-            seen.lock().unwrap().push((prompt.to_string(), kept));
+            seen.lock().push((prompt.to_string(), kept));
             typed.recv().unwrap_or(Input::Ended)
         });
         (lines, keys, asked)
@@ -601,7 +591,7 @@ mod tests {
         }
         assert!(lines.edits());
         // Lines are waiting to be typed, yet none is read before it is asked for.
-        assert!(asked.lock().unwrap().is_empty());
+        assert!(asked.lock().is_empty());
         assert_eq!(
             lines.request("you> ").await.unwrap(),
             Input::Line("Show me my cart".into())
@@ -612,7 +602,7 @@ mod tests {
         // Once the input ended, the editor is not asked again.
         assert_eq!(lines.request("you> ").await.unwrap(), Input::Ended);
         assert_eq!(
-            *asked.lock().unwrap(),
+            *asked.lock(),
             [
                 ("you> ".to_string(), true),
                 ("run it? ".to_string(), false),
@@ -636,7 +626,7 @@ mod tests {
             Input::Line("Show me my cart".into())
         );
         assert_eq!(
-            *asked.lock().unwrap(),
+            *asked.lock(),
             [("run it? ".to_string(), false), ("you> ".to_string(), true)]
         );
     }

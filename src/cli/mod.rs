@@ -8,11 +8,12 @@ pub(crate) mod trace;
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use webmcp_agents::agent::{AgentStreamPart, ChatMessage};
 use webmcp_agents::config::{Config, Hosted, StartOptions};
@@ -315,11 +316,7 @@ impl Interrupt {
 
     /// One Ctrl-C: stops the run in flight, or ends the command.
     async fn interrupted(&self) {
-        let running = self
-            .running
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let running = self.running.lock().clone();
         match running {
             Some((agent, run)) => {
                 let _ = agent.stop(run).await;
@@ -329,7 +326,7 @@ impl Interrupt {
     }
 
     fn set(&self, run: Option<(AgentHandle, RunId)>) {
-        *self.running.lock().unwrap_or_else(|e| e.into_inner()) = run;
+        *self.running.lock() = run;
     }
 }
 

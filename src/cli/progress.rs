@@ -3,10 +3,11 @@
 //! see none of their redrawing.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use parking_lot::Mutex;
 use webmcp_agents::agent::Progress;
 
 /// One bar per named task (a provider being prepared).
@@ -36,17 +37,13 @@ impl Bars {
 
     /// Removes every bar (the work is done, or failed).
     pub(crate) fn finish(&self) {
-        for bar in self.lock().values() {
+        for bar in self.bars.lock().values() {
             bar.finish_and_clear();
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, ProgressBar>> {
-        self.bars.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn update(&self, name: &str, progress: &Progress) {
-        let mut bars = self.lock();
+        let mut bars = self.bars.lock();
         let bar = bars.entry(name.to_string()).or_insert_with(|| {
             let bar = self.multi.add(ProgressBar::new_spinner());
             bar.set_prefix(name.to_string());

@@ -7,8 +7,9 @@
 //! (see [`EVAL_BUILTINS`]), since the config's own built-ins are the
 //! calculator and the clock.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use wma_agent::{ToolAnnotations, ToolDefinition, ToolError, ToolErrorCode};
 use wma_tools::NativeTools;
@@ -137,11 +138,7 @@ impl TodoList {
 
     /// The items now.
     pub fn items(&self) -> Vec<Todo> {
-        self.lock().clone()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Todo>> {
-        self.items.lock().unwrap_or_else(|e| e.into_inner())
+        self.items.lock().clone()
     }
 
     /// The list's tools: `list_todos` and `find_todos` read; `add_todo`,
@@ -161,6 +158,7 @@ impl TodoList {
             move |args| {
                 let status = args["status"].as_str().unwrap_or("open");
                 let items: Vec<Value> = list
+                    .items
                     .lock()
                     .iter()
                     .filter(|t| match status {
@@ -187,6 +185,7 @@ impl TodoList {
                 let query = string_arg(&args, "query")?.to_lowercase();
                 let words: Vec<&str> = query.split_whitespace().collect();
                 let items: Vec<Value> = list
+                    .items
                     .lock()
                     .iter()
                     .filter(|t| {
@@ -217,7 +216,7 @@ impl TodoList {
                     }
                     _ => None,
                 };
-                let mut items = list.lock();
+                let mut items = list.items.lock();
                 let id = format!("t-{}", items.len() + 1);
                 let todo = Todo {
                     id,
@@ -241,7 +240,7 @@ impl TodoList {
             ),
             move |args| {
                 let id = string_arg(&args, "todo_id")?;
-                let mut items = list.lock();
+                let mut items = list.items.lock();
                 let todo = items
                     .iter_mut()
                     .find(|t| t.id == id)
@@ -261,7 +260,7 @@ impl TodoList {
             ),
             move |args| {
                 let id = string_arg(&args, "todo_id")?;
-                let mut items = list.lock();
+                let mut items = list.items.lock();
                 let at = items
                     .iter()
                     .position(|t| t.id == id)
@@ -337,11 +336,7 @@ impl Calendar {
 
     /// The events now.
     pub fn events(&self) -> Vec<Event> {
-        self.lock().clone()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Event>> {
-        self.events.lock().unwrap_or_else(|e| e.into_inner())
+        self.events.lock().clone()
     }
 
     /// The calendar's tools: `list_events` and `get_event` read;
@@ -362,6 +357,7 @@ impl Calendar {
                 let date = string_arg(&args, "date")?;
                 check_date(date)?;
                 let mut events: Vec<Event> = cal
+                    .events
                     .lock()
                     .iter()
                     .filter(|e| e.date == date)
@@ -383,7 +379,8 @@ impl Calendar {
             .with_annotations(read_only()),
             move |args| {
                 let id = string_arg(&args, "event_id")?;
-                cal.lock()
+                cal.events
+                    .lock()
                     .iter()
                     .find(|e| e.id == id)
                     .map(|e| e.json().to_string())
@@ -412,7 +409,7 @@ impl Calendar {
                 let minutes = args["duration_minutes"]
                     .as_u64()
                     .map_or(60, |m| m.min(24 * 60) as u32);
-                let mut events = cal.lock();
+                let mut events = cal.events.lock();
                 let event = Event {
                     id: format!("e-{}", events.len() + 1),
                     title,
@@ -455,7 +452,7 @@ impl Calendar {
                 if let Some(s) = start {
                     check_time(s)?;
                 }
-                let mut events = cal.lock();
+                let mut events = cal.events.lock();
                 let event = events
                     .iter_mut()
                     .find(|e| e.id == id)
@@ -480,7 +477,7 @@ impl Calendar {
             ),
             move |args| {
                 let id = string_arg(&args, "event_id")?;
-                let mut events = cal.lock();
+                let mut events = cal.events.lock();
                 let at = events
                     .iter()
                     .position(|e| e.id == id)

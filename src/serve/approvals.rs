@@ -8,10 +8,11 @@
 //! question whose run stopped waiting is taken off the list.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use serde::Serialize;
 use tokio::sync::{oneshot, watch};
 use wma_agent::{ApprovalAnswer, ApprovalRequest, Approver, CallRecordRequest};
@@ -63,30 +64,23 @@ pub struct InMemoryApprovals {
     pending: Mutex<HashMap<String, (PendingApproval, oneshot::Sender<ApprovalAnswer>)>>,
 }
 
-impl InMemoryApprovals {
-    fn pending(
-        &self,
-    ) -> MutexGuard<'_, HashMap<String, (PendingApproval, oneshot::Sender<ApprovalAnswer>)>> {
-        // Plain values: a panic elsewhere leaves the map usable.
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
-    }
-}
-
 impl PendingApprovals for InMemoryApprovals {
     fn insert(&self, pending: PendingApproval) -> oneshot::Receiver<ApprovalAnswer> {
         let (tx, rx) = oneshot::channel();
-        self.pending()
+        self.pending
+            .lock()
             .insert(pending.request.approval_id.clone(), (pending, tx));
         rx
     }
 
     fn remove(&self, approval_id: &str) {
-        self.pending().remove(approval_id);
+        self.pending.lock().remove(approval_id);
     }
 
     fn list(&self) -> Vec<PendingApproval> {
         let mut list: Vec<PendingApproval> = self
-            .pending()
+            .pending
+            .lock()
             .values()
             .filter(|(_, tx)| !tx.is_closed())
             .map(|(p, _)| p.clone())
@@ -103,7 +97,7 @@ impl PendingApprovals for InMemoryApprovals {
         approval_id: &str,
         answer: ApprovalAnswer,
     ) -> Result<PendingApproval, AnswerRefused> {
-        let mut pending = self.pending();
+        let mut pending = self.pending.lock();
         match pending.get(approval_id) {
             Some((p, _)) if p.run_id == run_id => {}
             _ => return Err(AnswerRefused::NotPending),
@@ -370,10 +364,7 @@ impl Approver for HttpApprover {
         // An approved call is recorded by `before_call`, which the loop
         // calls next, before it sends the call.
         if answer.remember {
-            self.remembered
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(key, answer.clone());
+            self.remembered.lock().insert(key, answer.clone());
         }
         answer
     }
@@ -381,7 +372,6 @@ impl Approver for HttpApprover {
     fn remembered(&self, agent: &str, tool: &str) -> Option<ApprovalAnswer> {
         self.remembered
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
             .get(&(agent.to_string(), tool.to_string()))
             .cloned()
     }
@@ -412,7 +402,7 @@ impl Approver for HttpApprover {
             )
             .await
             .map_err(|e| e.to_string())?;
-        self.calls.lock().unwrap_or_else(|e| e.into_inner()).insert(
+        self.calls.lock().insert(
             (call.agent.clone(), sub_run, call.call_id.clone()),
             record.idempotency_key.clone(),
         );
@@ -526,7 +516,6 @@ mod tests {
         assert_eq!(
             calls
                 .lock()
-                .unwrap()
                 .get(&("main".into(), String::new(), "call_1_1".into())),
             Some(&key)
         );
@@ -538,11 +527,11 @@ mod tests {
             .unwrap();
         let refused = approver.before_call(&order("call_2_1")).await.unwrap_err();
         assert!(refused.contains("finished"), "{refused}");
-        assert!(!calls.lock().unwrap().contains_key(&(
-            "main".into(),
-            String::new(),
-            "call_2_1".into()
-        )));
+        assert!(
+            !calls
+                .lock()
+                .contains_key(&("main".into(), String::new(), "call_2_1".into()))
+        );
         assert_eq!(store.calls_of_run(&run.id).await.unwrap().len(), 1);
         // Without a store, nothing is recorded and nothing refused.
         let plain = HttpApprover::new(run.id.clone(), "main".into(), registry);

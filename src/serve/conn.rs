@@ -20,8 +20,8 @@ use std::convert::Infallible;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,7 @@ use http_body_util::BodyExt;
 use hyper::body::{Body as HttpBody, Bytes, Frame, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
@@ -181,7 +182,7 @@ struct Slot {
 impl Drop for Slot {
     fn drop(&mut self) {
         // A shed connection's place was already given to another.
-        self.slots.lock().open.remove(&self.id);
+        self.slots.table.lock().open.remove(&self.id);
         self.slots.changed.notify_waiters();
     }
 }
@@ -198,12 +199,6 @@ impl Slots {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Table> {
-        // Each update is one insert or remove; a panic cannot leave the
-        // table half-changed.
-        self.table.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// A slot for a new connection of `peer`, making room when the caps
     /// are reached, or `None` when every connection that could make room
     /// has a request in progress.
@@ -214,7 +209,7 @@ impl Slots {
     /// from when it opened, the first byte of the head it is sending, or
     /// its last response, so the newest connections are kept.
     fn admit(self: &Arc<Self>, peer: IpAddr, activity: &Arc<Activity>) -> Option<Slot> {
-        let mut table = self.lock();
+        let mut table = self.table.lock();
         let mut held: HashMap<IpAddr, usize> = HashMap::new();
         for open in table.open.values() {
             *held.entry(open.peer).or_default() += 1;
@@ -283,7 +278,7 @@ impl Slots {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            if self.lock().open.is_empty() {
+            if self.table.lock().open.is_empty() {
                 return;
             }
             changed.await;
@@ -745,7 +740,7 @@ mod tests {
 
     /// Marks the connection of `slot` as having a request in progress.
     fn busy(slots: &Slots, slot: &Slot) -> Busy {
-        let table = slots.lock();
+        let table = slots.table.lock();
         table.open[&slot.id].activity.begin_request()
     }
 }

@@ -4,7 +4,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use hyper::header::{
@@ -13,6 +12,7 @@ use hyper::header::{
     HeaderMap, HeaderValue, ORIGIN, VARY,
 };
 use hyper::http::request::Parts;
+use parking_lot::Mutex;
 
 use super::RUN_ID_HEADER;
 use super::options::ServerOptions;
@@ -75,7 +75,7 @@ impl RefusalLog {
     /// its kind left unlogged since the last warning, `None` to count it
     /// silently.
     pub(crate) fn admit(&self, refusal: &Refusal, now: Instant) -> Option<u64> {
-        let mut kinds = self.kinds.lock().unwrap_or_else(|e| e.into_inner());
+        let mut kinds = self.kinds.lock();
         match kinds.get_mut(refusal.kind()) {
             Some((last, unlogged)) if now.duration_since(*last) < REFUSAL_LOG_INTERVAL => {
                 *unlogged += 1;

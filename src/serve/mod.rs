@@ -39,7 +39,7 @@ pub mod ui;
 use std::collections::{BTreeMap, HashMap};
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
@@ -48,6 +48,7 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Body as _, Bytes, Frame, Incoming};
 use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
+use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -168,7 +169,7 @@ impl Api {
     /// The config provider whose model the provider actor `actor` serves.
     fn loaded_in(&self, actor: &str) -> String {
         // The map holds plain names; a panic elsewhere leaves it usable.
-        let loaded = self.loaded.lock().unwrap_or_else(|e| e.into_inner());
+        let loaded = self.loaded.lock();
         loaded
             .get(actor)
             .cloned()
@@ -336,18 +337,9 @@ struct RunBook {
 }
 
 impl RunBook {
-    fn ids(&self) -> MutexGuard<'_, HashMap<String, (String, RunId)>> {
-        // The maps hold plain values; a panic elsewhere leaves them usable.
-        self.ids.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn per_client(&self) -> MutexGuard<'_, HashMap<IpAddr, usize>> {
-        self.per_client.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// A slot for one more run of `client`, unless it has `limit` already.
     fn admit(self: &Arc<Self>, client: IpAddr, limit: usize) -> Option<RunTicket> {
-        let mut counts = self.per_client();
+        let mut counts = self.per_client.lock();
         let count = counts.entry(client).or_insert(0);
         if *count >= limit {
             return None;
@@ -374,7 +366,8 @@ impl RunTicket {
     /// Files the started run under its public id.
     fn register(&mut self, id: &str, agent: &str, run: RunId) {
         self.book
-            .ids()
+            .ids
+            .lock()
             .insert(id.to_string(), (agent.to_string(), run));
         self.id = Some(id.to_string());
     }
@@ -383,9 +376,9 @@ impl RunTicket {
 impl Drop for RunTicket {
     fn drop(&mut self) {
         if let Some(id) = &self.id {
-            self.book.ids().remove(id);
+            self.book.ids.lock().remove(id);
         }
-        let mut counts = self.book.per_client();
+        let mut counts = self.book.per_client.lock();
         if let Some(count) = counts.get_mut(&self.client) {
             *count -= 1;
             if *count == 0 {
@@ -920,7 +913,7 @@ fn find_run(server: &Server, name: &str, run: &str) -> Result<String, (StatusCod
         return Err((StatusCode::BAD_REQUEST, format!("`{run}` is not a run id")));
     }
     let run = run.to_ascii_lowercase();
-    match server.runs.ids().get(&run) {
+    match server.runs.ids.lock().get(&run) {
         Some((owner, _)) if owner == name => Ok(run),
         _ => Err((
             StatusCode::NOT_FOUND,
@@ -1019,7 +1012,12 @@ async fn stop_run(server: &Server, name: &str, run: &str) -> Response<Body> {
     if run.len() != 2 * RUN_ID_BYTES || !run.bytes().all(|b| b.is_ascii_hexdigit()) {
         return error(StatusCode::BAD_REQUEST, format!("`{run}` is not a run id"));
     }
-    let found = server.runs.ids().get(&run.to_ascii_lowercase()).cloned();
+    let found = server
+        .runs
+        .ids
+        .lock()
+        .get(&run.to_ascii_lowercase())
+        .cloned();
     // An id this server never gave out, one of another agent's runs, or
     // one of a run that ended: nothing of this agent's is running under it.
     let Some((_, run)) = found.filter(|(owner, _)| owner == name) else {
@@ -1064,7 +1062,6 @@ async fn swap(api: &Api, name: &str, body: SwapBody) -> Response<Body> {
         Ok(info) => {
             api.loaded
                 .lock()
-                .unwrap_or_else(|e| e.into_inner())
                 .insert(provider.clone(), body.provider.clone());
             let shared: Vec<&str> = api
                 .agents

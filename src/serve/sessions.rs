@@ -11,13 +11,14 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use http_body_util::{BodyExt, StreamBody};
 use hyper::body::{Bytes, Frame};
 use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue};
 use hyper::{Response, StatusCode};
+use parking_lot::Mutex;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
@@ -60,17 +61,13 @@ impl Feed {
         })
     }
 
-    fn state(&self) -> MutexGuard<'_, FeedState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn push(&self, seq: u64, event: Bytes) {
-        self.state().events.push((seq, event));
+        self.state.lock().events.push((seq, event));
         self.signal.send_modify(|n| *n += 1);
     }
 
     fn finish(&self) {
-        self.state().done = true;
+        self.state.lock().done = true;
         self.signal.send_modify(|n| *n += 1);
     }
 
@@ -90,7 +87,7 @@ impl Feed {
                         return Some((event, (feed, signal, after, ready)));
                     }
                     let done = {
-                        let state = feed.state();
+                        let state = feed.state.lock();
                         let from = after;
                         for (seq, event) in state.events.iter().filter(|(s, _)| *s > from) {
                             ready.push(event.clone());
@@ -128,26 +125,22 @@ struct LiveRun {
 }
 
 impl LiveRuns {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, LiveRun>> {
-        self.runs.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn get(&self, run: &str) -> Option<LiveRun> {
-        self.lock().get(run).cloned()
+        self.runs.lock().get(run).cloned()
     }
 
     fn in_session(&self, session: &str) -> bool {
-        self.lock().values().any(|r| r.session_id == session)
+        self.runs.lock().values().any(|r| r.session_id == session)
     }
 
     /// Whether this process drives the run.
     pub(crate) fn is_live(&self, run: &str) -> bool {
-        self.lock().contains_key(run)
+        self.runs.lock().contains_key(run)
     }
 
     /// The runs this process drives.
     pub(crate) fn ids(&self) -> Vec<String> {
-        self.lock().keys().cloned().collect()
+        self.runs.lock().keys().cloned().collect()
     }
 }
 
@@ -479,7 +472,7 @@ fn launch(
     for (seq, event) in earlier {
         feed.push(seq, event);
     }
-    server.live.lock().insert(
+    server.live.runs.lock().insert(
         id.clone(),
         LiveRun {
             session_id: session_id.to_string(),
@@ -606,7 +599,7 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
         // run stopped while it ran) may or may not have happened: in doubt
         // now, as after a crash. At shutdown they stay in flight, and the
         // next start marks them.
-        let unanswered = std::mem::take(&mut *run.calls.lock().unwrap_or_else(|e| e.into_inner()));
+        let unanswered = std::mem::take(&mut *run.calls.lock());
         for key in unanswered.values() {
             if let Err(e) = run.store.abandon_call(key).await {
                 tracing::warn!(run_id = %run.id, error = %e, "a call cut short was not marked in doubt");
@@ -635,7 +628,7 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
             _ => {}
         }
     }
-    run.live.lock().remove(&run.id);
+    run.live.runs.lock().remove(&run.id);
     run.feed.finish();
     drop(run.ticket);
 }
@@ -653,7 +646,6 @@ fn record_answer(run: &DriveRun, part: &TaggedPart) {
     let key = run
         .calls
         .lock()
-        .unwrap_or_else(|e| e.into_inner())
         .remove(&(part.agent.clone(), part.sub_run.clone(), call_id.clone()));
     if let Some(key) = key {
         let store = run.store.clone();

@@ -8,8 +8,10 @@
 //! that starts once the replies were all given starts them over.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use crate::{
     CallFormat, Constraint, GenerateRequest, Generation, Progress, ProgressFn, PromptRole,
@@ -236,7 +238,7 @@ impl ScriptedProvider {
     /// without the runtime), a prompt that holds no answer yet starts a
     /// run. [`Self::remaining`] counts the replies left in the latest pass.
     pub fn pass_per_run(self) -> Self {
-        self.lock().passes = Some(Passes::default());
+        self.inner.lock().passes = Some(Passes::default());
         self
     }
 
@@ -288,18 +290,18 @@ impl ScriptedProvider {
     /// Adds replies to the end of the script (of every pass, for a provider
     /// with a [pass per run](Self::pass_per_run)).
     pub fn push<R: Into<ScriptedReply>>(&self, reply: R) {
-        self.lock().replies.push_back(reply.into());
+        self.inner.lock().replies.push_back(reply.into());
     }
 
     /// The requests received, in order: the latest [`SCRIPTED_REQUEST_LOG`] of them.
     pub fn requests(&self) -> Vec<GenerateRequest> {
-        self.lock().requests.iter().cloned().collect()
+        self.inner.lock().requests.iter().cloned().collect()
     }
 
     /// Replies not yet used (of the latest pass, for a provider with a
     /// [pass per run](Self::pass_per_run)).
     pub fn remaining(&self) -> usize {
-        let inner = self.lock();
+        let inner = self.inner.lock();
         let script = inner.replies.len();
         match &inner.passes {
             None => script,
@@ -312,7 +314,7 @@ impl ScriptedProvider {
 
     /// Whether prepare() ran.
     pub fn prepared(&self) -> bool {
-        self.lock().prepared
+        self.inner.lock().prepared
     }
 
     /// The size of a prompt as [`Self::with_max_prompt_chars`] counts it.
@@ -342,7 +344,7 @@ impl ScriptedProvider {
             && request.decoding.call_baseline
             && request.decoding.call_threshold.is_some();
         let reply = {
-            let mut inner = self.lock();
+            let mut inner = self.inner.lock();
             if inner.requests.len() == SCRIPTED_REQUEST_LOG {
                 inner.requests.pop_front();
             }
@@ -382,12 +384,6 @@ impl ScriptedProvider {
             call_baseline: self.call_baseline.filter(|_| baseline),
         })
     }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        // A test that panicked while holding the lock already failed; keep
-        // the data usable for its report.
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 #[async_trait]
@@ -413,7 +409,7 @@ impl Provider for ScriptedProvider {
             done: 1,
             total: Some(1),
         });
-        self.lock().prepared = true;
+        self.inner.lock().prepared = true;
         Ok(())
     }
 
@@ -609,7 +605,7 @@ mod tests {
             let run = format!("a#{i}");
             assert_eq!(answer(&provider, &run, first_step()).await.unwrap(), "Hi.");
         }
-        let inner = provider.lock();
+        let inner = provider.inner.lock();
         let passes = inner.passes.as_ref().unwrap();
         assert_eq!(passes.runs.len(), SCRIPTED_REQUEST_LOG);
         assert_eq!(passes.order.len(), SCRIPTED_REQUEST_LOG);

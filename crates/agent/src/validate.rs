@@ -13,11 +13,12 @@
 //! [`CompiledSchema`] per tool) instead of calling [`validate_args`].
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use jsonschema::error::{TypeKind, ValidationErrorKind};
 use jsonschema::paths::{Location, LocationSegment};
 use jsonschema::{JsonType, ValidationError, Validator};
+use parking_lot::Mutex;
 use serde_json::Value;
 
 /// Why arguments were refused.
@@ -126,12 +127,12 @@ impl ValidatorCache {
     /// The compiled form of `schema`, compiling it on first use.
     pub fn get(&self, schema: &Value) -> Result<Arc<CompiledSchema>, ArgsError> {
         let key = schema.to_string();
-        if let Some(found) = self.lock().get(&key) {
+        if let Some(found) = self.compiled.lock().get(&key) {
             return Ok(Arc::clone(found));
         }
         // Compile without holding the lock; a race only compiles twice.
         let compiled = Arc::new(CompiledSchema::new(schema)?);
-        let mut map = self.lock();
+        let mut map = self.compiled.lock();
         if map.len() >= Self::CAPACITY {
             map.clear();
         }
@@ -146,20 +147,12 @@ impl ValidatorCache {
 
     /// How many schemas are cached.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.compiled.lock().len()
     }
 
     /// Whether no schema is cached.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<CompiledSchema>>> {
-        // The map is always left consistent, so a panic elsewhere while
-        // holding the lock does not make it unusable.
-        self.compiled
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 

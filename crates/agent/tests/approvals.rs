@@ -2,11 +2,12 @@
 //! waits, and what the model reads after an approval, a denial or no
 //! answer in time.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -27,7 +28,7 @@ struct Files {
 
 impl Files {
     fn ran(&self) -> Vec<String> {
-        self.ran.lock().unwrap().clone()
+        self.ran.lock().clone()
     }
 }
 
@@ -61,7 +62,7 @@ impl ToolHost for Files {
         arguments: Value,
         _cancel: CancellationToken,
     ) -> Result<String, ToolError> {
-        self.ran.lock().unwrap().push(name.to_string());
+        self.ran.lock().push(name.to_string());
         Ok(format!("{name} done with {}", arguments["path"]))
     }
 }
@@ -107,7 +108,7 @@ struct Always {
 #[async_trait]
 impl Approver for Always {
     async fn ask(&self, request: ApprovalRequest) -> ApprovalAnswer {
-        self.asked.lock().unwrap().push(request);
+        self.asked.lock().push(request);
         self.answer.clone()
     }
 }
@@ -260,7 +261,7 @@ async fn a_denied_call_never_runs_and_the_model_reads_error_denied() {
     )
     .await;
     assert!(files.ran().is_empty(), "{parts:#?}");
-    assert_eq!(approver.asked.lock().unwrap().len(), 1);
+    assert_eq!(approver.asked.lock().len(), 1);
     let denied = denied_errors(&parts);
     assert_eq!(denied.len(), 1, "{parts:#?}");
     assert!(
@@ -297,7 +298,7 @@ async fn a_tool_the_person_denied_is_not_offered_again_nor_asked_about_in_the_ru
     .await;
     assert!(files.ran().is_empty(), "{parts:#?}");
     // The person was asked once; the second call was denied without it.
-    assert_eq!(approver.asked.lock().unwrap().len(), 1, "{parts:#?}");
+    assert_eq!(approver.asked.lock().len(), 1, "{parts:#?}");
     assert_eq!(asked(&parts), ["write_file"], "{parts:#?}");
     let denied = denied_errors(&parts);
     assert_eq!(denied.len(), 2, "{parts:#?}");
@@ -387,7 +388,7 @@ async fn read_only_and_plain_tools_do_not_ask() {
     )
     .await;
     assert!(asked(&parts).is_empty(), "{parts:#?}");
-    assert!(approver.asked.lock().unwrap().is_empty());
+    assert!(approver.asked.lock().is_empty());
     assert_eq!(files.ran(), vec!["read_file", "touch_file"]);
 }
 
@@ -421,7 +422,7 @@ async fn after_an_untrusted_result_a_consequential_tool_asks_even_under_auto() {
     )
     .await;
     assert_eq!(asked(&parts), vec!["write_file"], "{parts:#?}");
-    let question = approver.asked.lock().unwrap().last().cloned().unwrap();
+    let question = approver.asked.lock().last().cloned().unwrap();
     assert!(question.reason.contains("untrusted"), "{question:?}");
     assert_eq!(files.ran(), vec!["read_page"]);
     // An untrusted result in the conversation already (an earlier turn)
@@ -462,7 +463,7 @@ async fn deny_never_runs_the_tool_even_with_nobody_to_ask() {
         let mut request = request(&files, "Write a.txt");
         if let Some(approver) = &approver {
             request = request.with_approver(approver.clone());
-            assert!(approver.asked.lock().unwrap().is_empty());
+            assert!(approver.asked.lock().is_empty());
         }
         let parts = run(model.clone(), request, policy.clone()).await;
         assert!(files.ran().is_empty(), "{parts:#?}");
@@ -526,7 +527,7 @@ async fn a_request_cannot_loosen_the_policy() {
     )
     .await;
     assert_eq!(asked(&parts), vec!["read_file"]);
-    let question = approver.asked.lock().unwrap().last().cloned().unwrap();
+    let question = approver.asked.lock().last().cloned().unwrap();
     assert!(question.reason.contains("request"), "{question:?}");
 }
 
@@ -545,7 +546,7 @@ async fn an_answer_for_the_session_holds_for_the_rest_of_the_run() {
         ApprovalPolicy::default(),
     )
     .await;
-    assert_eq!(approver.asked.lock().unwrap().len(), 1, "asked once");
+    assert_eq!(approver.asked.lock().len(), 1, "asked once");
     assert_eq!(files.ran(), vec!["write_file", "write_file"]);
     let decided: Vec<(bool, String)> = parts
         .iter()
@@ -594,7 +595,7 @@ impl ToolHost for Keyed {
         context: &CallContext,
         cancel: CancellationToken,
     ) -> Result<String, ToolError> {
-        self.ledger.lock().unwrap().push(format!(
+        self.ledger.lock().push(format!(
             "send {name} {}",
             context.idempotency_key().unwrap_or("-")
         ));
@@ -617,14 +618,13 @@ impl Approver for Recorder {
     }
 
     async fn before_call(&self, call: &CallRecordRequest) -> Result<Option<String>, String> {
-        self.requests.lock().unwrap().push(call.clone());
+        self.requests.lock().push(call.clone());
         if let Some(why) = &self.refuse {
             return Err(why.clone());
         }
         let key = format!("key-{}", call.call_id);
         self.ledger
             .lock()
-            .unwrap()
             .push(format!("record {} {key}", call.tool));
         Ok(Some(key))
     }
@@ -672,7 +672,7 @@ async fn every_consequential_call_is_recorded_before_it_is_sent_whatever_let_it_
         "{parts:#?}"
     );
     assert_eq!(
-        *ledger.lock().unwrap(),
+        *ledger.lock(),
         [
             // Read-only: no record, no key.
             "send read_file -",
@@ -686,7 +686,7 @@ async fn every_consequential_call_is_recorded_before_it_is_sent_whatever_let_it_
             "send touch_file key-call_4_1",
         ]
     );
-    let requests = recorder.requests.lock().unwrap().clone();
+    let requests = recorder.requests.lock().clone();
     assert_eq!(requests[0].agent, "agent");
     assert_eq!(requests[0].call_id, "call_2_1");
     assert_eq!(requests[0].tool, "write_file");
@@ -718,8 +718,8 @@ async fn a_call_that_cannot_be_recorded_is_not_sent() {
         "the host could not record the call before sending it: the store's database cannot be reached"
     );
     // The write never reached its source; the read that needs no record did.
-    assert_eq!(*ledger.lock().unwrap(), ["send read_file -"]);
-    assert_eq!(recorder.requests.lock().unwrap().len(), 1);
+    assert_eq!(*ledger.lock(), ["send read_file -"]);
+    assert_eq!(recorder.requests.lock().len(), 1);
     assert!(
         prompt(&model, 1).contains("Error [denied]: the host could not record the call"),
         "{}",
@@ -760,7 +760,7 @@ async fn a_run_that_goes_on_numbers_its_calls_after_the_turns_calls() {
         .collect();
     assert_eq!(ids, ["call_2_1"], "{parts:#?}");
     assert_eq!(
-        *ledger.lock().unwrap(),
+        *ledger.lock(),
         [
             "record write_file key-call_2_1",
             "send write_file key-call_2_1"

@@ -13,11 +13,12 @@
 //! small number so the suite stays fast. Time limits here are hang detectors
 //! with a wide margin, never speed claims.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use parking_lot::Mutex;
 use proptest::prelude::*;
 use proptest::test_runner::Config as ProptestConfig;
 use serde_json::{Map, Number, Value, json};
@@ -1134,10 +1135,7 @@ impl Provider for Recorder {
         request: GenerateRequest,
         _cancel: CancellationToken,
     ) -> Result<Generation, ProviderError> {
-        self.prompts
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(request.messages);
+        self.prompts.lock().push(request.messages);
         Ok(Generation::text("Done."))
     }
 
@@ -1215,7 +1213,7 @@ fn run_once(
             .collect::<Vec<_>>()
             .await
     });
-    let prompts = prompts.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let prompts = prompts.lock().clone();
     (prompts, parts)
 }
 

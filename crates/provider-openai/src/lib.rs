@@ -56,10 +56,11 @@
 
 mod wire;
 
-use std::sync::{Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
@@ -232,7 +233,7 @@ impl OpenAiProvider {
     /// Replaces the options' sampling seed for the requests from now on
     /// (`None` sends none); evaluations seed each run on its own.
     pub fn reseed(&self, seed: Option<u64>) {
-        *self.seed.lock().unwrap_or_else(|e| e.into_inner()) = Some(seed);
+        *self.seed.lock() = Some(seed);
     }
 
     /// The context window in use, once prepared.
@@ -334,11 +335,8 @@ impl OpenAiProvider {
         if let Some(t) = self.options.temperature {
             body["temperature"] = json!(t);
         }
-        let seed = self
-            .seed
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .unwrap_or(self.options.seed);
+        let reseeded = *self.seed.lock();
+        let seed = reseeded.unwrap_or(self.options.seed);
         if let Some(seed) = seed {
             body["seed"] = json!(seed);
         }
@@ -465,14 +463,13 @@ impl OpenAiProvider {
     /// estimated high.
     async fn count(&self, request: &GenerateRequest) -> Result<usize, ProviderError> {
         let facts = self.facts.get().copied();
-        let tokenizes =
-            facts.is_some_and(|f| f.tokenizes) && !*self.tokenize_failed.lock().unwrap();
+        let tokenizes = facts.is_some_and(|f| f.tokenizes) && !*self.tokenize_failed.lock();
         if tokenizes {
             match self.server_count(request).await {
                 Ok(n) => return Ok(n),
                 Err(error) => {
                     tracing::warn!(%error, "the server could not count the prompt; estimating from now on");
-                    *self.tokenize_failed.lock().unwrap() = true;
+                    *self.tokenize_failed.lock() = true;
                 }
             }
         }

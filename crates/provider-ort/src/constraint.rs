@@ -73,12 +73,13 @@
 //! `<|im_end|>`, not the tokenizer's `<|endoftext|>`.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
+use parking_lot::Mutex;
 use serde_json::{Map, Value, json};
 use tokenizers::Tokenizer;
 use wma_agent::{CallFormat, Constraint, Decoding, ToolDefinition};
@@ -463,7 +464,7 @@ impl ConstraintEngine {
     /// when llguidance can compile it, else a looser one (logged).
     fn arguments_schema(&self, tool: &ToolDefinition, limits: Limits) -> ArgumentsSchema {
         let key = (json_text(&tool.input_schema), limits);
-        if let Some(found) = self.schema_cache().get(&key) {
+        if let Some(found) = self.schemas.lock().get(&key) {
             return found.clone();
         }
         let strict = tighten_with(&tool.input_schema, limits);
@@ -507,7 +508,7 @@ impl ConstraintEngine {
                 enforcement,
             }
         };
-        let mut cache = self.schema_cache();
+        let mut cache = self.schemas.lock();
         if cache.len() >= SCHEMA_CACHE_LIMIT {
             cache.clear();
         }
@@ -558,14 +559,6 @@ impl ConstraintEngine {
                 false
             }
         }
-    }
-
-    fn schema_cache(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<(String, Limits), ArgumentsSchema>> {
-        // The cache only ever holds finished entries; a panic elsewhere
-        // cannot leave it half-written.
-        self.schemas.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 

@@ -2,10 +2,11 @@
 
 use std::borrow::Cow;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use tokenizers::Tokenizer;
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
@@ -73,7 +74,9 @@ impl TemplateTraits {
 
 /// What `prepare` loads.
 struct Loaded {
-    /// The session and its KV cache; one generation at a time.
+    /// The session and its KV cache; one generation at a time. A panic
+    /// inside a generation leaves it usable (the lock does not poison): its
+    /// cache is only replaced after a successful run.
     model: Mutex<OrtModel>,
     /// Turns text into ids and back, with control tokens read only from
     /// the template's own text.
@@ -212,7 +215,7 @@ impl OrtProvider {
     /// seed of the options). Lets a benchmark run the same request several
     /// times with different, reproducible draws.
     pub fn reseed(&self, seed: Option<u64>) {
-        *self.seed.lock().unwrap_or_else(|p| p.into_inner()) = seed;
+        *self.seed.lock() = seed;
     }
 
     /// The constraint engine, once prepared (none when constraints are off
@@ -225,11 +228,7 @@ impl OrtProvider {
     pub fn constraint_totals(&self) -> ConstraintTotals {
         self.loaded
             .get()
-            .map(|l| {
-                *l.constraint_totals
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-            })
+            .map(|l| *l.constraint_totals.lock())
             .unwrap_or_default()
     }
 
@@ -298,7 +297,7 @@ impl OrtProvider {
     /// Runs `f` with the model (and its KV cache), on the calling thread;
     /// waits for a running generation to end first.
     pub fn with_model<R>(&self, f: impl FnOnce(&mut OrtModel) -> R) -> Result<R, OrtError> {
-        Ok(f(&mut self.loaded()?.lock_model()))
+        Ok(f(&mut self.loaded()?.model.lock()))
     }
 
     /// Token-level generation on the calling thread, with the provider's KV
@@ -310,13 +309,14 @@ impl OrtProvider {
         cancel: &CancellationToken,
     ) -> Result<IdGeneration, OrtError> {
         self.loaded()?
-            .lock_model()
+            .model
+            .lock()
             .generate_ids(prompt, params, cancel, |_| false)
     }
 
     fn params(&self, request: &GenerateRequest, stop_ids: &[u32]) -> GenerateParams {
         let mut sampling = self.options.sampling.clone();
-        if let Some(seed) = *self.seed.lock().unwrap_or_else(|p| p.into_inner()) {
+        if let Some(seed) = *self.seed.lock() {
             sampling.seed = Some(seed);
         }
         GenerateParams {
@@ -362,12 +362,6 @@ impl OrtProvider {
 }
 
 impl Loaded {
-    fn lock_model(&self) -> MutexGuard<'_, OrtModel> {
-        // A panic inside a generation leaves the model usable: its cache is
-        // only replaced after a successful run.
-        self.model.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn render(&self, request: &GenerateRequest) -> Result<RenderedPrompt, OrtError> {
         self.template.render_prompt(
             &request.messages,
@@ -558,7 +552,7 @@ impl Loaded {
             }
             _ => None,
         };
-        let mut model = self.lock_model();
+        let mut model = self.model.lock();
         model.use_session(session, &canonical)?;
         let prompt = self.prompt_for_cache(&model, &rendered, canonical)?;
         let mut call_baseline = None;
@@ -603,10 +597,7 @@ impl Loaded {
         drop(model);
         let IdGeneration { ids, reason, stats } = generated;
         if let Some(m) = &matcher {
-            let mut totals = self
-                .constraint_totals
-                .lock()
-                .unwrap_or_else(|p| p.into_inner());
+            let mut totals = self.constraint_totals.lock();
             totals.generations += 1;
             totals.compile_time += m.compile_time();
             totals.tokens += stats.constrained_tokens;

@@ -2,11 +2,11 @@
 //! creating sessions, and reading a decoder graph's inputs and outputs.
 
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use ort::environment::Environment;
 use ort::session::Session;
 use ort::value::{TensorElementType, ValueType};
+use parking_lot::Mutex;
 
 use crate::config::ModelConfig;
 use crate::error::OrtError;
@@ -19,7 +19,7 @@ static ENVIRONMENT: Mutex<Option<(PathBuf, Environment)>> = Mutex::new(None);
 
 /// Loads the library at `dylib` (first call only) and returns the environment.
 pub(crate) fn environment(dylib: &Path) -> Result<Environment, OrtError> {
-    let mut slot = ENVIRONMENT.lock().unwrap_or_else(|p| p.into_inner());
+    let mut slot = ENVIRONMENT.lock();
     if let Some((loaded, env)) = slot.as_ref() {
         if loaded != dylib {
             tracing::warn!(

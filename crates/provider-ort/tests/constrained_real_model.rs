@@ -5,11 +5,12 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use common::{default_model, default_model_fp32, options, small_model_decoding};
 use futures::StreamExt;
+use parking_lot::Mutex;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
@@ -149,7 +150,7 @@ impl Provider for Recording {
     ) -> Result<Generation, ProviderError> {
         let constraint = request.constraint.clone();
         let g = self.inner.generate(request, cancel).await?;
-        self.log.lock().unwrap().push((constraint, g.text.clone()));
+        self.log.lock().push((constraint, g.text.clone()));
         Ok(g)
     }
     async fn fits(&self, request: &GenerateRequest) -> Result<bool, ProviderError> {
@@ -191,7 +192,7 @@ async fn in_the_loop_a_prose_reply_is_retried_as_a_valid_call() {
     let parts: Vec<AgentStreamPart> = run_local_agent(Arc::clone(&recording), request, options)
         .collect()
         .await;
-    let log = recording.log.lock().unwrap().clone();
+    let log = recording.log.lock().clone();
     assert!(log.len() >= 2, "expected a retry after prose: {log:?}");
     let (first_constraint, first_text) = &log[0];
     assert!(

@@ -14,9 +14,10 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use common::{cache, tiny_model};
+use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{GenerateRequest, Progress, ProgressFn, PromptMessage, PromptRole, Provider};
 use wma_provider_ort::{ModelSource, OrtProvider, OrtProviderOptions, download, dylib_path};
@@ -66,10 +67,7 @@ fn run_child(name: &str, endpoint: &str, home: &Path, served: &Path) {
 fn recorder() -> (ProgressFn, Arc<Mutex<Vec<Progress>>>) {
     let seen = Arc::new(Mutex::new(Vec::<Progress>::new()));
     let log = Arc::clone(&seen);
-    (
-        Arc::new(move |p: Progress| log.lock().unwrap().push(p)),
-        seen,
-    )
+    (Arc::new(move |p: Progress| log.lock().push(p)), seen)
 }
 
 fn no_progress() -> ProgressFn {
@@ -123,7 +121,7 @@ fn a_pinned_revision_lands_in_the_standard_cache_with_progress() {
                 "{file}"
             );
         }
-        let progress = seen.lock().unwrap().clone();
+        let progress = seen.lock().clone();
         let graph = progress
             .iter()
             .rfind(|p| p.stage == "download onnx/model.onnx")

@@ -4,10 +4,11 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::{max_abs_diff, options, tiny_model};
+use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{GenerateRequest, PromptMessage, PromptRole, Provider, ProviderError};
 use wma_provider_ort::{
@@ -294,14 +295,14 @@ async fn provider_reports_counts_and_reuses_the_previous_step() {
     let stages = Arc::new(Mutex::new(Vec::new()));
     let progress = {
         let stages = Arc::clone(&stages);
-        Arc::new(move |pr: wma_agent::Progress| stages.lock().unwrap().push(pr.stage))
+        Arc::new(move |pr: wma_agent::Progress| stages.lock().push(pr.stage))
     };
     p.prepare(progress.clone(), CancellationToken::new())
         .await
         .unwrap();
     // prepare is idempotent.
     p.prepare(progress, CancellationToken::new()).await.unwrap();
-    assert!(stages.lock().unwrap().iter().any(|s| s.contains("session")));
+    assert!(stages.lock().iter().any(|s| s.contains("session")));
     assert_eq!(p.info().provider, "onnxruntime");
     assert_eq!(p.info().context_length, Some(512));
     assert!(p.tools_inline(), "ChatML takes no tools");

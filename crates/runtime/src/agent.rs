@@ -4,11 +4,12 @@
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 
 use futures::{FutureExt, Stream, StreamExt};
+use parking_lot::Mutex;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -223,11 +224,10 @@ impl AgentShared {
 
     /// Stops every run without going through the actor (the runtime is going away).
     pub(crate) fn cancel_all(&self) {
-        self.runs().values().for_each(CancellationToken::cancel);
-    }
-
-    fn runs(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, CancellationToken>> {
-        self.runs.lock().unwrap_or_else(|e| e.into_inner())
+        self.runs
+            .lock()
+            .values()
+            .for_each(CancellationToken::cancel);
     }
 }
 
@@ -305,7 +305,7 @@ impl Actor for AgentActor {
                 let _ = reply.send(result);
             }
             AgentMsg::Stop { run, reply } => {
-                let runs = state.shared.runs();
+                let runs = state.shared.runs.lock();
                 let stopped = match run {
                     Some(id) => runs.get(&id).map(|t| t.cancel()).map_or(0, |()| 1),
                     None => {
@@ -336,7 +336,7 @@ impl AgentArgs {
     ) -> RunId {
         let shared = self.shared.clone();
         let id = shared.next_id.fetch_add(1, Ordering::Relaxed);
-        shared.runs().insert(id, cancel.clone());
+        shared.runs.lock().insert(id, cancel.clone());
         let mut options = shared.config.options.clone();
         if shared.config.follow_provider_tools_inline {
             options.tools_inline = wma_agent::Provider::tools_inline(&self.provider);
@@ -442,7 +442,7 @@ impl AgentArgs {
                             .await;
                     }
                 }
-                shared.runs().remove(&id);
+                shared.runs.lock().remove(&id);
             }
             .instrument(span),
         );
@@ -620,7 +620,7 @@ impl AgentHandle {
 
     /// Runs in progress (their tasks still alive).
     pub fn active_runs(&self) -> usize {
-        self.shared.runs().len()
+        self.shared.runs.lock().len()
     }
 
     /// Times the supervisor restarted this agent's actor.

@@ -51,12 +51,13 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState};
+use parking_lot::Mutex;
 use ractor::message::{BoxedDowncastErr, SerializedMessage};
 use ractor::rpc::CallResult;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
@@ -332,10 +333,6 @@ struct Shared {
 }
 
 impl Shared {
-    fn pending(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<AtomicBool>>> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Wraps a fresh connection in its handshake guard, or refuses it when
     /// too many are in their handshake already.
     fn guard(self: &Arc<Self>, stream: TcpStream, remote: SocketAddr) -> Option<Guarded> {
@@ -343,7 +340,7 @@ impl Shared {
         let label = format!("{remote}#{n}");
         let authenticated = Arc::new(AtomicBool::new(false));
         {
-            let mut pending = self.pending();
+            let mut pending = self.pending.lock();
             if pending.len() >= self.guards.max_pending {
                 tracing::warn!(
                     peer = %remote,
@@ -408,7 +405,7 @@ impl NodeEventSubscription for Sessions {
         }
         let shared = &self.0;
         shared.counts.send_modify(|c| c.disconnected += 1);
-        shared.pending().remove(&ses.peer_addr);
+        shared.pending.lock().remove(&ses.peer_addr);
         shared
             .peers
             .send_if_modified(|peers| peers.remove(&ses.peer_addr).is_some());
@@ -433,7 +430,7 @@ impl NodeEventSubscription for Sessions {
     fn node_session_authenticated(&self, ses: NodeServerSessionInformation) {
         let shared = &self.0;
         shared.counts.send_modify(|c| c.authenticated += 1);
-        if let Some(flag) = shared.pending().remove(&ses.peer_addr) {
+        if let Some(flag) = shared.pending.lock().remove(&ses.peer_addr) {
             flag.store(true, Ordering::Release);
         }
         let peer = ses.peer_name.map(|n| n.name).unwrap_or_default();
@@ -564,7 +561,7 @@ impl AsyncRead for GuardedRead {
 impl Drop for GuardedRead {
     fn drop(&mut self) {
         if let Some(shared) = self.shared.upgrade() {
-            shared.pending().remove(&self.label);
+            shared.pending.lock().remove(&self.label);
         }
     }
 }
@@ -771,10 +768,7 @@ impl ClusterNode {
                 pause = (pause * 2).min(RECONNECT_MAX);
             }
         });
-        self.tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(task);
+        self.tasks.lock().push(task);
     }
 
     /// Dials `peer`; on success, the name of the node there.
@@ -892,12 +886,7 @@ impl ClusterNode {
     /// Stops dialling peers, the listener, the endpoint and the node server
     /// (connections close).
     pub async fn shutdown(&self) {
-        let tasks: Vec<JoinHandle<()>> = self
-            .tasks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .drain(..)
-            .collect();
+        let tasks: Vec<JoinHandle<()>> = self.tasks.lock().drain(..).collect();
         for task in &tasks {
             task.abort();
         }
@@ -1067,10 +1056,6 @@ impl RunIds {
     }
 }
 
-fn lock(runs: &Runs) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<RemoteRun>>> {
-    runs.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 impl Actor for Endpoint {
     type Msg = EndpointMsg;
     type State = EndpointState;
@@ -1088,12 +1073,8 @@ impl Actor for Endpoint {
                 let mut tick = tokio::time::interval(REMOTE_RUN_IDLE / 4);
                 loop {
                     tick.tick().await;
-                    lock(&runs).retain(|_, run| {
-                        let idle = run
-                            .last_poll
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .elapsed();
+                    runs.lock().retain(|_, run| {
+                        let idle = run.last_poll.lock().elapsed();
                         let keep = idle < REMOTE_RUN_IDLE;
                         if !keep {
                             tracing::warn!(
@@ -1122,7 +1103,7 @@ impl Actor for Endpoint {
         state: &mut Self::State,
     ) -> Result<(), ActorProcessingErr> {
         state.reaper.abort();
-        for run in lock(&state.runs).values() {
+        for run in state.runs.lock().values() {
             run.stop.cancel();
         }
         Ok(())
@@ -1215,7 +1196,7 @@ impl Actor for Endpoint {
                             .await;
                         let message = match started {
                             Ok(stream) => {
-                                lock(&runs).insert(
+                                runs.lock().insert(
                                     id,
                                     Arc::new(RemoteRun {
                                         stop: stream.stopper(),
@@ -1239,13 +1220,13 @@ impl Actor for Endpoint {
                 );
             }
             Request::Next { run, wait_ms } => {
-                let Some(remote) = lock(&state.runs).get(&run).cloned() else {
+                let Some(remote) = state.runs.lock().get(&run).cloned() else {
                     answer(reply, &Reply::Gone);
                     return Ok(());
                 };
                 let runs = state.runs.clone();
                 tokio::spawn(async move {
-                    *remote.last_poll.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+                    *remote.last_poll.lock() = Instant::now();
                     let mut stream = remote.stream.lock().await;
                     let wait = Duration::from_millis(wait_ms).min(NEXT_WAIT * 10);
                     let mut parts = Vec::new();
@@ -1263,12 +1244,12 @@ impl Actor for Endpoint {
                     }
                     done |= parts.iter().any(TaggedPart::ends_the_run);
                     if done {
-                        lock(&runs).remove(&run);
+                        runs.lock().remove(&run);
                     }
                     answer(reply, &Reply::Parts { parts, done });
                 });
             }
-            Request::Stop { run } => match lock(&state.runs).get(&run) {
+            Request::Stop { run } => match state.runs.lock().get(&run) {
                 Some(remote) => {
                     remote.stop.cancel();
                     answer(reply, &Reply::Stopped);

@@ -2,12 +2,13 @@
 //! the host runs.
 
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::FutureExt;
+use parking_lot::Mutex;
 use ractor::{Actor, ActorProcessingErr, ActorRef, RpcReplyPort};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -130,15 +131,12 @@ impl ProviderShared {
     }
 
     pub(crate) fn source(&self) -> ProviderSource {
-        self.source
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.source.lock().clone()
     }
 
     fn publish(&self, source: Option<ProviderSource>, provider: &dyn Provider) {
         if let Some(source) = source {
-            *self.source.lock().unwrap_or_else(|e| e.into_inner()) = source;
+            *self.source.lock() = source;
         }
         self.facts.send_replace(Facts::of(provider));
     }

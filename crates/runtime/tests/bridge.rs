@@ -416,7 +416,7 @@ async fn a_hosted_stdio_mcp_server_that_was_killed_is_restarted_on_the_next_call
 
 /// A source that waits for its call to be cancelled, and notes when it was.
 struct Patient {
-    cancelled_after: std::sync::Mutex<Option<Duration>>,
+    cancelled_after: parking_lot::Mutex<Option<Duration>>,
 }
 
 #[async_trait::async_trait]
@@ -433,7 +433,7 @@ impl ToolHost for Patient {
     ) -> Result<String, wma_agent::ToolError> {
         let started = tokio::time::Instant::now();
         cancel.cancelled().await;
-        *self.cancelled_after.lock().unwrap() = Some(started.elapsed());
+        *self.cancelled_after.lock() = Some(started.elapsed());
         Err(wma_agent::ToolError::new(
             ToolErrorCode::Cancelled,
             "stopped waiting",
@@ -446,7 +446,7 @@ impl ToolHost for Patient {
 #[tokio::test(start_paused = true)]
 async fn a_call_over_its_limit_is_cancelled_in_the_source() {
     let patient = Arc::new(Patient {
-        cancelled_after: std::sync::Mutex::new(None),
+        cancelled_after: parking_lot::Mutex::new(None),
     });
     let runtime = runtime_with(
         vec![
@@ -467,7 +467,6 @@ async fn a_call_over_its_limit_is_cancelled_in_the_source() {
     let heard = patient
         .cancelled_after
         .lock()
-        .unwrap()
         .expect("the source heard the cancellation");
     assert!(
         heard >= Duration::from_secs(90) && heard < Duration::from_secs(91),

@@ -2,11 +2,12 @@
 //! that generates token by token, and tool hosts.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -257,7 +258,6 @@ impl Provider for TokenModel {
         let reply = self
             .replies
             .lock()
-            .unwrap()
             .pop_front()
             .ok_or_else(|| ProviderError::Generation("no more replies".to_string()))?;
         self.counters.served.fetch_add(1, Ordering::SeqCst);

@@ -1,8 +1,9 @@
 //! Hot swap: the new model takes the next step, nothing in flight is lost.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 
+use parking_lot::Mutex;
 use serde_json::json;
 use wma_agent::{AgentStreamPart, ChatMessage, FinishReason, Provider};
 use wma_runtime::{AgentConfig, ProviderSource, Runtime, RuntimeError, ToolSource};
@@ -49,13 +50,13 @@ async fn a_swap_during_a_multi_step_run_answers_later_steps_with_the_new_model()
                 let new = new.clone();
                 move || new.clone()
             }),
-            move |p| seen.lock().unwrap().push((p.done, p.total)),
+            move |p| seen.lock().push((p.done, p.total)),
         )
         .await
         .unwrap();
     assert_eq!(info.model, "new-model");
     assert_eq!(
-        *progress.lock().unwrap(),
+        *progress.lock(),
         vec![(1, Some(3)), (2, Some(3)), (3, Some(3))],
         "the caller sees the new model's loading progress"
     );

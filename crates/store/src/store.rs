@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Once};
+use std::sync::{Arc, Once};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use parking_lot::Mutex;
 use serde_json::Value;
 use sqlx::any::{AnyPoolOptions, AnyRow};
 use sqlx::{AnyPool, Executor, Row};
@@ -422,7 +423,7 @@ impl Store {
         tx: tokio::sync::mpsc::UnboundedSender<Msg>,
     ) -> u64 {
         let token = self.inner.start_tokens.fetch_add(1, Ordering::Relaxed);
-        self.lock_starting().insert(
+        self.inner.starting.lock().insert(
             run_id.to_string(),
             Starting {
                 session_id: session_id.to_string(),
@@ -436,24 +437,16 @@ impl Store {
     /// The run's row is written (or will never be): its entry goes, if it
     /// is still the one `token` names.
     pub(crate) fn started(&self, run_id: &str, token: u64) {
-        let mut starting = self.lock_starting();
+        let mut starting = self.inner.starting.lock();
         if starting.get(run_id).is_some_and(|s| s.token == token) {
             starting.remove(run_id);
         }
     }
 
-    fn lock_starting(&self) -> std::sync::MutexGuard<'_, HashMap<String, Starting>> {
-        // The map is left whole by every holder (inserts and removes).
-        self.inner
-            .starting
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Waits until the run's row is written, when [`RunLog::start`] queued
     /// it and its writer has not committed it yet.
     async fn settle_run(&self, run_id: &str) {
-        let tx = self.lock_starting().get(run_id).map(|s| s.tx.clone());
+        let tx = self.inner.starting.lock().get(run_id).map(|s| s.tx.clone());
         if let Some(tx) = tx {
             settle(&tx).await;
         }
@@ -462,7 +455,9 @@ impl Store {
     /// The same for every such run of the session.
     async fn settle_session(&self, session_id: &str) {
         let txs: Vec<_> = self
-            .lock_starting()
+            .inner
+            .starting
+            .lock()
             .values()
             .filter(|s| s.session_id == session_id)
             .map(|s| s.tx.clone())

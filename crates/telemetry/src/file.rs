@@ -7,7 +7,6 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::transform::common::tonic::ResourceAttributesWithSchema;
@@ -15,6 +14,7 @@ use opentelemetry_proto::transform::trace::tonic::group_spans_by_resource_and_sc
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{SpanData, SpanExporter};
+use parking_lot::Mutex;
 
 use crate::error::TelemetryError;
 
@@ -74,10 +74,9 @@ impl SpanExporter for FileExporter {
         let line = self
             .line(batch)
             .map_err(|e| OTelSdkError::InternalFailure(e.to_string()))?;
-        let mut file = self.file.lock().map_err(|_| {
-            OTelSdkError::InternalFailure("the trace file's lock is poisoned".into())
-        })?;
-        file.write_all(&line)
+        self.file
+            .lock()
+            .write_all(&line)
             .map_err(|e| OTelSdkError::InternalFailure(format!("{}: {e}", self.path.display())))
     }
 

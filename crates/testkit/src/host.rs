@@ -1,9 +1,10 @@
 //! A tool host whose tools are closures.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{CallContext, PageContext, ToolDefinition, ToolError, ToolErrorCode, ToolHost};
@@ -53,7 +54,7 @@ impl InMemoryToolHost {
     where
         F: Fn(Value) -> Result<String, ToolError> + Send + Sync + 'static,
     {
-        self.lock().tools.push(Tool {
+        self.inner.lock().tools.push(Tool {
             definition,
             body: Arc::new(body),
             delay: None,
@@ -66,7 +67,7 @@ impl InMemoryToolHost {
     where
         F: Fn(Value) -> Result<String, ToolError> + Send + Sync + 'static,
     {
-        self.lock().tools.push(Tool {
+        self.inner.lock().tools.push(Tool {
             definition,
             body: Arc::new(body),
             delay: Some(delay),
@@ -76,33 +77,32 @@ impl InMemoryToolHost {
 
     /// Removes a tool by name.
     pub fn remove(&self, name: &str) {
-        self.lock().tools.retain(|t| t.definition.name != name);
+        self.inner
+            .lock()
+            .tools
+            .retain(|t| t.definition.name != name);
     }
 
     /// Sets the page context.
     pub fn set_page(&self, page: Option<PageContext>) {
-        self.lock().page = page;
+        self.inner.lock().page = page;
     }
 
     /// Calls received, in order.
     pub fn calls(&self) -> Vec<RecordedCall> {
-        self.lock().calls.clone()
+        self.inner.lock().calls.clone()
     }
 
     /// How many times the tools were listed.
     pub fn list_count(&self) -> usize {
-        self.lock().list_count
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+        self.inner.lock().list_count
     }
 }
 
 #[async_trait]
 impl ToolHost for InMemoryToolHost {
     async fn list_tools(&self) -> Vec<ToolDefinition> {
-        let mut inner = self.lock();
+        let mut inner = self.inner.lock();
         inner.list_count += 1;
         inner.tools.iter().map(|t| t.definition.clone()).collect()
     }
@@ -125,7 +125,7 @@ impl ToolHost for InMemoryToolHost {
         cancel: CancellationToken,
     ) -> Result<String, ToolError> {
         let (body, delay) = {
-            let mut inner = self.lock();
+            let mut inner = self.inner.lock();
             inner.calls.push(RecordedCall {
                 name: name.to_string(),
                 arguments: arguments.clone(),
@@ -153,6 +153,6 @@ impl ToolHost for InMemoryToolHost {
     }
 
     async fn page_context(&self) -> Option<PageContext> {
-        self.lock().page.clone()
+        self.inner.lock().page.clone()
     }
 }

@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 /// The revisions the hub knows and the commit each resolves to; any other
 /// revision is a 404.
@@ -76,23 +78,19 @@ impl FakeHub {
 
     /// Every request answered so far, in order.
     pub fn requests(&self) -> Vec<HubRequest> {
-        self.lock().seen.clone()
+        self.state.lock().seen.clone()
     }
 
     /// Closes, once, the connection of the first ranged request for `file`
     /// that starts at or past `offset`: a download broken midway.
     pub fn break_once(&self, file: &str, offset: u64) {
-        self.lock().break_once = Some((file.to_string(), offset));
+        self.state.lock().break_once = Some((file.to_string(), offset));
     }
 
     /// Makes the repository gated: only requests carrying `token` as their
     /// bearer token are answered, the others get a 401.
     pub fn require_token(&self, token: &str) {
-        self.lock().token = Some(token.to_string());
-    }
-
-    fn lock(&self) -> MutexGuard<'_, HubState> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock().token = Some(token.to_string());
     }
 }
 
@@ -121,7 +119,7 @@ fn answer(mut stream: TcpStream, root: &Path, repo: &str, state: &Mutex<HubState
     let range = headers.get("range").cloned();
     let auth = headers.get("authorization").cloned();
     let token = {
-        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = state.lock();
         s.seen.push(HubRequest {
             path: path.clone(),
             range: range.clone(),
@@ -166,7 +164,7 @@ fn answer(mut stream: TcpStream, root: &Path, repo: &str, state: &Mutex<HubState
             (a, b.min(len.saturating_sub(1)))
         });
     if start > 0 {
-        let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut s = state.lock();
         if let Some((f, offset)) = &s.break_once
             && *f == file
             && start >= *offset

@@ -1,8 +1,9 @@
 //! What code under test logs, captured as text for assertions on its
 //! warnings' wording.
 
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 
+use parking_lot::Mutex;
 use tracing::level_filters::LevelFilter;
 use tracing::span::{Attributes, Id, Record};
 use tracing::subscriber::{DefaultGuard, Interest};
@@ -16,17 +17,14 @@ pub struct CapturedLogs(Arc<Mutex<Vec<u8>>>);
 impl CapturedLogs {
     /// Everything logged so far.
     pub fn text(&self) -> String {
-        let bytes = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let bytes = self.0.lock();
         String::from_utf8_lossy(&bytes).into_owned()
     }
 }
 
 impl std::io::Write for CapturedLogs {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(bytes);
+        self.0.lock().extend_from_slice(bytes);
         Ok(bytes.len())
     }
 

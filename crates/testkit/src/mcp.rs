@@ -3,12 +3,13 @@
 //! and one of its tools answers only when the test lets it.
 
 use std::convert::Infallible;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
@@ -73,7 +74,7 @@ impl McpTestServer {
     /// Calls of them are refused as calls of unknown tools.
     pub fn start_listing(extra: Vec<Value>) -> std::io::Result<Self> {
         let server = Self::start()?;
-        server.lock().listed_too = extra;
+        server.state.lock().listed_too = extra;
         Ok(server)
     }
 
@@ -85,16 +86,12 @@ impl McpTestServer {
     /// Every call received so far, in arrival order (a held call is in it
     /// from the moment it arrived).
     pub fn calls(&self) -> Vec<ReceivedCall> {
-        self.lock().calls.clone()
+        self.state.lock().calls.clone()
     }
 
     /// Lets every `hold_order` call answer, those waiting and those to come.
     pub fn release(&self) {
         self.release.send_replace(true);
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -168,29 +165,18 @@ async fn handle(
         "tools/list" => {
             let mut listed = tools();
             if let Some(listed) = listed.as_array_mut() {
-                listed.extend(
-                    state
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .listed_too
-                        .iter()
-                        .cloned(),
-                );
+                listed.extend(state.lock().listed_too.iter().cloned());
             }
             json!({"tools": listed})
         }
         "tools/call" => {
             let tool = params["name"].as_str().unwrap_or_default().to_string();
             let meta = params.get("_meta").cloned().unwrap_or(Value::Null);
-            state
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .calls
-                .push(ReceivedCall {
-                    tool: tool.clone(),
-                    arguments: params.get("arguments").cloned().unwrap_or(Value::Null),
-                    meta: meta.clone(),
-                });
+            state.lock().calls.push(ReceivedCall {
+                tool: tool.clone(),
+                arguments: params.get("arguments").cloned().unwrap_or(Value::Null),
+                meta: meta.clone(),
+            });
             let item = params["arguments"]["item"].as_str().unwrap_or_default();
             let text = match tool.as_str() {
                 "place_order" => format!("placed {item}; _meta: {meta}"),

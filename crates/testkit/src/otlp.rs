@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http_body_util::BodyExt;
@@ -16,6 +16,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
     ExportTraceServiceRequest, ExportTraceServiceResponse,
 };
 use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use parking_lot::Mutex;
 use prost::Message;
 
 use crate::serve::LoopbackServer;
@@ -258,23 +259,19 @@ impl OtlpReceiver {
 
     /// Every span received so far, in arrival order.
     pub fn spans(&self) -> Vec<CapturedSpan> {
-        self.lock().spans.clone()
+        self.store.lock().spans.clone()
     }
 
     /// Export requests received so far.
     pub fn requests(&self) -> usize {
-        self.lock().requests
+        self.store.lock().requests
     }
 
     /// Forgets what was received.
     pub fn clear(&self) {
-        let mut store = self.lock();
+        let mut store = self.store.lock();
         store.spans.clear();
         store.requests = 0;
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Store> {
-        self.store.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -334,7 +331,7 @@ fn reply(
 
 fn store_spans(store: &Mutex<Store>, request: ExportTraceServiceRequest) {
     let spans = decode(request);
-    let mut store = store.lock().unwrap_or_else(|e| e.into_inner());
+    let mut store = store.lock();
     store.requests += 1;
     store.spans.extend(spans);
 }

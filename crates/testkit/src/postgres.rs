@@ -12,7 +12,9 @@ use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
 
 /// How often a start is tried on a fresh port when another process took
 /// the free one first.
@@ -211,7 +213,7 @@ impl PostgresServer {
     /// it: started by the first, stopped when the last lets go.
     pub fn shared() -> Result<Arc<Self>, String> {
         static SHARED: Mutex<Weak<PostgresServer>> = Mutex::new(Weak::new());
-        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        let mut shared = SHARED.lock();
         if let Some(server) = shared.upgrade() {
             return Ok(server);
         }

@@ -2,9 +2,9 @@
 //! again, and the budget that bounds those restarts.
 
 use std::collections::VecDeque;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use parking_lot::{Mutex, MutexGuard};
 use serde::Serialize;
 
 /// Restarts allowed within [`DEFAULT_RESTART_WINDOW`] before a source is
@@ -97,8 +97,8 @@ impl RestartBudget {
         }
     }
 
-    fn trimmed(&self) -> std::sync::MutexGuard<'_, VecDeque<Instant>> {
-        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+    fn trimmed(&self) -> MutexGuard<'_, VecDeque<Instant>> {
+        let mut recent = self.recent.lock();
         let now = Instant::now();
         while recent
             .front()

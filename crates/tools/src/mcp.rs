@@ -4,11 +4,12 @@
 use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, ClientRequest, CustomResult,
     ErrorCode, Implementation, ListToolsRequest, MetaObject, PaginatedRequestParams,
@@ -384,7 +385,7 @@ impl McpServer {
                         let mut lines = BufReader::new(stderr).lines();
                         while let Ok(Some(line)) = lines.next_line().await {
                             tracing::debug!(server = %name, "{line}");
-                            let mut last = last_words.lock().unwrap_or_else(|e| e.into_inner());
+                            let mut last = last_words.lock();
                             if last.len() == LAST_WORDS {
                                 last.pop_front();
                             }
@@ -425,20 +426,12 @@ impl McpServer {
 
     /// Keeps why the server last stopped, for [`Monitored::status`].
     fn note_error(&self, reason: &str) {
-        *self
-            .inner
-            .last_error
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(reason.to_string());
+        *self.inner.last_error.lock() = Some(reason.to_string());
     }
 
     /// What the server last wrote to stderr, for messages.
     fn said(&self) -> String {
-        let last = self
-            .inner
-            .last_words
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let last = self.inner.last_words.lock();
         if last.is_empty() {
             String::new()
         } else {
@@ -472,11 +465,7 @@ impl McpServer {
             return Err(ToolError::new(ToolErrorCode::Unavailable, refusal));
         }
         *slot = None;
-        self.inner
-            .last_words
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clear();
+        self.inner.last_words.lock().clear();
         tracing::warn!(server = %name, "the MCP server stopped; starting it again");
         let connection = self.start().await.map_err(|e| {
             self.note_error(&e.to_string());
@@ -551,13 +540,7 @@ impl McpServer {
 
 impl Monitored for McpServer {
     fn status(&self) -> SourceStatus {
-        let last_error = || {
-            self.inner
-                .last_error
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone()
-        };
+        let last_error = || self.inner.last_error.lock().clone();
         let state = match self.inner.connection.try_lock() {
             // Held across a start, and for a moment by every call.
             Err(_) if self.inner.starting.load(Ordering::SeqCst) => SourceState::Starting,
@@ -719,17 +702,13 @@ impl ToolHost for McpServer {
             }
         };
         if !self.inner.flags.stale.load(Ordering::SeqCst)
-            && let Some(tools) = connection
-                .tools
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone()
+            && let Some(tools) = connection.tools.lock().clone()
         {
             return tools;
         }
         match self.fetch_tools(&connection).await {
             Ok(tools) => {
-                *connection.tools.lock().unwrap_or_else(|e| e.into_inner()) = Some(tools.clone());
+                *connection.tools.lock() = Some(tools.clone());
                 tools
             }
             Err(error) => {

@@ -104,7 +104,8 @@ impl NativeTools {
     ///
     /// ```
     /// use std::collections::HashMap;
-    /// use std::sync::{Arc, Mutex};
+    /// use std::sync::Arc;
+    /// use parking_lot::Mutex;
     /// use serde_json::json;
     /// use wma_agent::{CallContext, ToolDefinition, ToolHost};
     /// use wma_tools::NativeTools;
@@ -119,7 +120,7 @@ impl NativeTools {
     ///         let placed = placed.clone();
     ///         async move {
     ///             let key = context.idempotency_key().unwrap_or("unrecorded").to_string();
-    ///             let mut placed = placed.lock().unwrap();
+    ///             let mut placed = placed.lock();
     ///             let n = placed.len() as u32 + 1;
     ///             let order = *placed.entry(key).or_insert(n);
     ///             Ok(format!("order {order}"))
@@ -131,7 +132,7 @@ impl NativeTools {
     ///     let out = tools.call_tool_with("place_order", json!({}), &context, Default::default());
     ///     assert_eq!(out.await.unwrap(), "order 1"); // sent twice, placed once
     /// }
-    /// assert_eq!(orders.lock().unwrap().len(), 1);
+    /// assert_eq!(orders.lock().len(), 1);
     /// # }
     /// ```
     pub fn add_with_context<F, Fut>(&mut self, definition: ToolDefinition, f: F) -> &mut Self

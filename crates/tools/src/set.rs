@@ -2,12 +2,13 @@
 
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::FutureExt;
+use parking_lot::Mutex;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
@@ -309,16 +310,13 @@ struct Source {
 
 impl Source {
     fn current(&self) -> Current {
-        self.current
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.current.lock().clone()
     }
 
     /// The host to use, or why there is none: a source given up on stays
     /// so until its budget allows another host.
     fn host(&self) -> Result<Arc<dyn ToolHost>, String> {
-        let mut gave_up = self.gave_up.lock().unwrap_or_else(|e| e.into_inner());
+        let mut gave_up = self.gave_up.lock();
         if let Some(reason) = gave_up.clone() {
             if self.budget.spent() {
                 return Err(reason);
@@ -348,8 +346,7 @@ impl Source {
             Ok(()) => self.rebuild(),
             Err(refusal) => {
                 tracing::warn!(source = %self.name, "{refusal}");
-                *self.gave_up.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some(format!("{refusal}; last failure: a panic ({reason})"));
+                *self.gave_up.lock() = Some(format!("{refusal}; last failure: a panic ({reason})"));
             }
         }
     }
@@ -359,10 +356,7 @@ impl Source {
             return;
         };
         let fresh = build();
-        let old = std::mem::replace(
-            &mut *self.current.lock().unwrap_or_else(|e| e.into_inner()),
-            fresh,
-        );
+        let old = std::mem::replace(&mut *self.current.lock(), fresh);
         if let Some(monitor) = old.monitor {
             self.earlier_restarts
                 .fetch_add(monitor.status().restarts, Ordering::SeqCst);
@@ -374,11 +368,7 @@ impl Source {
     fn health(&self) -> SourceHealth {
         let current = self.current();
         let status = current.monitor.as_ref().map(|m| m.status());
-        let gave_up = self
-            .gave_up
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
+        let gave_up = self.gave_up.lock().clone();
         let state = match (gave_up, &status) {
             (Some(reason), _) => SourceState::GaveUp { reason },
             (None, Some(status)) => status.state.clone(),
@@ -603,7 +593,7 @@ impl ToolSet {
 
     /// The source that offers `tool` (as of the newest listing).
     pub fn source_of(&self, tool: &str) -> Option<&str> {
-        let listing = self.listing.lock().unwrap_or_else(|e| e.into_inner());
+        let listing = self.listing.lock();
         listing
             .routes
             .get(tool)
@@ -726,7 +716,7 @@ impl ToolHost for ToolSet {
     async fn list_tools(&self) -> Vec<ToolDefinition> {
         let merged = self.merged().await;
         let tools = merged.offered.clone();
-        *self.listing.lock().unwrap_or_else(|e| e.into_inner()) = merged;
+        *self.listing.lock() = merged;
         tools
     }
 
@@ -748,13 +738,7 @@ impl ToolHost for ToolSet {
         context: &CallContext,
         cancel: CancellationToken,
     ) -> Result<String, ToolError> {
-        let known = self
-            .listing
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .routes
-            .get(name)
-            .cloned();
+        let known = self.listing.lock().routes.get(name).cloned();
         let route = match known {
             Some(route) => route,
             None => {

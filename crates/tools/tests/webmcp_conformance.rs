@@ -3,10 +3,11 @@
 //! and without autosubmit, closed schemas, each annotation, a same-origin
 //! frame's tools, and tools that go with a navigation.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
@@ -422,7 +423,7 @@ struct Approves {
 #[async_trait]
 impl Approver for Approves {
     async fn ask(&self, request: ApprovalRequest) -> ApprovalAnswer {
-        self.asked.lock().unwrap().push(request);
+        self.asked.lock().push(request);
         ApprovalAnswer::approve()
     }
 }
@@ -445,7 +446,6 @@ async fn consequential_asks_for_approval() {
     let asked: Vec<String> = approver
         .asked
         .lock()
-        .unwrap()
         .iter()
         .map(|q| q.tool.clone())
         .collect();

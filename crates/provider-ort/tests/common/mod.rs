@@ -4,8 +4,8 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Mutex;
 
+use parking_lot::Mutex;
 use wma_agent::Decoding;
 use wma_provider_ort::{OrtProviderOptions, cache_dir, default_model_dir, dylib_path};
 
@@ -51,7 +51,7 @@ pub fn tiny_model() -> PathBuf {
 pub fn made_tiny_model(name: &str, files: &[&str], args: &[&str]) -> PathBuf {
     // Tests in one binary run in parallel; only one of them makes the model.
     static MAKING: Mutex<()> = Mutex::new(());
-    let _guard = MAKING.lock().unwrap_or_else(|p| p.into_inner());
+    let _guard = MAKING.lock();
     require_runtime();
     let dir = cache().join(name);
     if files.iter().all(|f| dir.join(f).is_file()) {

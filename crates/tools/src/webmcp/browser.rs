@@ -2,10 +2,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStderr, ChildStdin, Command};
@@ -133,7 +134,7 @@ done
 
 impl Drop for BrowserInner {
     fn drop(&mut self) {
-        let process = self.process.get_mut().unwrap_or_else(|e| e.into_inner());
+        let process = self.process.get_mut();
         if let Some(process) = process.as_mut() {
             // Chromium's helper processes exit on their own once the
             // browser process is gone (their IPC channels close).
@@ -431,12 +432,7 @@ impl Browser {
 
     /// The process id of a launched browser.
     pub fn process_id(&self) -> Option<u32> {
-        self.inner
-            .process
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .and_then(|p| p.pid)
+        self.inner.process.lock().as_ref().and_then(|p| p.pid)
     }
 
     /// Whether the DevTools connection is closed (the browser exited or
@@ -503,12 +499,7 @@ impl Browser {
     /// the last clone and page are dropped). Pages of a stopped browser
     /// answer `unavailable`.
     pub async fn close(self) {
-        let process = self
-            .inner
-            .process
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take();
+        let process = self.inner.process.lock().take();
         let Some(mut process) = process else {
             return;
         };

@@ -7,11 +7,12 @@
 //! sessions), so commands and events of all pages share one ordered stream.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio::sync::{mpsc, oneshot};
 use tokio_tungstenite::tungstenite::Message;
@@ -147,7 +148,7 @@ impl Cdp {
             }
             reader_closed.cancel();
             // Dropping the senders wakes every waiter with "closed".
-            let mut routes = lock(&reader_routes);
+            let mut routes = reader_routes.lock();
             routes.pending.clear();
             routes.sessions.clear();
         });
@@ -171,21 +172,21 @@ impl Cdp {
         let (reply, answer) = oneshot::channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         {
-            let mut routes = lock(&self.routes);
+            let mut routes = self.routes.lock();
             if self.closed.is_cancelled() {
                 return Err(CdpError::Closed);
             }
             routes.pending.insert(id, reply);
         }
         if self.out.send(frame(id, session, method, params)).is_err() {
-            lock(&self.routes).pending.remove(&id);
+            self.routes.lock().pending.remove(&id);
             return Err(CdpError::Closed);
         }
         match tokio::time::timeout(COMMAND_TIMEOUT, answer).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(CdpError::Closed),
             Err(_) => {
-                lock(&self.routes).pending.remove(&id);
+                self.routes.lock().pending.remove(&id);
                 Err(CdpError::Timeout)
             }
         }
@@ -201,7 +202,7 @@ impl Cdp {
     /// when the session detaches or the connection closes.
     pub(crate) fn subscribe(&self, session: &str) -> mpsc::UnboundedReceiver<CdpEvent> {
         let (sender, receiver) = mpsc::unbounded_channel();
-        let mut routes = lock(&self.routes);
+        let mut routes = self.routes.lock();
         if !self.closed.is_cancelled() {
             routes.sessions.insert(session.to_string(), sender);
         }
@@ -227,19 +228,13 @@ fn frame(id: u64, session: Option<&str>, method: &str, params: Value) -> String 
     frame.to_string()
 }
 
-fn lock(routes: &Mutex<Routes>) -> std::sync::MutexGuard<'_, Routes> {
-    // A panic while holding the lock cannot leave the maps half-updated in
-    // a way that matters: every operation is a single insert or remove.
-    routes.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 fn dispatch(routes: &Mutex<Routes>, text: &str) {
     let Ok(mut message) = serde_json::from_str::<Value>(text) else {
         tracing::warn!("the browser sent a frame that is not JSON");
         return;
     };
     if let Some(id) = message.get("id").and_then(Value::as_u64) {
-        let reply = lock(routes).pending.remove(&id);
+        let reply = routes.lock().pending.remove(&id);
         if let Some(reply) = reply {
             let result = match message.get_mut("error") {
                 Some(error) => Err(CdpError::Remote {
@@ -269,7 +264,7 @@ fn dispatch(routes: &Mutex<Routes>, text: &str) {
         .unwrap_or(Value::Null);
     match message.get("sessionId").and_then(Value::as_str) {
         Some(session) => {
-            let mut routes = lock(routes);
+            let mut routes = routes.lock();
             if let Some(sender) = routes.sessions.get(session)
                 && sender.send(CdpEvent { method, params }).is_err()
             {
@@ -279,7 +274,7 @@ fn dispatch(routes: &Mutex<Routes>, text: &str) {
         }
         None if method == "Target.detachedFromTarget" => {
             if let Some(session) = params.get("sessionId").and_then(Value::as_str) {
-                lock(routes).sessions.remove(session);
+                routes.lock().sessions.remove(session);
             }
         }
         None => {}
@@ -294,9 +289,9 @@ mod tests {
     fn answers_and_events_are_routed() {
         let routes = Mutex::new(Routes::default());
         let (reply, mut answer) = oneshot::channel();
-        lock(&routes).pending.insert(7, reply);
+        routes.lock().pending.insert(7, reply);
         let (sender, mut events) = mpsc::unbounded_channel();
-        lock(&routes).sessions.insert("S".into(), sender);
+        routes.lock().sessions.insert("S".into(), sender);
 
         dispatch(&routes, r#"{"id":7,"result":{"ok":true}}"#);
         assert_eq!(answer.try_recv().unwrap(), Ok(json!({"ok": true})));
@@ -313,14 +308,14 @@ mod tests {
             r#"{"method":"Target.detachedFromTarget","params":{"sessionId":"S"}}"#,
         );
         assert!(events.try_recv().is_err());
-        assert!(lock(&routes).sessions.is_empty());
+        assert!(routes.lock().sessions.is_empty());
     }
 
     #[test]
     fn remote_errors_keep_code_and_message() {
         let routes = Mutex::new(Routes::default());
         let (reply, mut answer) = oneshot::channel();
-        lock(&routes).pending.insert(1, reply);
+        routes.lock().pending.insert(1, reply);
         dispatch(
             &routes,
             r#"{"id":1,"error":{"code":-32602,"message":"Tool not found"}}"#,

@@ -1,9 +1,10 @@
 //! One browser tab whose WebMCP tools are offered as a [`ToolHost`].
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::Duration;
 
+use parking_lot::Mutex;
 use tokio::time::Instant;
 
 use async_trait::async_trait;
@@ -272,18 +273,13 @@ impl PageState {
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, PageState> {
-        // Every update is a few assignments that leave the state usable.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn bump(&self) {
         self.changes.send_modify(|generation| *generation += 1);
     }
 
     fn mark_gone(&self, reason: &str) {
         {
-            let mut state = self.lock();
+            let mut state = self.state.lock();
             if state.gone.is_none() {
                 state.gone = Some(reason.to_string());
             }
@@ -300,7 +296,7 @@ impl Shared {
     fn apply(&self, event: &CdpEvent) -> bool {
         let params = &event.params;
         let is_main = |frame: &Value| frame.as_str() == Some(self.main_frame.as_str());
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         match event.method.as_str() {
             "WebMCP.toolsAdded" => {
                 for tool in params["tools"].as_array().into_iter().flatten() {
@@ -744,7 +740,7 @@ impl WebMcpPage {
         {
             let mut known = HashMap::new();
             frames_of(&tree["frameTree"], &mut known);
-            let mut state = page.inner.shared.lock();
+            let mut state = page.inner.shared.state.lock();
             for (id, frame) in known {
                 state.frames.entry(id).or_insert(frame);
             }
@@ -767,7 +763,7 @@ impl WebMcpPage {
             .await
             .map_err(|e| e.into_tools_error("Target.getTargetInfo"))?;
         if let Some(url) = info["targetInfo"]["url"].as_str() {
-            let mut state = page.inner.shared.lock();
+            let mut state = page.inner.shared.state.lock();
             if state.url.is_empty() {
                 state.url = url.to_string();
             }
@@ -791,7 +787,7 @@ impl WebMcpPage {
 
     /// The address of the document on screen.
     pub fn url(&self) -> String {
-        self.inner.shared.lock().url.clone()
+        self.inner.shared.state.lock().url.clone()
     }
 
     /// Whether the tab is closed or crashed, or the browser is gone.
@@ -808,12 +804,12 @@ impl WebMcpPage {
 
     /// Calls that were sent to the page and have not answered yet.
     pub fn calls_in_flight(&self) -> usize {
-        self.inner.shared.lock().invocations.len()
+        self.inner.shared.state.lock().invocations.len()
     }
 
     /// Forms the agent filled that wait for the person's submit.
     pub fn forms_with_person(&self) -> usize {
-        self.inner.shared.lock().with_person.len()
+        self.inner.shared.state.lock().with_person.len()
     }
 
     /// Every tool the page's frames registered, as they are now (no
@@ -822,7 +818,7 @@ impl WebMcpPage {
     /// `wma check --tools`, tests and hosts that show a page's tools.
     pub fn page_tools(&self) -> Vec<PageTool> {
         let main = self.inner.shared.main_frame.as_str();
-        let state = self.inner.shared.lock();
+        let state = self.inner.shared.state.lock();
         let offered: Vec<(String, String)> = state
             .offered(main, self.inner.options.debugging_tools)
             .into_iter()
@@ -852,7 +848,7 @@ impl WebMcpPage {
 
     /// The offered tool named `name`, if there is one now.
     fn offered_tool(&self, name: &str) -> Option<PageTool> {
-        let state = self.inner.shared.lock();
+        let state = self.inner.shared.state.lock();
         state
             .offered(
                 &self.inner.shared.main_frame,
@@ -865,7 +861,7 @@ impl WebMcpPage {
 
     /// The offered tools' definitions.
     fn offered_definitions(&self) -> Vec<ToolDefinition> {
-        let state = self.inner.shared.lock();
+        let state = self.inner.shared.state.lock();
         state
             .offered(
                 &self.inner.shared.main_frame,
@@ -890,7 +886,7 @@ impl WebMcpPage {
         let limit = Instant::now() + TOOLS_QUIET_LIMIT;
         loop {
             let still_at = {
-                let state = shared.lock();
+                let state = shared.state.lock();
                 if state.gone.is_some() {
                     return;
                 }
@@ -917,7 +913,7 @@ impl WebMcpPage {
                 return;
             }
         }
-        self.inner.shared.lock().active_at = Instant::now();
+        self.inner.shared.state.lock().active_at = Instant::now();
         self.tools_settled().await;
     }
 
@@ -983,18 +979,18 @@ impl WebMcpPage {
     /// Loads `url` in the tab and waits until it has loaded.
     pub async fn navigate(&self, url: &str) -> Result<(), ToolsError> {
         {
-            self.inner.shared.lock().loading = true;
+            self.inner.shared.state.lock().loading = true;
         }
         let navigated = self.command("Page.navigate", json!({"url": url})).await;
         let navigated = match navigated {
             Ok(navigated) => navigated,
             Err(error) => {
-                self.inner.shared.lock().loading = false;
+                self.inner.shared.state.lock().loading = false;
                 return Err(error);
             }
         };
         if let Some(reason) = navigated["errorText"].as_str().filter(|e| !e.is_empty()) {
-            self.inner.shared.lock().loading = false;
+            self.inner.shared.state.lock().loading = false;
             return Err(ToolsError::Navigation {
                 url: url.to_string(),
                 reason: reason.to_string(),
@@ -1002,7 +998,7 @@ impl WebMcpPage {
         }
         if navigated.get("loaderId").is_none() {
             // A fragment change: no new document is loaded.
-            self.inner.shared.lock().loading = false;
+            self.inner.shared.state.lock().loading = false;
         }
         if !self.settled().await {
             return Err(ToolsError::BrowserTimeout {
@@ -1058,7 +1054,7 @@ impl WebMcpPage {
         let deadline = tokio::time::Instant::now() + self.inner.options.settle_timeout;
         loop {
             {
-                let state = shared.lock();
+                let state = shared.state.lock();
                 if !state.loading || state.gone.is_some() {
                     return true;
                 }
@@ -1068,7 +1064,7 @@ impl WebMcpPage {
                 Ok(Err(_)) => return true,
                 Err(_) => {
                     tracing::warn!(
-                        url = %shared.lock().url,
+                        url = %shared.state.lock().url,
                         "the page is still loading; going on with the tools it has"
                     );
                     return false;
@@ -1078,7 +1074,7 @@ impl WebMcpPage {
     }
 
     fn gone_error(&self) -> Option<ToolError> {
-        self.inner.shared.lock().gone.as_ref().map(|reason| {
+        self.inner.shared.state.lock().gone.as_ref().map(|reason| {
             ToolError::new(
                 ToolErrorCode::Unavailable,
                 format!("the page is not available: {reason}"),
@@ -1096,7 +1092,7 @@ impl WebMcpPage {
     /// `gone` under the same lock `mark_gone` takes closes that gap.
     fn await_answer(&self, invocation: &str) -> Result<oneshot::Receiver<Responded>, ToolError> {
         let (sender, receiver) = oneshot::channel();
-        let mut state = self.inner.shared.lock();
+        let mut state = self.inner.shared.state.lock();
         match state.early.iter().position(|(id, _)| id == invocation) {
             Some(index) => {
                 // An answer that came before the crash still stands.
@@ -1136,7 +1132,12 @@ impl WebMcpPage {
             ),
             Err(_) => false,
         };
-        self.inner.shared.lock().invocations.remove(invocation);
+        self.inner
+            .shared
+            .state
+            .lock()
+            .invocations
+            .remove(invocation);
         confirmed
     }
 }
@@ -1260,7 +1261,7 @@ impl ToolHost for WebMcpPage {
         };
         let mut answer = self.await_answer(&invocation)?;
         let answered = |responded: Responded| {
-            self.inner.shared.lock().active_at = Instant::now();
+            self.inner.shared.state.lock().active_at = Instant::now();
             if tool.declarative {
                 form_answer(name, responded, &url_before, &self.url())
             } else {
@@ -1285,7 +1286,7 @@ impl ToolHost for WebMcpPage {
                 _ = tokio::time::sleep(FORM_FILL_WAIT) => {}
             }
             {
-                let mut state = self.inner.shared.lock();
+                let mut state = self.inner.shared.state.lock();
                 if state.invocations.remove(&invocation).is_some() {
                     state
                         .with_person
@@ -1297,7 +1298,7 @@ impl ToolHost for WebMcpPage {
                 return answered(responded);
             }
             let filled = self.filled_form(&tool, &input).await;
-            self.inner.shared.lock().active_at = Instant::now();
+            self.inner.shared.state.lock().active_at = Instant::now();
             tracing::info!(tool = %name, "the form is filled and waits for the person's submit");
             return Ok(filled);
         }
@@ -1374,6 +1375,7 @@ mod tests {
 
     fn names(shared: &Shared) -> Vec<String> {
         shared
+            .state
             .lock()
             .offered("MAIN", false)
             .iter()
@@ -1392,7 +1394,7 @@ mod tests {
                 {"name": "ad", "description": "From an iframe.", "frameId": "CHILD"}]}),
         ));
         assert_eq!(names(&s), ["search"]);
-        let search = s.lock().tools[0].definition.clone();
+        let search = s.state.lock().tools[0].definition.clone();
         assert!(search.annotations.read_only && search.annotations.untrusted_content);
         assert_eq!(
             search.input_schema,
@@ -1403,7 +1405,7 @@ mod tests {
             "Page.frameStartedNavigating",
             json!({"frameId": "MAIN", "navigationType": "differentDocument"}),
         ));
-        assert!(s.lock().loading);
+        assert!(s.state.lock().loading);
         s.apply(&event(
             "Page.frameNavigated",
             json!({"frame": {"id": "MAIN", "url": "http://127.0.0.1/products/p-17"}}),
@@ -1417,7 +1419,7 @@ mod tests {
             "Page.frameStoppedLoading",
             json!({"frameId": "MAIN"}),
         ));
-        assert!(!s.lock().loading);
+        assert!(!s.state.lock().loading);
         assert_eq!(names(&s), ["add_to_cart"]);
         s.apply(&event(
             "WebMCP.toolsRemoved",
@@ -1468,7 +1470,7 @@ mod tests {
                 {"name": "orphan", "frameId": "UNKNOWN"}]}),
         ));
         assert_eq!(names(&s), ["search", "hours"], "the main frame's name wins");
-        let offered = s.lock().offered("MAIN", false)[1].frame_id.clone();
+        let offered = s.state.lock().offered("MAIN", false)[1].frame_id.clone();
         assert_eq!(offered, "WIDGET");
         // The widget loads another document: its tools went with the old one.
         navigated(
@@ -1500,7 +1502,7 @@ mod tests {
                  "annotations": {"autosubmit": true, "consequential": true}}]}),
         ));
         assert_eq!(names(&s), ["book", "find"]);
-        let state = s.lock();
+        let state = s.state.lock();
         assert_eq!(state.offered("MAIN", true).len(), 3);
         let book = &state.tools[1];
         assert!(book.declarative && !book.autosubmit && book.form_node == Some(7));
@@ -1585,7 +1587,7 @@ mod tests {
             "Page.frameStartedNavigating",
             json!({"frameId": "MAIN", "navigationType": "sameDocument"}),
         ));
-        assert!(!s.lock().loading);
+        assert!(!s.state.lock().loading);
         s.apply(&event(
             "Page.frameRequestedNavigation",
             json!({"frameId": "MAIN"}),
@@ -1594,7 +1596,7 @@ mod tests {
             "Page.navigatedWithinDocument",
             json!({"frameId": "MAIN", "url": "http://127.0.0.1/#cart"}),
         ));
-        assert!(!s.lock().loading);
+        assert!(!s.state.lock().loading);
         assert_eq!(names(&s), ["search"]);
     }
 
@@ -1605,9 +1607,9 @@ mod tests {
             "WebMCP.toolResponded",
             json!({"invocationId": "I1", "status": "Completed", "output": "ok"}),
         ));
-        assert_eq!(s.lock().early.len(), 1);
+        assert_eq!(s.state.lock().early.len(), 1);
         let (sender, mut receiver) = oneshot::channel();
-        s.lock().invocations.insert("I2".into(), sender);
+        s.state.lock().invocations.insert("I2".into(), sender);
         s.apply(&event(
             "WebMCP.toolResponded",
             json!({"invocationId": "I2", "status": "Completed", "output": {"n": 1}}),

@@ -1,10 +1,10 @@
 //! A page that opens itself, and opens itself again when it died.
 
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use parking_lot::Mutex;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{PageContext, ToolDefinition, ToolError, ToolErrorCode, ToolHost};
@@ -86,7 +86,7 @@ impl WebMcpSource {
     }
 
     fn note_error(&self, reason: &str) {
-        *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(reason.to_string());
+        *self.last_error.lock() = Some(reason.to_string());
     }
 
     /// Times the page was opened again after it died.
@@ -142,12 +142,7 @@ impl WebMcpSource {
 
 impl Monitored for WebMcpSource {
     fn status(&self) -> SourceStatus {
-        let last_error = || {
-            self.last_error
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone()
-        };
+        let last_error = || self.last_error.lock().clone();
         let state = match self.current.try_lock() {
             // Held while a page opens, and for a moment by every use (of a
             // page that was there a moment ago).
