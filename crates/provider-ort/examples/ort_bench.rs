@@ -5,19 +5,27 @@
 //! ```text
 //! cargo run --release -p wma-provider-ort --example ort_bench -- \
 //!     [WORKLOAD.json] [--threads N] [--repeat N] [--model DIR] [--variant NAME] [--copy-kv]
+//!     [--no-genai] [--no-llamacpp] [--gguf PATH] [--omp-wait-policy active|passive]
 //! ```
 //!
 //! `--copy-kv` turns off the in-place cache buffers, to measure what they save.
 //!
 //! At the end it runs `scripts/bench_genai.py` (onnxruntime-genai, from the
 //! set-up's Python environment) on the same folder, workload and threads, and
-//! prints both side by side; `--no-genai` skips that.
+//! `scripts/bench_llamacpp.py` (llama.cpp through the pinned `xllamacpp`) on
+//! the GGUF file the folder was converted from (the same source weights;
+//! the converter may requantize them), and prints the three side by side. `--no-genai` and `--no-llamacpp` skip
+//! them; `--gguf PATH` names the GGUF file, which otherwise is the one in the
+//! cache's `downloads/` whose name starts with the model folder's name.
+//! `--omp-wait-policy passive` makes llama.cpp's OpenMP threads sleep
+//! instead of spin while they wait (see scripts/bench_llamacpp.py: on a
+//! machine busy with other work, spinning slows it down many times).
 //!
 //! The workload defaults to `shared/bench/agent-workload-4step.json` (looked
 //! for here and one folder up). Each step generates greedily from its
 //! `prompt_ids` until the eos id or `max_new_tokens`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
@@ -35,6 +43,10 @@ struct Args {
     variant: Option<String>,
     copy_kv: bool,
     genai: bool,
+    llamacpp: bool,
+    gguf: Option<PathBuf>,
+    /// OMP_WAIT_POLICY for llama.cpp only; `None` leaves OpenMP's default.
+    omp_wait_policy: Option<String>,
 }
 
 fn parse_args() -> Result<Args> {
@@ -46,6 +58,9 @@ fn parse_args() -> Result<Args> {
         variant: None,
         copy_kv: false,
         genai: true,
+        llamacpp: true,
+        gguf: None,
+        omp_wait_policy: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -57,9 +72,18 @@ fn parse_args() -> Result<Args> {
             "--variant" => args.variant = Some(value("--variant")?),
             "--copy-kv" => args.copy_kv = true,
             "--no-genai" => args.genai = false,
+            "--no-llamacpp" => args.llamacpp = false,
+            "--gguf" => args.gguf = Some(PathBuf::from(value("--gguf")?)),
+            "--omp-wait-policy" => {
+                let policy = value("--omp-wait-policy")?;
+                if !matches!(policy.as_str(), "active" | "passive") {
+                    bail!("--omp-wait-policy is active or passive, not {policy}");
+                }
+                args.omp_wait_policy = Some(policy);
+            }
             "-h" | "--help" => {
                 println!(
-                    "ort_bench [WORKLOAD.json] [--threads N] [--repeat N] [--model DIR] [--variant NAME] [--copy-kv] [--no-genai]"
+                    "ort_bench [WORKLOAD.json] [--threads N] [--repeat N] [--model DIR] [--variant NAME] [--copy-kv] [--no-genai] [--no-llamacpp] [--gguf PATH] [--omp-wait-policy active|passive]"
                 );
                 std::process::exit(0);
             }
@@ -311,15 +335,23 @@ fn main() -> Result<()> {
         Some(mib) => println!("peak RSS: {mib:.0} MiB"),
         None => println!("peak RSS: unknown (no /proc/self/status)"),
     }
-    if args.genai {
-        let ours = Ours {
-            decode,
-            prefill,
-            reuse: totals[0].wall.as_secs_f64(),
-            fresh: totals[1].wall.as_secs_f64(),
-        };
-        compare_with_genai(&provider, &path, &args, &ours)?;
-    }
+    let ours = Ours {
+        decode,
+        prefill,
+        reuse: totals[0].wall.as_secs_f64(),
+        fresh: totals[1].wall.as_secs_f64(),
+    };
+    let genai = if args.genai {
+        genai_figures(&provider, &path, &args)
+    } else {
+        Err("skipped (--no-genai)".into())
+    };
+    let llamacpp = if args.llamacpp {
+        llamacpp_figures(&provider, &path, &args)
+    } else {
+        Err("skipped (--no-llamacpp)".into())
+    };
+    print_comparison(&ours, &genai, &llamacpp);
     Ok(())
 }
 
@@ -334,94 +366,227 @@ struct Ours {
     fresh: f64,
 }
 
-/// Runs onnxruntime-genai on the same folder and prints both side by side.
-fn compare_with_genai(
-    provider: &OrtProvider,
-    workload: &std::path::Path,
-    args: &Args,
-    ours: &Ours,
-) -> Result<()> {
-    let cache = wma_provider_ort::cache_dir()?;
+/// A reference runtime's figures (the JSON line its script prints), or why
+/// there are none; a missing column does not throw away this provider's.
+type Figures = std::result::Result<Value, String>;
+
+/// The set-up's Python environment and the folder of this project's scripts.
+fn python_and_scripts() -> std::result::Result<(PathBuf, PathBuf), String> {
+    let cache = wma_provider_ort::cache_dir().map_err(|e| e.to_string())?;
     let python = cache.join("venv").join("bin").join("python");
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/bench_genai.py");
-    let graph = args
-        .variant
-        .clone()
-        .unwrap_or_else(|| "onnx/model_q4.onnx".to_string());
-    println!(
-        "\nrunning onnxruntime-genai on the same folder ({})...",
-        python.display()
-    );
+    if !python.is_file() {
+        return Err(format!(
+            "no Python environment at {} (run scripts/setup.sh)",
+            python.display()
+        ));
+    }
+    Ok((
+        python,
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts"),
+    ))
+}
+
+/// Runs one of the reference scripts and reads the JSON line it prints last.
+fn run_script(script: &str, args: &[&std::ffi::OsStr]) -> Figures {
+    let (python, scripts) = python_and_scripts()?;
     let output = std::process::Command::new(&python)
-        .arg(&script)
-        .arg(provider.model_dir())
-        .args([
-            "--model-file",
-            &graph,
-            "--threads",
-            &args.threads.to_string(),
-        ])
-        .args(["--repeat", &args.repeat.max(1).to_string()])
-        .arg("--workload")
-        .arg(workload)
+        .arg(scripts.join(script))
+        .args(args)
         .output()
-        .with_context(|| format!("could not run {} (run scripts/setup.sh)", python.display()))?;
+        .map_err(|e| format!("could not run {}: {e}", python.display()))?;
     if !output.status.success() {
-        bail!(
-            "scripts/bench_genai.py failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
-        );
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        return Err(format!(
+            "scripts/{script} failed: {}",
+            stderr.lines().last().unwrap_or("")
+        ));
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
     let line = stdout
         .lines()
         .rev()
         .find(|l| l.trim_start().starts_with('{'))
-        .context("no JSON from bench_genai.py")?;
-    let genai: Value = serde_json::from_str(line)?;
-    let num = |key: &str| {
-        genai[key]
-            .as_f64()
-            .map(|v| format!("{v:.2}"))
-            .unwrap_or_else(|| "-".into())
+        .ok_or_else(|| format!("no JSON line from scripts/{script}"))?;
+    serde_json::from_str(line).map_err(|e| format!("scripts/{script}: {e}"))
+}
+
+/// onnxruntime-genai on the same folder, graph, workload and threads.
+fn genai_figures(provider: &OrtProvider, workload: &Path, args: &Args) -> Figures {
+    let graph = args
+        .variant
+        .clone()
+        .unwrap_or_else(|| "onnx/model_q4.onnx".to_string());
+    println!("\nrunning onnxruntime-genai on the same folder (scripts/bench_genai.py)...");
+    let threads = args.threads.to_string();
+    let repeat = args.repeat.max(1).to_string();
+    run_script(
+        "bench_genai.py",
+        &[
+            provider.model_dir().as_os_str(),
+            "--model-file".as_ref(),
+            graph.as_ref(),
+            "--threads".as_ref(),
+            threads.as_ref(),
+            "--repeat".as_ref(),
+            repeat.as_ref(),
+            "--workload".as_ref(),
+            workload.as_os_str(),
+        ],
+    )
+}
+
+/// llama.cpp on the GGUF file the model folder was converted from.
+fn llamacpp_figures(provider: &OrtProvider, workload: &Path, args: &Args) -> Figures {
+    let gguf = match &args.gguf {
+        Some(path) if path.is_file() => path.clone(),
+        Some(path) => return Err(format!("no GGUF file at {}", path.display())),
+        None => find_gguf(&provider.model_dir())?,
     };
-    println!("\n| figure | this provider | onnxruntime-genai | ratio |");
-    println!("|---|---|---|---|");
-    let ratio = |a: f64, key: &str, higher_better: bool| {
-        genai[key]
+    println!(
+        "\nrunning llama.cpp on {} (scripts/bench_llamacpp.py)...",
+        gguf.display()
+    );
+    let threads = args.threads.to_string();
+    let repeat = args.repeat.max(1).to_string();
+    let mut script_args: Vec<&std::ffi::OsStr> = vec![
+        gguf.as_os_str(),
+        "--threads".as_ref(),
+        threads.as_ref(),
+        "--repeat".as_ref(),
+        repeat.as_ref(),
+        "--workload".as_ref(),
+        workload.as_os_str(),
+    ];
+    if let Some(policy) = &args.omp_wait_policy {
+        script_args.extend([
+            std::ffi::OsStr::new("--omp-wait-policy"),
+            std::ffi::OsStr::new(policy),
+        ]);
+    }
+    run_script("bench_llamacpp.py", &script_args)
+}
+
+/// The GGUF file a model folder was converted from: the one in the cache's
+/// `downloads/` whose name is the folder's name followed by `.` or `-` (as
+/// `SmolLM2-135M-Instruct.Q4_1.gguf` and
+/// `Qwen2.5-Coder-0.5B-Instruct-Q4_K_M.gguf`, which scripts/setup.sh
+/// downloads).
+fn find_gguf(model_dir: &Path) -> std::result::Result<PathBuf, String> {
+    let name = model_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| format!("model folder {} has no name", model_dir.display()))?;
+    let downloads = wma_provider_ort::cache_dir()
+        .map_err(|e| e.to_string())?
+        .join("downloads");
+    let mut found: Vec<PathBuf> = std::fs::read_dir(&downloads)
+        .map_err(|e| format!("cannot read {}: {e}", downloads.display()))?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| {
+            let file = p.file_name().unwrap_or_default().to_string_lossy();
+            file.ends_with(".gguf")
+                && file
+                    .strip_prefix(name.as_str())
+                    .is_some_and(|rest| rest.starts_with(['.', '-']))
+        })
+        .collect();
+    found.sort();
+    match found.len() {
+        0 => Err(format!(
+            "no {name}[.-]*.gguf in {}; pass --gguf PATH",
+            downloads.display()
+        )),
+        1 => Ok(found.remove(0)),
+        _ => Err(format!(
+            "several GGUF files for {name} in {}; pass --gguf PATH",
+            downloads.display()
+        )),
+    }
+}
+
+/// Prints this provider's figures next to the reference runtimes' ones.
+fn print_comparison(ours: &Ours, genai: &Figures, llamacpp: &Figures) {
+    for (runtime, figures) in [("onnxruntime-genai", genai), ("llama.cpp", llamacpp)] {
+        match figures {
+            Ok(v) => println!(
+                "{runtime}: {} ({}{})",
+                v["version"].as_str().unwrap_or("?"),
+                v["model"].as_str().unwrap_or("?"),
+                v["omp_wait_policy"]
+                    .as_str()
+                    .map(|p| format!(", OpenMP wait policy {p}"))
+                    .unwrap_or_default()
+            ),
+            Err(why) => println!("{runtime} column skipped: {why}"),
+        }
+    }
+    if let Ok(v) = llamacpp
+        && v["workload_reuse_cached_tokens"].is_u64()
+    {
+        println!(
+            "llama.cpp workload: {} prompt tokens from its cache with reuse ({} computed), \
+             new tokens per step {} with reuse and {} without",
+            v["workload_reuse_cached_tokens"],
+            v["workload_reuse_prompt_tokens_computed"],
+            v["workload_reuse_new_tokens"],
+            v["workload_fresh_new_tokens"]
+        );
+    }
+    let cell = |figures: &Figures, key: &str| match figures {
+        Ok(v) => v[key]
             .as_f64()
-            .filter(|b| *b > 0.0)
-            .map(|b| if higher_better { a / b } else { b / a })
+            .map(|x| format!("{x:.2}"))
+            .unwrap_or_else(|| "-".into()),
+        Err(_) => "-".into(),
+    };
+    // This provider's speed over theirs: for times, theirs over ours.
+    let ratio = |ours: f64, figures: &Figures, key: &str, higher_better: bool| match figures {
+        Ok(v) => v[key]
+            .as_f64()
+            .filter(|b| *b > 0.0 && ours > 0.0)
+            .map(|b| if higher_better { ours / b } else { b / ours })
             .map(|r| format!("{r:.2}x"))
-            .unwrap_or_else(|| "-".into())
+            .unwrap_or_else(|| "-".into()),
+        Err(_) => "-".into(),
     };
     println!(
-        "| decode tok/s | {:.2} | {} | {} |",
-        ours.decode,
-        num("decode_tok_s"),
-        ratio(ours.decode, "decode_tok_s", true)
+        "\n| figure | this provider | onnxruntime-genai | llama.cpp | vs genai | vs llama.cpp |"
     );
-    println!(
-        "| prefill {PREFILL_TOKENS} tokens, s | {:.2} | {} | {} |",
-        ours.prefill,
-        num("prefill_s"),
-        ratio(ours.prefill, "prefill_s", false)
-    );
-    println!(
-        "| workload with KV reuse, s | {:.2} | {} | {} |",
-        ours.reuse,
-        num("workload_reuse_s"),
-        ratio(ours.reuse, "workload_reuse_s", false)
-    );
-    println!(
-        "| workload without reuse, s | {:.2} | {} | {} |",
-        ours.fresh,
-        num("workload_fresh_s"),
-        ratio(ours.fresh, "workload_fresh_s", false)
-    );
-    println!("(ratio > 1 means this provider is faster)");
-    Ok(())
+    println!("|---|---|---|---|---|---|");
+    let rows = [
+        (
+            "decode tok/s".to_string(),
+            ours.decode,
+            "decode_tok_s",
+            true,
+        ),
+        (
+            format!("prefill of {PREFILL_TOKENS} tokens, s"),
+            ours.prefill,
+            "prefill_s",
+            false,
+        ),
+        (
+            "workload with KV reuse, s".to_string(),
+            ours.reuse,
+            "workload_reuse_s",
+            false,
+        ),
+        (
+            "workload without reuse, s".to_string(),
+            ours.fresh,
+            "workload_fresh_s",
+            false,
+        ),
+    ];
+    for (label, value, key, higher_better) in rows {
+        println!(
+            "| {label} | {value:.2} | {} | {} | {} | {} |",
+            cell(genai, key),
+            cell(llamacpp, key),
+            ratio(value, genai, key, higher_better),
+            ratio(value, llamacpp, key, higher_better),
+        );
+    }
+    println!("(vs: this provider's speed over theirs; > 1 means this provider is faster)");
 }
