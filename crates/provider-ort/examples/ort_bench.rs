@@ -344,12 +344,12 @@ fn main() -> Result<()> {
     let genai = if args.genai {
         genai_figures(&provider, &path, &args)
     } else {
-        Err("skipped (--no-genai)".into())
+        Err("--no-genai".into())
     };
     let llamacpp = if args.llamacpp {
         llamacpp_figures(&provider, &path, &args)
     } else {
-        Err("skipped (--no-llamacpp)".into())
+        Err("--no-llamacpp".into())
     };
     print_comparison(&ours, &genai, &llamacpp);
     Ok(())
