@@ -480,7 +480,7 @@ fn list_models() -> Result<()> {
             Some(_) => "<1M".to_string(),
             None => "?".to_string(),
         };
-        let policy = Policy::for_model(parameters).base.as_str();
+        let policy = Policy::for_model(&name).base.as_str();
         let default = if name == wma_provider_ort::DEFAULT_MODEL_NAME {
             " (the default model)"
         } else {

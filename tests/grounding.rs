@@ -13,6 +13,16 @@ use wma_testkit::{InMemoryToolHost, ScriptedProvider};
 
 use crate::support::*;
 
+/// The scripted model stands in for a small on-device model, so these
+/// runs are under the small-model policy, which a model of its kind gets
+/// (an unmeasured model gets the reference loop: `Policy::for_model`).
+fn inline() -> LocalLoopOptions {
+    LocalLoopOptions {
+        policy: Some(Policy::small_model()),
+        ..crate::support::inline()
+    }
+}
+
 /// A shop whose lookups are marked read-only, as real hosts mark them.
 fn annotated_shop() -> Arc<InMemoryToolHost> {
     let host = Arc::new(InMemoryToolHost::new());
@@ -632,11 +642,13 @@ async fn without_constraints_a_prose_reply_stands_as_the_reference_has_it() {
 
 /// The small-model policy with `move_on` off: under it a lookup is not
 /// offered right after it answered, so a model could not repeat it at once,
-/// and the rules for a repeated call would not be reached.
+/// and the rules for a repeated call would not be reached. With
+/// `done_on_repeated_lookup` on (off by default: docs/loop.md).
 fn repeats_offered() -> LocalLoopOptions {
     LocalLoopOptions {
         policy: Some(Policy {
             move_on: false,
+            done_on_repeated_lookup: true,
             ..Policy::small_model()
         }),
         ..inline()
@@ -891,7 +903,9 @@ async fn a_delegated_run_starts_with_a_call() {
         delegated: true,
         ..Default::default()
     });
-    let parts = run_all(provider.clone(), request, inline()).await;
+    // Off by default (docs/loop.md: it changed no `dev` task); on here.
+    let options = small_model_with(|p| p.delegated_calls_first = true);
+    let parts = run_all(provider.clone(), request, options).await;
     assert_finish(&parts, FinishReason::Stop);
     let requests = provider.requests();
     assert!(
@@ -1264,10 +1278,12 @@ async fn once_the_change_asked_for_is_made_no_tool_that_changes_things_is_offere
         "Added the Trail Tent.".to_string(),
     ])
     .with_constraints(true);
+    // Off by default (docs/loop.md: it changed no `dev` task); on here.
+    let options = small_model_with(|p| p.stop_changing_when_done = true);
     let parts = run_all(
         provider.clone(),
         ask("Add p-4 to my cart", annotated_shop()),
-        inline(),
+        options,
     )
     .await;
     assert_finish(&parts, FinishReason::Stop);
@@ -1361,7 +1377,10 @@ async fn a_coordinator_delegates_first_only_what_a_helper_relates_to() {
         let provider = ScriptedProvider::new(["Tokyo.".to_string()]).with_constraints(true);
         let mut ask = ask(request, helpers());
         ask.agent = Some(profile());
-        let parts = run_all(provider.clone(), ask, inline()).await;
+        // Off by default (docs/loop.md: on `dev` it gained the default
+        // model the task it cost Qwen); on here.
+        let options = small_model_with(|p| p.coordinator_calls_first = true);
+        let parts = run_all(provider.clone(), ask, options).await;
         assert_eq!(
             matches!(
                 provider.requests()[0].constraint,

@@ -45,7 +45,7 @@ pub use host::{AgentRunRequest, CallContext, ToolHost};
 pub use message::{ChatMessage, ToolCall};
 pub use parse::{ParsedCall, ParsedReply, parse_tool_calls};
 pub use part::{AgentStreamPart, FinishReason};
-pub use policy::{Policy, PolicyName, REFERENCE_FROM_PARAMETERS, Rule};
+pub use policy::{MEASURED_MODELS, MeasuredModel, Policy, PolicyName, Rule};
 pub use prompt::{
     HISTORY_TURNS, PAGE_PATH_CHARS, PAGE_TEXT_CHARS, RESULT_CHARS, SUB_AGENT_DESCRIPTION_CHARS,
     SystemPromptInput, compact_schema, delimit_untrusted, example_arguments, gist, plain_line,

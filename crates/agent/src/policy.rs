@@ -42,6 +42,16 @@ pub enum PolicyName {
     SmallModel,
 }
 
+impl MeasuredModel {
+    /// The measured model a provider's model name is, if any.
+    pub fn find(model: &str) -> Option<&'static MeasuredModel> {
+        let model = model.to_lowercase();
+        MEASURED_MODELS
+            .iter()
+            .find(|m| model.contains(&m.name.to_lowercase()))
+    }
+}
+
 impl PolicyName {
     /// The name as configs and `wma eval` write it.
     pub fn as_str(self) -> &'static str {
@@ -61,11 +71,41 @@ impl PolicyName {
     }
 }
 
-/// The model size from which [`Policy::for_model`] picks the reference
-/// policy: below a billion parameters a model needs the loop's help (the
-/// 135M default solves none of the shop task without it), above it a model
-/// follows the plain loop and only gains from well-formed calls.
-pub const REFERENCE_FROM_PARAMETERS: u64 = 1_000_000_000;
+/// A model whose default policy was chosen by measurement: both policies
+/// run on the task suite's `dev` half (`wma eval tasks --half dev`, greedy)
+/// and the one that solved more kept (docs/loop.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MeasuredModel {
+    /// The model's name as its folder, hub repository or served model
+    /// names it (`SmolLM2-135M-Instruct`); matched ignoring case, anywhere
+    /// in a provider's model name, so `HuggingFaceTB/SmolLM2-135M-Instruct`
+    /// and `SmolLM2-135M-Instruct.Q4_1.gguf` are the same model.
+    pub name: &'static str,
+    /// The policy it gets when an agent names none.
+    pub policy: PolicyName,
+    /// The measurement behind the choice.
+    pub measured: &'static str,
+}
+
+/// The models measured under both policies. Any other model gets the
+/// reference loop (with constrained decoding, [`ConstraintMode::Auto`]):
+/// the rules were fitted to small models' habits, and a model nobody
+/// measured must not do worse because of one. An agent's `policy` key
+/// overrides either.
+///
+/// [`ConstraintMode::Auto`]: crate::ConstraintMode::Auto
+pub const MEASURED_MODELS: [MeasuredModel; 2] = [
+    MeasuredModel {
+        name: "SmolLM2-135M-Instruct",
+        policy: PolicyName::SmallModel,
+        measured: "dev half: small-model 14/51, reference 5/51",
+    },
+    MeasuredModel {
+        name: "Qwen2.5-Coder-0.5B-Instruct",
+        policy: PolicyName::SmallModel,
+        measured: "dev half: small-model 18/51, reference 14/51",
+    },
+];
 
 /// What the loop does beyond the reference: one switch per rule. Build it
 /// from [`Policy::reference`] or [`Policy::small_model`] and change fields;
@@ -189,7 +229,9 @@ pub struct Policy {
     /// call: its first attempt allows calls only, when a tool can be
     /// called. The parent delegated because this agent's tools do the task;
     /// a tiny sub-agent otherwise chats about the task ("A waterproof
-    /// backpack is a great idea.") and hands back nothing. Default: on.
+    /// backpack is a great idea.") and hands back nothing. Default: off:
+    /// measured alone on the task suite's `dev` half it changed no task
+    /// for either measured model (docs/loop.md).
     pub delegated_calls_first: bool,
     /// A run whose every offered tool is a sub-agent (a coordinator with no
     /// tools of its own) starts with a delegation when the request seeks
@@ -198,7 +240,9 @@ pub struct Policy {
     /// first reply only invents: the default model, asked to "tell me
     /// what's still open on my to-do list" beside `todo_agent`, wrote "I'm
     /// glad you asked…" for 160 tokens. A turn that seeks nothing
-    /// ("Thanks!") is answered in words. Default: on.
+    /// ("Thanks!") is answered in words. Default: off: measured alone on
+    /// the task suite's `dev` half it gained the default model one task
+    /// and cost Qwen2.5-Coder-0.5B that same task (docs/loop.md).
     pub coordinator_calls_first: bool,
     /// The calls-only retry of a prose reply on the first step, when the
     /// request names a shown tool (two of its name's words, or one and an id
@@ -227,7 +271,10 @@ pub struct Policy {
     /// call 0.01%.
     pub call_now_min_probability: Option<f32>,
     /// Once an action succeeded, a lookup repeated word for word (same
-    /// answer) ends the run with the gist of what was done. Default: on.
+    /// answer) ends the run with the gist of what was done. Default: off:
+    /// measured alone on the task suite's `dev` half it changed no task
+    /// for either measured model; the reference's loop warning still ends
+    /// a run that repeats itself (docs/loop.md).
     pub done_on_repeated_lookup: bool,
     /// The longest free string of a constrained call. Default 100
     /// characters: a tiny model sometimes never closes a string; `None`
@@ -329,7 +376,10 @@ pub struct Policy {
     /// no tool that changes things: what is left is to
     /// look or to answer. Asked to "Cancel the budget review on
     /// 2026-03-10", the default model cancelled it and then added it again.
-    /// Default: on.
+    /// Default: off: measured alone on the task suite's `dev` half it
+    /// changed no task for either measured model, and a result that is an
+    /// error in plain words ("Only SELECT queries are allowed") reads as a
+    /// change made (docs/loop.md).
     pub stop_changing_when_done: bool,
 }
 
@@ -405,12 +455,12 @@ impl Policy {
             read_only_questions: true,
             ground_delegation: true,
             ground_tasks: true,
-            delegated_calls_first: true,
-            coordinator_calls_first: true,
+            delegated_calls_first: false,
+            coordinator_calls_first: false,
             named_tool_retry: Some(0.0),
             grounded_retry_values: true,
             call_now_min_probability: Some(0.0005),
-            done_on_repeated_lookup: true,
+            done_on_repeated_lookup: false,
             max_string_chars: Some(100),
             max_array_items: Some(16),
             max_calls: Some(4),
@@ -426,7 +476,7 @@ impl Policy {
             change_request_retry: true,
             question_lookup_retry: true,
             answer_after_lookup: true,
-            stop_changing_when_done: true,
+            stop_changing_when_done: false,
         }
     }
 
@@ -438,13 +488,11 @@ impl Policy {
         }
     }
 
-    /// The default for a model of this many parameters (unknown counts as
-    /// small): see [`REFERENCE_FROM_PARAMETERS`].
-    pub fn for_model(parameters: Option<u64>) -> Self {
-        match parameters {
-            Some(n) if n >= REFERENCE_FROM_PARAMETERS => Self::reference(),
-            _ => Self::small_model(),
-        }
+    /// The default for the model a provider names
+    /// ([`ProviderInfo::model`](crate::ProviderInfo::model)): the measured
+    /// policy of a model of [`MEASURED_MODELS`], else the reference.
+    pub fn for_model(model: &str) -> Self {
+        Self::named(MeasuredModel::find(model).map_or(PolicyName::Reference, |m| m.policy))
     }
 
     /// This policy with some rules set from a map of rule name to value
@@ -3404,18 +3452,37 @@ mod tests {
     }
 
     #[test]
-    fn policies_are_chosen_by_name_and_size() {
+    fn policies_are_chosen_by_name_and_measurement() {
         assert_eq!(PolicyName::parse("reference"), Some(PolicyName::Reference));
         assert_eq!(PolicyName::parse("small"), None);
+        for name in [
+            "SmolLM2-135M-Instruct",
+            "HuggingFaceTB/SmolLM2-135M-Instruct@main",
+            "smollm2-135m-instruct.Q4_1.gguf",
+        ] {
+            assert_eq!(
+                Policy::for_model(name).base,
+                PolicyName::SmallModel,
+                "{name}"
+            );
+        }
         assert_eq!(
-            Policy::for_model(Some(135_000_000)).base,
+            Policy::for_model("Qwen2.5-Coder-0.5B-Instruct").base,
             PolicyName::SmallModel
         );
-        assert_eq!(Policy::for_model(None).base, PolicyName::SmallModel);
-        assert_eq!(
-            Policy::for_model(Some(7_000_000_000)).base,
-            PolicyName::Reference
-        );
+        // Unmeasured, whatever its size: the plain loop.
+        for name in [
+            "tiny-random-llama",
+            "Qwen2.5-7B-Instruct",
+            "SmolLM2-360M-Instruct",
+            "",
+        ] {
+            assert_eq!(
+                Policy::for_model(name).base,
+                PolicyName::Reference,
+                "{name}"
+            );
+        }
     }
 
     #[test]

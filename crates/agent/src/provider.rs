@@ -363,8 +363,9 @@ pub trait Provider: Send + Sync {
         false
     }
 
-    /// How many parameters the model has, when known: the loop picks its
-    /// default policy from it (see `Policy::for_model`).
+    /// How many parameters the model has, when known. Shown to people
+    /// only: the loop's default policy goes by the model's measured name
+    /// (`Policy::for_model`), never by its size.
     fn parameters(&self) -> Option<u64> {
         None
     }

@@ -82,8 +82,8 @@ pub struct LocalLoopOptions {
     /// Constrained decoding per attempt. Default [`ConstraintMode::Auto`].
     pub constraints: ConstraintMode,
     /// What the loop does beyond the reference's steps (see [`Policy`]).
-    /// Default `None`: [`Policy::for_model`] picks one from the provider's
-    /// [`parameters`](Provider::parameters).
+    /// Default `None`: [`Policy::for_model`] picks one by the provider's
+    /// model: the measured policy of a known model, else the reference.
     pub policy: Option<Policy>,
     /// Which calls a person approves first (see `docs/approvals.md`).
     /// Default [`ApprovalPolicy::default`]: consequential tools ask. Asking
@@ -346,7 +346,7 @@ impl<P: Provider + 'static> Run<P> {
             constraints: options.constraints,
             policy: options
                 .policy
-                .unwrap_or_else(|| Policy::for_model(provider.parameters())),
+                .unwrap_or_else(|| Policy::for_model(&provider.info().model)),
             rules: PolicyState::default(),
             stood_down: Vec::new(),
             short_of_strings: Vec::new(),

@@ -6,7 +6,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use wma_agent::{
-    AgentStreamPart, ChatMessage, FinishReason, PageContext, ToolDefinition, ToolError,
+    AgentStreamPart, ChatMessage, FinishReason, PageContext, Policy, ToolDefinition, ToolError,
     ToolErrorCode, ToolHost,
 };
 use wma_runtime::{AgentConfig, ProviderSource, Runtime, RuntimeBuilder, ToolSource};
@@ -317,8 +317,8 @@ async fn a_rule_that_fires_is_a_named_event_on_its_step() {
     let _one_at_a_time = ONE_AT_A_TIME.lock().await;
     let receiver = OtlpReceiver::start().unwrap();
     let (guard, _scope) = export_over_http(&receiver);
-    // An action, then the same lookup twice: the small-model policy (the
-    // default for a model of unknown size) ends the run as done on step 3.
+    // An action, then the same lookup twice: `done_on_repeated_lookup`
+    // ends the run as done on step 3.
     let model = TokenModel::new(
         "rule-model",
         [
@@ -330,7 +330,14 @@ async fn a_rule_that_fires_is_a_named_event_on_its_step() {
     );
     let runtime = Runtime::builder(ProviderSource::new(move || model.clone()))
         .tool_source(ToolSource::new("shop", || AnnotatedShop))
-        .agent(AgentConfig::new("ruled"))
+        .agent({
+            let mut agent = AgentConfig::new("ruled");
+            agent.options.policy = Some(Policy {
+                done_on_repeated_lookup: true,
+                ..Policy::small_model()
+            });
+            agent
+        })
         .start()
         .await
         .unwrap();
