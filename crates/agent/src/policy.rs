@@ -271,10 +271,10 @@ pub struct Policy {
     /// call 0.01%.
     pub call_now_min_probability: Option<f32>,
     /// Once an action succeeded, a lookup repeated word for word (same
-    /// answer) ends the run with the gist of what was done. Default: off:
-    /// measured alone on the task suite's `dev` half it changed no task
-    /// for either measured model; the reference's loop warning still ends
-    /// a run that repeats itself (docs/loop.md).
+    /// answer) ends the run with the gist of what was done. Default: on,
+    /// with [`Policy::stop_changing_when_done`]: alone on the task suite's
+    /// `dev` half it changed no task, but without the two the demo run
+    /// ends going in circles instead of done (docs/loop.md).
     pub done_on_repeated_lookup: bool,
     /// The longest free string of a constrained call. Default 100
     /// characters: a tiny model sometimes never closes a string; `None`
@@ -376,10 +376,11 @@ pub struct Policy {
     /// no tool that changes things: what is left is to
     /// look or to answer. Asked to "Cancel the budget review on
     /// 2026-03-10", the default model cancelled it and then added it again.
-    /// Default: off: measured alone on the task suite's `dev` half it
-    /// changed no task for either measured model, and a result that is an
-    /// error in plain words ("Only SELECT queries are allowed") reads as a
-    /// change made (docs/loop.md).
+    /// Default: on, as a guard against changes nobody asked for: alone on
+    /// the task suite's `dev` half it changed no task, but without it (and
+    /// `done_on_repeated_lookup`) the default model, having added what it
+    /// was asked to, went on to tick off other to-dos and to add a second
+    /// backpack to the demo cart (docs/loop.md).
     pub stop_changing_when_done: bool,
 }
 
@@ -460,7 +461,7 @@ impl Policy {
             named_tool_retry: Some(0.0),
             grounded_retry_values: true,
             call_now_min_probability: Some(0.0005),
-            done_on_repeated_lookup: false,
+            done_on_repeated_lookup: true,
             max_string_chars: Some(100),
             max_array_items: Some(16),
             max_calls: Some(4),
@@ -476,7 +477,7 @@ impl Policy {
             change_request_retry: true,
             question_lookup_retry: true,
             answer_after_lookup: true,
-            stop_changing_when_done: false,
+            stop_changing_when_done: true,
         }
     }
 
