@@ -903,9 +903,7 @@ async fn a_delegated_run_starts_with_a_call() {
         delegated: true,
         ..Default::default()
     });
-    // Off by default (docs/loop.md: it changed no `dev` task); on here.
-    let options = small_model_with(|p| p.delegated_calls_first = true);
-    let parts = run_all(provider.clone(), request, options).await;
+    let parts = run_all(provider.clone(), request, inline()).await;
     assert_finish(&parts, FinishReason::Stop);
     let requests = provider.requests();
     assert!(

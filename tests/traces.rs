@@ -41,15 +41,19 @@ replies = ['{"name": "calculator", "arguments": {"a": 2, "b": 3, "op": "add"}}',
 kind = "native"
 builtins = ["calculator"]
 
+# The scripted models stand in for small on-device ones; an unmeasured
+# model would get the reference loop, whose runs have no rule events.
 [agents.lead]
 description = "Answers a person."
 provider = "lead"
 sub_agents = ["helper"]
+policy = "small-model"
 
 [agents.helper]
 description = "Adds numbers."
 provider = "aide"
 tools = ["math"]
+policy = "small-model"
 "#;
 
 /// The spans of the team's run, as (depth, name), parent before child and

@@ -229,9 +229,10 @@ pub struct Policy {
     /// call: its first attempt allows calls only, when a tool can be
     /// called. The parent delegated because this agent's tools do the task;
     /// a tiny sub-agent otherwise chats about the task ("A waterproof
-    /// backpack is a great idea.") and hands back nothing. Default: off:
-    /// measured alone on the task suite's `dev` half it changed no task
-    /// for either measured model (docs/loop.md).
+    /// backpack is a great idea.") and hands back nothing. Default: on:
+    /// alone on the task suite's `dev` half it changed no task, but
+    /// `configs/shop-team.toml`'s catalog helper answers exactly that
+    /// without it, and the backpack never reaches the cart (docs/loop.md).
     pub delegated_calls_first: bool,
     /// A run whose every offered tool is a sub-agent (a coordinator with no
     /// tools of its own) starts with a delegation when the request seeks
@@ -456,7 +457,7 @@ impl Policy {
             read_only_questions: true,
             ground_delegation: true,
             ground_tasks: true,
-            delegated_calls_first: false,
+            delegated_calls_first: true,
             coordinator_calls_first: false,
             named_tool_retry: Some(0.0),
             grounded_retry_values: true,
