@@ -1055,20 +1055,9 @@ async fn one_client_cannot_take_every_slot() {
     greedy_server.stop().await;
 }
 
-/// A folder of its own under the system's temporary folder.
-fn scratch(name: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "wma-http-{name}-{}-{:?}",
-        std::process::id(),
-        std::time::SystemTime::now()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_token_is_generated_once_into_an_owner_only_file() {
-    let dir = scratch("token");
+    let dir = crate::support::scratch("http", "token");
     let file = dir.join(serve::TOKEN_FILE_NAME);
     let options = || ServerOptions {
         token: TokenSource::File(file.clone()),
@@ -1138,7 +1127,7 @@ async fn the_token_is_generated_once_into_an_owner_only_file() {
 async fn the_server_survives_running_out_of_file_descriptors() {
     use tokio::io::AsyncBufReadExt;
 
-    let dir = scratch("emfile");
+    let dir = crate::support::scratch("http", "emfile");
     let config = dir.join("serve.toml");
     // The connection caps sit above the descriptor limit: under them the
     // server closes its own oldest silent connection to make room, and

@@ -387,11 +387,19 @@ fn python_and_scripts() -> std::result::Result<(PathBuf, PathBuf), String> {
 }
 
 /// Runs one of the reference scripts and reads the JSON line it prints last.
-fn run_script(script: &str, args: &[&std::ffi::OsStr]) -> Figures {
+fn run_script(script: &str, args: &[&std::ffi::OsStr], workload: &Path, bench: &Args) -> Figures {
     let (python, scripts) = python_and_scripts()?;
+    // Every reference runtime replays the same workload with the same
+    // threads and repeats as this provider.
     let output = std::process::Command::new(&python)
         .arg(scripts.join(script))
         .args(args)
+        .arg("--threads")
+        .arg(bench.threads.to_string())
+        .arg("--repeat")
+        .arg(bench.repeat.max(1).to_string())
+        .arg("--workload")
+        .arg(workload)
         .output()
         .map_err(|e| format!("could not run {}: {e}", python.display()))?;
     if !output.status.success() {
@@ -417,21 +425,15 @@ fn genai_figures(provider: &OrtProvider, workload: &Path, args: &Args) -> Figure
         .clone()
         .unwrap_or_else(|| "onnx/model_q4.onnx".to_string());
     println!("\nrunning onnxruntime-genai on the same folder (scripts/bench_genai.py)...");
-    let threads = args.threads.to_string();
-    let repeat = args.repeat.max(1).to_string();
     run_script(
         "bench_genai.py",
         &[
             provider.model_dir().as_os_str(),
             "--model-file".as_ref(),
             graph.as_ref(),
-            "--threads".as_ref(),
-            threads.as_ref(),
-            "--repeat".as_ref(),
-            repeat.as_ref(),
-            "--workload".as_ref(),
-            workload.as_os_str(),
         ],
+        workload,
+        args,
     )
 }
 
@@ -446,24 +448,14 @@ fn llamacpp_figures(provider: &OrtProvider, workload: &Path, args: &Args) -> Fig
         "\nrunning llama.cpp on {} (scripts/bench_llamacpp.py)...",
         gguf.display()
     );
-    let threads = args.threads.to_string();
-    let repeat = args.repeat.max(1).to_string();
-    let mut script_args: Vec<&std::ffi::OsStr> = vec![
-        gguf.as_os_str(),
-        "--threads".as_ref(),
-        threads.as_ref(),
-        "--repeat".as_ref(),
-        repeat.as_ref(),
-        "--workload".as_ref(),
-        workload.as_os_str(),
-    ];
+    let mut script_args: Vec<&std::ffi::OsStr> = vec![gguf.as_os_str()];
     if let Some(policy) = &args.omp_wait_policy {
         script_args.extend([
             std::ffi::OsStr::new("--omp-wait-policy"),
             std::ffi::OsStr::new(policy),
         ]);
     }
-    run_script("bench_llamacpp.py", &script_args)
+    run_script("bench_llamacpp.py", &script_args, workload, args)
 }
 
 /// The GGUF file a model folder was converted from: the one in the cache's
