@@ -29,7 +29,7 @@ use crate::tool::{ToolAnnotations, ToolDefinition};
 
 /// How long a question waits for its answer unless the policy says
 /// otherwise; no answer in time denies the call.
-pub const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_APPROVAL_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// What happens to a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -99,7 +99,7 @@ impl ApprovalRule {
 }
 
 /// Whether `name` matches the glob `pattern` (`*` any run, `?` one character).
-pub fn glob_matches(pattern: &str, name: &str) -> bool {
+pub(crate) fn glob_matches(pattern: &str, name: &str) -> bool {
     let p: Vec<char> = pattern.chars().collect();
     let n: Vec<char> = name.chars().collect();
     // The classic two-pointer match with backtracking to the last `*`.
@@ -432,7 +432,7 @@ pub struct CallRecordRequest {
 /// neither has no effect its source calls worth a person's attention; a
 /// record for each would cost a durable commit per call for nothing a
 /// person checks after a crash.
-pub fn needs_record(annotations: &ToolAnnotations, asked: bool) -> bool {
+pub(crate) fn needs_record(annotations: &ToolAnnotations, asked: bool) -> bool {
     annotations.consequential || asked
 }
 
@@ -444,7 +444,7 @@ pub fn needs_record(annotations: &ToolAnnotations, asked: bool) -> bool {
 /// message starts a new run, where the tool asks again: saying so is
 /// theirs, not the model's.
 #[derive(Debug, Clone, Default)]
-pub struct Refusals {
+pub(crate) struct Refusals {
     /// Tool name to who said no (`person`, `timeout`, `terminal`, ...).
     denied: HashMap<String, String>,
 }
@@ -453,20 +453,20 @@ impl Refusals {
     /// Notes a question's answer: a denial of `tool` holds for the rest
     /// of the run. An answer given for the session (`by` `session`) was
     /// not asked this run, and the answer it repeats holds already.
-    pub fn record(&mut self, tool: &str, answer: &ApprovalAnswer) {
+    pub(crate) fn record(&mut self, tool: &str, answer: &ApprovalAnswer) {
         if !answer.approved && answer.by != "session" {
             self.denied.insert(tool.to_string(), answer.by.clone());
         }
     }
 
     /// Whether a person said no to `tool` in this run.
-    pub fn is_denied(&self, tool: &str) -> bool {
+    pub(crate) fn is_denied(&self, tool: &str) -> bool {
         self.denied.contains_key(tool)
     }
 
     /// The `denied` error a second call of a tool denied in this run gets,
     /// instead of a question; `None` when it was not denied.
-    pub fn second_request(&self, tool: &str) -> Option<ToolError> {
+    pub(crate) fn second_request(&self, tool: &str) -> Option<ToolError> {
         let by = self.denied.get(tool)?;
         let what = match by.as_str() {
             "person" => format!("the person already said no to `{tool}` in this run"),
@@ -483,7 +483,7 @@ impl Refusals {
     }
 
     /// `tools` without those denied in this run: what a step may offer.
-    pub fn offerable(&self, mut tools: Vec<ToolDefinition>) -> Vec<ToolDefinition> {
+    pub(crate) fn offerable(&self, mut tools: Vec<ToolDefinition>) -> Vec<ToolDefinition> {
         if !self.denied.is_empty() {
             tools.retain(|t| !self.is_denied(&t.name));
         }

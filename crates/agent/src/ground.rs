@@ -28,7 +28,7 @@ use crate::rank::for_each_term;
 use crate::tool::ToolDefinition;
 
 /// The most words in one phrase of [`copy_phrases`].
-pub const MAX_PHRASE_WORDS: usize = 6;
+pub(crate) const MAX_PHRASE_WORDS: usize = 6;
 
 /// The most phrases [`copy_phrases`] gives: what a person writes to an agent
 /// has far fewer, and a provider's copy bias does work per phrase and token.
@@ -1096,7 +1096,7 @@ fn properties_of(tool: &ToolDefinition) -> Option<(&Map<String, Value>, Vec<&str
 /// schema's order). Tools without such arguments come back unchanged.
 /// `identifiers` and `numbers` switch the two halves (the policy's
 /// `ground_identifiers` and `ground_numbers`).
-pub fn ground_tool(
+pub(crate) fn ground_tool(
     tool: &ToolDefinition,
     ids: &Identifiers,
     identifiers: bool,

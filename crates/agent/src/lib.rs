@@ -34,32 +34,26 @@ mod validate;
 pub use adapter::{AgentAdapter, LocalAdapter, LocalAdapterOptions, create_local_adapter};
 pub use approval::{
     ApprovalAnswer, ApprovalMode, ApprovalPolicy, ApprovalRequest, ApprovalRule, Approver,
-    CallRecordRequest, DEFAULT_APPROVAL_TIMEOUT, FixedApprover, Reason, Refusals, Verdict, decide,
-    glob_matches, needs_record,
+    CallRecordRequest, FixedApprover, decide,
 };
 pub use error::{ProviderError, ToolError, ToolErrorCode};
-pub use ground::{
-    Identifiers, MAX_COPY_PHRASES, MAX_PHRASE_WORDS, copy_phrases, ground_tool, is_identifier_key,
-};
+pub use ground::{Identifiers, MAX_COPY_PHRASES, copy_phrases, is_identifier_key};
 pub use host::{AgentRunRequest, CallContext, ToolHost};
 pub use message::{ChatMessage, ToolCall};
-pub use parse::{ParsedCall, ParsedReply, parse_tool_calls};
+pub use parse::parse_tool_calls;
 pub use part::{AgentStreamPart, FinishReason};
-pub use policy::{MEASURED_MODELS, MeasuredModel, Policy, PolicyName, Rule};
+pub use policy::{Policy, PolicyName, Rule};
 pub use prompt::{
-    HISTORY_TURNS, PAGE_PATH_CHARS, PAGE_TEXT_CHARS, RESULT_CHARS, SUB_AGENT_DESCRIPTION_CHARS,
-    SystemPromptInput, compact_schema, delimit_untrusted, example_arguments, gist, plain_line,
-    system_prompt, tool_line, truncate_chars,
+    HISTORY_TURNS, PAGE_PATH_CHARS, PAGE_TEXT_CHARS, RESULT_CHARS, SystemPromptInput,
+    delimit_untrusted, example_arguments, gist, plain_line, system_prompt, tool_line,
+    truncate_chars,
 };
 pub use provider::{
     CallFormat, Constraint, Decoding, GenerateRequest, Generation, InSession, Progress, ProgressFn,
     PromptMessage, PromptRole, Provider, ProviderInfo, SpacedFormatter,
 };
-pub use rank::{
-    DESCRIPTION_WEIGHT, NAME_WEIGHT, RECENT_BONUS, RECENT_WINDOW, ToolScore, rank_tools,
-    score_tools,
-};
-pub use run::{AgentStream, ConstraintMode, LocalLoopOptions, MAX_REQUEST_BYTES, run_local_agent};
-pub use scripted::{SCRIPTED_REQUEST_LOG, ScriptedProvider, ScriptedReply};
+pub use rank::rank_tools;
+pub use run::{ConstraintMode, LocalLoopOptions, MAX_REQUEST_BYTES, run_local_agent};
+pub use scripted::{ScriptedProvider, ScriptedReply};
 pub use tool::{AgentProfile, PageContext, SubAgentInfo, ToolAnnotations, ToolDefinition};
-pub use validate::{ArgsError, CompiledSchema, MAX_ERRORS, ValidatorCache, validate_args};
+pub use validate::{ArgsError, CompiledSchema, MAX_ERRORS, validate_args};

@@ -44,7 +44,7 @@ pub enum PolicyName {
 
 impl MeasuredModel {
     /// The measured model a provider's model name is, if any.
-    pub fn find(model: &str) -> Option<&'static MeasuredModel> {
+    pub(crate) fn find(model: &str) -> Option<&'static MeasuredModel> {
         let model = model.to_lowercase();
         MEASURED_MODELS
             .iter()
@@ -75,7 +75,7 @@ impl PolicyName {
 /// run on the task suite's `dev` half (`wma eval tasks --half dev`, greedy)
 /// and the one that solved more kept (docs/loop.md).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MeasuredModel {
+pub(crate) struct MeasuredModel {
     /// The model's name as its folder, hub repository or served model
     /// names it (`SmolLM2-135M-Instruct`); matched ignoring case, anywhere
     /// in a provider's model name, so `HuggingFaceTB/SmolLM2-135M-Instruct`
@@ -94,7 +94,7 @@ pub struct MeasuredModel {
 /// overrides either.
 ///
 /// [`ConstraintMode::Auto`]: crate::ConstraintMode::Auto
-pub const MEASURED_MODELS: [MeasuredModel; 2] = [
+pub(crate) const MEASURED_MODELS: [MeasuredModel; 2] = [
     MeasuredModel {
         name: "SmolLM2-135M-Instruct",
         policy: PolicyName::SmallModel,

@@ -28,7 +28,7 @@ pub fn truncate_chars(text: &str, max: usize) -> String {
 /// A schema with only what a model needs to write a call: types, properties,
 /// required, enums, bounds and short descriptions. Titles, examples,
 /// `$schema`, defaults and the like cost tokens and confuse small models.
-pub fn compact_schema(schema: &Value) -> Value {
+pub(crate) fn compact_schema(schema: &Value) -> Value {
     let Value::Object(map) = schema else {
         return schema.clone();
     };
@@ -364,7 +364,7 @@ pub const PAGE_TEXT_CHARS: usize = 120;
 pub const PAGE_PATH_CHARS: usize = 200;
 
 /// The most characters of a sub-agent's description in the prompt.
-pub const SUB_AGENT_DESCRIPTION_CHARS: usize = 300;
+pub(crate) const SUB_AGENT_DESCRIPTION_CHARS: usize = 300;
 
 /// Text from outside (a page, a peer) as one plain line of the system
 /// prompt: no line breaks or other control characters (which could start

@@ -37,17 +37,17 @@ use crate::lexicon::STOP_WORDS;
 use crate::tool::ToolDefinition;
 
 /// Points for a query term found in a tool's name.
-pub const NAME_WEIGHT: f32 = 3.0;
+pub(crate) const NAME_WEIGHT: f32 = 3.0;
 
 /// Points for a query term found in a tool's description, argument names or
 /// allowed argument values.
-pub const DESCRIPTION_WEIGHT: f32 = 1.0;
+pub(crate) const DESCRIPTION_WEIGHT: f32 = 1.0;
 
 /// Points for the most recently used tool; each step further back is worth half.
-pub const RECENT_BONUS: f32 = 2.0;
+pub(crate) const RECENT_BONUS: f32 = 2.0;
 
 /// How many of the most recently used tools earn a bonus.
-pub const RECENT_WINDOW: usize = 8;
+pub(crate) const RECENT_WINDOW: usize = 8;
 
 /// Only this many distinct query terms count (one bit each in a mask); a
 /// request longer than that is not a tool query anyway.
@@ -55,7 +55,7 @@ const MAX_QUERY_TERMS: usize = 64;
 
 /// Why a tool ranked where it did.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ToolScore {
+pub(crate) struct ToolScore {
     /// The tool's position in the list that was scored.
     pub index: usize,
     /// The tool's name.
@@ -126,7 +126,11 @@ pub fn rank_tools(
 /// Scores every tool against `query` and `recent`, in the order given, with
 /// what earned each point: for a host that shows why a tool was chosen.
 /// Sorting by `score` (stably, highest first) gives [`rank_tools`]'s order.
-pub fn score_tools(tools: &[ToolDefinition], query: &str, recent: &[String]) -> Vec<ToolScore> {
+pub(crate) fn score_tools(
+    tools: &[ToolDefinition],
+    query: &str,
+    recent: &[String],
+) -> Vec<ToolScore> {
     let scorer = Scorer::new(query, recent);
     let terms_in = |mask: u64| -> Vec<String> {
         scorer

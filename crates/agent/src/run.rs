@@ -46,7 +46,7 @@ use crate::validate::{ArgsError, ValidatorCache};
 pub const MAX_REQUEST_BYTES: usize = 64 * 1024;
 
 /// The stream of parts a run returns.
-pub type AgentStream = Pin<Box<dyn Stream<Item = AgentStreamPart> + Send>>;
+pub(crate) type AgentStream = Pin<Box<dyn Stream<Item = AgentStreamPart> + Send>>;
 
 /// When the loop asks the provider for constrained decoding (providers that
 /// cannot constrain ignore it).

@@ -72,7 +72,7 @@ impl From<String> for ScriptedReply {
 /// How many of the latest requests a scripted provider keeps: enough for
 /// any test to read back, bounded so that a host serving one (a soak, a
 /// config that names a scripted provider) does not grow without end.
-pub const SCRIPTED_REQUEST_LOG: usize = 1024;
+pub(crate) const SCRIPTED_REQUEST_LOG: usize = 1024;
 
 struct Inner {
     /// A queue: the replies not yet given. Pass per run: the whole script.

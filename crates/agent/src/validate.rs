@@ -110,22 +110,22 @@ impl CompiledSchema {
 /// When it holds [`ValidatorCache::CAPACITY`] schemas it starts over, which
 /// bounds its memory on hosts whose tools change all the time.
 #[derive(Debug, Default)]
-pub struct ValidatorCache {
+pub(crate) struct ValidatorCache {
     /// Schema text to compiled schema.
     compiled: Mutex<HashMap<String, Arc<CompiledSchema>>>,
 }
 
 impl ValidatorCache {
     /// The most schemas kept before the cache starts over.
-    pub const CAPACITY: usize = 256;
+    pub(crate) const CAPACITY: usize = 256;
 
     /// An empty cache.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// The compiled form of `schema`, compiling it on first use.
-    pub fn get(&self, schema: &Value) -> Result<Arc<CompiledSchema>, ArgsError> {
+    pub(crate) fn get(&self, schema: &Value) -> Result<Arc<CompiledSchema>, ArgsError> {
         let key = schema.to_string();
         if let Some(found) = self.compiled.lock().get(&key) {
             return Ok(Arc::clone(found));
@@ -141,18 +141,14 @@ impl ValidatorCache {
     }
 
     /// Checks `arguments` against `schema`, like [`validate_args`].
-    pub fn validate(&self, schema: &Value, arguments: &Value) -> Result<(), ArgsError> {
+    pub(crate) fn validate(&self, schema: &Value, arguments: &Value) -> Result<(), ArgsError> {
         self.get(schema)?.check(arguments)
     }
 
     /// How many schemas are cached.
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.compiled.lock().len()
-    }
-
-    /// Whether no schema is cached.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 
