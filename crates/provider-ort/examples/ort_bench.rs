@@ -10,6 +10,12 @@
 //!
 //! `--copy-kv` turns off the in-place cache buffers, to measure what they save.
 //!
+//! The workload tables decode one token per forward pass, as the reference
+//! runtimes do. A last table asks for shop tool calls under a "calls only"
+//! constraint with the small-model decoding (copy bias included), with
+//! prompt lookup off and on in the same run: reply tokens per second after
+//! the first token, the speed-up, and whether the replies are the same.
+//!
 //! At the end it runs `scripts/bench_genai.py` (onnxruntime-genai, from the
 //! set-up's Python environment) on the same folder, workload and threads, and
 //! `scripts/bench_llamacpp.py` (llama.cpp through the pinned `xllamacpp`) on
@@ -29,8 +35,12 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
+use wma_agent::{
+    Constraint, Decoding, GenerateRequest, PromptMessage, PromptRole, Provider, SystemPromptInput,
+    ToolDefinition, system_prompt,
+};
 use wma_provider_ort::{GenerateParams, OrtProvider, OrtProviderOptions};
 
 const DEFAULT_WORKLOAD: &str = "shared/bench/agent-workload-4step.json";
@@ -193,8 +203,12 @@ fn main() -> Result<()> {
     options.model = args.model.clone();
     options.variant = args.variant.clone();
     options.shared_kv_buffer = !args.copy_kv;
+    // Loaded for prompt lookup (a graph that keeps only the last logits
+    // then gives chosen positions'), which only the call table turns on.
+    options.prompt_lookup = true;
     let load_start = std::time::Instant::now();
     let provider = OrtProvider::load(options)?;
+    provider.with_model(|m| m.set_prompt_lookup(false))?;
     let shared = provider.with_model(|m| m.shares_kv_buffers())?;
     println!(
         "model {} ({} threads, KV cache {}), loaded in {:.2} s",
@@ -330,6 +344,7 @@ fn main() -> Result<()> {
             reused[reused.len() / 2]
         );
     }
+    calls_table(&provider, args.repeat.max(1))?;
     let peak = peak_rss_mib();
     match peak {
         Some(mib) => println!("peak RSS: {mib:.0} MiB"),
@@ -352,6 +367,148 @@ fn main() -> Result<()> {
         Err("--no-llamacpp".into())
     };
     print_comparison(&ours, &genai, &llamacpp);
+    Ok(())
+}
+
+/// Requests whose calls copy the person's words: ids, a phrase.
+const CALL_REQUESTS: [&str; 4] = [
+    "Add two of product p-17 to my cart.",
+    "Show me the details of product SKU-88213-B.",
+    "Search the catalog for a waterproof hiking backpack with a rain cover.",
+    "Add three of product p-4417-XK to my cart.",
+];
+
+fn shop_tools() -> Vec<ToolDefinition> {
+    let id = json!({"type": "object", "properties": {"product_id": {"type": "string"}}, "required": ["product_id"]});
+    vec![
+        ToolDefinition::new(
+            "search_products",
+            "Search the catalog by words.",
+            json!({"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]}),
+        ),
+        ToolDefinition::new(
+            "open_product",
+            "Get the details of one product by its id.",
+            id,
+        ),
+        ToolDefinition::new(
+            "add_to_cart",
+            "Add a product to the cart by its id.",
+            json!({"type": "object", "properties": {
+                "product_id": {"type": "string"},
+                "quantity": {"type": "integer", "minimum": 1}
+            }, "required": ["product_id"]}),
+        ),
+        ToolDefinition::new(
+            "view_cart",
+            "Show the items in the cart and the total.",
+            json!({"type": "object", "properties": {}}),
+        ),
+    ]
+}
+
+/// The small-model policy's decoding (docs/providers.md): bounded values,
+/// up to four calls to one tool, a 0.5% call threshold, a copy bias of 3,
+/// greedy calls and cut calls finished.
+fn small_model_decoding() -> Decoding {
+    Decoding {
+        max_string_chars: Some(100),
+        max_array_items: Some(16),
+        max_calls: Some(4),
+        one_tool_per_reply: true,
+        call_threshold: Some(0.005),
+        copy_bias: 3.0,
+        greedy_calls: true,
+        finish_cut_calls: Some(64),
+        ..Decoding::default()
+    }
+}
+
+/// Constrained calls with prompt lookup off and on, in one run: reply
+/// tokens per second after the first token (the prefill is the same in
+/// both), and whether the replies are the same.
+fn calls_table(provider: &OrtProvider, repeat: usize) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let tools = shop_tools();
+    let system = system_prompt(&SystemPromptInput {
+        tools: &tools,
+        tools_inline: provider.tools_inline(),
+        call_format: provider.call_format(),
+        ..SystemPromptInput::default()
+    });
+    let request = |text: &str| GenerateRequest {
+        messages: vec![
+            PromptMessage::new(PromptRole::System, system.clone()),
+            PromptMessage::new(PromptRole::User, text),
+        ],
+        constraint: Some(Constraint::CallsOnly {
+            tools: tools.clone(),
+        }),
+        max_new_tokens: Some(96),
+        decoding: small_model_decoding(),
+        // The loop gives the person's words for the copy bias.
+        copy_phrases: vec![text.to_string()],
+        ..GenerateRequest::default()
+    };
+    // Per mode: tokens/s, the replies, drafted and accepted tokens.
+    let mut runs = Vec::new();
+    for lookup in [false, true] {
+        provider.with_model(|m| {
+            m.set_prompt_lookup(lookup);
+            m.clear_sessions();
+        })?;
+        let before = provider.constraint_totals();
+        let (mut tokens, mut time, mut texts) = (0usize, 0f64, Vec::new());
+        for _ in 0..repeat {
+            for text in CALL_REQUESTS {
+                let g =
+                    runtime.block_on(provider.generate(request(text), CancellationToken::new()))?;
+                tokens += g.output_tokens.unwrap_or(0).saturating_sub(1) as usize;
+                time += g
+                    .total_time
+                    .unwrap_or_default()
+                    .saturating_sub(g.time_to_first_token.unwrap_or_default())
+                    .as_secs_f64();
+                texts.push(g.text);
+            }
+        }
+        let after = provider.constraint_totals();
+        runs.push((
+            tokens as f64 / time.max(1e-9),
+            texts,
+            after.drafted_tokens - before.drafted_tokens,
+            after.accepted_tokens - before.accepted_tokens,
+            after.generated_tokens - before.generated_tokens,
+        ));
+    }
+    provider.with_model(|m| m.set_prompt_lookup(false))?;
+    let (plain, looked) = (&runs[0], &runs[1]);
+    let same = plain
+        .1
+        .iter()
+        .zip(&looked.1)
+        .filter(|(a, b)| a == b)
+        .count();
+    println!(
+        "\n| constrained calls | reply tok/s, lookup off | reply tok/s, lookup on | speed-up | accepted/drafted | of tokens | same replies |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "| calls only, {} requests x {repeat} | {:.1} | {:.1} | {:.2}x | {}/{} | {:.0}% | {same}/{} |",
+        CALL_REQUESTS.len(),
+        plain.0,
+        looked.0,
+        looked.0 / plain.0.max(1e-9),
+        looked.3,
+        looked.2,
+        100.0 * looked.3 as f64 / looked.4.max(1) as f64,
+        plain.1.len()
+    );
+    for (a, b) in plain.1.iter().zip(&looked.1).filter(|(a, b)| a != b) {
+        println!("  differs: lookup off {a:?}\n           lookup on  {b:?}");
+    }
     Ok(())
 }
 

@@ -126,6 +126,7 @@ pub mod copy;
 mod encode;
 mod error;
 mod hub;
+mod logit_positions;
 mod model;
 mod options;
 mod paths;

@@ -88,8 +88,10 @@ pub struct GenerationStats {
     pub prefill_tokens: usize,
     /// Time of the prefill run (including trimming the cache).
     pub prefill_time: Duration,
-    /// Single-token decode runs (one fewer than the tokens generated: the
-    /// first comes from the prefill, the last is never fed back).
+    /// Forward passes after the prefill. Without forced tokens or drafts
+    /// each feeds one token, so there is one fewer than the tokens
+    /// generated (the first comes from the prefill, the last is never fed
+    /// back); a pass that feeds forced tokens or a draft counts once.
     pub decode_steps: usize,
     /// Time of the decode runs and the sampling between them.
     pub decode_time: Duration,
@@ -111,6 +113,15 @@ pub struct GenerationStats {
     /// Forward passes that fed forced tokens together instead of one
     /// decode step each (counted in `decode_steps` too).
     pub forced_runs: usize,
+    /// Forward passes that fed a draft from prompt lookup after the last
+    /// token (counted in `decode_steps` too; see
+    /// [`OrtProviderOptions::prompt_lookup`]).
+    pub draft_runs: usize,
+    /// Tokens those drafts proposed.
+    pub drafted_tokens: usize,
+    /// Drafted tokens that were the model's own choice and joined the reply
+    /// without a pass of their own; part of `generated_tokens`.
+    pub accepted_tokens: usize,
 }
 
 impl GenerationStats {
@@ -288,6 +299,10 @@ pub struct OrtModel {
     shared: bool,
     /// Feed the tokens a grammar forces in one forward pass.
     fast_forward: bool,
+    /// Draft the next tokens from the prompt and verify them in one pass
+    /// (cleared for good when the graph turns out to give only the last
+    /// position's logits).
+    prompt_lookup: bool,
     /// Whether the next prompt may reuse the cache's common prefix.
     reuse_prefix: bool,
     /// The context window in tokens.
@@ -380,6 +395,7 @@ impl OrtModel {
             },
             shared: false,
             fast_forward: options.fast_forward,
+            prompt_lookup: options.prompt_lookup,
             reuse_prefix: options.reuse_prefix,
             context_length,
             run_options: Arc::new(RunOptions::new().map_err(OrtError::runtime)?),
@@ -548,6 +564,18 @@ impl OrtModel {
     /// Whether forced tokens are fed in one forward pass.
     pub fn fast_forward(&self) -> bool {
         self.fast_forward
+    }
+
+    /// Drafts tokens from the prompt and verifies them in one pass (true)
+    /// or decodes one token per pass (false); see
+    /// [`OrtProviderOptions::prompt_lookup`].
+    pub fn set_prompt_lookup(&mut self, on: bool) {
+        self.prompt_lookup = on;
+    }
+
+    /// Whether tokens are drafted from the prompt.
+    pub fn prompt_lookup(&self) -> bool {
+        self.prompt_lookup
     }
 
     /// The key of the KV session in use (`""` for generations that name none).
@@ -749,6 +777,15 @@ impl OrtModel {
     /// Feeds `ids` after the cached tokens and returns the logits of the last
     /// one. The cache then holds the old tokens plus `ids`.
     pub fn forward(&mut self, ids: &[u32]) -> Result<Vec<f32>, OrtError> {
+        let mut rows = self.forward_rows(ids, 1)?;
+        Ok(rows.pop().expect("a run gives at least one row"))
+    }
+
+    /// As [`forward`](Self::forward), returning the logits of the last
+    /// `rows` fed tokens, in order (each predicts the token after it).
+    /// Fewer come back when the graph gives fewer positions than that
+    /// (exports that keep only the last one).
+    fn forward_rows(&mut self, ids: &[u32], rows: usize) -> Result<Vec<Vec<f32>>, OrtError> {
         if ids.is_empty() {
             return Err(OrtError::InvalidOption {
                 name: "ids",
@@ -763,7 +800,7 @@ impl OrtModel {
                 limit: self.context_length,
             });
         }
-        let token_inputs = token_inputs(&self.io, ids, past_len)?;
+        let token_inputs = token_inputs(&self.io, ids, past_len, rows)?;
         let terminated = |e: ort::Error| {
             if e.to_string().contains("terminate") {
                 OrtError::Cancelled
@@ -795,7 +832,7 @@ impl OrtModel {
                 let logits = outputs
                     .get(&self.io.logits)
                     .ok_or_else(|| OrtError::Runtime("no logits in the outputs".into()))?;
-                let logits = last_row(logits, self.io.logits_type)?;
+                let logits = last_rows(logits, self.io.logits_type, rows)?;
                 let mut values = Vec::with_capacity(2 * self.io.layers.len());
                 for layer in &self.io.layers {
                     for name in [&layer.present_key, &layer.present_value] {
@@ -831,7 +868,7 @@ impl OrtModel {
                 let logits = outputs
                     .get(&self.io.logits)
                     .ok_or_else(|| OrtError::Runtime("no logits in the outputs".into()))?;
-                last_row(logits, self.io.logits_type)?
+                last_rows(logits, self.io.logits_type, rows)?
             }
         };
         self.cache.ids.extend_from_slice(ids);
@@ -942,6 +979,9 @@ impl OrtModel {
 
         let mut sampler = Sampler::new(&params.sampling, prompt);
         let mut ids = Vec::new();
+        // The draft being verified, whose rows give the next logits while
+        // the model keeps choosing its tokens.
+        let mut round: Option<DraftRound> = None;
         let decode_start = Instant::now();
         let reason = 'generation: loop {
             if cancel.is_cancelled() {
@@ -959,6 +999,11 @@ impl OrtModel {
                 stats.constraint_time += started.elapsed();
                 forced.truncate(limits.max_new - ids.len());
                 if !forced.is_empty() {
+                    // They are fed after the reply so far: the rest of a
+                    // draft goes.
+                    if let Some(r) = round.take() {
+                        self.truncate_cache(r.reply_end())?;
+                    }
                     for &id in &forced {
                         if ids.is_empty() {
                             stats.time_to_first_token = start.elapsed();
@@ -991,6 +1036,9 @@ impl OrtModel {
                     continue;
                 }
             }
+            // The choice is made the same way whether the logits come from a
+            // pass of their own or from a draft's row: that is what keeps
+            // the reply the one decoding token by token writes.
             if let Some(c) = constraint.as_deref_mut() {
                 let started = Instant::now();
                 c.mask_logits(&mut logits)?;
@@ -1016,18 +1064,80 @@ impl OrtModel {
                 &mut stats,
                 &mut should_stop,
             )? {
+                // The last token is not fed: where a draft put it (and more)
+                // in the cache, they go.
+                if let Some(r) = round.take() {
+                    self.truncate_cache(r.reply_end())?;
+                }
                 break reason;
+            }
+            // The draft guessed this token: its row holds the next logits.
+            if let Some(r) = round.as_mut()
+                && let Some(next) = r.accept(id)
+            {
+                logits = next;
+                stats.accepted_tokens += 1;
+                continue;
+            }
+            if let Some(r) = round.take() {
+                self.truncate_cache(r.reply_end())?;
             }
             // Checked again so that a cancellation during sampling or the
             // stop check does not pay for one more forward pass.
             if cancel.is_cancelled() {
                 return Err(OrtError::Cancelled);
             }
-            logits = match self.forward(&[id]) {
-                Ok(l) => l,
+            let draft = if self.prompt_lookup && greedy {
+                // A pass over the draft feeds `id` too and must fit the
+                // context; drafted tokens past the token limit could never
+                // join the reply.
+                let room = (self.context_length.saturating_sub(self.cache.ids.len() + 1))
+                    .min(limits.max_new.saturating_sub(ids.len() + 1))
+                    .min(MAX_DRAFT);
+                lookup_draft(prompt, &ids, room)
+            } else {
+                Vec::new()
+            };
+            if draft.is_empty() {
+                logits = match self.forward(&[id]) {
+                    Ok(l) => l,
+                    Err(e) => return Err(self.after_error(e, cancel)),
+                };
+                stats.decode_steps += 1;
+                continue;
+            }
+            let base = self.cache.ids.len();
+            let mut fed = Vec::with_capacity(1 + draft.len());
+            fed.push(id);
+            fed.extend_from_slice(&draft);
+            let mut rows = match self.forward_rows(&fed, fed.len()) {
+                Ok(rows) => rows,
                 Err(e) => return Err(self.after_error(e, cancel)),
             };
             stats.decode_steps += 1;
+            if rows.len() < fed.len() {
+                // The graph gives the last position's logits only: drafts
+                // cannot be checked. Back to one token per pass, for good.
+                tracing::debug!("prompt lookup: the graph gives only the last logits; off");
+                self.prompt_lookup = false;
+                self.truncate_cache(base)?;
+                logits = match self.forward(&[id]) {
+                    Ok(l) => l,
+                    Err(e) => return Err(self.after_error(e, cancel)),
+                };
+                stats.decode_steps += 1;
+                continue;
+            }
+            stats.draft_runs += 1;
+            stats.drafted_tokens += draft.len();
+            rows.reverse();
+            logits = rows.pop().expect("one row per fed token");
+            round = Some(DraftRound {
+                base,
+                draft,
+                rows,
+                accepted: 0,
+            });
         };
         stats.decode_time = decode_start.elapsed();
         stats.total_time = start.elapsed();
@@ -1135,6 +1245,74 @@ impl SharedKv {
         tracing::debug!(capacity, "KV cache buffers allocated");
         Ok(())
     }
+}
+
+/// Most tokens one draft proposes. A pass over nine tokens costs little
+/// more than over one on a small model (it is bound by reading the
+/// weights), and copied runs (an id, a path, a phrase) are seldom longer.
+const MAX_DRAFT: usize = 8;
+
+/// The longest and shortest run of last tokens looked up. Three tokens
+/// rarely match by chance; two still find an id whose first token the
+/// model spelled differently from the prompt (`"p` against ` p`).
+const LOOKUP_NGRAM: std::ops::RangeInclusive<usize> = 2..=3;
+
+/// A draft fed after the last token in one pass, and the logits of its
+/// positions not yet used.
+struct DraftRound {
+    /// Cached tokens before the pass.
+    base: usize,
+    /// The drafted tokens (fed after the reply's last token).
+    draft: Vec<u32>,
+    /// The logits after each drafted token, the last first (so `pop`
+    /// gives the next one).
+    rows: Vec<Vec<f32>>,
+    /// Drafted tokens the model chose so far.
+    accepted: usize,
+}
+
+impl DraftRound {
+    /// When `id`, just chosen, is the next drafted token: the logits after
+    /// it, which the pass computed already.
+    fn accept(&mut self, id: u32) -> Option<Vec<f32>> {
+        if self.draft.get(self.accepted) != Some(&id) {
+            return None;
+        }
+        self.accepted += 1;
+        self.rows.pop()
+    }
+
+    /// Cached positions that belong to the reply so far: the tokens before
+    /// the pass, the token it fed first, and the accepted drafted ones. The
+    /// rest of the draft is to be cut from the cache.
+    fn reply_end(&self) -> usize {
+        self.base + 1 + self.accepted
+    }
+}
+
+/// Prompt lookup: the tokens that followed the latest earlier occurrence
+/// of the sequence's last few tokens (three, else two; see
+/// [`LOOKUP_NGRAM`]), at most `max` of them; empty when there is none.
+/// The sequence is `prompt` followed by `reply`. Arguments of tool calls
+/// mostly copy what the prompt holds, so those tokens are a likely guess
+/// of what comes next.
+pub(crate) fn lookup_draft(prompt: &[u32], reply: &[u32], max: usize) -> Vec<u32> {
+    if max == 0 {
+        return Vec::new();
+    }
+    let seq: Vec<u32> = prompt.iter().chain(reply).copied().collect();
+    for n in LOOKUP_NGRAM.rev() {
+        if seq.len() <= n {
+            continue;
+        }
+        let tail = &seq[seq.len() - n..];
+        // Every start that leaves at least one token after the match.
+        if let Some(at) = (0..seq.len() - n).rev().find(|&i| &seq[i..i + n] == tail) {
+            let from = at + n;
+            return seq[from..(from + max).min(seq.len())].to_vec();
+        }
+    }
+    Vec::new()
 }
 
 /// How far a reply may go: the token limit (raised once to finish a cut
@@ -1251,13 +1429,16 @@ pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 /// The inputs other than the cache: token ids, the mask over past and new
-/// positions, positions, and the merged decoders' branch flag.
+/// positions, positions, the merged decoders' branch flag, and the last
+/// `rows` positions whose logits are wanted (where the graph takes that).
 fn token_inputs<'a>(
     io: &'a GraphIo,
     ids: &[u32],
     past_len: usize,
+    rows: usize,
 ) -> Result<Vec<(&'a str, DynValue)>, OrtError> {
     let n = ids.len();
+    let rows = rows.clamp(1, n);
     let total = past_len + n;
     let mut inputs = Vec::with_capacity(4);
     inputs.push((
@@ -1275,6 +1456,10 @@ fn token_inputs<'a>(
         let flag =
             Tensor::from_array((vec![1usize], vec![past_len > 0])).map_err(OrtError::runtime)?;
         inputs.push((name.as_str(), flag.into_dyn()));
+    }
+    if let Some(name) = &io.logits_positions {
+        let last = (-(rows as i64)..0).collect();
+        inputs.push((name.as_str(), tensor_i64(vec![rows], last)?));
     }
     Ok(inputs)
 }
@@ -1295,25 +1480,35 @@ fn empty_kv(ty: FloatType, heads: usize, head_dim: usize) -> Result<DynValue, Or
     .map_err(OrtError::runtime)
 }
 
-/// The logits of the last position of a `[batch, sequence, vocab]` output.
-fn last_row(value: &DynValue, ty: FloatType) -> Result<Vec<f32>, OrtError> {
+/// The logits of the last `rows` positions of a `[batch, sequence, vocab]`
+/// output, in order (fewer where the output holds fewer positions).
+fn last_rows(value: &DynValue, ty: FloatType, rows: usize) -> Result<Vec<Vec<f32>>, OrtError> {
+    fn split<T: Copy>(
+        shape: &[i64],
+        data: &[T],
+        rows: usize,
+        f: impl Fn(T) -> f32,
+    ) -> Result<Vec<Vec<f32>>, OrtError> {
+        let vocab = vocab_width(shape)?;
+        let rows = rows.min(data.len() / vocab);
+        let tail = &data[data.len() - rows * vocab..];
+        Ok(tail
+            .chunks_exact(vocab)
+            .map(|row| row.iter().map(|&x| f(x)).collect())
+            .collect())
+    }
     match ty {
         FloatType::F32 => {
             let (shape, data) = value
                 .try_extract_tensor::<f32>()
                 .map_err(OrtError::runtime)?;
-            let vocab = vocab_width(shape)?;
-            Ok(data[data.len() - vocab..].to_vec())
+            split(shape, data, rows, |x| x)
         }
         FloatType::F16 => {
             let (shape, data) = value
                 .try_extract_tensor::<f16>()
                 .map_err(OrtError::runtime)?;
-            let vocab = vocab_width(shape)?;
-            Ok(data[data.len() - vocab..]
-                .iter()
-                .map(|x| x.to_f32())
-                .collect())
+            split(shape, data, rows, f16::to_f32)
         }
     }
 }
@@ -1351,7 +1546,22 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::common_prefix;
+    use super::{common_prefix, lookup_draft};
+
+    #[test]
+    fn lookup_takes_what_followed_the_latest_match_of_the_last_tokens() {
+        // `7 8 9` ends the sequence; its latest earlier occurrence is
+        // followed by `4 5`, then the reply's own tokens.
+        let prompt = [7, 8, 9, 1, 1, 7, 8, 9, 4, 5, 6];
+        assert_eq!(lookup_draft(&prompt, &[7, 8, 9], 3), vec![4, 5, 6]);
+        assert_eq!(lookup_draft(&prompt, &[7, 8, 9], 8), vec![4, 5, 6, 7, 8, 9]);
+        // Two tokens when three do not match.
+        assert_eq!(lookup_draft(&[3, 4, 5], &[0, 3, 4], 8), vec![5, 0, 3, 4]);
+        // One token alone is not looked up.
+        assert_eq!(lookup_draft(&[3, 4, 5], &[0, 3], 8), Vec::<u32>::new());
+        assert_eq!(lookup_draft(&prompt, &[7, 8, 9], 0), Vec::<u32>::new());
+        assert_eq!(lookup_draft(&[], &[1, 2], 4), Vec::<u32>::new());
+    }
 
     #[test]
     fn common_prefix_counts_equal_leading_tokens() {

@@ -123,6 +123,23 @@ pub struct OrtProviderOptions {
     /// too short for one pass to beat their steps one by one
     /// (docs/providers.md has the numbers).
     pub fast_forward: bool,
+    /// Prompt lookup: while decoding greedily, look the reply's last three
+    /// (else two) tokens up in the prompt and the reply so far, and where
+    /// they occur, feed the up to eight tokens that followed them there
+    /// after the last token in one forward pass. The model's choice at
+    /// each position, made exactly as one pass per token makes it (the
+    /// constraint's mask, the copy bias and the repetition penalty
+    /// included, the grammar advanced by chosen tokens only), takes the
+    /// drafted tokens for as long as they agree and one more; the cache
+    /// drops the rest. Tool-call arguments mostly copy the prompt (ids,
+    /// names, phrases), so a run of them costs one pass instead of one
+    /// each. Sampled tokens are never drafted for (a draft would rarely
+    /// be drawn). Needs a graph that gives logits for every fed position
+    /// (one that gives the last only turns it off at the first draft).
+    /// Set it when loading: a graph that keeps only the last position's
+    /// logits (this project's converted ones) is then loaded with that
+    /// position as an input (see `logit_positions`). Default: false.
+    pub prompt_lookup: bool,
     /// Honour decoding constraints (grammars) from the loop. Default: true.
     /// When the tokenizer's vocabulary cannot be read for them, the provider
     /// says it does not support constraints and ignores them. How a
@@ -152,6 +169,7 @@ impl Default for OrtProviderOptions {
             kv_sessions: DEFAULT_KV_SESSIONS,
             kv_cache_bytes: DEFAULT_KV_CACHE_BYTES,
             fast_forward: false,
+            prompt_lookup: false,
             constraints: true,
         }
     }
@@ -246,6 +264,13 @@ impl OrtProviderOptions {
     /// Feeds (true) or decodes one by one (false) the tokens a grammar forces.
     pub fn with_fast_forward(mut self, on: bool) -> Self {
         self.fast_forward = on;
+        self
+    }
+
+    /// Drafts tokens from the prompt and verifies them in one pass (true),
+    /// or decodes one token per pass (false).
+    pub fn with_prompt_lookup(mut self, on: bool) -> Self {
+        self.prompt_lookup = on;
         self
     }
 

@@ -119,6 +119,12 @@ pub struct ConstraintTotals {
     /// Of those, tokens the grammar forced (fed together when
     /// [`OrtProviderOptions::fast_forward`] is on).
     pub forced_tokens: usize,
+    /// Tokens prompt lookup drafted in those generations
+    /// ([`OrtProviderOptions::prompt_lookup`]).
+    pub drafted_tokens: usize,
+    /// Of those, tokens the model chose too, which joined the reply
+    /// without a forward pass of their own.
+    pub accepted_tokens: usize,
 }
 
 impl ConstraintTotals {
@@ -606,12 +612,16 @@ impl Loaded {
             totals.decode_time += stats.decode_time;
             totals.generated_tokens += stats.generated_tokens;
             totals.forced_tokens += stats.forced_tokens;
+            totals.drafted_tokens += stats.drafted_tokens;
+            totals.accepted_tokens += stats.accepted_tokens;
             tracing::debug!(
                 call_probability = m.call_probability(),
                 compile_us = m.compile_time().as_micros() as u64,
                 masked_tokens = stats.constrained_tokens,
                 forced_tokens = stats.forced_tokens,
                 forced_runs = stats.forced_runs,
+                drafted_tokens = stats.drafted_tokens,
+                accepted_tokens = stats.accepted_tokens,
                 constraint_us_per_token = stats
                     .constraint_time
                     .checked_div(stats.constrained_tokens.max(1) as u32)

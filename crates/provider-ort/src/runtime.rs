@@ -10,6 +10,7 @@ use parking_lot::Mutex;
 
 use crate::config::ModelConfig;
 use crate::error::OrtError;
+use crate::logit_positions;
 use crate::options::{ExecutionProvider, OrtProviderOptions};
 
 /// The process's one ONNX Runtime environment and the library it came from.
@@ -67,6 +68,29 @@ pub(crate) fn create_session(
         builder = builder.with_inter_threads(n).map_err(OrtError::runtime)?;
     }
     builder = register_execution_provider(builder, options.execution_provider)?;
+    // Prompt lookup needs the logits after each drafted token; a graph that
+    // keeps only the last position's is loaded with that position made an
+    // input (see `logit_positions`). Read whole, as ONNX Runtime would.
+    if options.prompt_lookup
+        && let Ok(bytes) = std::fs::read(graph)
+        && let Some(patched) = logit_positions::expose_positions(&bytes)
+    {
+        drop(bytes);
+        match builder.commit_from_memory(&patched) {
+            Ok(session) => {
+                tracing::debug!(
+                    graph = %graph.display(),
+                    "the last position's gather reads `{}`", logit_positions::POSITIONS_INPUT
+                );
+                return Ok(session);
+            }
+            Err(e) => tracing::warn!(
+                graph = %graph.display(),
+                error = %e,
+                "could not load the graph with chosen logit positions; prompt lookup will be off"
+            ),
+        }
+    }
     builder
         .commit_from_file(graph)
         .map_err(|e| OrtError::Runtime(format!("could not load {}: {e}", graph.display())))
@@ -155,6 +179,10 @@ pub struct GraphIo {
     pub position_ids: Option<String>,
     /// `use_cache_branch` of merged decoders, when present.
     pub use_cache_branch: Option<String>,
+    /// Which positions' logits a run gives, when the graph was loaded with
+    /// that input (graphs that keep only the last position, loaded for
+    /// prompt lookup; see [`OrtProviderOptions::prompt_lookup`]).
+    pub logits_positions: Option<String>,
     /// The cache inputs and outputs, one entry per layer in layer order.
     pub layers: Vec<LayerIo>,
     /// Element type of the cache tensors.
@@ -187,6 +215,7 @@ impl GraphIo {
         let mut attention_mask = None;
         let mut position_ids = None;
         let mut use_cache_branch = None;
+        let mut logits_positions = None;
         let mut past: Vec<(usize, bool, String, ValueType)> = Vec::new();
         for input in session.inputs() {
             let name = input.name();
@@ -195,6 +224,7 @@ impl GraphIo {
                 "attention_mask" => attention_mask = Some(name.to_string()),
                 "position_ids" => position_ids = Some(name.to_string()),
                 "use_cache_branch" => use_cache_branch = Some(name.to_string()),
+                logit_positions::POSITIONS_INPUT => logits_positions = Some(name.to_string()),
                 _ => match cache_slot(name, "past") {
                     Some((layer, is_key)) => {
                         past.push((layer, is_key, name.to_string(), input.dtype().clone()))
@@ -317,6 +347,7 @@ impl GraphIo {
             attention_mask,
             position_ids,
             use_cache_branch,
+            logits_positions,
             layers,
             kv_type,
             kv_heads,
