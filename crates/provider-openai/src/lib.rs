@@ -15,17 +15,29 @@
 //!   none (the default model's), or [`OpenAiOptions::tools_inline`] says
 //!   so, the loop writes the tools into the system prompt itself, as for
 //!   an on-device model, and the server sees plain chat.
-//! - **Constraints** ([`Provider::supports_constraints`] is true): a
-//!   "calls only" attempt (the loop's call-now correction and repair
-//!   retry) is a `response_format` JSON schema of one call in the loop's
-//!   JSON call format, which servers decode under a grammar whatever the
+//! - **Constraints** ([`Provider::supports_constraints`] is true) go in
+//!   the fields the server reads ([`Dialect`], [`OpenAiOptions::dialect`];
+//!   by default found in `prepare`: llama.cpp when `/props` answers, vLLM
+//!   when `/v1/models` says `owned_by: "vllm"`, else the OpenAI API's).
+//!   "Text or calls" (a step's first attempt) is a GBNF grammar of prose,
+//!   or calls in the loop's JSON call format to the offered tools with
+//!   arguments following their schemas as far as GBNF can say them
+//!   (llama.cpp's `grammar`, vLLM's `guided_grammar`), when the tools are
+//!   in the prompt and the calls come back as text. "Calls only" (the
+//!   call-now correction and the repair retry) and a JSON-schema
+//!   constraint are a JSON schema (llama.cpp's `json_schema`, vLLM's
+//!   `guided_json`, else `response_format`): one call in the loop's JSON
+//!   call format, which servers decode under a grammar whatever the
 //!   template knows of tools (llama.cpp drops `tool_choice: "required"`
-//!   for a template without tools); a JSON-schema constraint is a
-//!   `response_format`. "Text or calls" is what an
-//!   unconstrained request allows already, and an llguidance grammar is not
-//!   a dialect servers read: those attempts go unconstrained. The policy's
-//!   [`Decoding`](wma_agent::Decoding) pulls (copy bias, call threshold) are
-//!   the on-device provider's own and are not sent.
+//!   for a template without tools). A constraint the server cannot take
+//!   goes unsent, noted once in the log (tracing, `info`): "text or
+//!   calls" to a server that takes no grammar, or beside tools in the
+//!   request (llama.cpp refuses a grammar there; its own tool calling
+//!   decodes the calls), and an llguidance grammar anywhere. The policy's
+//!   [`Decoding`](wma_agent::Decoding) bounds that a grammar can hold
+//!   (calls per reply, one tool per reply, string and array lengths) are
+//!   in the grammar; its pulls on the model's choices (copy bias, call
+//!   threshold) need the model's probabilities and are not sent.
 //! - **Usage and timings**: `usage` (prompt, completion and cached tokens)
 //!   and llama.cpp's `timings` (`prompt_ms` is the time to the first token,
 //!   `cache_n` the cached prompt tokens).
@@ -54,13 +66,16 @@
 //! Plain `http://` is built in; `https://` needs the crate's `https`
 //! feature (rustls).
 
+mod gbnf;
 mod wire;
 
+use std::collections::HashSet;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
@@ -73,6 +88,48 @@ pub const PROVIDER_NAME: &str = "openai-compatible";
 
 /// New tokens per reply when neither the request nor the options say.
 pub const DEFAULT_MAX_NEW_TOKENS: u32 = 256;
+
+/// Which request fields a server reads a constraint from: the API is
+/// shared, its grammar fields are each server's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dialect {
+    /// llama.cpp's server: a GBNF grammar in `grammar`, a JSON schema in
+    /// `json_schema`.
+    #[serde(rename = "llamacpp")]
+    LlamaCpp,
+    /// vLLM: `guided_grammar` (GBNF-style EBNF) and `guided_json`.
+    Vllm,
+    /// The OpenAI API and servers that follow it alone (Ollama): a JSON
+    /// schema in `response_format`, no grammar.
+    OpenAi,
+}
+
+impl Dialect {
+    /// The name a config writes (`llamacpp`, `vllm`, `openai`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::LlamaCpp => "llamacpp",
+            Self::Vllm => "vllm",
+            Self::OpenAi => "openai",
+        }
+    }
+}
+
+impl std::str::FromStr for Dialect {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "llamacpp" => Ok(Self::LlamaCpp),
+            "vllm" => Ok(Self::Vllm),
+            "openai" => Ok(Self::OpenAi),
+            other => Err(format!(
+                "unknown dialect `{other}`, expected `llamacpp`, `vllm` or `openai`"
+            )),
+        }
+    }
+}
 
 /// Settings of an [`OpenAiProvider`].
 #[derive(Debug, Clone, PartialEq)]
@@ -100,6 +157,10 @@ pub struct OpenAiOptions {
     /// inline when its chat template takes none (llama.cpp's
     /// `/props` `chat_template_caps.supports_tools`), else in the request.
     pub tools_inline: Option<bool>,
+    /// The fields constraints go in. `None` (the default) asks the server:
+    /// llama.cpp when `/props` answers, vLLM when `/v1/models` says the
+    /// model is owned by `vllm`, else the OpenAI API's `response_format`.
+    pub dialect: Option<Dialect>,
     /// Longest wait for a connection.
     pub connect_timeout: Duration,
     /// Longest wait for a whole answer.
@@ -118,6 +179,7 @@ impl OpenAiOptions {
             temperature: None,
             seed: None,
             tools_inline: None,
+            dialect: None,
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(300),
         }
@@ -134,6 +196,8 @@ struct ServerFacts {
     tokenizes: bool,
     /// The server said its chat template takes no tools.
     template_without_tools: bool,
+    /// The fields constraints go in.
+    dialect: Dialect,
 }
 
 /// A provider for a model behind an OpenAI-compatible chat-completion API.
@@ -148,6 +212,9 @@ pub struct OpenAiProvider {
     tokenize_failed: Mutex<bool>,
     /// A seed that replaces the options' one (see [`OpenAiProvider::reseed`]).
     seed: Mutex<Option<Option<u64>>>,
+    /// The kinds of constraint already noted as unsent, so that a run of
+    /// many steps logs each once, not once a step.
+    noted: Mutex<HashSet<&'static str>>,
 }
 
 impl std::fmt::Debug for OpenAiProvider {
@@ -222,6 +289,7 @@ impl OpenAiProvider {
             facts: OnceLock::new(),
             tokenize_failed: Mutex::new(false),
             seed: Mutex::new(None),
+            noted: Mutex::new(HashSet::new()),
         })
     }
 
@@ -239,6 +307,15 @@ impl OpenAiProvider {
     /// The context window in use, once prepared.
     pub fn context_length(&self) -> Option<u32> {
         self.facts.get().and_then(|f| f.context_length)
+    }
+
+    /// The fields constraints go in: the options' dialect, else the one the
+    /// server was found to speak in `prepare` (the OpenAI API's before).
+    pub fn dialect(&self) -> Dialect {
+        self.options
+            .dialect
+            .or_else(|| self.facts.get().map(|f| f.dialect))
+            .unwrap_or(Dialect::OpenAi)
     }
 
     /// Whether the loop writes the tools into the prompt (see
@@ -345,15 +422,32 @@ impl OpenAiProvider {
         } else {
             Vec::new()
         };
-        if let wire::Mapped::Schema(schema) = wire::map_constraint(request.constraint.as_ref()) {
-            body["response_format"] = wire::response_format(&schema);
-            // The reply is the call, as JSON text: tools offered beside it
-            // would let a template's tool format compete with the schema.
+        let dialect = self.dialect();
+        let mapped = wire::map_constraint(
+            request.constraint.as_ref(),
+            dialect,
+            structured,
+            &request.decoding,
+        );
+        if let wire::Mapped::Unsent { what, why } = &mapped
+            && self.noted.lock().insert(what)
+        {
+            tracing::info!(
+                constraint = what,
+                dialect = dialect.as_str(),
+                "a constraint goes unsent to this server, and the reply is not held to it: {why}"
+            );
+        }
+        if wire::put_constraint(&mut body, &mapped, dialect) {
+            // The reply is held to the constraint as text: tools offered
+            // beside it would let a template's tool format compete with it
+            // (and llama.cpp refuses a grammar beside tools).
             tools.clear();
         }
         if !tools.is_empty() {
             body["tools"] = wire::tools_json(&tools);
         }
+        tracing::debug!(body = %body, "chat completion request");
         body
     }
 
@@ -581,6 +675,7 @@ impl Provider for OpenAiProvider {
         // that the server is there, and sometimes the context and size.
         let models = self.get("/v1/models", &cancel).await.map_err(load)?;
         let (models_context, parameters) = wire::models_facts(&models, &self.options.model);
+        let owner = wire::models_owner(&models, &self.options.model);
         progress(Progress {
             stage: format!("read {} settings", self.options.url),
             done: 1,
@@ -620,11 +715,22 @@ impl Provider for OpenAiProvider {
             .and_then(|p| p.pointer("/chat_template_caps/supports_tools"))
             .and_then(Value::as_bool)
             == Some(false);
+        let dialect = match (props.is_some(), owner.as_deref()) {
+            (true, _) => Dialect::LlamaCpp,
+            (false, Some("vllm")) => Dialect::Vllm,
+            _ => Dialect::OpenAi,
+        };
+        tracing::debug!(
+            dialect = dialect.as_str(),
+            configured = self.options.dialect.map(Dialect::as_str),
+            "the server's constraint fields"
+        );
         let _ = self.facts.set(ServerFacts {
             context_length,
             parameters,
             tokenizes,
             template_without_tools,
+            dialect,
         });
         progress(Progress {
             stage: format!("ready {}", self.options.url),

@@ -4,7 +4,12 @@
 
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
-use wma_agent::{Constraint, PromptMessage, PromptRole, ToolDefinition, parse_tool_calls};
+use wma_agent::{
+    Constraint, Decoding, PromptMessage, PromptRole, ToolDefinition, parse_tool_calls,
+};
+
+use crate::Dialect;
+use crate::gbnf;
 
 /// The `tools` array of a request.
 pub(crate) fn tools_json(tools: &[ToolDefinition]) -> Value {
@@ -117,28 +122,86 @@ pub(crate) fn call_schema(tools: &[ToolDefinition]) -> Value {
 /// How a request's constraint is put to the server.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Mapped {
-    /// Nothing the server can hold the reply to: the request goes without.
+    /// No constraint: the request goes without.
     Ignored,
-    /// One JSON value following this schema (`response_format`).
+    /// A constraint this server cannot be held to: the request goes
+    /// without, and the provider notes it once per kind (`what` names it,
+    /// `why` says why).
+    Unsent {
+        what: &'static str,
+        why: &'static str,
+    },
+    /// One JSON value following this schema.
     Schema(Value),
+    /// A reply following this GBNF grammar.
+    Grammar(String),
 }
 
-/// Maps a constraint onto the chat-completion API. "Calls only" is a
-/// `response_format` JSON schema of one call in the loop's JSON call
-/// format: servers turn a schema into a grammar whatever the model's
-/// template knows of tools, where `tool_choice: "required"` is dropped by
-/// llama.cpp for a template without tools (the default model's). "Text or
-/// calls" is what an unconstrained request already allows, and an
-/// llguidance grammar is not a dialect servers read: both go without.
-pub(crate) fn map_constraint(constraint: Option<&Constraint>) -> Mapped {
+/// Maps a constraint onto what a server of `dialect` takes.
+///
+/// - "Text or calls" is a GBNF grammar of prose or calls
+///   ([`crate::gbnf`]) where the server takes one (llama.cpp, vLLM) and
+///   the tools are in the prompt (`structured` false). With the tools in
+///   the request, llama.cpp refuses a grammar beside them, and the
+///   server's own tool calling decodes the calls (llama.cpp under a lazy
+///   grammar of its own), so none is sent.
+/// - "Calls only" is a JSON schema of one call in the loop's JSON call
+///   format, which every dialect takes: servers turn a schema into a
+///   grammar whatever the model's template knows of tools, where
+///   `tool_choice: "required"` is dropped by llama.cpp for a template
+///   without tools (the default model's).
+/// - A JSON-schema constraint is that schema; an llguidance (Lark) grammar
+///   is not a dialect servers share, and goes unsent.
+pub(crate) fn map_constraint(
+    constraint: Option<&Constraint>,
+    dialect: Dialect,
+    structured: bool,
+    decoding: &Decoding,
+) -> Mapped {
     match constraint {
-        None | Some(Constraint::TextOrCalls { .. }) | Some(Constraint::Grammar { .. }) => {
-            Mapped::Ignored
-        }
+        None => Mapped::Ignored,
+        Some(Constraint::TextOrCalls { tools }) if tools.is_empty() => Mapped::Ignored,
+        Some(Constraint::TextOrCalls { .. }) if structured => Mapped::Unsent {
+            what: "text-or-calls",
+            why: "the tools go in the request, where the server's own tool calling decodes calls \
+                  (llama.cpp takes no grammar beside tools)",
+        },
+        Some(Constraint::TextOrCalls { tools }) => match dialect {
+            Dialect::LlamaCpp | Dialect::Vllm => {
+                Mapped::Grammar(gbnf::text_or_calls(tools, true, decoding))
+            }
+            Dialect::OpenAi => Mapped::Unsent {
+                what: "text-or-calls",
+                why: "the server takes no grammar, only a JSON schema (response_format), \
+                      and prose is no JSON",
+            },
+        },
         Some(Constraint::CallsOnly { tools }) if tools.is_empty() => Mapped::Ignored,
         Some(Constraint::CallsOnly { tools }) => Mapped::Schema(call_schema(tools)),
         Some(Constraint::JsonSchema { schema }) => Mapped::Schema(schema.clone()),
+        Some(Constraint::Grammar { .. }) => Mapped::Unsent {
+            what: "grammar",
+            why: "an llguidance (Lark) grammar is no dialect servers share",
+        },
     }
+}
+
+/// Puts a mapped constraint into a request `body` in the fields a server
+/// of `dialect` reads. Returns whether something was put there.
+pub(crate) fn put_constraint(body: &mut Value, mapped: &Mapped, dialect: Dialect) -> bool {
+    match (mapped, dialect) {
+        (Mapped::Ignored | Mapped::Unsent { .. }, _) => return false,
+        (Mapped::Schema(schema), Dialect::LlamaCpp) => body["json_schema"] = schema.clone(),
+        (Mapped::Schema(schema), Dialect::Vllm) => body["guided_json"] = schema.clone(),
+        (Mapped::Schema(schema), Dialect::OpenAi) => {
+            body["response_format"] = response_format(schema)
+        }
+        (Mapped::Grammar(grammar), Dialect::LlamaCpp) => body["grammar"] = json!(grammar),
+        (Mapped::Grammar(grammar), Dialect::Vllm) => body["guided_grammar"] = json!(grammar),
+        // `map_constraint` makes no grammar for a server that takes none.
+        (Mapped::Grammar(_), Dialect::OpenAi) => return false,
+    }
+    true
 }
 
 /// `response_format` for a schema.
@@ -388,6 +451,20 @@ pub(crate) fn calls_as_values(calls: &[WireCall]) -> Vec<(String, Option<Value>)
         .collect()
 }
 
+/// Who `/v1/models` says owns `model` (or the only model served): vLLM
+/// answers `vllm`.
+pub(crate) fn models_owner(models: &Value, model: &str) -> Option<String> {
+    let list = models.get("data").and_then(Value::as_array)?;
+    let entry = list
+        .iter()
+        .find(|m| m.get("id").and_then(Value::as_str) == Some(model))
+        .or(if list.len() == 1 { list.first() } else { None })?;
+    entry
+        .get("owned_by")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+}
+
 /// The context size a server tells: llama.cpp's `/props`
 /// (`default_generation_settings.n_ctx`, or a top-level `n_ctx`).
 pub(crate) fn props_context(props: &Value) -> Option<u32> {
@@ -475,19 +552,102 @@ mod tests {
     }
 
     #[test]
-    fn constraints_map_onto_what_servers_take() {
+    fn constraints_map_onto_what_each_dialect_takes() {
         let tools = vec![tool("search"), tool("cart")];
-        assert_eq!(map_constraint(None), Mapped::Ignored);
+        let decoding = Decoding::default();
+        let text_or_calls = Constraint::TextOrCalls {
+            tools: tools.clone(),
+        };
+        let calls_only = Constraint::CallsOnly {
+            tools: tools.clone(),
+        };
+        let map = |c: Option<&Constraint>, d: Dialect| map_constraint(c, d, false, &decoding);
+        for dialect in [Dialect::LlamaCpp, Dialect::Vllm, Dialect::OpenAi] {
+            assert_eq!(map(None, dialect), Mapped::Ignored);
+            // "Calls only" is a schema of one call everywhere.
+            let Mapped::Schema(schema) = map(Some(&calls_only), dialect) else {
+                panic!("calls only is a schema");
+            };
+            assert_eq!(schema["anyOf"][1]["properties"]["name"]["const"], "cart");
+            assert!(matches!(
+                map(
+                    Some(&Constraint::Grammar {
+                        lark: "start: /a/".into()
+                    }),
+                    dialect
+                ),
+                Mapped::Unsent {
+                    what: "grammar",
+                    ..
+                }
+            ));
+        }
+
+        // "Text or calls" is a grammar where the server takes one, naming
+        // the offered tools.
+        for dialect in [Dialect::LlamaCpp, Dialect::Vllm] {
+            let Mapped::Grammar(grammar) = map(Some(&text_or_calls), dialect) else {
+                panic!("text or calls is a grammar for {dialect:?}");
+            };
+            assert!(grammar.starts_with("root ::= text | calls\n"), "{grammar}");
+            assert!(grammar.contains(r#""\"search\"""#), "{grammar}");
+            assert!(grammar.contains(r#""\"cart\"""#), "{grammar}");
+        }
+        // A server that takes no grammar, and tools in the request, get
+        // none, and say why.
+        assert!(matches!(
+            map(Some(&text_or_calls), Dialect::OpenAi),
+            Mapped::Unsent {
+                what: "text-or-calls",
+                ..
+            }
+        ));
+        assert!(matches!(
+            map_constraint(Some(&text_or_calls), Dialect::LlamaCpp, true, &decoding),
+            Mapped::Unsent {
+                what: "text-or-calls",
+                ..
+            }
+        ));
         assert_eq!(
-            map_constraint(Some(&Constraint::TextOrCalls {
-                tools: tools.clone()
-            })),
+            map(
+                Some(&Constraint::TextOrCalls { tools: vec![] }),
+                Dialect::LlamaCpp
+            ),
             Mapped::Ignored
         );
-        let Mapped::Schema(schema) = map_constraint(Some(&Constraint::CallsOnly { tools })) else {
-            panic!("calls only is a schema");
+    }
+
+    #[test]
+    fn each_dialect_reads_its_own_fields() {
+        let schema = json!({"type": "object"});
+        let put = |mapped: &Mapped, dialect| {
+            let mut body = json!({});
+            let sent = put_constraint(&mut body, mapped, dialect);
+            (sent, body)
         };
-        assert_eq!(schema["anyOf"][1]["properties"]["name"]["const"], "cart");
+        let grammar = Mapped::Grammar("root ::= \"a\"".into());
+        let as_schema = Mapped::Schema(schema.clone());
+        assert_eq!(
+            put(&grammar, Dialect::LlamaCpp),
+            (true, json!({"grammar": "root ::= \"a\""}))
+        );
+        assert_eq!(
+            put(&as_schema, Dialect::LlamaCpp),
+            (true, json!({"json_schema": schema}))
+        );
+        assert_eq!(
+            put(&grammar, Dialect::Vllm),
+            (true, json!({"guided_grammar": "root ::= \"a\""}))
+        );
+        assert_eq!(
+            put(&as_schema, Dialect::Vllm),
+            (true, json!({"guided_json": schema}))
+        );
+        assert_eq!(put(&grammar, Dialect::OpenAi), (false, json!({})));
+        let (sent, body) = put(&as_schema, Dialect::OpenAi);
+        assert!(sent);
+        assert_eq!(body["response_format"]["json_schema"]["schema"], schema);
     }
 
     #[test]
@@ -536,5 +696,8 @@ mod tests {
             models_facts(&models, "other"),
             (Some(4096), Some(134_515_008))
         );
+        let vllm = json!({"data": [{"id": "m", "owned_by": "vllm"}]});
+        assert_eq!(models_owner(&vllm, "m").as_deref(), Some("vllm"));
+        assert_eq!(models_owner(&models, "m"), None);
     }
 }
