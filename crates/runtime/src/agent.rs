@@ -16,28 +16,23 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 use wma_agent::{
-    AgentProfile, AgentRunRequest, AgentStreamPart, ApprovalRule, Approver, ChatMessage, InSession,
-    LocalLoopOptions, SubAgentInfo, run_local_agent,
+    AgentProfile, AgentRunRequest, AgentStreamPart, ChatMessage, InSession, LocalLoopOptions,
+    SubAgentInfo, run_local_agent,
 };
 
 use crate::bridge::ToolBridgeHandle;
-use crate::delegator::{DelegationScope, DelegatorHandle, Relay, RunTools};
-use crate::error::RuntimeError;
-use crate::panic_message;
-use crate::part::TaggedPart;
+use crate::delegation::{Delegate, DelegationScope, Relay, RunApprovals, RunTools};
+use crate::error::{RuntimeError, panic_message};
+use crate::part::{RUN_PART_BUFFER, TaggedPart};
 use crate::provider::ProviderHandle;
 use crate::slot::Slot;
-use crate::supervisor::Timeouts;
+use crate::timeouts::Timeouts;
 
 /// Concurrent runs one agent accepts unless [`AgentConfig::max_concurrent_runs`]
 /// says otherwise. One more is refused at once with [`RuntimeError::Busy`];
 /// nothing queues, because a queued request to an on-device model can wait
 /// for minutes without the person knowing why.
 pub const DEFAULT_MAX_CONCURRENT_RUNS: usize = 4;
-
-/// Parts a run may get ahead of its reader. A reader that falls further
-/// behind slows the run down (backpressure) instead of growing memory.
-pub const RUN_PART_BUFFER: usize = 64;
 
 /// One agent the runtime hosts.
 #[derive(Debug, Clone)]
@@ -161,44 +156,6 @@ impl AgentConfig {
 /// Identifies one run of one agent.
 pub type RunId = u64;
 
-/// How one run asks for approvals: the host's approver and the run's own
-/// rules, which only tighten the agent's policy
-/// ([`LocalLoopOptions::approval`]). Sub-agents' runs started by the run
-/// ask the same approver under the same rules. The default asks nobody:
-/// calls that would ask run (a `deny` still denies).
-#[derive(Clone, Default)]
-pub struct RunApprovals {
-    /// Where calls that need approval are asked about.
-    pub approver: Option<Arc<dyn Approver>>,
-    /// The run's own rules.
-    pub rules: Vec<ApprovalRule>,
-}
-
-impl RunApprovals {
-    /// Asks `approver`, under the agent's policy alone.
-    pub fn asking(approver: Arc<dyn Approver>) -> Self {
-        Self {
-            approver: Some(approver),
-            rules: Vec::new(),
-        }
-    }
-
-    /// The same, with these rules of the run's own.
-    pub fn with_rules(mut self, rules: impl IntoIterator<Item = ApprovalRule>) -> Self {
-        self.rules.extend(rules);
-        self
-    }
-}
-
-impl std::fmt::Debug for RunApprovals {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RunApprovals")
-            .field("approver", &self.approver.is_some())
-            .field("rules", &self.rules)
-            .finish()
-    }
-}
-
 /// What outlives one instance of the agent actor, so that a restart
 /// neither forgets running runs (Stop must still reach them) nor resets
 /// the admission count.
@@ -260,8 +217,9 @@ pub(crate) struct AgentArgs {
     pub(crate) shared: Arc<AgentShared>,
     pub(crate) provider: ProviderHandle,
     pub(crate) tools: ToolBridgeHandle,
-    /// Runs this agent's sub-agents.
-    pub(crate) delegator: DelegatorHandle,
+    /// Runs this agent's sub-agents: the delegator's handle, which sits
+    /// above this actor (it starts agents' runs).
+    pub(crate) delegator: Arc<dyn Delegate>,
 }
 
 impl Actor for AgentActor {

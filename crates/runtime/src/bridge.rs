@@ -17,9 +17,9 @@ use wma_agent::{
     validate_args,
 };
 
-use crate::panic_message;
+use crate::error::panic_message;
 use crate::slot::Slot;
-use crate::supervisor::Timeouts;
+use crate::timeouts::Timeouts;
 
 /// Time limit of one tool call of a source that has no limit of its own
 /// ([`ToolSource::with_call_timeout`]), and of one source's listing, unless

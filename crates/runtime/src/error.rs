@@ -1,4 +1,4 @@
-//! The runtime's one error type.
+//! The runtime's one error type, and the text a caught panic leaves.
 
 use std::time::Duration;
 
@@ -67,4 +67,13 @@ pub enum RuntimeError {
     /// instructions and tools suggest.
     #[error("the request is empty: say what the agent should do")]
     EmptyRequest,
+}
+
+/// The message of a caught panic, for error parts and logs.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".to_string())
 }

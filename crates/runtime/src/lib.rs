@@ -74,39 +74,35 @@
 mod agent;
 mod bridge;
 mod cluster;
+mod delegation;
 mod delegator;
 mod error;
 mod part;
 mod provider;
+mod remote;
 mod slot;
 mod supervisor;
+mod timeouts;
 
 pub use agent::{
-    AgentConfig, AgentHandle, DEFAULT_MAX_CONCURRENT_RUNS, RUN_PART_BUFFER, RunApprovals, RunId,
-    RunStream, TaggedStream, check_request,
+    AgentConfig, AgentHandle, DEFAULT_MAX_CONCURRENT_RUNS, RunId, RunStream, TaggedStream,
+    check_request,
 };
 pub use bridge::{DEFAULT_TOOL_TIMEOUT, ToolBridgeHandle, ToolSource};
 pub use cluster::{
-    CLUSTER_SCOPE, ClusterGuards, ClusterNode, ClusterOptions, DEFAULT_CLUSTER_LISTEN,
-    DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_MAX_FRAME, DEFAULT_MAX_PENDING_HANDSHAKES,
-    DEFAULT_NODE_NAME, DEFAULT_PRE_AUTH_MAX_FRAME, MIN_COOKIE_BITS, MIN_COOKIE_CHARS, NEXT_BATCH,
-    NEXT_WAIT, RECONNECT_FIRST, RECONNECT_MAX, REMOTE_RUN_IDLE, SessionCounts, cookie_problems,
-    listen_warning,
+    ClusterGuards, ClusterNode, ClusterOptions, DEFAULT_CLUSTER_LISTEN, DEFAULT_HANDSHAKE_TIMEOUT,
+    DEFAULT_MAX_FRAME, DEFAULT_MAX_PENDING_HANDSHAKES, DEFAULT_NODE_NAME,
+    DEFAULT_PRE_AUTH_MAX_FRAME, MIN_COOKIE_BITS, MIN_COOKIE_CHARS, RECONNECT_FIRST, RECONNECT_MAX,
+    REMOTE_RUN_IDLE, SessionCounts, cookie_problems, listen_warning,
 };
-pub use delegator::{DEFAULT_MAX_DELEGATION_DEPTH, delegation_tool};
+pub use delegation::{RunApprovals, delegation_tool};
+pub use delegator::DEFAULT_MAX_DELEGATION_DEPTH;
 pub use error::RuntimeError;
-pub use part::TaggedPart;
-pub use provider::{DEFAULT_SWAP_TIMEOUT, ProviderHandle, ProviderSource};
+pub use part::{RUN_PART_BUFFER, TaggedPart};
+pub use provider::{ProviderHandle, ProviderSource};
+pub use remote::{CLUSTER_SCOPE, NEXT_BATCH, NEXT_WAIT};
 pub use supervisor::{
     DEFAULT_MAX_RESTARTS, DEFAULT_PROVIDER, DEFAULT_RESTART_WINDOW, RestartBudget, Runtime,
-    RuntimeBuilder, Timeouts,
+    RuntimeBuilder,
 };
-
-/// The message of a caught panic, for error parts and logs.
-fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
-    panic
-        .downcast_ref::<&str>()
-        .map(|s| (*s).to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".to_string())
-}
+pub use timeouts::{DEFAULT_SWAP_TIMEOUT, Timeouts};

@@ -1,7 +1,15 @@
-//! Stream parts tagged with the agent they belong to.
+//! Stream parts tagged with the agent they belong to, and the sub-run ids
+//! that tell two runs of one sub-agent apart.
 
+use std::sync::Arc;
+
+use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use wma_agent::AgentStreamPart;
+use wma_agent::{AgentStreamPart, ApprovalAnswer, ApprovalRequest, Approver, CallRecordRequest};
+
+/// Parts a run may get ahead of its reader. A reader that falls further
+/// behind slows the run down (backpressure) instead of growing memory.
+pub const RUN_PART_BUFFER: usize = 64;
 
 /// One part of a run as the host receives it: the loop's own part, and which
 /// agent's run produced it. A parent's stream carries its sub-agents' parts
@@ -66,7 +74,7 @@ impl TaggedPart {
     /// such a call (a task the call spawns does not see it: read it in the
     /// call itself).
     pub fn current_sub_run() -> String {
-        crate::delegator::current_sub_run()
+        current_sub_run()
     }
 
     /// The same part, one level further down: what a parent's stream
@@ -104,6 +112,59 @@ pub(crate) fn is_sub_run(id: &str) -> bool {
         && id
             .split('.')
             .all(|n| !n.is_empty() && n.len() <= 10 && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+tokio::task_local! {
+    /// The sub-run id of the sub-agent run whose approver call is under
+    /// way, relative to the delegations wrapped so far (see
+    /// [`SubRunApprover`]).
+    static SUB_RUN: String;
+}
+
+/// The sub-run id ([`TaggedPart::sub_run`]) of the run whose call to its
+/// approver is under way: `""` for the run the host started, and outside
+/// such a call.
+fn current_sub_run() -> String {
+    SUB_RUN.try_with(Clone::clone).unwrap_or_default()
+}
+
+/// The approver of a sub-agent run that a parent's `ordinal`-th delegation
+/// started: the parent's own, asked with the sub-run's id in scope, so
+/// that the host's approver tells two runs of one sub-agent apart
+/// ([`TaggedPart::current_sub_run`]). Each level of delegation wraps the
+/// one above; the deepest is called first, and each puts its ordinal in
+/// front of what the levels below set, as the relay does with parts.
+pub(crate) struct SubRunApprover {
+    inner: Arc<dyn Approver>,
+    ordinal: u64,
+}
+
+impl SubRunApprover {
+    /// `inner`, asked as the run the parent's `ordinal`-th delegation started.
+    pub(crate) fn new(inner: Arc<dyn Approver>, ordinal: u64) -> Self {
+        Self { inner, ordinal }
+    }
+
+    fn sub_run(&self) -> String {
+        sub_run_within(self.ordinal, &current_sub_run())
+    }
+}
+
+#[async_trait]
+impl Approver for SubRunApprover {
+    async fn ask(&self, request: ApprovalRequest) -> ApprovalAnswer {
+        SUB_RUN.scope(self.sub_run(), self.inner.ask(request)).await
+    }
+
+    fn remembered(&self, agent: &str, tool: &str) -> Option<ApprovalAnswer> {
+        SUB_RUN.sync_scope(self.sub_run(), || self.inner.remembered(agent, tool))
+    }
+
+    async fn before_call(&self, call: &CallRecordRequest) -> Result<Option<String>, String> {
+        SUB_RUN
+            .scope(self.sub_run(), self.inner.before_call(call))
+            .await
+    }
 }
 
 #[cfg(test)]

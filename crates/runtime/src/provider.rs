@@ -4,7 +4,6 @@
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::FutureExt;
@@ -18,10 +17,9 @@ use wma_agent::{
     ProviderInfo,
 };
 
-use crate::error::RuntimeError;
-use crate::panic_message;
+use crate::error::{RuntimeError, panic_message};
 use crate::slot::Slot;
-use crate::supervisor::Timeouts;
+use crate::timeouts::Timeouts;
 
 type BuildProvider = dyn Fn() -> Result<Arc<dyn Provider>, ProviderError> + Send + Sync;
 
@@ -692,7 +690,3 @@ impl Provider for ProviderHandle {
         self.shared.facts.borrow().parameters
     }
 }
-
-/// How long [`ProviderHandle::swap`] waits by default: loading a model from
-/// disk, or downloading it, can take minutes.
-pub const DEFAULT_SWAP_TIMEOUT: Duration = Duration::from_secs(15 * 60);

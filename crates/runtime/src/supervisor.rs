@@ -19,10 +19,10 @@ use crate::delegator::{
 };
 use crate::error::RuntimeError;
 use crate::provider::{
-    DEFAULT_SWAP_TIMEOUT, ProviderActor, ProviderArgs, ProviderHandle, ProviderShared,
-    ProviderSource, prepare,
+    ProviderActor, ProviderArgs, ProviderHandle, ProviderShared, ProviderSource, prepare,
 };
 use crate::slot::Slot;
+use crate::timeouts::Timeouts;
 
 /// Restarts of one child the supervisor allows within [`DEFAULT_RESTART_WINDOW`].
 /// One more failure in that window and the child stays down: its handles
@@ -47,33 +47,6 @@ impl Default for RestartBudget {
         Self {
             max_restarts: DEFAULT_MAX_RESTARTS,
             window: DEFAULT_RESTART_WINDOW,
-        }
-    }
-}
-
-/// How long handles wait on the actors. Every call has a limit, so a
-/// stuck actor shows up as an error, never as a hang.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Timeouts {
-    /// Quick requests (start a run, stop, facts). Default 5 s.
-    pub control: Duration,
-    /// One generation. Default 10 min; the loop's `step_timeout` (60 s by
-    /// default) normally ends a generation long before.
-    pub generate: Duration,
-    /// Preparing the model a swap loads. Default 15 min.
-    pub swap: Duration,
-    /// How long a call waits for a crashed actor to be restarted (which, for
-    /// the provider, includes loading its model again). Default 60 s.
-    pub restart_wait: Duration,
-}
-
-impl Default for Timeouts {
-    fn default() -> Self {
-        Self {
-            control: Duration::from_secs(5),
-            generate: Duration::from_secs(10 * 60),
-            swap: DEFAULT_SWAP_TIMEOUT,
-            restart_wait: Duration::from_secs(60),
         }
     }
 }
@@ -739,7 +712,7 @@ impl SupervisorState {
                     shared: handle.shared.clone(),
                     provider: self.children.providers[link.provider].clone(),
                     tools: self.children.bridges[link.bridge].clone(),
-                    delegator: self.children.delegator.clone(),
+                    delegator: Arc::new(self.children.delegator.clone()),
                 };
                 let (actor, _): (ActorRef<AgentMsg>, _) =
                     Actor::spawn_linked(None, AgentActor, args, supervisor).await?;
