@@ -2,23 +2,27 @@
 //! own server code, in process, from the pinned `xllamacpp` wheel that
 //! `scripts/install-peers.sh` installs; `scripts/serve_llamacpp.py`)
 //! serving the default model's GGUF (`scripts/setup.sh`): a tool call
-//! through the loop, Stop in the middle of a generation, a server that
-//! dies, and hot swaps between the ONNX Runtime provider and the served
-//! one while runs are in flight.
+//! through the loop, the "text or calls" grammar a first attempt sends,
+//! Stop in the middle of a generation, a server that dies, and hot swaps
+//! between the ONNX Runtime provider and the served one while runs are in
+//! flight.
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use parking_lot::Mutex;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use webmcp_agents::agent::{
     AgentRunRequest, AgentStreamPart, ChatMessage, Constraint, ConstraintMode, FinishReason,
     GenerateRequest, LocalLoopOptions, PromptMessage, PromptRole, Provider, ToolDefinition,
-    run_local_agent,
+    parse_tool_calls, run_local_agent, validate_args,
 };
 use webmcp_agents::config::{Config, StartOptions, provider_source};
-use wma_provider_openai::{OpenAiOptions, OpenAiProvider, PROVIDER_NAME};
+use wma_provider_openai::{Dialect, OpenAiOptions, OpenAiProvider, PROVIDER_NAME};
 use wma_testkit::{InMemoryToolHost, LlamaServer};
 
 /// How long a test waits for something that must happen before it calls
@@ -157,6 +161,302 @@ async fn a_served_model_calls_a_tool_through_the_loop_and_reports_usage() {
         matches!(terminal(&parts), AgentStreamPart::Finish { .. }),
         "{parts:?}"
     );
+}
+
+/// One chat completion that went through a [`Recorder`]: the request's
+/// body and the answer's bytes (HTTP head and body, as the server wrote
+/// them).
+#[derive(Debug, Clone)]
+struct Exchange {
+    request: Value,
+    answer: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Exchange {
+    /// The reply's text, put back together from the streamed events.
+    fn reply_text(&self) -> String {
+        let answer = self.answer.lock().clone();
+        let body_at = answer
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("an HTTP answer")
+            + 4;
+        let head = String::from_utf8_lossy(&answer[..body_at]).to_ascii_lowercase();
+        let body = if head.contains("transfer-encoding: chunked") {
+            dechunk(&answer[body_at..])
+        } else {
+            answer[body_at..].to_vec()
+        };
+        String::from_utf8_lossy(&body)
+            .lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+            .filter_map(|event| {
+                event
+                    .pointer("/choices/0/delta/content")
+                    .and_then(Value::as_str)
+                    .map(str::to_string)
+            })
+            .collect()
+    }
+}
+
+/// The body of a chunked HTTP answer.
+fn dechunk(mut bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(end) = bytes.windows(2).position(|w| w == b"\r\n") {
+        let size = std::str::from_utf8(&bytes[..end]).unwrap_or("0");
+        let size =
+            usize::from_str_radix(size.split(';').next().unwrap_or("0").trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        let data = end + 2;
+        out.extend_from_slice(&bytes[data..(data + size).min(bytes.len())]);
+        bytes = &bytes[(data + size + 2).min(bytes.len())..];
+    }
+    out
+}
+
+/// A proxy in front of a server that keeps every chat completion that
+/// passes: what the provider sent is asserted on as the server got it.
+/// Each connection carries one request (the provider opens one per
+/// request), and is piped through once its request is read.
+struct Recorder {
+    url: String,
+    exchanges: Arc<Mutex<Vec<Exchange>>>,
+}
+
+impl Recorder {
+    fn start(upstream: &str) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let upstream = upstream.trim_start_matches("http://").to_string();
+        let exchanges: Arc<Mutex<Vec<Exchange>>> = Arc::default();
+        let kept = exchanges.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let upstream = upstream.clone();
+                let kept = kept.clone();
+                std::thread::spawn(move || {
+                    let _ = relay(client, &upstream, &kept);
+                });
+            }
+        });
+        Self { url, exchanges }
+    }
+
+    fn chat_completions(&self) -> Vec<Exchange> {
+        self.exchanges.lock().clone()
+    }
+}
+
+/// Reads one request from `client`, keeps it when it is a chat
+/// completion, and pipes both ways to the server at `upstream`.
+fn relay(client: TcpStream, upstream: &str, kept: &Mutex<Vec<Exchange>>) -> std::io::Result<()> {
+    let mut reader = BufReader::new(client.try_clone()?);
+    let mut head = String::new();
+    loop {
+        let mut line = String::new();
+        if reader.read_line(&mut line)? == 0 {
+            return Ok(());
+        }
+        head.push_str(&line);
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let length = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse::<usize>().ok())
+                .flatten()
+        })
+        .unwrap_or(0);
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body)?;
+    let mut server = TcpStream::connect(upstream)?;
+    server.write_all(head.as_bytes())?;
+    server.write_all(&body)?;
+    let answer: Arc<Mutex<Vec<u8>>> = Arc::default();
+    if head.starts_with("POST /v1/chat/completions ") {
+        kept.lock().push(Exchange {
+            request: serde_json::from_slice(&body).unwrap_or(Value::Null),
+            answer: answer.clone(),
+        });
+    }
+    // The client's side: whatever else it sends (nothing, then its close).
+    let mut upload = server.try_clone()?;
+    std::thread::spawn(move || {
+        let _ = std::io::copy(&mut reader, &mut upload);
+        let _ = upload.shutdown(std::net::Shutdown::Write);
+    });
+    let mut client = client;
+    let mut buffer = [0u8; 16 * 1024];
+    loop {
+        let n = server.read(&mut buffer)?;
+        if n == 0 {
+            break;
+        }
+        answer.lock().extend_from_slice(&buffer[..n]);
+        client.write_all(&buffer[..n])?;
+    }
+    let _ = client.shutdown(std::net::Shutdown::Write);
+    Ok(())
+}
+
+fn cart_tool() -> ToolDefinition {
+    ToolDefinition::new(
+        "add_to_cart",
+        "Add a product to the shopping cart.",
+        json!({
+            "type": "object",
+            "properties": {
+                "product_id": {"type": "integer"},
+                "quantity": {"type": "integer"},
+            },
+            "required": ["product_id"],
+        }),
+    )
+}
+
+/// The loop's first attempt under "text or calls" reaches llama.cpp as a
+/// GBNF grammar of prose or calls to the offered tools (the default
+/// model's template takes no tools, so they are in the prompt and the
+/// calls come back as text), and the reply keeps to it: prose without a
+/// call in it, or calls that name offered tools with arguments that
+/// validate. A conversation that leads to a call gets one that does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_attempt_sends_the_text_or_calls_grammar_and_the_reply_keeps_to_it() {
+    let server = server();
+    let recorder = Recorder::start(server.url());
+    let mut options = OpenAiOptions::new(&recorder.url, "smollm2");
+    options.max_new_tokens = 64;
+    options.temperature = Some(0.0);
+    let provider = Arc::new(prepared(options).await);
+    // Found from `/props`; the tools go inline for this template.
+    assert_eq!(provider.dialect(), Dialect::LlamaCpp);
+    assert!(provider.tools_inline());
+
+    let tools = [weather_tool(), cart_tool()];
+    let host = Arc::new(InMemoryToolHost::new());
+    host.add(weather_tool(), |args| {
+        Ok(json!({"city": args["city"], "sky": "sunny"}).to_string())
+    });
+    host.add(cart_tool(), |_| Ok(json!({"ok": true}).to_string()));
+    let loop_options = LocalLoopOptions {
+        tools_inline: provider.tools_inline(),
+        constraints: ConstraintMode::Auto,
+        max_steps: 1,
+        step_timeout: Duration::from_secs(600),
+        ..LocalLoopOptions::default()
+    };
+    for question in [
+        "What is the weather in Paris?",
+        "Who wrote the novel Moby Dick?",
+    ] {
+        let before = recorder.chat_completions().len();
+        let request = AgentRunRequest::new(vec![ChatMessage::user(question)], host.clone());
+        let parts: Vec<AgentStreamPart> =
+            run_local_agent(provider.clone(), request, loop_options.clone())
+                .collect()
+                .await;
+        assert!(
+            matches!(terminal(&parts), AgentStreamPart::Finish { .. }),
+            "{parts:?}"
+        );
+        let exchanges = recorder.chat_completions();
+        let first = exchanges.get(before).expect("the run asked the server");
+
+        let reply = keeps_to_the_grammar(first, &tools);
+        eprintln!("{question} -> {reply}");
+    }
+
+    // A conversation that leads to a call: the call the reply holds names
+    // an offered tool, and its arguments validate.
+    let before = recorder.chat_completions().len();
+    let call = r#"{"name": "get_weather", "arguments": {"city": "Rome"}}"#;
+    let request = GenerateRequest {
+        messages: vec![
+            PromptMessage::new(
+                PromptRole::System,
+                format!(
+                    "You can call tools. get_weather(city): the weather of a city. \
+                     add_to_cart(product_id, quantity): adds a product to the cart. \
+                     To call one, reply with {call}."
+                ),
+            ),
+            PromptMessage::new(PromptRole::User, "What is the weather in Rome?"),
+            PromptMessage::new(PromptRole::Assistant, call),
+            PromptMessage::new(PromptRole::User, r#"Tool result: {"sky": "sunny"}"#),
+            PromptMessage::new(PromptRole::Assistant, "It is sunny in Rome."),
+            PromptMessage::new(PromptRole::User, "What is the weather in Paris?"),
+        ],
+        constraint: Some(Constraint::TextOrCalls {
+            tools: tools.to_vec(),
+        }),
+        ..GenerateRequest::default()
+    };
+    let generation = provider
+        .generate(request, CancellationToken::new())
+        .await
+        .unwrap();
+    let exchanges = recorder.chat_completions();
+    let sent = exchanges
+        .get(before)
+        .expect("the provider asked the server");
+    let reply = keeps_to_the_grammar(sent, &tools);
+    assert_eq!(reply, generation.text);
+    let parsed = parse_tool_calls(&reply);
+    assert_eq!(parsed.calls.len(), 1, "a call: {reply}");
+    assert_eq!(parsed.calls[0].name, "get_weather", "{reply}");
+}
+
+/// Checks that `exchange` sent the "text or calls" grammar of `tools` and
+/// that its reply keeps to it; returns the reply.
+fn keeps_to_the_grammar(exchange: &Exchange, tools: &[ToolDefinition]) -> String {
+    // What was sent: the grammar, naming the offered tools, and no `tools`
+    // beside it.
+    let grammar = exchange.request["grammar"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a grammar in {}", exchange.request));
+    assert!(grammar.starts_with("root ::= text | calls\n"), "{grammar}");
+    for tool in tools {
+        assert!(
+            grammar.contains(&format!("\"\\\"{}\\\"\"", tool.name)),
+            "{} in {grammar}",
+            tool.name
+        );
+    }
+    assert!(
+        exchange.request.get("tools").is_none(),
+        "{}",
+        exchange.request
+    );
+    assert!(exchange.request.get("json_schema").is_none());
+
+    // What came back keeps to it: prose without a call in it, or calls
+    // that name offered tools with arguments that validate.
+    let reply = exchange.reply_text();
+    let parsed = parse_tool_calls(&reply);
+    assert!(parsed.malformed.is_none(), "{reply}");
+    if parsed.calls.is_empty() {
+        assert!(
+            !reply.is_empty() && !reply.contains('{'),
+            "prose holds no call: {reply}"
+        );
+    }
+    for call in &parsed.calls {
+        let tool = tools
+            .iter()
+            .find(|t| t.name == call.name)
+            .unwrap_or_else(|| panic!("an offered tool: {reply}"));
+        validate_args(&tool.input_schema, &call.arguments)
+            .unwrap_or_else(|e| panic!("{e:?}: {reply}"));
+    }
+    reply
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
