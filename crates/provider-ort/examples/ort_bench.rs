@@ -5,7 +5,7 @@
 //! ```text
 //! cargo run --release -p wma-provider-ort --example ort_bench -- \
 //!     [WORKLOAD.json] [--threads N] [--repeat N] [--model DIR] [--variant NAME] [--copy-kv]
-//!     [--no-genai] [--no-llamacpp] [--gguf PATH] [--omp-wait-policy active|passive]
+//!     [--no-genai] [--no-llamacpp] [--gguf PATH] [--omp-wait-policy active|passive] [--calls-only]
 //! ```
 //!
 //! `--copy-kv` turns off the in-place cache buffers, to measure what they save.
@@ -15,6 +15,8 @@
 //! constraint with the small-model decoding (copy bias included), with
 //! prompt lookup off and on in the same run: reply tokens per second after
 //! the first token, the speed-up, and whether the replies are the same.
+//! A second row replays the workload's steps (no constraint) the same
+//! way. `--calls-only` prints that table alone.
 //!
 //! At the end it runs `scripts/bench_genai.py` (onnxruntime-genai, from the
 //! set-up's Python environment) on the same folder, workload and threads, and
@@ -57,6 +59,8 @@ struct Args {
     gguf: Option<PathBuf>,
     /// OMP_WAIT_POLICY for llama.cpp only; `None` leaves OpenMP's default.
     omp_wait_policy: Option<String>,
+    /// Only the constrained-calls table (prompt lookup off and on).
+    calls_only: bool,
 }
 
 fn parse_args() -> Result<Args> {
@@ -71,6 +75,7 @@ fn parse_args() -> Result<Args> {
         llamacpp: true,
         gguf: None,
         omp_wait_policy: None,
+        calls_only: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -82,6 +87,7 @@ fn parse_args() -> Result<Args> {
             "--variant" => args.variant = Some(value("--variant")?),
             "--copy-kv" => args.copy_kv = true,
             "--no-genai" => args.genai = false,
+            "--calls-only" => args.calls_only = true,
             "--no-llamacpp" => args.llamacpp = false,
             "--gguf" => args.gguf = Some(PathBuf::from(value("--gguf")?)),
             "--omp-wait-policy" => {
@@ -93,7 +99,7 @@ fn parse_args() -> Result<Args> {
             }
             "-h" | "--help" => {
                 println!(
-                    "ort_bench [WORKLOAD.json] [--threads N] [--repeat N] [--model DIR] [--variant NAME] [--copy-kv] [--no-genai] [--no-llamacpp] [--gguf PATH] [--omp-wait-policy active|passive]"
+                    "ort_bench [WORKLOAD.json] [--threads N] [--repeat N] [--model DIR] [--variant NAME] [--copy-kv] [--no-genai] [--no-llamacpp] [--gguf PATH] [--omp-wait-policy active|passive] [--calls-only]"
                 );
                 std::process::exit(0);
             }
@@ -230,6 +236,9 @@ fn main() -> Result<()> {
         eos
     );
     let params = GenerateParams::greedy(max_new, vec![eos]);
+    if args.calls_only {
+        return calls_table(&provider, &steps, &params, args.repeat.max(1));
+    }
     // One untimed pass warms ONNX Runtime's allocators and kernels.
     replay(&provider, &steps[..1], &params, false)?;
 
@@ -344,7 +353,7 @@ fn main() -> Result<()> {
             reused[reused.len() / 2]
         );
     }
-    calls_table(&provider, args.repeat.max(1))?;
+    calls_table(&provider, &steps, &params, args.repeat.max(1))?;
     let peak = peak_rss_mib();
     match peak {
         Some(mib) => println!("peak RSS: {mib:.0} MiB"),
@@ -424,10 +433,20 @@ fn small_model_decoding() -> Decoding {
     }
 }
 
+/// Reply tokens per second after the first token, the replies, drafted
+/// and accepted tokens, and generated tokens, of one mode.
+type LookupRun = (f64, Vec<String>, usize, usize, usize);
+
 /// Constrained calls with prompt lookup off and on, in one run: reply
 /// tokens per second after the first token (the prefill is the same in
-/// both), and whether the replies are the same.
-fn calls_table(provider: &OrtProvider, repeat: usize) -> Result<()> {
+/// both), and whether the replies are the same. A second row replays the
+/// workload's steps (greedy, no constraint) the same way.
+fn calls_table(
+    provider: &OrtProvider,
+    steps: &[Step],
+    params: &GenerateParams,
+    repeat: usize,
+) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -452,13 +471,12 @@ fn calls_table(provider: &OrtProvider, repeat: usize) -> Result<()> {
         copy_phrases: vec![text.to_string()],
         ..GenerateRequest::default()
     };
+    // One untimed call warms the kernels and caches the system prompt.
+    runtime.block_on(provider.generate(request(CALL_REQUESTS[0]), CancellationToken::new()))?;
     // Per mode: tokens/s, the replies, drafted and accepted tokens.
     let mut runs = Vec::new();
     for lookup in [false, true] {
-        provider.with_model(|m| {
-            m.set_prompt_lookup(lookup);
-            m.clear_sessions();
-        })?;
+        provider.with_model(|m| m.set_prompt_lookup(lookup))?;
         let before = provider.constraint_totals();
         let (mut tokens, mut time, mut texts) = (0usize, 0f64, Vec::new());
         for _ in 0..repeat {
@@ -483,8 +501,52 @@ fn calls_table(provider: &OrtProvider, repeat: usize) -> Result<()> {
             after.generated_tokens - before.generated_tokens,
         ));
     }
+    // The workload's steps, each from its cached prefix as an agent's
+    // next step finds it.
+    let mut workload = Vec::new();
+    for lookup in [false, true] {
+        provider.with_model(|m| m.set_prompt_lookup(lookup))?;
+        let cancel = CancellationToken::new();
+        let (mut tokens, mut time, mut replies) = (0usize, 0f64, Vec::new());
+        let (mut drafted, mut accepted, mut generated) = (0, 0, 0);
+        for _ in 0..repeat {
+            provider.with_model(|m| m.clear_sessions())?;
+            for step in steps {
+                let g = provider.generate_ids_blocking(&step.prompt_ids, params, &cancel)?;
+                tokens += g.stats.generated_tokens.saturating_sub(1);
+                time += g
+                    .stats
+                    .total_time
+                    .saturating_sub(g.stats.time_to_first_token)
+                    .as_secs_f64();
+                drafted += g.stats.drafted_tokens;
+                accepted += g.stats.accepted_tokens;
+                generated += g.stats.generated_tokens;
+                replies.push(format!("{:?}", g.ids));
+            }
+        }
+        workload.push((
+            tokens as f64 / time.max(1e-9),
+            replies,
+            drafted,
+            accepted,
+            generated,
+        ));
+    }
     provider.with_model(|m| m.set_prompt_lookup(false))?;
-    let (plain, looked) = (&runs[0], &runs[1]);
+    println!(
+        "\n| prompt lookup | reply tok/s, off | reply tok/s, on | speed-up | accepted/drafted | of tokens | same replies |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    let label = format!("calls only, {} requests x {repeat}", CALL_REQUESTS.len());
+    print_lookup_row(&label, &runs[0], &runs[1]);
+    let label = format!("workload, {} steps x {repeat}", steps.len());
+    print_lookup_row(&label, &workload[0], &workload[1]);
+    Ok(())
+}
+
+/// One row of the prompt lookup table, and the replies that differ.
+fn print_lookup_row(label: &str, plain: &LookupRun, looked: &LookupRun) {
     let same = plain
         .1
         .iter()
@@ -492,12 +554,7 @@ fn calls_table(provider: &OrtProvider, repeat: usize) -> Result<()> {
         .filter(|(a, b)| a == b)
         .count();
     println!(
-        "\n| constrained calls | reply tok/s, lookup off | reply tok/s, lookup on | speed-up | accepted/drafted | of tokens | same replies |"
-    );
-    println!("|---|---|---|---|---|---|---|");
-    println!(
-        "| calls only, {} requests x {repeat} | {:.1} | {:.1} | {:.2}x | {}/{} | {:.0}% | {same}/{} |",
-        CALL_REQUESTS.len(),
+        "| {label} | {:.1} | {:.1} | {:.2}x | {}/{} | {:.0}% | {same}/{} |",
         plain.0,
         looked.0,
         looked.0 / plain.0.max(1e-9),
@@ -509,7 +566,6 @@ fn calls_table(provider: &OrtProvider, repeat: usize) -> Result<()> {
     for (a, b) in plain.1.iter().zip(&looked.1).filter(|(a, b)| a != b) {
         println!("  differs: lookup off {a:?}\n           lookup on  {b:?}");
     }
-    Ok(())
 }
 
 /// Tokens of the prefill figure; the same as scripts/bench_genai.py's.

@@ -811,6 +811,17 @@ impl ConstraintMatcher {
         Ok(mask.is_allowed(token))
     }
 
+    /// How many of `tokens`, one after another, the grammar allows from
+    /// here, without advancing: a guess at the next tokens (a prompt
+    /// lookup draft) is cut where the grammar would refuse it, so the
+    /// model is not run over tokens that can never be chosen.
+    pub fn allowed_prefix(&mut self, tokens: &[u32]) -> usize {
+        // An id past the grammar's vocabulary would stop the matcher.
+        let vocab = self.env.tok_trie().vocab_size();
+        let known = tokens.iter().take_while(|&&t| (t as usize) < vocab).count();
+        self.matcher.validate_tokens(&tokens[..known]).unwrap_or(0)
+    }
+
     /// Advances past `token`; fails when the grammar does not allow it.
     pub fn consume(&mut self, token: u32) -> Result<(), OrtError> {
         self.matcher

@@ -1087,6 +1087,10 @@ impl OrtModel {
             if cancel.is_cancelled() {
                 return Err(OrtError::Cancelled);
             }
+            // Drafts only where the next choice is greedy: a sampled row
+            // would stay exact (the same generator draws for the same
+            // rows), but a draft would rarely be drawn, so the pass would
+            // be wasted.
             let draft = if self.prompt_lookup && greedy {
                 // A pass over the draft feeds `id` too and must fit the
                 // context; drafted tokens past the token limit could never
@@ -1094,7 +1098,15 @@ impl OrtModel {
                 let room = (self.context_length.saturating_sub(self.cache.ids.len() + 1))
                     .min(limits.max_new.saturating_sub(ids.len() + 1))
                     .min(MAX_DRAFT);
-                lookup_draft(prompt, &ids, room)
+                let mut draft = lookup_draft(prompt, &ids, room);
+                if let Some(c) = constraint.as_deref_mut()
+                    && !draft.is_empty()
+                {
+                    let started = Instant::now();
+                    draft.truncate(c.allowed_prefix(&draft));
+                    stats.constraint_time += started.elapsed();
+                }
+                draft
             } else {
                 Vec::new()
             };
@@ -1247,14 +1259,16 @@ impl SharedKv {
     }
 }
 
-/// Most tokens one draft proposes. A pass over nine tokens costs little
-/// more than over one on a small model (it is bound by reading the
-/// weights), and copied runs (an id, a path, a phrase) are seldom longer.
+/// Most tokens one draft proposes. Each fed position costs the layers and
+/// the LM head once more, so a missed draft is not free; on the call
+/// benchmark (`ort_bench`, default model) eight gave 1.57x where four gave
+/// 1.49x, and a copied run (an id, a path, a phrase) is seldom longer.
 const MAX_DRAFT: usize = 8;
 
 /// The longest and shortest run of last tokens looked up. Three tokens
 /// rarely match by chance; two still find an id whose first token the
-/// model spelled differently from the prompt (`"p` against ` p`).
+/// model spelled differently from the prompt (`"p` against ` p`). One
+/// token alone drafted more and was no faster on the call benchmark.
 const LOOKUP_NGRAM: std::ops::RangeInclusive<usize> = 2..=3;
 
 /// A draft fed after the last token in one pass, and the logits of its

@@ -138,7 +138,19 @@ pub struct OrtProviderOptions {
     /// (one that gives the last only turns it off at the first draft).
     /// Set it when loading: a graph that keeps only the last position's
     /// logits (this project's converted ones) is then loaded with that
-    /// position as an input (see `logit_positions`). Default: false.
+    /// position as an input (see `logit_positions`).
+    ///
+    /// Default: false. It is never slower on `ort_bench` (two threads):
+    /// on the default 4-bit model constrained calls went from 16.1 to
+    /// 31.4 reply tokens/s (1.95x) and the workload's steps from 14.4 to
+    /// 25.2 (1.75x); on the fp32 variant 8.7 to 16.4 (1.88x) and 9.3 to
+    /// 14.8 (1.60x). But on the 4-bit graph a pass over several tokens
+    /// gives logits that differ from one-token passes (activations are
+    /// quantized to 8 bits, as [`fast_forward`](Self::fast_forward)
+    /// explains), and one workload step of four came out differently, so
+    /// replies are not the same token for token there. On the fp32
+    /// variant every reply measured and tested was the same; turn it on
+    /// there.
     pub prompt_lookup: bool,
     /// Honour decoding constraints (grammars) from the loop. Default: true.
     /// When the tokenizer's vocabulary cannot be read for them, the provider
