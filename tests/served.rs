@@ -412,6 +412,14 @@ async fn the_first_attempt_sends_the_text_or_calls_grammar_and_the_reply_keeps_t
     let parsed = parse_tool_calls(&reply);
     assert_eq!(parsed.calls.len(), 1, "a call: {reply}");
     assert_eq!(parsed.calls[0].name, "get_weather", "{reply}");
+    // The branch between prose and a call is weighed from the first
+    // token's alternatives, which the request asked for.
+    assert_eq!(sent.request["top_logprobs"], 20, "{}", sent.request);
+    assert!(
+        generation.call_probability.is_some_and(|p| p > 0.0),
+        "{:?}",
+        generation.call_probability
+    );
 }
 
 /// Checks that `exchange` sent the "text or calls" grammar of `tools` and

@@ -37,7 +37,13 @@
 //!   [`Decoding`](wma_agent::Decoding) bounds that a grammar can hold
 //!   (calls per reply, one tool per reply, string and array lengths) are
 //!   in the grammar; its pulls on the model's choices (copy bias, call
-//!   threshold) need the model's probabilities and are not sent.
+//!   threshold) act on the model's probabilities token by token and are
+//!   not sent. A "text or calls" request with a grammar also asks for the
+//!   first token's 20 likeliest alternatives (`logprobs`,
+//!   `top_logprobs`): the mass of those that open a call (`{`) is the
+//!   generation's `call_probability`, which the loop weighs before it
+//!   corrects a prose reply into a call (a lower bound: tokens outside the
+//!   twenty count as no call).
 //! - **Usage and timings**: `usage` (prompt, completion and cached tokens)
 //!   and llama.cpp's `timings` (`prompt_ms` is the time to the first token,
 //!   `cache_n` the cached prompt tokens).
@@ -79,8 +85,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
-    CallFormat, GenerateRequest, Generation, Progress, ProgressFn, PromptMessage, Provider,
-    ProviderError, ProviderInfo, ToolDefinition,
+    CallFormat, Constraint, GenerateRequest, Generation, Progress, ProgressFn, PromptMessage,
+    Provider, ProviderError, ProviderInfo, ToolDefinition,
 };
 
 /// The `gen_ai.provider.name` of this provider.
@@ -438,6 +444,15 @@ impl OpenAiProvider {
                 "a constraint goes unsent to this server, and the reply is not held to it: {why}"
             );
         }
+        if let (wire::Mapped::Grammar(_), Some(Constraint::TextOrCalls { .. })) =
+            (&mapped, &request.constraint)
+        {
+            // The branch between prose and a call: the loop weighs it
+            // (`Generation::call_probability`) before it corrects a prose
+            // reply into a call.
+            body["logprobs"] = json!(true);
+            body["top_logprobs"] = json!(wire::TOP_FIRST_TOKENS);
+        }
         if wire::put_constraint(&mut body, &mapped, dialect) {
             // The reply is held to the constraint as text: tools offered
             // beside it would let a template's tool format compete with it
@@ -774,7 +789,11 @@ impl Provider for OpenAiProvider {
             time_to_first_token: first.or_else(|| timings.and_then(|t| t.prompt_ms).map(ms)),
             total_time: Some(total_time),
             finish_reason: choice.finish_reason.clone(),
-            call_probability: None,
+            // Asked for under "text or calls" only (see `body`).
+            call_probability: completion
+                .first_tokens
+                .as_deref()
+                .map(wire::call_probability),
             call_baseline: None,
         })
     }

@@ -222,6 +222,10 @@ pub(crate) struct Completion {
     /// llama.cpp's own timings.
     #[serde(default)]
     pub(crate) timings: Option<Timings>,
+    /// The most likely first tokens and their log probabilities, when the
+    /// request asked for them (`top_logprobs`).
+    #[serde(skip)]
+    pub(crate) first_tokens: Option<Vec<(String, f64)>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -293,6 +297,8 @@ pub(crate) struct Assembler {
     finish_reason: Option<String>,
     usage: Option<Usage>,
     timings: Option<Timings>,
+    /// The first token's alternatives (`logprobs.content[0].top_logprobs`).
+    first_tokens: Option<Vec<(String, f64)>>,
     /// `data: [DONE]` or a finish reason was seen.
     pub(crate) ended: bool,
     /// Something of the reply (text or a call) has arrived.
@@ -346,6 +352,22 @@ impl Assembler {
         if let Some(reason) = choice.get("finish_reason").and_then(Value::as_str) {
             self.finish_reason = Some(reason.to_string());
             self.ended = true;
+        }
+        if self.first_tokens.is_none()
+            && let Some(top) = choice
+                .pointer("/logprobs/content/0/top_logprobs")
+                .and_then(Value::as_array)
+        {
+            self.first_tokens = Some(
+                top.iter()
+                    .filter_map(|t| {
+                        Some((
+                            t.get("token")?.as_str()?.to_string(),
+                            t.get("logprob")?.as_f64()?,
+                        ))
+                    })
+                    .collect(),
+            );
         }
         let Some(delta) = choice.get("delta") else {
             return Ok(());
@@ -405,8 +427,26 @@ impl Assembler {
             }],
             usage: self.usage,
             timings: self.timings,
+            first_tokens: self.first_tokens,
         }
     }
+}
+
+/// How many first tokens a "text or calls" request asks the probabilities
+/// of: the OpenAI API's most.
+pub(crate) const TOP_FIRST_TOKENS: u32 = 20;
+
+/// The probability the model gave a call at its first token, from the
+/// most likely first tokens: the mass of those that open a call (`{`), as
+/// the on-device provider measures it over the whole vocabulary. Tokens
+/// outside the list are counted as no call, so this is a lower bound.
+pub(crate) fn call_probability(first_tokens: &[(String, f64)]) -> f32 {
+    let p: f64 = first_tokens
+        .iter()
+        .filter(|(token, _)| token.starts_with('{'))
+        .map(|(_, logprob)| logprob.exp())
+        .sum();
+    p.clamp(0.0, 1.0) as f32
 }
 
 /// Writes the server's calls as the loop's JSON call format reads them:
@@ -677,6 +717,30 @@ mod tests {
         assert_eq!(choice.finish_reason.as_deref(), Some("tool_calls"));
         assert_eq!(completion.usage.unwrap().prompt_tokens, Some(12));
         assert_eq!(completion.timings.unwrap().cache_n, Some(3));
+
+        // The first token's alternatives, where the request asked for them.
+        let mut probed = Assembler::default();
+        probed
+            .feed(concat!(
+                "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n",
+                "data: {\"choices\":[{\"delta\":{\"content\":\"Hi\"},\"logprobs\":{\"content\":[",
+                "{\"token\":\"Hi\",\"logprob\":-0.1,\"top_logprobs\":[{\"token\":\"Hi\",\"logprob\":-0.1},",
+                "{\"token\":\"{\\\"\",\"logprob\":-2.0},{\"token\":\"{\",\"logprob\":-3.0}]}]}}]}\n\n",
+                "data: {\"choices\":[{\"delta\":{\"content\":\"!\"},\"logprobs\":{\"content\":[",
+                "{\"token\":\"!\",\"logprob\":-0.5,\"top_logprobs\":[{\"token\":\"{\",\"logprob\":-0.1}]}]}}]}\n\n",
+            ).as_bytes())
+            .unwrap();
+        let first = probed
+            .finish()
+            .first_tokens
+            .expect("the first token's alternatives");
+        assert_eq!(first.len(), 3);
+        let p = call_probability(&first);
+        assert!(
+            (p - ((-2.0f64).exp() + (-3.0f64).exp()) as f32).abs() < 1e-6,
+            "{p}"
+        );
+        assert_eq!(call_probability(&[]), 0.0);
 
         let mut failing = Assembler::default();
         let err = failing
