@@ -160,8 +160,8 @@ struct ModelArgs {
 #[derive(Args, Clone, Default)]
 struct PolicyArgs {
     /// The loop's policy: `reference` (the reference loop exactly) or
-    /// `small-model` (its rules for tiny models). Default: picked by the
-    /// model's size.
+    /// `small-model` (its rules for tiny models). Default: the one measured
+    /// for the model by name (`reference` for a model nobody measured).
     #[arg(long)]
     policy: Option<String>,
     /// Set one rule of the policy, as NAME=VALUE with a JSON value
@@ -426,7 +426,7 @@ fn apply_run_flags(given: &ArgMatches, args: &RunArgs, config: &mut Config) -> R
                 .with_rules(&args.policy.rules_value()?)
                 .map_err(|e| anyhow::anyhow!("--rule: {e}"))?,
             (None, None) => bail!(
-                "--rule needs --policy here: the agent `{name}` names no policy in the config (its model's size picks one)"
+                "--rule needs --policy here: the agent `{name}` names no policy in the config (the model's name picks one)"
             ),
             (Some(_), _) => args.policy.policy()?.context("--policy names a policy")?,
         };

@@ -959,7 +959,7 @@ fn check_pattern(source: &Source<'_>, key: &str, pattern: &Name) -> Result<()> {
 }
 
 /// The agent's `policy` and `rules`: `None` when neither is set (the loop
-/// picks a policy from the model's size); else the named policy (by
+/// picks a policy by the model's name); else the named policy (by
 /// default `small-model`) with the rules the table sets.
 fn policy(source: &Source<'_>, key: &str, agent: &RawAgent) -> Result<Option<Policy>> {
     if agent.policy.is_none() && agent.rules.is_none() {

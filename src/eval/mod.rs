@@ -96,7 +96,7 @@ pub struct EvalOptions {
     pub step_timeout: Duration,
     /// Whether the provider wants tools inline.
     pub tools_inline: bool,
-    /// The loop's policy (`None`: picked by the model's size).
+    /// The loop's policy (`None`: picked by the model's name).
     pub policy: Option<Policy>,
 }
 
