@@ -140,15 +140,17 @@ pub struct OrtProviderOptions {
     /// logits (this project's converted ones) is then loaded with that
     /// position as an input (see `logit_positions`).
     ///
-    /// Default: false. It is never slower on `ort_bench` (two threads):
-    /// on the default 4-bit model constrained calls went from 16.1 to
-    /// 31.4 reply tokens/s (1.95x) and the workload's steps from 14.4 to
-    /// 25.2 (1.75x); on the fp32 variant 8.7 to 16.4 (1.88x) and 9.3 to
-    /// 14.8 (1.60x). But on the 4-bit graph a pass over several tokens
-    /// gives logits that differ from one-token passes (activations are
-    /// quantized to 8 bits, as [`fast_forward`](Self::fast_forward)
-    /// explains), and one workload step of four came out differently, so
-    /// replies are not the same token for token there. On the fp32
+    /// Default: false. It was never slower on `ort_bench` (two threads,
+    /// a busy machine, reply tokens/s after the first token, off against
+    /// on in the same run): on the default 4-bit model, constrained calls
+    /// 25.9 against 38.1 (1.47x) and 16.1 against 31.4 (1.95x) in two
+    /// runs, the workload's steps 1.22x and 1.75x; on the fp32 variant
+    /// 8.7 against 16.4 (1.88x) and 1.60x. But on the 4-bit graph a pass
+    /// over several tokens gives logits that differ from one-token passes
+    /// (activations are quantized to 8 bits, as
+    /// [`fast_forward`](Self::fast_forward) explains), and one or two
+    /// workload steps of four came out differently (the calls did not),
+    /// so replies are not the same token for token there. On the fp32
     /// variant every reply measured and tested was the same; turn it on
     /// there.
     pub prompt_lookup: bool,

@@ -17,7 +17,7 @@ use std::sync::Arc;
 #[path = "common/qwen2.rs"]
 mod qwen2;
 
-use common::{default_model_fp32, options, small_model_decoding, tiny_model};
+use common::{default_model, default_model_fp32, options, small_model_decoding, tiny_model};
 use qwen2::tiny_qwen2_model;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -144,6 +144,27 @@ fn a_graph_with_the_last_logits_only_gives_the_same_logits_and_drafts() {
     assert_eq!(unpatched.ids, plain.ids);
     assert_eq!(unpatched.stats.drafted_tokens, 0);
     assert!(!written.prompt_lookup());
+}
+
+/// Loading the default model for prompt lookup (its last position's
+/// gather reading an input) changes no logit: with lookup off, replies
+/// are those of the graph as written.
+#[test]
+fn loading_the_default_model_for_prompt_lookup_changes_no_logit() {
+    let dir = default_model();
+    let tokenizer = OrtProvider::load(options(&dir)).unwrap();
+    let prompt = tokenizer
+        .encode("<|im_start|>user\nAdd two of product p-4417-XK to my cart.<|im_end|>\n")
+        .unwrap();
+    let mut logits = Vec::new();
+    for lookup in [false, true] {
+        let mut model = OrtModel::open(&dir, &options(&dir).with_prompt_lookup(lookup)).unwrap();
+        assert_eq!(model.graph_io().logits_positions.is_some(), lookup);
+        let prefill = model.logits_for(&prompt).unwrap();
+        let step = model.forward(&[prompt[0]]).unwrap();
+        logits.push((prefill, step));
+    }
+    assert!(logits[0] == logits[1], "the logits differ");
 }
 
 /// The default model's fp32 variant, prepared, loaded for prompt lookup
