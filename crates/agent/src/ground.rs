@@ -25,7 +25,7 @@ use serde_json::{Map, Value};
 
 use crate::lexicon::{ASKING_HEADS, NUMBER_WORDS, STOP_WORDS, is_action_verb};
 use crate::rank::for_each_term;
-use crate::tool::ToolDefinition;
+use crate::tool::{ToolDefinition, is_identifier_key};
 
 /// The most words in one phrase of [`copy_phrases`].
 pub(crate) const MAX_PHRASE_WORDS: usize = 6;
@@ -189,29 +189,6 @@ const MAX_IDENTIFIERS: usize = 200;
 
 /// Longest string taken as an identifier.
 const MAX_IDENTIFIER_CHARS: usize = 80;
-
-/// Whether an argument or result key names an identifier: `id`, `ID`,
-/// `…_id`, `…Id`, `…-id`, and the plural forms (`ids`, `…_ids`, `…Ids`).
-pub fn is_identifier_key(key: &str) -> bool {
-    let stem = key
-        .strip_suffix('s')
-        .filter(|s| s.ends_with("id") || s.ends_with("Id") || s.ends_with("ID"))
-        .unwrap_or(key);
-    if stem.eq_ignore_ascii_case("id") {
-        return true;
-    }
-    let lower = stem.to_ascii_lowercase();
-    if lower.ends_with("_id") || lower.ends_with("-id") {
-        return true;
-    }
-    // camelCase: `productId`, `userID`, but not `paid` or `valid`.
-    (stem.ends_with("Id") || stem.ends_with("ID"))
-        && stem.len() > 2
-        && stem[..stem.len() - 2]
-            .chars()
-            .last()
-            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
-}
 
 /// Whether a word the person wrote looks like an identifier: it carries a
 /// digit (`p-17`, `ORD-2231`, `42`) or joins parts with `_` (`john_doe`).

@@ -37,7 +37,7 @@ pub use approval::{
     CallRecordRequest, FixedApprover, decide,
 };
 pub use error::{ProviderError, ToolError, ToolErrorCode};
-pub use ground::{Identifiers, MAX_COPY_PHRASES, copy_phrases, is_identifier_key};
+pub use ground::{Identifiers, MAX_COPY_PHRASES, copy_phrases};
 pub use host::{AgentRunRequest, CallContext, ToolHost};
 pub use message::{ChatMessage, ToolCall};
 pub use parse::parse_tool_calls;
@@ -55,5 +55,7 @@ pub use provider::{
 pub use rank::rank_tools;
 pub use run::{ConstraintMode, LocalLoopOptions, MAX_REQUEST_BYTES, run_local_agent};
 pub use scripted::{ScriptedProvider, ScriptedReply};
-pub use tool::{AgentProfile, PageContext, SubAgentInfo, ToolAnnotations, ToolDefinition};
+pub use tool::{
+    AgentProfile, PageContext, SubAgentInfo, ToolAnnotations, ToolDefinition, is_identifier_key,
+};
 pub use validate::{ArgsError, CompiledSchema, MAX_ERRORS, validate_args};

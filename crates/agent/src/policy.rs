@@ -850,7 +850,7 @@ fn with_required_identifiers(tool: &ToolDefinition) -> ToolDefinition {
         .and_then(Value::as_object)
         .map(|p| {
             p.keys()
-                .filter(|k| crate::ground::is_identifier_key(k))
+                .filter(|k| crate::tool::is_identifier_key(k))
                 .map(|k| Value::String(k.clone()))
                 .collect()
         })
@@ -1671,7 +1671,7 @@ fn identifier_part(call: &ParsedCall, offered: &ToolDefinition) -> Option<(Value
     let mut ids = serde_json::Map::new();
     let mut schemas = serde_json::Map::new();
     for (key, value) in args {
-        if !crate::ground::is_identifier_key(key) {
+        if !crate::tool::is_identifier_key(key) {
             continue;
         }
         let Some(prop) = props.get(key) else { continue };

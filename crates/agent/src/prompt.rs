@@ -711,7 +711,7 @@ fn item_label(item: &Value) -> String {
     if let Value::Object(map) = item {
         let id = map
             .iter()
-            .find(|(k, v)| crate::ground::is_identifier_key(k) && (v.is_string() || v.is_number()))
+            .find(|(k, v)| crate::tool::is_identifier_key(k) && (v.is_string() || v.is_number()))
             .map(|(_, v)| scalar(v));
         for key in ["title", "name", "label"] {
             if let Some(v) = map.get(key) {
@@ -778,8 +778,7 @@ fn item_details(item: &Value) -> String {
     };
     map.iter()
         .filter(|(k, _)| {
-            !crate::ground::is_identifier_key(k)
-                && !["title", "name", "label"].contains(&k.as_str())
+            !crate::tool::is_identifier_key(k) && !["title", "name", "label"].contains(&k.as_str())
         })
         .filter_map(|(k, v)| match v {
             Value::Bool(b) => Some(format!(", {}", flag(k, *b))),

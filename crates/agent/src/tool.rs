@@ -97,3 +97,26 @@ pub struct AgentProfile {
     #[serde(default)]
     pub delegated: bool,
 }
+
+/// Whether an argument or result key names an identifier: `id`, `ID`,
+/// `…_id`, `…Id`, `…-id`, and the plural forms (`ids`, `…_ids`, `…Ids`).
+pub fn is_identifier_key(key: &str) -> bool {
+    let stem = key
+        .strip_suffix('s')
+        .filter(|s| s.ends_with("id") || s.ends_with("Id") || s.ends_with("ID"))
+        .unwrap_or(key);
+    if stem.eq_ignore_ascii_case("id") {
+        return true;
+    }
+    let lower = stem.to_ascii_lowercase();
+    if lower.ends_with("_id") || lower.ends_with("-id") {
+        return true;
+    }
+    // camelCase: `productId`, `userID`, but not `paid` or `valid`.
+    (stem.ends_with("Id") || stem.ends_with("ID"))
+        && stem.len() > 2
+        && stem[..stem.len() - 2]
+            .chars()
+            .last()
+            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+}
