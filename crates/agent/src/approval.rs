@@ -146,7 +146,7 @@ pub struct ApprovalPolicy {
     /// Rules by tool name pattern; they win over the three defaults.
     pub rules: Vec<ApprovalRule>,
     /// How long a question waits for its answer; then the call is denied.
-    /// Default [`DEFAULT_APPROVAL_TIMEOUT`].
+    /// Default: five minutes.
     pub timeout: Duration,
 }
 
@@ -391,7 +391,7 @@ pub trait Approver: Send + Sync {
     /// every call the policy said to ask about, once it may run, whatever
     /// let it run (the policy's `auto`, an answer given for the session, a
     /// person's yes). Calls of read-only and other tools that did not ask
-    /// are not recorded (see [`needs_record`]). Called only on a run that
+    /// are not recorded (see `needs_record` in this module). Called only on a run that
     /// has an approver.
     ///
     /// `Ok(Some(key))`: recorded; the key goes with the call to its source

@@ -38,7 +38,7 @@ pub const MAX_COPY_PHRASES: usize = 2048;
 const MAX_NUMBERS: usize = 64;
 
 /// The phrases of `texts` (what the person wrote) that a string argument
-/// could quote: runs of up to [`MAX_PHRASE_WORDS`] words, as written, that
+/// could quote: runs of up to six words, as written, that
 /// start and end on a word that says something about the argument — not a
 /// common word ("the", "my"), not a verb asking for the action ("find",
 /// "add") and not a word of a tool's name. In "add the

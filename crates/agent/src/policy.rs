@@ -492,7 +492,7 @@ impl Policy {
 
     /// The default for the model a provider names
     /// ([`ProviderInfo::model`](crate::ProviderInfo::model)): the measured
-    /// policy of a model of [`MEASURED_MODELS`], else the reference.
+    /// policy of a model of the measured table (`MEASURED_MODELS`), else the reference.
     pub fn for_model(model: &str) -> Self {
         Self::named(MeasuredModel::find(model).map_or(PolicyName::Reference, |m| m.policy))
     }

@@ -293,7 +293,7 @@ impl ScriptedProvider {
         self.inner.lock().replies.push_back(reply.into());
     }
 
-    /// The requests received, in order: the latest [`SCRIPTED_REQUEST_LOG`] of them.
+    /// The requests received, in order: the latest 1024 of them.
     pub fn requests(&self) -> Vec<GenerateRequest> {
         self.inner.lock().requests.iter().cloned().collect()
     }

@@ -40,7 +40,7 @@ pub const MAX_ERRORS: usize = 3;
 
 /// Checks `arguments` against `schema`.
 ///
-/// This compiles the schema on every call; see [`ValidatorCache`] to avoid it.
+/// This compiles the schema on every call; the loop keeps compiled schemas in a cache instead.
 pub fn validate_args(schema: &Value, arguments: &Value) -> Result<(), ArgsError> {
     CompiledSchema::new(schema)?.check(arguments)
 }
