@@ -503,6 +503,7 @@ context_length = 4096
 max_new_tokens = 128
 temperature = 0.2
 request_timeout_secs = 90
+dialect = "llamacpp"
 
 [agents.helper]
 provider = "served"
@@ -523,8 +524,15 @@ fn a_served_provider_takes_its_settings() {
     assert_eq!(options.max_new_tokens, 128);
     assert_eq!(options.temperature, Some(0.2));
     assert_eq!(options.request_timeout, std::time::Duration::from_secs(90));
+    assert_eq!(
+        options.dialect,
+        Some(wma_provider_openai::Dialect::LlamaCpp)
+    );
     // Unset: the server's template decides.
     assert_eq!(options.tools_inline, None);
+    // A dialect nobody speaks is a mistake, named.
+    let unknown = SERVED.replace("\"llamacpp\"", "\"ollama\"");
+    assert!(Config::parse_with_env(&unknown, FILE, |_| None).is_err());
 }
 
 #[test]
@@ -576,6 +584,7 @@ kind = "onnx"
 kv_sessions = 3
 kv_cache_mib = 256
 fast_forward = true
+prompt_lookup = true
 
 [agents.shopper]
 description = "Shops."
@@ -590,6 +599,7 @@ fn an_onnx_providers_cache_settings_reach_its_options() {
     assert_eq!(options.kv_sessions, 3);
     assert_eq!(options.kv_cache_bytes, 256 << 20);
     assert!(options.fast_forward);
+    assert!(options.prompt_lookup);
 
     // Unset, they are the provider's own defaults.
     let plain = Config::parse_with_env(
@@ -606,6 +616,7 @@ fn an_onnx_providers_cache_settings_reach_its_options() {
     assert_eq!(defaults.kv_sessions, own.kv_sessions);
     assert_eq!(defaults.kv_cache_bytes, own.kv_cache_bytes);
     assert_eq!(defaults.fast_forward, own.fast_forward);
+    assert_eq!(defaults.prompt_lookup, own.prompt_lookup);
 
     // No cache at all is a mistake, named; so is a cache setting on a scripted model.
     let none = ONNX_CACHE.replace("kv_sessions = 3", "kv_sessions = 0");

@@ -57,6 +57,7 @@ pub(crate) struct RawProvider {
     pub(crate) api_key_env: Option<Spanned<String>>,
     pub(crate) connect_timeout_secs: Option<Spanned<u64>>,
     pub(crate) request_timeout_secs: Option<Spanned<u64>>,
+    pub(crate) dialect: Option<Spanned<wma_provider_openai::Dialect>>,
     // onnx (also openai: temperature, seed, max_new_tokens, context_length).
     pub(crate) variant: Option<Spanned<String>>,
     pub(crate) cache_dir: Option<Spanned<String>>,
@@ -77,6 +78,7 @@ pub(crate) struct RawProvider {
     pub(crate) kv_sessions: Option<Spanned<u32>>,
     pub(crate) kv_cache_mib: Option<Spanned<u64>>,
     pub(crate) fast_forward: Option<Spanned<bool>>,
+    pub(crate) prompt_lookup: Option<Spanned<bool>>,
     // scripted (also openai: tools_inline).
     pub(crate) replies: Option<Spanned<Vec<String>>>,
     pub(crate) delay_ms: Option<Spanned<u64>>,

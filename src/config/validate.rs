@@ -432,6 +432,7 @@ fn provider_spec(source: &Source<'_>, name: &str, raw: &RawProvider) -> Result<P
                     ("api_key_env", span_of(&raw.api_key_env)),
                     ("connect_timeout_secs", span_of(&raw.connect_timeout_secs)),
                     ("request_timeout_secs", span_of(&raw.request_timeout_secs)),
+                    ("dialect", span_of(&raw.dialect)),
                 ],
             )?;
             let defaults = OrtProviderOptions::default();
@@ -462,6 +463,7 @@ fn provider_spec(source: &Source<'_>, name: &str, raw: &RawProvider) -> Result<P
                 kv_cache_bytes: at_least_one(source, &key, "kv_cache_mib", &raw.kv_cache_mib)?
                     .map_or(defaults.kv_cache_bytes, |mib| mib.saturating_mul(1 << 20)),
                 fast_forward: value(&raw.fast_forward).unwrap_or(defaults.fast_forward),
+                prompt_lookup: value(&raw.prompt_lookup).unwrap_or(defaults.prompt_lookup),
                 ..defaults
             }))
         }
@@ -475,6 +477,7 @@ fn provider_spec(source: &Source<'_>, name: &str, raw: &RawProvider) -> Result<P
                     ("api_key_env", span_of(&raw.api_key_env)),
                     ("connect_timeout_secs", span_of(&raw.connect_timeout_secs)),
                     ("request_timeout_secs", span_of(&raw.request_timeout_secs)),
+                    ("dialect", span_of(&raw.dialect)),
                     ("variant", span_of(&raw.variant)),
                     ("cache_dir", span_of(&raw.cache_dir)),
                     ("hub_endpoint", span_of(&raw.hub_endpoint)),
@@ -494,6 +497,7 @@ fn provider_spec(source: &Source<'_>, name: &str, raw: &RawProvider) -> Result<P
                     ("kv_sessions", span_of(&raw.kv_sessions)),
                     ("kv_cache_mib", span_of(&raw.kv_cache_mib)),
                     ("fast_forward", span_of(&raw.fast_forward)),
+                    ("prompt_lookup", span_of(&raw.prompt_lookup)),
                 ],
             )?;
             let Some(replies) = &raw.replies else {
@@ -542,6 +546,7 @@ fn openai_spec(source: &Source<'_>, key: &str, raw: &RawProvider) -> Result<Prov
             ("kv_sessions", span_of(&raw.kv_sessions)),
             ("kv_cache_mib", span_of(&raw.kv_cache_mib)),
             ("fast_forward", span_of(&raw.fast_forward)),
+            ("prompt_lookup", span_of(&raw.prompt_lookup)),
         ],
     )?;
     let Some(url) = &raw.url else {
@@ -594,6 +599,7 @@ fn openai_spec(source: &Source<'_>, key: &str, raw: &RawProvider) -> Result<Prov
     options.temperature = value(&raw.temperature);
     options.seed = value(&raw.seed);
     options.tools_inline = value(&raw.tools_inline);
+    options.dialect = value(&raw.dialect);
     if let Some(secs) = value(&raw.connect_timeout_secs) {
         options.connect_timeout = Duration::from_secs(secs);
     }
