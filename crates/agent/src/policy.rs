@@ -360,6 +360,18 @@ pub struct Policy {
     /// that annotate nothing (BFCL's) are never retried by it, nor is a
     /// turn that seeks nothing ("Thanks, that's all."). Default: on.
     pub question_lookup_retry: bool,
+    /// The calls-only retry of a prose reply that is a call in the wrong
+    /// form: a tool offered on the step written as code (`` `calculate` ``,
+    /// `calculate(`, `"name": "calculate"`, or its name inside a fenced
+    /// block), or a reply of markup alone (an opened fence, a tag: the
+    /// call the model began could not be written as prose). The evidence
+    /// is the model's own reply, in any language: it chose the tool and
+    /// only missed the form. Qwen2.5-Coder opens calls with a Markdown
+    /// fence, which the "text or calls" grammar reads as prose: asked
+    /// "What's the square root of 1764?" it answered "you can use the
+    /// `calculate` function … `sqrt(1764)`", and for an average it wrote
+    /// "```json" and stopped. Default: on.
+    pub described_call_retry: bool,
     /// Once a lookup answered a request for information (its result holds
     /// a word of the request), the next step offers no tool: the model
     /// answers from what it found. An answer that then shares no word with
@@ -432,6 +444,7 @@ impl Policy {
             calls_within_offer: false,
             change_request_retry: false,
             question_lookup_retry: false,
+            described_call_retry: false,
             answer_after_lookup: false,
             stop_changing_when_done: false,
         }
@@ -477,6 +490,7 @@ impl Policy {
             calls_within_offer: true,
             change_request_retry: true,
             question_lookup_retry: true,
+            described_call_retry: true,
             answer_after_lookup: true,
             stop_changing_when_done: true,
         }
@@ -790,6 +804,8 @@ pub enum Rule {
     ChangeRequestRetry,
     /// See [`Policy::question_lookup_retry`].
     QuestionLookupRetry,
+    /// See [`Policy::described_call_retry`].
+    DescribedCallRetry,
     /// See [`Policy::answer_after_lookup`].
     AnswerAfterLookup,
     /// See [`Policy::stop_changing_when_done`].
@@ -828,6 +844,7 @@ impl Rule {
             Self::CutRepeats => "cut-repeats",
             Self::ChangeRequestRetry => "change-request-retry",
             Self::QuestionLookupRetry => "question-lookup-retry",
+            Self::DescribedCallRetry => "described-call-retry",
             Self::AnswerAfterLookup => "answer-after-lookup",
             Self::StopChangingWhenDone => "stop-changing-when-done",
         }
@@ -1691,6 +1708,60 @@ fn identifier_part(call: &ParsedCall, offered: &ToolDefinition) -> Option<(Value
     ))
 }
 
+/// Whether a prose reply is a call to one of the `offered` tools written in
+/// the wrong form (see [`Policy::described_call_retry`]): one of their names
+/// as code (between backquotes, before an opening parenthesis, as the
+/// value of a `name` key, or anywhere inside a fenced block), or a reply of
+/// markup alone (a fence or a tag opened, and nothing said). A name in
+/// running prose is not enough: "To calculate the price…" beside
+/// `calculate` is prose.
+pub(crate) fn writes_a_call(reply: &str, offered: &[ToolDefinition]) -> bool {
+    let reply = reply.trim();
+    if offered.is_empty() || reply.is_empty() {
+        return false;
+    }
+    let markup = |line: &str| {
+        let line = line.trim();
+        line.starts_with("```") || (line.starts_with('<') && line.ends_with('>'))
+    };
+    if reply
+        .lines()
+        .all(|l| markup(l) || !l.chars().any(char::is_alphanumeric))
+    {
+        return true;
+    }
+    // The text inside fenced blocks: code, whatever it says.
+    let fenced: String = reply
+        .split("```")
+        .enumerate()
+        .filter(|(i, _)| i % 2 == 1)
+        .map(|(_, part)| part)
+        .collect::<Vec<_>>()
+        .join("\n");
+    let is_name_char = |c: char| c.is_alphanumeric() || matches!(c, '_' | '-' | '.');
+    offered.iter().any(|tool| {
+        let name = tool.name.as_str();
+        let whole_word_at = |text: &str, at: usize| {
+            let before = text[..at].chars().next_back();
+            let after = text[at + name.len()..].chars().next();
+            !before.is_some_and(is_name_char) && !after.is_some_and(is_name_char)
+        };
+        let in_fence = fenced
+            .match_indices(name)
+            .any(|(at, _)| whole_word_at(&fenced, at));
+        in_fence
+            || reply.match_indices(name).any(|(at, _)| {
+                let before = reply[..at].trim_end_matches(['"', '\'', ' ']);
+                let after = &reply[at + name.len()..];
+                whole_word_at(reply, at)
+                    && (reply[..at].ends_with('`')
+                        || after.starts_with('(')
+                        || before.ends_with("name:")
+                        || before.ends_with("\"name\":"))
+            })
+    })
+}
+
 /// A plain answer without the lines that only repeat the prompt (see
 /// [`Rule::NoPromptEchoAnswers`]): `Some` with the lines left when
 /// some were cut, `Some("")` when every line was an echo or the markup
@@ -2487,6 +2558,33 @@ mod tests {
     }
 
     /// A read-only search that takes words.
+    #[test]
+    fn a_tool_written_as_code_or_a_bare_fence_is_a_call_in_the_wrong_form() {
+        let offered = [
+            tool("calculate", json!({"type": "object"}), true),
+            tool("count", json!({"type": "object"}), true),
+        ];
+        for reply in [
+            "To calculate the square root of 1764, you can use the `calculate` function: `sqrt(1764)`.",
+            "calculate(\"7 * 24\")",
+            "```json",
+            "```json\n```json\nname: count, arguments: text: \"The quick brown fox\"\n```",
+            "{\"name\": \"count\", \"arguments\": {}}",
+            "<tool_call>",
+        ] {
+            assert!(writes_a_call(reply, &offered), "{reply}");
+        }
+        for reply in [
+            "To calculate the price of the jacket, take 35% off 240.",
+            "A week has 604800 seconds.",
+            "Use `recalculate` for that.",
+            "```python\nprint(7 * 24 * 60 * 60)\n```",
+        ] {
+            assert!(!writes_a_call(reply, &offered), "{reply}");
+        }
+        assert!(!writes_a_call("```json", &[]));
+    }
+
     fn search_tool() -> ToolDefinition {
         tool(
             "search",

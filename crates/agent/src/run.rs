@@ -27,7 +27,7 @@ use crate::parse::{ParsedReply, parse_tool_calls};
 use crate::part::{AgentStreamPart, FinishReason};
 use crate::policy::{
     Fired, Found, Offer, Policy, PolicyState, Rule, StepFacts, asks_for_change, made_up_value,
-    names_a_tool, seeks_information, tells_of, without_prompt_echoes,
+    names_a_tool, seeks_information, tells_of, without_prompt_echoes, writes_a_call,
 };
 use crate::prompt::{
     HISTORY_TURNS, RESULT_CHARS, SystemPromptInput, Turn, compact_schema, gist, history_turns,
@@ -544,22 +544,7 @@ impl<P: Provider + 'static> Run<P> {
                 Ok(g) => g,
                 Err(end) => return Some(end),
             };
-            if let (Some(p), Some(neutral), Some(threshold)) = (
-                generation.call_probability,
-                generation.call_baseline,
-                plan.request.decoding.call_threshold,
-            ) && p >= threshold
-                && p < neutral
-            {
-                self.report(vec![Fired {
-                    rule: Rule::CallBaseline,
-                    detail: format!(
-                        "no push to a call: it had {:.2}%, and {:.2}% without the request's words",
-                        p * 100.0,
-                        neutral * 100.0
-                    ),
-                }]);
-            }
+            self.report_push(&generation, &plan.request.decoding);
             let reply = parse_tool_calls(&generation.text);
             if let Some(problem) = self.problem(&generation.text, &reply, &plan) {
                 if repaired {
@@ -865,6 +850,7 @@ impl<P: Provider + 'static> Run<P> {
         // nothing yet and answers in prose while a tool plainly fits cannot
         // fail the same way again.
         let fired = self.calls_only_retry(
+            text,
             &plan.shown,
             &plan.offered,
             plan.first_step,
@@ -934,6 +920,27 @@ impl<P: Provider + 'static> Run<P> {
         End::Finish(reason)
     }
 
+    /// Reports a push of the call threshold that the neutral baseline held
+    /// back (`call-baseline`).
+    fn report_push(&self, generation: &Generation, decoding: &Decoding) {
+        if let (Some(p), Some(neutral), Some(threshold)) = (
+            generation.call_probability,
+            generation.call_baseline,
+            decoding.call_threshold,
+        ) && p >= threshold
+            && p < neutral
+        {
+            self.report(vec![Fired {
+                rule: Rule::CallBaseline,
+                detail: format!(
+                    "no push to a call: it had {:.2}%, and {:.2}% without the request's words",
+                    p * 100.0,
+                    neutral * 100.0
+                ),
+            }]);
+        }
+    }
+
     /// Why the first attempt's call threshold is held back, if it is. The
     /// threshold settles prose or a call in favour of a call on little
     /// weight; that takes the evidence a calls-only retry would take
@@ -954,7 +961,7 @@ impl<P: Provider + 'static> Run<P> {
         if self.policy.threshold_on_evidence
             && first_step
             && self
-                .calls_only_retry(shown, offered, true, threshold)
+                .calls_only_retry("", shown, offered, true, threshold)
                 .is_none()
         {
             return Some(Fired {
@@ -1017,6 +1024,7 @@ impl<P: Provider + 'static> Run<P> {
     /// first step) seeks what a read-only tool looks up.
     fn calls_only_retry(
         &self,
+        reply: &str,
         shown: &[ToolDefinition],
         offered: &[ToolDefinition],
         first_step: bool,
@@ -1051,6 +1059,11 @@ impl<P: Provider + 'static> Run<P> {
             (
                 Rule::QuestionLookupRetry,
                 "a read-only tool looks up what the request asks",
+            )
+        } else if self.policy.described_call_retry && writes_a_call(reply, offered) {
+            (
+                Rule::DescribedCallRetry,
+                "the reply wrote a call to an offered tool in the wrong form",
             )
         } else {
             return None;
