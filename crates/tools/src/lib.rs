@@ -27,10 +27,9 @@
 //! tool counts, deterministic name clashes, allow and deny lists, argument
 //! validation before dispatch, per-call timeouts ([`DEFAULT_CALL_TIMEOUT`]),
 //! panics contained and sources made afresh within a [`RestartBudget`],
-//! result size limits, the
-//! untrusted-content mark that makes the prompt tell the model a tool's
-//! output is data, and each source's health ([`ToolSet::health`]: state,
-//! restarts and panics, for a health endpoint). [`admit_tools`] is the
+//! result size limits, the untrusted-content mark that makes the prompt
+//! tell the model a tool's output is data, and each source's health
+//! ([`ToolSet::health`]: state, restarts and panics, for a health endpoint). [`admit_tools`] is the
 //! naming and size rules alone, for anything else that merges sources.
 //!
 //! Every source answers a failed call with a coded
