@@ -19,7 +19,8 @@ pub trait ToolHost: Send + Sync {
     /// The tools offered right now.
     async fn list_tools(&self) -> Vec<ToolDefinition>;
 
-    /// Runs one tool. The arguments were validated against its schema already.
+    /// Runs one tool. The arguments were validated against its schema
+    /// already, by the loop or by the tool set the call went through.
     /// Returns the output text, or a coded error.
     async fn call_tool(
         &self,
@@ -48,6 +49,15 @@ pub trait ToolHost: Send + Sync {
     /// The page the person is on, when the tools belong to a page.
     async fn page_context(&self) -> Option<PageContext> {
         None
+    }
+
+    /// Whether this host runs every call through the one tool path itself
+    /// (allow and deny, argument validation, a time limit, a panic guard:
+    /// a `wma_tools::ToolSet` does). A host that holds it as a source then
+    /// passes calls straight on instead of checking and timing each call a
+    /// second time. Default: false, the host is a plain source.
+    fn guards_calls(&self) -> bool {
+        false
     }
 }
 
@@ -78,6 +88,9 @@ impl<H: ToolHost + ?Sized> ToolHost for Arc<H> {
     async fn page_context(&self) -> Option<PageContext> {
         (**self).page_context().await
     }
+    fn guards_calls(&self) -> bool {
+        (**self).guards_calls()
+    }
 }
 
 /// What goes with one call to its source besides the tool's name and
@@ -94,6 +107,11 @@ pub struct CallContext {
     /// (read-only and other tools that need no record, hosts that keep
     /// none).
     pub idempotency_key: Option<String>,
+    /// Set by the loop, which validates every call's arguments against the
+    /// schema the model was shown before it sends the call (it needs the
+    /// validation error for its repair message). A tool set that gets a
+    /// call so marked does not validate it again.
+    arguments_checked: bool,
 }
 
 impl CallContext {
@@ -111,6 +129,21 @@ impl CallContext {
     /// The call's idempotency key, when the host recorded it.
     pub fn idempotency_key(&self) -> Option<&str> {
         self.idempotency_key.as_deref()
+    }
+
+    /// The same context, marking the call's arguments as validated against
+    /// the tool's schema already. Only the loop, which validated them,
+    /// should mark a call; any other caller leaves the validation to the
+    /// tool set.
+    pub fn with_arguments_checked(mut self) -> Self {
+        self.arguments_checked = true;
+        self
+    }
+
+    /// Whether the call's arguments were validated already (see
+    /// [`CallContext::with_arguments_checked`]).
+    pub fn arguments_checked(&self) -> bool {
+        self.arguments_checked
     }
 }
 

@@ -1462,7 +1462,13 @@ impl<P: Provider + 'static> Run<P> {
                         span.record("error.type", unrecorded.code.as_str());
                         Err(unrecorded)
                     }
-                    Ok(context) => match self.call_tool(&call, &context, span).await {
+                    // Every call here passed `check_reply` against the
+                    // schema the model was shown: the mark spares the tool
+                    // set a second validation of the same arguments.
+                    Ok(context) => match self
+                        .call_tool(&call, &context.with_arguments_checked(), span)
+                        .await
+                    {
                         Some(outcome) => outcome,
                         None => return Some(End::Finish(FinishReason::Aborted)),
                     },

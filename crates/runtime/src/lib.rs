@@ -13,9 +13,14 @@
 //! - the **tool bridge** ([`ToolBridgeHandle`]) owns the tool sources, merges
 //!   their tools through `wma-tools`' rules for what may be offered
 //!   ([`admit_tools`](wma_tools::admit_tools): identifier names, size caps;
-//!   the source registered first wins a name clash), validates
-//!   arguments against the tool's schema before dispatch and limits each
-//!   call in time ([`DEFAULT_TOOL_TIMEOUT`]).
+//!   the source registered first wins a name clash) in one
+//!   [`ToolSet`](wma_tools::ToolSet), the one path of every call: allow
+//!   and deny, arguments validated against the tool's schema before
+//!   dispatch, a time limit per call
+//!   ([`DEFAULT_CALL_TIMEOUT`](wma_tools::DEFAULT_CALL_TIMEOUT) unless
+//!   the source or [`RuntimeBuilder::tool_timeout`] says otherwise), and a
+//!   panic guard. The actor itself only moves each request onto a task and
+//!   relays the answer.
 //! - one **agent actor** per [`AgentConfig`] ([`AgentHandle`]) takes Run and
 //!   Stop, and runs the very [`run_local_agent`](wma_agent::run_local_agent)
 //!   of `wma-agent` against the two handles above, which implement the
@@ -44,8 +49,9 @@
 //! [`DEFAULT_RESTART_WINDOW`]). A model that panics mid-generation ends the
 //! affected run with the loop's provider-failure error, and the provider
 //! actor comes back with the same model; a tool source that panics fails
-//! that call with `unavailable`, and the bridge comes back with fresh
-//! sources. Handles find the restarted actor by themselves.
+//! that call with `unavailable`, and the bridge's set makes that source
+//! afresh, within a budget of the same size (the one [`RestartBudget`] type
+//! of `wma-tools`). Handles find the restarted actor by themselves.
 //!
 //! Every message that starts work carries the caller's tracing span, so the
 //! loop's `chat` and `execute_tool` spans stay the parents of whatever the
@@ -88,7 +94,7 @@ pub use agent::{
     AgentConfig, AgentHandle, DEFAULT_MAX_CONCURRENT_RUNS, RunId, RunStream, TaggedStream,
     check_request,
 };
-pub use bridge::{DEFAULT_TOOL_TIMEOUT, ToolBridgeHandle, ToolSource};
+pub use bridge::{ToolBridgeHandle, ToolSource};
 pub use cluster::{
     ClusterGuards, ClusterNode, ClusterOptions, DEFAULT_CLUSTER_LISTEN, DEFAULT_HANDSHAKE_TIMEOUT,
     DEFAULT_MAX_FRAME, DEFAULT_MAX_PENDING_HANDSHAKES, DEFAULT_NODE_NAME,
@@ -101,8 +107,6 @@ pub use error::RuntimeError;
 pub use part::{RUN_PART_BUFFER, TaggedPart};
 pub use provider::{ProviderHandle, ProviderSource};
 pub use remote::{CLUSTER_SCOPE, NEXT_BATCH, NEXT_WAIT};
-pub use supervisor::{
-    DEFAULT_MAX_RESTARTS, DEFAULT_PROVIDER, DEFAULT_RESTART_WINDOW, RestartBudget, Runtime,
-    RuntimeBuilder,
-};
+pub use supervisor::{DEFAULT_PROVIDER, Runtime, RuntimeBuilder};
 pub use timeouts::{DEFAULT_SWAP_TIMEOUT, Timeouts};
+pub use wma_tools::{DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW, RestartBudget};

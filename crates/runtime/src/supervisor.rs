@@ -1,9 +1,9 @@
 //! The supervisor and the runtime it hosts.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ractor::{
     Actor, ActorCell, ActorId, ActorProcessingErr, ActorRef, RpcReplyPort, SupervisionEvent,
@@ -11,9 +11,9 @@ use ractor::{
 use wma_agent::{Progress, ProviderInfo, SubAgentInfo};
 
 use crate::agent::{AgentActor, AgentArgs, AgentConfig, AgentHandle, AgentMsg, AgentShared};
-use crate::bridge::{
-    BridgeActor, BridgeShared, DEFAULT_TOOL_TIMEOUT, ToolBridgeHandle, ToolSource,
-};
+use wma_tools::{DEFAULT_CALL_TIMEOUT, RestartBudget};
+
+use crate::bridge::{BridgeActor, BridgeShared, ToolBridgeHandle, ToolSource};
 use crate::delegator::{
     DEFAULT_MAX_DELEGATION_DEPTH, DelegatorActor, DelegatorHandle, DelegatorShared,
 };
@@ -23,33 +23,6 @@ use crate::provider::{
 };
 use crate::slot::Slot;
 use crate::timeouts::Timeouts;
-
-/// Restarts of one child the supervisor allows within [`DEFAULT_RESTART_WINDOW`].
-/// One more failure in that window and the child stays down: its handles
-/// then fail with [`RuntimeError::Unavailable`] instead of hanging, and the
-/// other children keep serving.
-pub const DEFAULT_MAX_RESTARTS: u32 = 5;
-
-/// The window [`DEFAULT_MAX_RESTARTS`] counts in.
-pub const DEFAULT_RESTART_WINDOW: Duration = Duration::from_secs(60);
-
-/// How often a child may be restarted before the supervisor gives up on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RestartBudget {
-    /// Restarts allowed within `window`. Default [`DEFAULT_MAX_RESTARTS`].
-    pub max_restarts: u32,
-    /// Default [`DEFAULT_RESTART_WINDOW`].
-    pub window: Duration,
-}
-
-impl Default for RestartBudget {
-    fn default() -> Self {
-        Self {
-            max_restarts: DEFAULT_MAX_RESTARTS,
-            window: DEFAULT_RESTART_WINDOW,
-        }
-    }
-}
 
 /// The name [`Runtime::builder`] registers its provider under.
 pub const DEFAULT_PROVIDER: &str = "default";
@@ -86,7 +59,7 @@ impl RuntimeBuilder {
             remote_agents: Vec::new(),
             budget: RestartBudget::default(),
             timeouts: Timeouts::default(),
-            tool_timeout: DEFAULT_TOOL_TIMEOUT,
+            tool_timeout: DEFAULT_CALL_TIMEOUT,
             max_depth: DEFAULT_MAX_DELEGATION_DEPTH,
         }
     }
@@ -130,7 +103,14 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Sets the restart budget of every child.
+    /// Sets the restart budget of every child, and of every tool source
+    /// (made afresh by its bridge after it panicked): each gets a budget of
+    /// this size of its own. One more failure within the window and a child
+    /// stays down (its handles then fail with [`RuntimeError::Unavailable`]
+    /// instead of hanging, and the other children keep serving), a tool
+    /// source is reported given up. Default: [`RestartBudget::default`]
+    /// ([`DEFAULT_MAX_RESTARTS`](wma_tools::DEFAULT_MAX_RESTARTS) per
+    /// [`DEFAULT_RESTART_WINDOW`](wma_tools::DEFAULT_RESTART_WINDOW)).
     pub fn restart_budget(mut self, budget: RestartBudget) -> Self {
         self.budget = budget;
         self
@@ -142,7 +122,9 @@ impl RuntimeBuilder {
         self
     }
 
-    /// Sets the time limit of one tool call. Default [`DEFAULT_TOOL_TIMEOUT`].
+    /// Sets the time limit of one call of a tool source that has no limit
+    /// of its own ([`ToolSource::with_call_timeout`]). Default
+    /// [`DEFAULT_CALL_TIMEOUT`], the one default of every tool call.
     pub fn tool_timeout(mut self, timeout: Duration) -> Self {
         self.tool_timeout = timeout;
         self
@@ -309,6 +291,7 @@ impl RuntimeBuilder {
                 shared: BridgeShared::new(
                     key.iter().map(|&s| self.sources[s].clone()).collect(),
                     self.tool_timeout,
+                    &self.budget,
                 ),
                 timeouts: self.timeouts,
             })
@@ -551,8 +534,8 @@ struct SupervisorState {
     children: Children,
     budget: RestartBudget,
     running: HashMap<ActorId, Child>,
-    /// Recent restart times per child, for the budget.
-    restarts: HashMap<Child, VecDeque<Instant>>,
+    /// Each child's own budget, a fresh copy of `budget` once it first fails.
+    restarts: HashMap<Child, RestartBudget>,
     shutting_down: bool,
 }
 
@@ -724,26 +707,13 @@ impl SupervisorState {
         Ok(())
     }
 
-    /// Records a restart against the budget; `Err` when it is spent.
+    /// Records a restart against the child's budget; `Err` when it is spent.
     fn charge(&mut self, child: Child) -> Result<(), String> {
-        let now = Instant::now();
-        let window = self.budget.window;
-        let recent = self.restarts.entry(child).or_default();
-        while recent
-            .front()
-            .is_some_and(|t| now.duration_since(*t) > window)
-        {
-            recent.pop_front();
-        }
-        if recent.len() >= self.budget.max_restarts as usize {
-            return Err(format!(
-                "it failed {} times within {} s, more than its restart budget allows",
-                recent.len() + 1,
-                window.as_secs()
-            ));
-        }
-        recent.push_back(now);
-        Ok(())
+        let budget = &self.budget;
+        self.restarts
+            .entry(child)
+            .or_insert_with(|| budget.fresh())
+            .take("it")
     }
 
     fn count_restart(&self, child: Child) {

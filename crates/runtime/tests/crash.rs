@@ -177,10 +177,10 @@ async fn a_child_that_keeps_crashing_is_given_up_with_a_clear_error() {
         ProviderSource::new(|| TokenModel::new("fragile", ["a b c"; 8]).panicking_at_token(0));
     let runtime = Runtime::builder(source)
         .agent(AgentConfig::new("helper"))
-        .restart_budget(wma_runtime::RestartBudget {
-            max_restarts: 2,
-            window: std::time::Duration::from_secs(600),
-        })
+        .restart_budget(wma_runtime::RestartBudget::new(
+            2,
+            std::time::Duration::from_secs(600),
+        ))
         .start()
         .await
         .unwrap();

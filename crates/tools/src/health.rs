@@ -80,21 +80,66 @@ pub struct SourceHealth {
     pub panics: u32,
 }
 
-/// At most `max` restarts within any `window`.
+/// How often something may be started again: at most `max_restarts`
+/// restarts within any `window`, and the restarts it took.
+///
+/// The one budget of the workspace: a [`ToolSet`](crate::ToolSet) holds one
+/// per source (a source made afresh after a panic), an
+/// [`McpServer`](crate::McpServer) and a [`WebMcpSource`](crate::WebMcpSource)
+/// one for their own process or browser, and the runtime's supervisor one
+/// per actor. Each keeps its own count: [`RestartBudget::fresh`] gives a
+/// budget of the same size with nothing taken.
 #[derive(Debug)]
-pub(crate) struct RestartBudget {
-    max: u32,
+pub struct RestartBudget {
+    max_restarts: u32,
     window: Duration,
+    /// When the restarts within the window were taken. Behind a lock so a
+    /// budget shared by concurrent calls needs no `&mut`.
     recent: Mutex<VecDeque<Instant>>,
 }
 
-impl RestartBudget {
-    pub(crate) fn new(max: u32, window: Duration) -> Self {
+impl Default for RestartBudget {
+    /// [`DEFAULT_MAX_RESTARTS`] per [`DEFAULT_RESTART_WINDOW`].
+    fn default() -> Self {
+        Self::new(DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW)
+    }
+}
+
+impl Clone for RestartBudget {
+    /// The same size and the same restarts taken.
+    fn clone(&self) -> Self {
         Self {
-            max,
+            max_restarts: self.max_restarts,
+            window: self.window,
+            recent: Mutex::new(self.recent.lock().clone()),
+        }
+    }
+}
+
+impl RestartBudget {
+    /// At most `max_restarts` restarts within any `window`.
+    pub fn new(max_restarts: u32, window: Duration) -> Self {
+        Self {
+            max_restarts,
             window,
             recent: Mutex::new(VecDeque::new()),
         }
+    }
+
+    /// A budget of the same size with no restart taken, for one more thing
+    /// to restart under the same policy.
+    pub fn fresh(&self) -> Self {
+        Self::new(self.max_restarts, self.window)
+    }
+
+    /// Restarts allowed within [`RestartBudget::window`].
+    pub fn max_restarts(&self) -> u32 {
+        self.max_restarts
+    }
+
+    /// The window [`RestartBudget::max_restarts`] counts in.
+    pub fn window(&self) -> Duration {
+        self.window
     }
 
     fn trimmed(&self) -> MutexGuard<'_, VecDeque<Instant>> {
@@ -109,14 +154,15 @@ impl RestartBudget {
         recent
     }
 
-    /// Takes one restart, or says why none is left.
-    pub(crate) fn take(&self, what: &str) -> Result<(), String> {
+    /// Takes one restart of `what`, or says why none is left (a sentence
+    /// that names `what` and the budget, for logs and error messages).
+    pub fn take(&self, what: &str) -> Result<(), String> {
         let mut recent = self.trimmed();
-        if recent.len() >= self.max as usize {
+        if recent.len() >= self.max_restarts as usize {
             return Err(format!(
-                "{what} stopped {} times within {} s, more than its restart budget allows; \
+                "{what} failed {} times within {} s, more than its restart budget allows; \
                  it is not started again for now",
-                recent.len(),
+                recent.len() + 1,
                 self.window.as_secs()
             ));
         }
@@ -125,8 +171,8 @@ impl RestartBudget {
     }
 
     /// Whether the budget is spent right now.
-    pub(crate) fn spent(&self) -> bool {
-        self.trimmed().len() >= self.max as usize
+    pub fn spent(&self) -> bool {
+        self.trimmed().len() >= self.max_restarts as usize
     }
 }
 
@@ -142,7 +188,7 @@ mod tests {
         assert!(budget.take("the page").is_ok());
         assert!(budget.spent());
         let refused = budget.take("the page").unwrap_err();
-        assert!(refused.contains("stopped 2 times within 60 s"), "{refused}");
+        assert!(refused.contains("failed 3 times within 60 s"), "{refused}");
     }
 
     #[test]

@@ -21,13 +21,15 @@
 //! - [`NativeTools`]: Rust functions, each with a JSON Schema, written by
 //!   hand or derived from the argument type ([`NativeTools::add_typed`]).
 //!
-//! [`ToolSet`] adds the host's policies across sources: tool names that must
+//! [`ToolSet`] adds the host's policies across sources, and is the one path
+//! every call takes (the sources do not repeat it): tool names that must
 //! be identifiers ([`is_tool_name`]) and caps on descriptions, schemas and
 //! tool counts, deterministic name clashes, allow and deny lists, argument
-//! validation before dispatch, per-call timeouts, result size limits, the
-//! untrusted-content mark that makes the prompt tell the model a tool's
-//! output is data, and each source's health ([`ToolSet::health`]: state,
-//! restarts and panics, for a health endpoint). [`admit_tools`] is the
+//! validation before dispatch, per-call timeouts ([`DEFAULT_CALL_TIMEOUT`]),
+//! panics contained and sources made afresh within a [`RestartBudget`],
+//! result size limits, the untrusted-content mark that makes the prompt
+//! tell the model a tool's output is data, and each source's health
+//! ([`ToolSet::health`]: state, restarts and panics, for a health endpoint). [`admit_tools`] is the
 //! naming and size rules alone, for anything else that merges sources.
 //!
 //! Every source answers a failed call with a coded
@@ -66,21 +68,21 @@ mod webmcp;
 
 pub use error::ToolsError;
 pub use health::{
-    DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW, Monitored, SourceHealth, SourceState,
-    SourceStatus,
+    DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW, Monitored, RestartBudget, SourceHealth,
+    SourceState, SourceStatus,
 };
 pub use mcp::{
     DEFAULT_CONNECT_TIMEOUT, IDEMPOTENCY_KEY_META, McpServer, McpServerOptions, McpTransport,
 };
-pub use native::{DEFAULT_CALL_TIMEOUT, NativeTools, input_schema};
+pub use native::{NativeTools, input_schema};
 pub use set::{
-    DEFAULT_MAX_RESULT_CHARS, DEFAULT_SOURCE_CALL_TIMEOUT, LIST_TIMEOUT, MAX_DESCRIPTION_CHARS,
-    MAX_SCHEMA_BYTES, MAX_TOOL_NAME_CHARS, MAX_TOOLS_PER_SOURCE, NameClash, SourceOptions, ToolSet,
-    admit_tools, is_tool_name,
+    CANCEL_GRACE, DEFAULT_CALL_TIMEOUT, DEFAULT_MAX_RESULT_CHARS, LIST_TIMEOUT,
+    MAX_DESCRIPTION_CHARS, MAX_SCHEMA_BYTES, MAX_TOOL_NAME_CHARS, MAX_TOOLS_PER_SOURCE, NameClash,
+    SourceOptions, ToolSet, admit_tools, is_tool_name,
 };
 pub use site::LoopbackSite;
 pub use webmcp::{
-    Browser, BrowserOptions, CHROMIUM_ENV, DEFAULT_LAUNCH_TIMEOUT, DEFAULT_PAGE_CALL_TIMEOUT,
-    DEFAULT_SETTLE_TIMEOUT, DEFAULT_TOOLS_QUIET, PageOptions, PageTarget, PageTool, WebMcpPage,
-    WebMcpSource, find_chromium,
+    Browser, BrowserOptions, CHROMIUM_ENV, DEFAULT_LAUNCH_TIMEOUT, DEFAULT_SETTLE_TIMEOUT,
+    DEFAULT_TOOLS_QUIET, PageOptions, PageTarget, PageTool, WebMcpPage, WebMcpSource,
+    find_chromium,
 };

@@ -1,8 +1,6 @@
 //! Rust functions as tools.
 
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::FutureExt;
@@ -11,13 +9,7 @@ use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
-use wma_agent::{
-    ArgsError, CallContext, ToolAnnotations, ToolDefinition, ToolError, ToolErrorCode, ToolHost,
-    validate_args,
-};
-
-/// Time limit of one call unless [`NativeTools::with_timeout`] says otherwise.
-pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+use wma_agent::{CallContext, ToolAnnotations, ToolDefinition, ToolError, ToolErrorCode, ToolHost};
 
 type Handler =
     Arc<dyn Fn(Value, CallContext) -> BoxFuture<'static, Result<String, ToolError>> + Send + Sync>;
@@ -28,14 +20,22 @@ struct NativeTool {
 }
 
 /// A set of Rust functions offered as tools.
+///
+/// A plain source: it finds the function and runs it, nothing more. Put it
+/// in a [`ToolSet`](crate::ToolSet) (as every host does) for the checks
+/// each call goes through: arguments validated against the tool's schema,
+/// a time limit ([`SourceOptions::call_timeout`](crate::SourceOptions::call_timeout)),
+/// a panic contained as a tool error. A typed tool
+/// ([`NativeTools::add_typed`]) still refuses arguments its type cannot
+/// read, whoever calls it.
+#[derive(Default)]
 pub struct NativeTools {
     tools: Vec<NativeTool>,
-    /// Per-call limit: a hung function must not hang the agent.
-    timeout: Duration,
 }
 
-/// Rust functions run in this process: they have nothing to restart, so
-/// they always serve (a panicking function answers `tool_failed`).
+/// Rust functions run in this process: they have nothing of their own to
+/// restart, so they always serve (a set that holds them contains a panic
+/// and makes them afresh, when it can).
 impl crate::health::Monitored for NativeTools {
     fn status(&self) -> crate::health::SourceStatus {
         crate::health::SourceStatus {
@@ -45,25 +45,10 @@ impl crate::health::Monitored for NativeTools {
     }
 }
 
-impl Default for NativeTools {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 impl NativeTools {
-    /// An empty set with the default call timeout.
+    /// An empty set.
     pub fn new() -> Self {
-        Self {
-            tools: Vec::new(),
-            timeout: DEFAULT_CALL_TIMEOUT,
-        }
-    }
-
-    /// Sets the per-call time limit.
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
+        Self::default()
     }
 
     /// Adds a synchronous tool. A later tool with the same name replaces the
@@ -256,8 +241,9 @@ pub fn input_schema<A: JsonSchema>() -> Value {
     schema
 }
 
-/// Reads the arguments into the tool's type. Validation against the
-/// derived schema already ran; what is left is what a schema cannot say.
+/// Reads the arguments into the tool's type. Within a set, validation
+/// against the derived schema already ran; what is left is what a schema
+/// cannot say (and, called directly, what the type cannot read).
 fn read_args<A: DeserializeOwned>(args: Value) -> Result<A, ToolError> {
     serde_json::from_value(args)
         .map_err(|e| ToolError::new(ToolErrorCode::InvalidArguments, e.to_string()))
@@ -286,7 +272,9 @@ impl ToolHost for NativeTools {
         name: &str,
         arguments: Value,
         context: &CallContext,
-        cancel: CancellationToken,
+        // The caller races the call against its token (the set, or the
+        // loop when the tools are used alone); a function takes none.
+        _cancel: CancellationToken,
     ) -> Result<String, ToolError> {
         let Some(tool) = self.tools.iter().find(|t| t.definition.name == name) else {
             return Err(ToolError::new(
@@ -294,40 +282,10 @@ impl ToolHost for NativeTools {
                 format!("no tool named \"{name}\""),
             ));
         };
-        // The loop validates too, but a host can be called by anyone.
-        match validate_args(&tool.definition.input_schema, &arguments) {
-            Ok(()) => {}
-            Err(ArgsError::Invalid(message)) => {
-                return Err(ToolError::new(ToolErrorCode::InvalidArguments, message));
-            }
-            Err(error) => {
-                return Err(ToolError::new(
-                    ToolErrorCode::Unavailable,
-                    error.to_string(),
-                ));
-            }
-        }
-        let run = AssertUnwindSafe((tool.handler)(arguments, context.clone())).catch_unwind();
-        tokio::select! {
-            biased;
-            _ = cancel.cancelled() => Err(ToolError::new(ToolErrorCode::Cancelled, "the call was cancelled")),
-            outcome = tokio::time::timeout(self.timeout, run) => match outcome {
-                Err(_) => Err(ToolError::new(
-                    ToolErrorCode::Timeout,
-                    format!("{name} did not answer within {} s", self.timeout.as_secs_f32()),
-                )),
-                Ok(Err(panic)) => {
-                    let reason = panic
-                        .downcast_ref::<&str>()
-                        .map(|s| s.to_string())
-                        .or_else(|| panic.downcast_ref::<String>().cloned())
-                        .unwrap_or_else(|| "unknown panic".to_string());
-                    tracing::error!(tool = name, %reason, "tool panicked");
-                    Err(ToolError::new(ToolErrorCode::ToolFailed, format!("{name} crashed: {reason}")))
-                }
-                Ok(Ok(result)) => result,
-            },
-        }
+        // Validation, the time limit and the panic guard are the set's
+        // (see `ToolSet`): doing them here too would check and time the
+        // same call twice.
+        (tool.handler)(arguments, context.clone()).await
     }
 }
 
@@ -337,29 +295,21 @@ mod tests {
     use serde_json::json;
 
     fn tools() -> NativeTools {
-        let mut tools = NativeTools::new().with_timeout(Duration::from_secs(1));
+        let mut tools = NativeTools::new();
         let schema =
             json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]});
         tools.add_fn(
             ToolDefinition::new("double", "Double n.", schema.clone()),
             |a| Ok((a["n"].as_i64().unwrap_or(0) * 2).to_string()),
         );
-        tools.add_fn(
-            ToolDefinition::new("boom", "Panics.", json!({"type": "object"})),
-            |_| panic!("kaboom"),
-        );
-        tools.add_async(
-            ToolDefinition::new("hang", "Never answers.", json!({"type": "object"})),
-            |_| async {
-                futures::future::pending::<()>().await;
-                Ok(String::new())
-            },
-        );
         tools
     }
 
+    /// The checks of a call (validation, time limit, panic guard) are the
+    /// set's, tested in `tests/tool_path.rs`; alone, the tools find the
+    /// function and run it.
     #[tokio::test]
-    async fn calls_validate_arguments_before_running() {
+    async fn calls_reach_their_function_by_name() {
         let t = tools();
         assert_eq!(
             t.call_tool("double", json!({"n": 4}), CancellationToken::new())
@@ -368,39 +318,10 @@ mod tests {
             "8"
         );
         let err = t
-            .call_tool("double", json!({"n": "four"}), CancellationToken::new())
-            .await
-            .unwrap_err();
-        assert_eq!(err.code, ToolErrorCode::InvalidArguments);
-        let err = t
             .call_tool("triple", json!({}), CancellationToken::new())
             .await
             .unwrap_err();
         assert_eq!(err.code, ToolErrorCode::UnknownTool);
-    }
-
-    #[tokio::test]
-    async fn a_panicking_tool_becomes_tool_failed() {
-        let err = tools()
-            .call_tool("boom", json!({}), CancellationToken::new())
-            .await
-            .unwrap_err();
-        assert_eq!(err.code, ToolErrorCode::ToolFailed);
-        assert!(err.message.contains("kaboom"));
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_hung_tool_times_out_and_cancellation_is_honoured() {
-        let t = tools();
-        let err = t
-            .call_tool("hang", json!({}), CancellationToken::new())
-            .await
-            .unwrap_err();
-        assert_eq!(err.code, ToolErrorCode::Timeout);
-        let cancel = CancellationToken::new();
-        cancel.cancel();
-        let err = t.call_tool("hang", json!({}), cancel).await.unwrap_err();
-        assert_eq!(err.code, ToolErrorCode::Cancelled);
     }
 
     #[derive(serde::Deserialize, JsonSchema)]
@@ -474,6 +395,6 @@ mod tests {
             ToolDefinition::new("double", "again", json!({"type": "object"})),
             |_| Ok("x".into()),
         );
-        assert_eq!(t.len(), 3);
+        assert_eq!(t.len(), 1);
     }
 }

@@ -16,13 +16,13 @@ use wma_agent::{
     validate_args,
 };
 
-use crate::health::{
-    DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW, Monitored, RestartBudget, SourceHealth,
-    SourceState,
-};
+use crate::health::{Monitored, RestartBudget, SourceHealth, SourceState};
 
-/// Time limit of one call unless [`SourceOptions::call_timeout`] says otherwise.
-pub const DEFAULT_SOURCE_CALL_TIMEOUT: Duration = Duration::from_secs(30);
+/// Time limit of one tool call unless [`SourceOptions::call_timeout`] says
+/// otherwise: the one default of the workspace (the runtime's tool bridge,
+/// a config's sources and a WebMCP page's own limit all start from it), so
+/// that a tool's limit does not depend on which way it was hosted.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Largest result, in characters, unless [`SourceOptions::max_result_chars`]
 /// says otherwise. A small model's whole context is a few thousand tokens;
@@ -35,8 +35,10 @@ pub const LIST_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// How long a call that ran out of time (or was cancelled) is given to
 /// hear its cancellation, so a page can cancel the invocation and a server
-/// be told, before the caller gets its answer.
-const CANCEL_GRACE: Duration = Duration::from_secs(2);
+/// be told, before the caller gets its answer. A caller that waits on a
+/// set from elsewhere (the runtime's handle on its tool bridge) waits this
+/// much past the call's limit, so the set's precise error wins.
+pub const CANCEL_GRACE: Duration = Duration::from_secs(2);
 
 /// Longest tool name, in characters. MCP allows 128; 64 is what the chat
 /// APIs most models were tuned on accept, and a longer name is not a name.
@@ -185,7 +187,7 @@ pub struct SourceOptions {
     /// Tools matching one of these patterns are never offered or called;
     /// deny wins over allow. Default: none.
     pub deny: Vec<String>,
-    /// Limit of one call. Default: [`DEFAULT_SOURCE_CALL_TIMEOUT`].
+    /// Limit of one call. Default: [`DEFAULT_CALL_TIMEOUT`].
     pub call_timeout: Duration,
     /// Largest result in characters; a longer one is refused with
     /// `denied`. Default: [`DEFAULT_MAX_RESULT_CHARS`].
@@ -202,7 +204,7 @@ impl Default for SourceOptions {
         Self {
             allow: None,
             deny: Vec::new(),
-            call_timeout: DEFAULT_SOURCE_CALL_TIMEOUT,
+            call_timeout: DEFAULT_CALL_TIMEOUT,
             max_result_chars: DEFAULT_MAX_RESULT_CHARS,
             untrusted: false,
         }
@@ -326,7 +328,7 @@ impl Source {
             drop(gave_up);
             if self
                 .budget
-                .take(&format!("the tool source {}", self.name))
+                .take(&format!("the tool source `{}`", self.name))
                 .is_ok()
             {
                 self.rebuild();
@@ -335,18 +337,27 @@ impl Source {
         Ok(self.current().host)
     }
 
-    /// Notes a panic and, for a source the set can make, replaces its host.
-    fn panicked(&self, while_doing: &str, reason: &str) {
+    /// Notes a panic and, for a source the set can make, replaces its host
+    /// within the budget. Returns what became of the source, for the
+    /// caller's error message.
+    fn panicked(&self, while_doing: &str, reason: &str) -> &'static str {
         self.panics.fetch_add(1, Ordering::SeqCst);
         tracing::error!(source = %self.name, %reason, "a tool source panicked while {while_doing}");
         if self.build.is_none() {
-            return;
+            return "";
         }
-        match self.budget.take(&format!("the tool source {}", self.name)) {
-            Ok(()) => self.rebuild(),
+        match self
+            .budget
+            .take(&format!("the tool source `{}`", self.name))
+        {
+            Ok(()) => {
+                self.rebuild();
+                "; it is being made afresh, so the call may be tried again"
+            }
             Err(refusal) => {
                 tracing::warn!(source = %self.name, "{refusal}");
                 *self.gave_up.lock() = Some(format!("{refusal}; last failure: a panic ({reason})"));
+                "; it crashed more often than its restart budget allows and is not used for now"
             }
         }
     }
@@ -422,24 +433,44 @@ struct Merged {
 ///   [`SourceOptions::deny`]): a tool that is not permitted is not offered,
 ///   and calling it anyway answers `denied`.
 /// - **Arguments are validated** against the tool's schema before the call
-///   reaches its source (WebMCP pages and most servers do not validate).
-/// - **Per-call timeouts** per source; cancellation is passed on, and so is
-///   an expired limit (the source's token is cancelled, so a page cancels
-///   the invocation).
+///   reaches its source (WebMCP pages and most servers do not validate),
+///   unless the call comes marked as validated already
+///   ([`CallContext::with_arguments_checked`]): the loop validates each
+///   call itself against the schema the model was shown, because it needs
+///   the error for its repair message, and the mark keeps that call from
+///   being validated twice. Callers without the loop (an MCP client of
+///   the host, a direct call) are validated here.
+/// - **Per-call timeouts** per source ([`DEFAULT_CALL_TIMEOUT`] unless
+///   [`SourceOptions::call_timeout`] says otherwise); cancellation is passed
+///   on, and so is an expired limit (the source's token is cancelled, so a
+///   page cancels the invocation).
 /// - **Result size limits** per source: a longer result answers `denied`.
 /// - **Untrusted content**: a source marked untrusted has all its tools
 ///   annotated so, and the loop's prompt then tells the model that their
 ///   results are data, not instructions.
 /// - **Panics** of a source are contained: the call answers `unavailable`.
-///   A source added with [`ToolSet::add_built`] is then made afresh, within
-///   a restart budget.
+///   A source added with [`ToolSet::add_built`] (or
+///   [`ToolSet::add_built_shared`]) is then made afresh, within its
+///   [`RestartBudget`] ([`ToolSet::with_restart_budget`]); once that is
+///   spent the source is reported given up until the budget allows again.
 /// - **Health**: [`ToolSet::health`] says, per source, whether it serves,
 ///   how often it was restarted and how often it panicked.
+///
+/// This is the one path of a tool call, in this order: allow and deny →
+/// argument validation → time limit and panic guard → restart budget. The
+/// sources themselves ([`NativeTools`](crate::NativeTools), MCP servers,
+/// pages) do not repeat these steps, and a set that is itself a source of
+/// another set (a config's source inside the runtime's tool bridge) is
+/// relayed to as it is ([`ToolHost::guards_calls`]): its own guards are the
+/// ones the call goes through.
 ///
 /// The page context comes from the first source that has one.
 pub struct ToolSet {
     sources: Vec<Source>,
     clash: NameClash,
+    /// The budget each source's rebuilds are taken from (each source has a
+    /// [`RestartBudget::fresh`] copy).
+    budget: RestartBudget,
     /// The newest listing; a call to a name not in it lists again.
     listing: Mutex<Merged>,
 }
@@ -468,8 +499,20 @@ impl ToolSet {
         Self {
             sources: Vec::new(),
             clash: NameClash::default(),
+            budget: RestartBudget::default(),
             listing: Mutex::new(Merged::default()),
         }
+    }
+
+    /// Sets the restart budget of each source: how often a source added
+    /// with [`ToolSet::add_built`] is made afresh after a panic before the
+    /// set gives up on it (for now). Default: [`RestartBudget::default`].
+    pub fn with_restart_budget(mut self, budget: RestartBudget) -> Self {
+        for source in &mut self.sources {
+            source.budget = budget.fresh();
+        }
+        self.budget = budget;
+        self
     }
 
     /// Sets how name clashes are settled.
@@ -533,8 +576,10 @@ impl ToolSet {
     }
 
     /// Adds a source that the set makes with `build`, now, and again after
-    /// the source panicked (a panic may leave it broken), within a restart
-    /// budget of [`DEFAULT_MAX_RESTARTS`] per [`DEFAULT_RESTART_WINDOW`].
+    /// the source panicked (a panic may leave it broken), within the set's
+    /// restart budget ([`ToolSet::with_restart_budget`]; by default
+    /// [`DEFAULT_MAX_RESTARTS`](crate::DEFAULT_MAX_RESTARTS) per
+    /// [`DEFAULT_RESTART_WINDOW`](crate::DEFAULT_RESTART_WINDOW)).
     /// The sources of this crate restart their own process or browser when
     /// it dies; this covers what they cannot see. `build` must not block:
     /// [`McpServer::lazy`](crate::McpServer::lazy) and
@@ -560,6 +605,26 @@ impl ToolSet {
         self.push(name.into(), current, Some(build), options)
     }
 
+    /// Like [`ToolSet::add_built`], for a `build` that makes any host (one
+    /// that does not report on itself): the runtime's tool bridge adds its
+    /// sources so.
+    pub fn add_built_shared<F>(
+        &mut self,
+        name: impl Into<String>,
+        build: F,
+        options: SourceOptions,
+    ) -> &mut Self
+    where
+        F: Fn() -> Arc<dyn ToolHost> + Send + Sync + 'static,
+    {
+        let build: Arc<Build> = Arc::new(move || Current {
+            host: build(),
+            monitor: None,
+        });
+        let current = build();
+        self.push(name.into(), current, Some(build), options)
+    }
+
     fn push(
         &mut self,
         name: String,
@@ -571,7 +636,7 @@ impl ToolSet {
             name,
             current: Mutex::new(current),
             build,
-            budget: RestartBudget::new(DEFAULT_MAX_RESTARTS, DEFAULT_RESTART_WINDOW),
+            budget: self.budget.fresh(),
             gave_up: Mutex::new(None),
             panics: AtomicU32::new(0),
             rebuilds: AtomicU32::new(0),
@@ -619,7 +684,7 @@ impl ToolSet {
         let tools = match tokio::time::timeout(LIST_TIMEOUT, listing).await {
             Ok(Ok(tools)) => tools,
             Ok(Err(panic)) => {
-                source.panicked("listing its tools", &panic_message(panic.as_ref()));
+                let _ = source.panicked("listing its tools", &panic_message(panic.as_ref()));
                 return Vec::new();
             }
             Err(_) => {
@@ -702,6 +767,22 @@ impl ToolSet {
     }
 }
 
+/// The one validation of a call that comes without the loop: the
+/// arguments against the schema the tool was offered with.
+fn validate(name: &str, definition: &ToolDefinition, arguments: &Value) -> Result<(), ToolError> {
+    match validate_args(&definition.input_schema, arguments) {
+        Ok(()) => Ok(()),
+        Err(ArgsError::Invalid(message)) => {
+            Err(ToolError::new(ToolErrorCode::InvalidArguments, message))
+        }
+        // A tool whose own schema is broken cannot be called correctly.
+        Err(error) => Err(ToolError::new(
+            ToolErrorCode::Unavailable,
+            format!("{name}: {error}"),
+        )),
+    }
+}
+
 /// The message a panic carried, when it was a string.
 fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
     panic
@@ -766,24 +847,26 @@ impl ToolHost for ToolSet {
             }
         };
         let source = &self.sources[route.source];
-        match validate_args(&route.definition.input_schema, &arguments) {
-            Ok(()) => {}
-            Err(ArgsError::Invalid(message)) => {
-                return Err(ToolError::new(ToolErrorCode::InvalidArguments, message));
-            }
-            Err(error) => {
-                return Err(ToolError::new(
-                    ToolErrorCode::Unavailable,
-                    format!("{name}: {error}"),
-                ));
-            }
+        // A source that is a set itself runs the same path on its own
+        // source, with that source's policy: relay the call as it is.
+        let relay = source.current().host.guards_calls();
+        if !relay && !context.arguments_checked() {
+            validate(name, &route.definition, &arguments)?;
         }
         let host = source.host().map_err(|reason| {
             ToolError::new(
                 ToolErrorCode::Unavailable,
-                format!("the tool source {} is not available: {reason}", source.name),
+                format!(
+                    "the tool source `{}` is not available: {reason}",
+                    source.name
+                ),
             )
         })?;
+        if relay {
+            return host
+                .call_tool_with(&route.tool, arguments, context, cancel)
+                .await;
+        }
         let timeout = source.options.call_timeout;
         // The source gets a child token, so that a call over its limit is
         // cancelled in the source too (a page cancels the invocation)
@@ -822,16 +905,11 @@ impl ToolHost for ToolSet {
         let result = match outcome {
             Err(panic) => {
                 let reason = panic_message(panic.as_ref());
-                source.panicked(&format!("running {name}"), &reason);
-                let next = if source.build.is_some() {
-                    "; it is being made afresh, so the call may be tried again"
-                } else {
-                    ""
-                };
+                let next = source.panicked(&format!("running {name}"), &reason);
                 Err(ToolError::new(
                     ToolErrorCode::Unavailable,
                     format!(
-                        "the tool source {} crashed while running {name} ({reason}){next}",
+                        "the tool source `{}` crashed while running {name} ({reason}){next}",
                         source.name
                     ),
                 ))
@@ -850,6 +928,11 @@ impl ToolHost for ToolSet {
             ));
         }
         Ok(text)
+    }
+
+    /// Every call goes through the set's guards (see [`ToolSet`]).
+    fn guards_calls(&self) -> bool {
+        true
     }
 
     async fn page_context(&self) -> Option<PageContext> {
@@ -896,6 +979,8 @@ mod tests {
 #[cfg(test)]
 mod admission_tests {
     use std::sync::atomic::AtomicUsize;
+
+    use crate::health::DEFAULT_MAX_RESTARTS;
 
     use serde_json::json;
 

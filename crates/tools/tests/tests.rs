@@ -8,6 +8,7 @@ mod support;
 mod cdp_properties;
 mod conformance;
 mod mcp_everything;
+mod tool_path;
 mod tool_set;
 mod webmcp_conformance;
 mod webmcp_shop;

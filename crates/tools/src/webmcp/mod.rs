@@ -16,8 +16,5 @@ mod source;
 pub use browser::{
     Browser, BrowserOptions, CHROMIUM_ENV, DEFAULT_LAUNCH_TIMEOUT, PageTarget, find_chromium,
 };
-pub use page::{
-    DEFAULT_PAGE_CALL_TIMEOUT, DEFAULT_SETTLE_TIMEOUT, DEFAULT_TOOLS_QUIET, PageOptions, PageTool,
-    WebMcpPage,
-};
+pub use page::{DEFAULT_SETTLE_TIMEOUT, DEFAULT_TOOLS_QUIET, PageOptions, PageTool, WebMcpPage};
 pub use source::WebMcpSource;

@@ -17,9 +17,6 @@ use crate::error::ToolsError;
 use crate::webmcp::browser::BrowserInner;
 use crate::webmcp::cdp::{CdpError, CdpEvent};
 
-/// Time limit of one tool call unless [`PageOptions::call_timeout`] says otherwise.
-pub const DEFAULT_PAGE_CALL_TIMEOUT: Duration = Duration::from_secs(30);
-
 /// How long listing, calling and reading the page context wait for a
 /// navigation in progress, unless [`PageOptions::settle_timeout`] says otherwise.
 pub const DEFAULT_SETTLE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -52,7 +49,8 @@ const EARLY_ANSWERS: usize = 32;
 #[derive(Debug, Clone)]
 pub struct PageOptions {
     /// Limit of one tool call; on expiry the invocation is cancelled in the
-    /// page and the call answers `timeout`. Default: [`DEFAULT_PAGE_CALL_TIMEOUT`].
+    /// page and the call answers `timeout`. Default: the one default of
+    /// every tool call, [`DEFAULT_CALL_TIMEOUT`](crate::DEFAULT_CALL_TIMEOUT).
     pub call_timeout: Duration,
     /// How long to wait for a navigation in progress before listing or
     /// calling anyway. Default: [`DEFAULT_SETTLE_TIMEOUT`].
@@ -76,7 +74,7 @@ pub struct PageOptions {
 impl Default for PageOptions {
     fn default() -> Self {
         Self {
-            call_timeout: DEFAULT_PAGE_CALL_TIMEOUT,
+            call_timeout: crate::DEFAULT_CALL_TIMEOUT,
             settle_timeout: DEFAULT_SETTLE_TIMEOUT,
             legacy_api: true,
             tools_quiet: DEFAULT_TOOLS_QUIET,
