@@ -540,7 +540,7 @@ struct DriveRun {
     /// before it marks the run waiting.
     questions: approvals::LoggedQuestions,
     /// Sub-agent runs the run held before this loop (a resumed run's):
-    /// this loop's are numbered after them ([`sub_run_after`]).
+    /// this loop's are numbered after them ([`approvals::sub_run_after`]).
     sub_runs_before: u64,
 }
 
@@ -566,7 +566,7 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
             }
             continue;
         }
-        part.sub_run = sub_run_after(&part.sub_run, run.sub_runs_before);
+        part.sub_run = approvals::sub_run_after(&part.sub_run, run.sub_runs_before);
         let seq = run
             .log
             .append_in(&part.agent, part.depth, &part.sub_run, part.part.clone());
@@ -899,7 +899,7 @@ async fn resume(
         .iter()
         .map(|p| p.sub_run.as_str())
         .chain(recorded.iter().map(|c| c.sub_run.as_str()))
-        .map(top_delegation)
+        .map(approvals::top_delegation)
         .max()
         .unwrap_or(0);
     // The feed of the resumed run starts with every part stored before the
@@ -967,28 +967,6 @@ async fn resume(
         run,
     );
     Ok(())
-}
-
-/// The ordinal of the parent run's delegation a sub-run id starts with
-/// (`3` for `"3.1"`); 0 for the run's own (`""`).
-fn top_delegation(sub_run: &str) -> u64 {
-    sub_run
-        .split('.')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
-/// A sub-run id of a resumed run's new loop as the run's log keeps it:
-/// its top delegation numbered after the `before` the run held already.
-pub(crate) fn sub_run_after(sub_run: &str, before: u64) -> String {
-    if sub_run.is_empty() || before == 0 {
-        return sub_run.to_string();
-    }
-    match sub_run.split_once('.') {
-        Some((top, rest)) => format!("{}.{rest}", top_delegation(top) + before),
-        None => (top_delegation(sub_run) + before).to_string(),
-    }
 }
 
 /// Runs an approved call of a resumed run once, recorded before it is
