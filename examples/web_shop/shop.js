@@ -1,6 +1,6 @@
 // Trailhead Outfitters: a small shop whose tools an agent uses through
 // WebMCP (document.modelContext.registerTool). The tools mirror the Rust
-// demo shop (src/demo_shop.rs): search_products, open_product,
+// demo shop (crates/config/src/demo_shop.rs): search_products, open_product,
 // add_to_cart and view_cart. add_to_cart exists only on a product's page,
 // so an agent has to open the product first, as a person would.
 //

@@ -58,7 +58,7 @@ use webmcp_agents::agent::{
 };
 use webmcp_agents::config::{Config, Hosted};
 use webmcp_agents::runtime::{AgentHandle, RunApprovals};
-use webmcp_agents::serve::Token;
+use webmcp_agents::serve::{Token, load_token};
 
 use super::approve::{ApprovalArgs, ApproveMode};
 
@@ -111,10 +111,8 @@ pub(crate) async fn serve(args: McpArgs, config: &Config) -> Result<()> {
     let approvals = Approvals::from_flags(&args.approval, args.listen.is_some())?;
     let transport = match args.listen {
         Some(listen) => {
-            let (token, origin) =
-                config.server_options.token.load().context(
-                    "could not read the http token (see [server] in docs/configuration.md)",
-                )?;
+            let (token, origin) = load_token(&config.server_options.token)
+                .context("could not read the http token (see [server] in docs/configuration.md)")?;
             eprintln!("{}", origin.notice(&token));
             Transport::Http { listen, token }
         }

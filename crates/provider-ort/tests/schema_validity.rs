@@ -368,10 +368,10 @@ fn hard_schemas() -> Vec<(String, Value)> {
 
 /// BFCL's schema dialect as JSON Schema: the evaluation's own conversion
 /// (`wma eval bfcl` runs this file), read by path because this crate cannot
-/// depend on the root crate that depends on it. Its items are public there;
+/// depend on `wma-eval`, which depends on it. Its items are public there;
 /// here, in a test, nothing outside reaches them.
 #[allow(unreachable_pub)]
-#[path = "../../../src/eval/bfcl/schema.rs"]
+#[path = "../../eval/src/bfcl/schema.rs"]
 mod bfcl_schema;
 
 /// Every distinct tool schema of the BFCL data in the cache (none when the

@@ -15,8 +15,8 @@ use hyper::http::request::Parts;
 use parking_lot::Mutex;
 
 use super::RUN_ID_HEADER;
-use super::options::ServerOptions;
 use super::token::Token;
+use wma_config::server::ServerOptions;
 
 /// What the token check found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

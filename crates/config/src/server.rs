@@ -1,5 +1,7 @@
 //! What the server lets in and how long it waits: [`ServerOptions`] and the
-//! defaults it starts from, all in this one place.
+//! defaults it starts from, all in this one place. The config fills them
+//! from `[server]`; `wma-serve` obeys them and re-exports them under its own
+//! name.
 
 use std::path::PathBuf;
 use std::time::Duration;

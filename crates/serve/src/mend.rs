@@ -14,10 +14,8 @@
 
 use std::collections::HashMap;
 
-use wma_agent::{AgentStreamPart, ChatMessage, ToolError, ToolErrorCode};
+use wma_agent::{AgentStreamPart, ChatMessage, ToolCall, ToolError, ToolErrorCode};
 use wma_store::{CallRecord, CallStatus, RunStatus, Store, StoreError};
-
-use crate::serve::turn_messages;
 
 /// Why a cut turn's calls never answered, as their errors say it.
 pub const HOST_WENT_AWAY: &str = "the host went away";
@@ -209,6 +207,60 @@ pub fn answer_cut_calls(
     });
     own.splice(at..at, errors.collect::<Vec<_>>());
     cut
+}
+
+/// The messages a run adds to its conversation, from its own (depth 0)
+/// parts: each step's text and calls as an assistant message, followed by
+/// the calls' results. Rules and approvals are about the run, not the
+/// conversation (a denied call's error is).
+pub fn turn_messages(parts: &[AgentStreamPart]) -> Vec<ChatMessage> {
+    let mut out = Vec::new();
+    let mut text = String::new();
+    let mut calls = Vec::new();
+    let mut results = Vec::new();
+    let mut flush =
+        |text: &mut String, calls: &mut Vec<ToolCall>, results: &mut Vec<ChatMessage>| {
+            if !text.is_empty() || !calls.is_empty() {
+                out.push(ChatMessage::assistant_calls(
+                    std::mem::take(text),
+                    std::mem::take(calls),
+                ));
+                out.append(results);
+            }
+        };
+    for part in parts {
+        match part {
+            AgentStreamPart::Rule { .. }
+            | AgentStreamPart::ApprovalRequested { .. }
+            | AgentStreamPart::ApprovalDecided { .. } => {}
+            AgentStreamPart::MessageStart { .. }
+            | AgentStreamPart::Finish { .. }
+            | AgentStreamPart::Error { .. } => flush(&mut text, &mut calls, &mut results),
+            AgentStreamPart::Text { text: t } => {
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                text.push_str(t);
+            }
+            AgentStreamPart::ToolCall {
+                call_id,
+                name,
+                arguments,
+            } => calls.push(ToolCall::new(call_id, name, arguments.clone())),
+            AgentStreamPart::ToolResult {
+                call_id,
+                name,
+                output,
+            } => results.push(ChatMessage::tool_result(call_id, name, output)),
+            AgentStreamPart::ToolError {
+                call_id,
+                name,
+                error,
+            } => results.push(ChatMessage::tool_error(call_id, name, error.to_string())),
+        }
+    }
+    flush(&mut text, &mut calls, &mut results);
+    out
 }
 
 #[cfg(test)]

@@ -9,10 +9,18 @@
 //! - [`tasks`]: the task suite, scenario files run end to end through real
 //!   tool sources (MCP servers, WebMCP pages, Rust tools, teams) and their
 //!   end state checked; [`native`] has its Rust tool sets.
+//! - [`usage`]: what a run cost the model (tokens, time), counted by a
+//!   provider wrapper; the evaluation reports it per record and task, and
+//!   the `wma` command prints it after a run.
+//!
+//! The harness reads the task suite's scenarios as configs, so it stands on
+//! `wma-config` (which also holds the demo shop); it needs nothing of the
+//! HTTP server, and the server nothing of it.
 
 pub mod bfcl;
 pub mod native;
 pub mod tasks;
+pub mod usage;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -29,11 +37,11 @@ use wma_agent::{
     CallFormat, GenerateRequest, Generation, ProgressFn, PromptMessage, PromptRole, ProviderError,
     ProviderInfo,
 };
+use wma_config::demo_shop::{self, Shop};
 use wma_provider_openai::OpenAiProvider;
 use wma_provider_ort::OrtProvider;
 use wma_tools::NativeTools;
 
-use crate::demo_shop::{self, Shop};
 use crate::usage::{Usage, UsageMeter};
 use bfcl::{MadeCall, Record};
 

@@ -23,14 +23,14 @@ use wma_agent::{
     AgentStreamPart, ChatMessage, FinishReason, Generation, Policy, PromptMessage, PromptRole,
     Provider, ToolDefinition, ToolError, ToolErrorCode, ToolHost, validate_args,
 };
+use wma_config::demo_shop::Shop;
+use wma_config::{Config, ToolSourceSpec};
 use wma_provider_openai::OpenAiProvider;
 use wma_runtime::{ProviderSource, TaggedPart, ToolSource};
 use wma_tools::{LoopbackSite, SourceOptions, ToolSet};
 
 use super::SeedPerRun;
 use super::native::{EVAL_BUILTINS, eval_builtin};
-use crate::config::{Config, ToolSourceSpec};
-use crate::demo_shop::Shop;
 use crate::usage::{Usage, UsageMeter};
 
 /// Where `wma eval tasks` looks for scenarios unless told otherwise.
@@ -764,7 +764,7 @@ fn tool_names(tools: &wma_tools::NativeTools) -> Vec<String> {
 fn native_tools(builtins: &[String]) -> wma_tools::NativeTools {
     match builtins.iter().find_map(|b| eval_builtin(b)) {
         Some(tools) => tools,
-        None => crate::config::builtin_tools(builtins),
+        None => wma_config::builtin_tools(builtins),
     }
 }
 

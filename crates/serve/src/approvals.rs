@@ -387,7 +387,7 @@ impl Approver for HttpApprover {
         };
         // Which of the run's sub-agent runs calls (the delegator says so
         // for the length of this call), as its parts carry it.
-        let sub_run = super::sessions::sub_run_after(
+        let sub_run = sub_run_after(
             &wma_runtime::TaggedPart::current_sub_run(),
             self.sub_runs_before,
         );
@@ -407,6 +407,28 @@ impl Approver for HttpApprover {
             record.idempotency_key.clone(),
         );
         Ok(Some(record.idempotency_key))
+    }
+}
+
+/// The ordinal of the parent run's delegation a sub-run id starts with
+/// (`3` for `"3.1"`); 0 for the run's own (`""`).
+pub(crate) fn top_delegation(sub_run: &str) -> u64 {
+    sub_run
+        .split('.')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A sub-run id of a resumed run's new loop as the run's log keeps it:
+/// its top delegation numbered after the `before` the run held already.
+pub(crate) fn sub_run_after(sub_run: &str, before: u64) -> String {
+    if sub_run.is_empty() || before == 0 {
+        return sub_run.to_string();
+    }
+    match sub_run.split_once('.') {
+        Some((top, rest)) => format!("{}.{rest}", top_delegation(top) + before),
+        None => (top_delegation(sub_run) + before).to_string(),
     }
 }
 

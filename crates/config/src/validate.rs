@@ -18,7 +18,7 @@ use wma_runtime::{
 };
 use wma_tools::SourceOptions;
 
-use crate::serve::{ServerOptions, TokenSource};
+use crate::server::{ServerOptions, TokenSource};
 
 use super::builtin::BUILTINS;
 use super::error::{ConfigError, Source};

@@ -23,9 +23,11 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use wma_agent::{AgentStreamPart, ApprovalAnswer, ChatMessage, ToolCall};
+use wma_agent::{AgentStreamPart, ApprovalAnswer, ChatMessage};
 use wma_runtime::{RunApprovals, TaggedPart};
 use wma_store::{Approval, RunLog, RunStatus, Store, StoreError};
+
+use crate::mend::turn_messages;
 
 use super::{
     Body, RUN_ID_BYTES, RUN_ID_HEADER, RunBody, RunTicket, Server, approvals, error, json_response,
@@ -538,7 +540,7 @@ struct DriveRun {
     /// before it marks the run waiting.
     questions: approvals::LoggedQuestions,
     /// Sub-agent runs the run held before this loop (a resumed run's):
-    /// this loop's are numbered after them ([`sub_run_after`]).
+    /// this loop's are numbered after them ([`approvals::sub_run_after`]).
     sub_runs_before: u64,
 }
 
@@ -564,7 +566,7 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
             }
             continue;
         }
-        part.sub_run = sub_run_after(&part.sub_run, run.sub_runs_before);
+        part.sub_run = approvals::sub_run_after(&part.sub_run, run.sub_runs_before);
         let seq = run
             .log
             .append_in(&part.agent, part.depth, &part.sub_run, part.part.clone());
@@ -897,7 +899,7 @@ async fn resume(
         .iter()
         .map(|p| p.sub_run.as_str())
         .chain(recorded.iter().map(|c| c.sub_run.as_str()))
-        .map(top_delegation)
+        .map(approvals::top_delegation)
         .max()
         .unwrap_or(0);
     // The feed of the resumed run starts with every part stored before the
@@ -967,28 +969,6 @@ async fn resume(
     Ok(())
 }
 
-/// The ordinal of the parent run's delegation a sub-run id starts with
-/// (`3` for `"3.1"`); 0 for the run's own (`""`).
-fn top_delegation(sub_run: &str) -> u64 {
-    sub_run
-        .split('.')
-        .next()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
-}
-
-/// A sub-run id of a resumed run's new loop as the run's log keeps it:
-/// its top delegation numbered after the `before` the run held already.
-pub(crate) fn sub_run_after(sub_run: &str, before: u64) -> String {
-    if sub_run.is_empty() || before == 0 {
-        return sub_run.to_string();
-    }
-    match sub_run.split_once('.') {
-        Some((top, rest)) => format!("{}.{rest}", top_delegation(top) + before),
-        None => (top_delegation(sub_run) + before).to_string(),
-    }
-}
-
 /// Runs an approved call of a resumed run once, recorded before it is
 /// sent and when it answered, through the agent's tool bridge.
 async fn call_once(
@@ -1053,58 +1033,4 @@ async fn call_once(
         tracing::warn!(run_id, error = %e, "the call's answer was not recorded");
     }
     part
-}
-
-/// The messages a run adds to its conversation, from its own (depth 0)
-/// parts: each step's text and calls as an assistant message, followed by
-/// the calls' results. Rules and approvals are about the run, not the
-/// conversation (a denied call's error is).
-pub fn turn_messages(parts: &[AgentStreamPart]) -> Vec<ChatMessage> {
-    let mut out = Vec::new();
-    let mut text = String::new();
-    let mut calls = Vec::new();
-    let mut results = Vec::new();
-    let mut flush =
-        |text: &mut String, calls: &mut Vec<ToolCall>, results: &mut Vec<ChatMessage>| {
-            if !text.is_empty() || !calls.is_empty() {
-                out.push(ChatMessage::assistant_calls(
-                    std::mem::take(text),
-                    std::mem::take(calls),
-                ));
-                out.append(results);
-            }
-        };
-    for part in parts {
-        match part {
-            AgentStreamPart::Rule { .. }
-            | AgentStreamPart::ApprovalRequested { .. }
-            | AgentStreamPart::ApprovalDecided { .. } => {}
-            AgentStreamPart::MessageStart { .. }
-            | AgentStreamPart::Finish { .. }
-            | AgentStreamPart::Error { .. } => flush(&mut text, &mut calls, &mut results),
-            AgentStreamPart::Text { text: t } => {
-                if !text.is_empty() {
-                    text.push('\n');
-                }
-                text.push_str(t);
-            }
-            AgentStreamPart::ToolCall {
-                call_id,
-                name,
-                arguments,
-            } => calls.push(ToolCall::new(call_id, name, arguments.clone())),
-            AgentStreamPart::ToolResult {
-                call_id,
-                name,
-                output,
-            } => results.push(ChatMessage::tool_result(call_id, name, output)),
-            AgentStreamPart::ToolError {
-                call_id,
-                name,
-                error,
-            } => results.push(ChatMessage::tool_error(call_id, name, error.to_string())),
-        }
-    }
-    flush(&mut text, &mut calls, &mut results);
-    out
 }

@@ -25,13 +25,20 @@
 //! `docs/security.md`. `docs/http-api.md` describes the bodies, events and
 //! errors. The server is plain hyper (already in the build for the tests'
 //! OTLP receiver), so `wma` brings no web framework along.
+//!
+//! The crate stands on `wma-config`: a validated [`Config`] is what it
+//! serves, and [`ServerOptions`] (the `[server]` table) is defined there, so
+//! the config never imports the server. [`mend`] (a turn cut short, mended
+//! in the store, and [`turn_messages`], what a run adds to its conversation)
+//! lives here because the server and `wma chat` share it; the evaluation
+//! does not need it.
 
 mod approvals;
 mod conn;
 mod guard;
 mod health;
+pub mod mend;
 mod openai;
-mod options;
 mod sessions;
 mod token;
 pub mod ui;
@@ -54,24 +61,24 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{ApprovalAnswer, ApprovalMode, ApprovalRule, ChatMessage, Provider};
+use wma_config::{Config, Hosted, ProviderSpec, provider_source};
 use wma_runtime::{
     AgentHandle, ProviderHandle, RunApprovals, RunId, Runtime, RuntimeError, TaggedPart,
     ToolBridgeHandle,
 };
 
-use crate::config::{Config, Hosted, ProviderSpec, provider_source};
-
 pub use approvals::{AnswerRefused, InMemoryApprovals, PendingApproval, PendingApprovals};
 pub use conn::{ACCEPT_BACKOFF_MAX, ACCEPT_BACKOFF_MIN};
 pub use health::HEALTH_PROBE_TIMEOUT;
-pub use options::{
+pub use mend::turn_messages;
+pub use sessions::{ContinueBody, SESSION_ID_HEADER, SESSIONS_LISTED, SessionBody};
+pub use token::{Token, TokenOrigin, load_token};
+pub use wma_config::server::{
     DEFAULT_BODY_TIMEOUT, DEFAULT_CONNECTION_WAIT, DEFAULT_HEADER_TIMEOUT, DEFAULT_IDLE_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_CONNECTIONS_PER_CLIENT,
     DEFAULT_MAX_RUNS_PER_CLIENT, DEFAULT_SHUTDOWN_GRACE, MIN_TOKEN_CHARS, ServerOptions,
     TOKEN_FILE_NAME, TokenSource,
 };
-pub use sessions::{ContinueBody, SESSION_ID_HEADER, SESSIONS_LISTED, SessionBody, turn_messages};
-pub use token::{Token, TokenOrigin};
 
 /// The header that carries a new run's id (it is also the first event).
 pub const RUN_ID_HEADER: &str = "x-run-id";
@@ -268,7 +275,7 @@ pub async fn start_with(
     options: ServerOptions,
     shutdown: CancellationToken,
 ) -> std::io::Result<Started> {
-    let (token, token_origin) = options.token.load()?;
+    let (token, token_origin) = load_token(&options.token)?;
     let listener = TcpListener::bind(addr).await?;
     let bound = listener.local_addr()?;
     let server = Arc::new(Server::new(api, token.clone(), bound, options));
@@ -807,7 +814,7 @@ impl RunBody {
     pub fn approval_rules(&self) -> Result<Vec<ApprovalRule>, String> {
         let mut rules = Vec::new();
         for (pattern, mode) in self.approval.iter().flatten() {
-            if let Some(problem) = crate::config::tool_pattern_problem(pattern) {
+            if let Some(problem) = wma_config::tool_pattern_problem(pattern) {
                 return Err(format!("`approval`: {problem}"));
             }
             if *mode == ApprovalMode::Auto {

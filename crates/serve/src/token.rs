@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use subtle::ConstantTimeEq;
 
-use super::options::{MIN_TOKEN_CHARS, TOKEN_FILE_NAME, TokenSource};
+use wma_config::server::{MIN_TOKEN_CHARS, TOKEN_FILE_NAME, TokenSource};
 
 /// Random bytes in a generated token (256 bits, twice the least a guess
 /// must overcome).
@@ -107,32 +107,32 @@ impl TokenOrigin {
     }
 }
 
-impl TokenSource {
-    /// The token, generating its file when the source is a file that does
-    /// not exist yet.
-    pub fn load(&self) -> io::Result<(Token, TokenOrigin)> {
-        match self {
-            Self::CacheFile => {
-                let dir = wma_provider_ort::cache_dir()
-                    .map_err(|e| io::Error::other(format!("no place for the http token: {e}")))?;
-                from_file(&dir.join(TOKEN_FILE_NAME))
-            }
-            Self::File(path) => from_file(path),
-            Self::Env(name) => {
-                let value = std::env::var(name).map_err(|e| {
-                    io::Error::other(format!(
-                        "the http token should be in ${name}, which is not usable: {e}"
-                    ))
-                })?;
-                let token = Token::parse(value.trim()).map_err(|e| {
-                    io::Error::other(format!("the http token in ${name} is not usable: {e}"))
-                })?;
-                Ok((token, TokenOrigin::Env(name.clone())))
-            }
-            Self::Given(text) => Token::parse(text)
-                .map(|token| (token, TokenOrigin::Given))
-                .map_err(|e| io::Error::other(format!("the http token is not usable: {e}"))),
+/// The token of this source, generating its file when the source is a file
+/// that does not exist yet. (A function of the server rather than a method
+/// of [`TokenSource`], which `wma-config` defines: reading and generating
+/// tokens is the server's business, naming their source the config's.)
+pub fn load_token(source: &TokenSource) -> io::Result<(Token, TokenOrigin)> {
+    match source {
+        TokenSource::CacheFile => {
+            let dir = wma_provider_ort::cache_dir()
+                .map_err(|e| io::Error::other(format!("no place for the http token: {e}")))?;
+            from_file(&dir.join(TOKEN_FILE_NAME))
         }
+        TokenSource::File(path) => from_file(path),
+        TokenSource::Env(name) => {
+            let value = std::env::var(name).map_err(|e| {
+                io::Error::other(format!(
+                    "the http token should be in ${name}, which is not usable: {e}"
+                ))
+            })?;
+            let token = Token::parse(value.trim()).map_err(|e| {
+                io::Error::other(format!("the http token in ${name} is not usable: {e}"))
+            })?;
+            Ok((token, TokenOrigin::Env(name.clone())))
+        }
+        TokenSource::Given(text) => Token::parse(text)
+            .map(|token| (token, TokenOrigin::Given))
+            .map_err(|e| io::Error::other(format!("the http token is not usable: {e}"))),
     }
 }
 
@@ -250,7 +250,7 @@ mod tests {
     fn a_token_file_that_is_a_folder_is_named_in_the_error() {
         let dir = std::env::temp_dir().join(format!("wma-token-dir-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let error = TokenSource::File(dir.clone()).load().unwrap_err();
+        let error = load_token(&TokenSource::File(dir.clone())).unwrap_err();
         assert!(
             error.to_string().contains(&dir.display().to_string()),
             "{error}"

@@ -1,6 +1,19 @@
 //! Config files: providers, tool sources, agents and their sub-agents,
 //! delegation, telemetry, the HTTP server and the cluster, in TOML.
 //!
+//! This crate sits below the HTTP server (`wma-serve`), the evaluation
+//! harness (`wma-eval`) and the `wma` command, which all read a config and
+//! start what it describes; it imports none of them. For that, it holds two
+//! things besides the config itself:
+//!
+//! - [`server`]: the data of `[server]` (what the server lets in and how
+//!   long it waits, [`ServerOptions`](server::ServerOptions), and where its
+//!   token comes from). The config fills it and `wma-serve` obeys it; each
+//!   option and its default is defined once, here, so the config need not
+//!   import the server.
+//! - [`demo_shop`]: the outdoor shop behind `kind = "demo-shop"` tool
+//!   sources, which the `wma` command and the evaluation also run.
+//!
 //! A file is read in two passes, as the rest of the project reads settings:
 //! first into a raw form that mirrors the file, strictly (an unknown key or
 //! a wrong type is an error naming the file, line and key), then validated
@@ -16,7 +29,7 @@
 //! [`DEFAULT_AGENT`], that sees them all.
 //!
 //! ```
-//! use webmcp_agents::config::Config;
+//! use wma_config::Config;
 //! let config = Config::parse(
 //!     r#"
 //!     [providers.script]
@@ -37,10 +50,12 @@
 //! ```
 
 mod builtin;
+pub mod demo_shop;
 mod error;
 mod host;
 mod mcp_json;
 mod raw;
+pub mod server;
 mod validate;
 
 use std::net::SocketAddr;
@@ -89,7 +104,7 @@ pub struct Config {
     /// `[server]`'s token and limits (`token_env`, `token_file`,
     /// `allowed_origins`, `allowed_hosts`, the timeouts and caps; see
     /// `docs/configuration.md`).
-    pub server_options: crate::serve::ServerOptions,
+    pub server_options: server::ServerOptions,
     /// `[cluster]`, when this process is a node of a cluster.
     pub cluster: Option<ClusterSpec>,
     /// `[store]`: where `wma serve` and `wma chat --session` keep sessions
@@ -143,9 +158,9 @@ pub struct ProviderConfig {
     pub spec: ProviderSpec,
 }
 
-/// The kinds of provider.
+/// The kinds of provider. Exhaustive on purpose: `GET /v1/agents` of
+/// `wma-serve` names each kind, so a new kind must be taught there.
 #[derive(Debug, Clone)]
-#[non_exhaustive]
 pub enum ProviderSpec {
     /// `kind = "onnx"`: a model run by ONNX Runtime.
     Onnx(OrtProviderOptions),
