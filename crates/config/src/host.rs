@@ -107,7 +107,8 @@ pub fn provider_source(spec: &ProviderSpec) -> ProviderSource {
 /// the bridge across its restarts. The set rebuilds the source after a
 /// panic, and MCP servers and WebMCP pages reopen their process or browser
 /// after it died, each within a restart budget that [`ToolSet::health`]
-/// reports; the bridge gives a call the source's own `call_timeout_secs`.
+/// reports; the set also times each call by the source's own
+/// `call_timeout_secs` (the bridge only relays).
 fn tool_source(
     config: &ToolSourceConfig,
     shops: &mut Vec<(String, Shop)>,
