@@ -141,7 +141,8 @@ pub(crate) fn error_framed_result(output: String) -> Result<String, ToolError> {
     let head: String = trimmed.chars().take(16).collect::<String>().to_lowercase();
     let framed = head.starts_with("error:")
         || head.starts_with("error executing")
-        || head.starts_with("error calling");
+        || head.starts_with("error calling")
+        || labelled_error(trimmed);
     if framed {
         return Err(ToolError::new(
             ToolErrorCode::ToolFailed,
@@ -159,6 +160,28 @@ pub(crate) fn error_framed_result(output: String) -> Result<String, ToolError> {
         return Err(ToolError::new(ToolErrorCode::ToolFailed, message));
     }
     Ok(output)
+}
+
+/// Whether the text's first line opens with a short label naming an error
+/// kind before a colon, the way servers and their languages write one:
+/// "Database error: …", "Catalog Error: …", "ValueError: …",
+/// "RuntimeException: …". The label is at most four words, and its last
+/// word ends in "error" or "exception" ("Errors: none" is a heading).
+fn labelled_error(text: &str) -> bool {
+    let line = text.lines().next().unwrap_or_default();
+    let Some((label, _)) = line.split_once(':') else {
+        return false;
+    };
+    let words: Vec<&str> = label.split_whitespace().collect();
+    let Some(last) = words.last().map(|w| w.to_lowercase()) else {
+        return false;
+    };
+    words.len() <= 4
+        && words.iter().all(|w| {
+            w.chars()
+                .all(|c| c.is_alphanumeric() || c == '_' || c == '.')
+        })
+        && (last.ends_with("error") || last.ends_with("exception"))
 }
 
 #[cfg(test)]
@@ -184,6 +207,14 @@ mod framing_tests {
                 r#"{"error": "repository not found"}"#,
                 "repository not found",
             ),
+            (
+                "Database error: Catalog Error: Table with name orders does not exist!",
+                "Database error: Catalog Error: Table with name orders does not exist!",
+            ),
+            (
+                "ValueError: could not convert string to float: 'abc'",
+                "ValueError: could not convert string to float: 'abc'",
+            ),
         ] {
             let error = error_framed_result(output.to_string()).expect_err(output);
             assert_eq!(error.code, ToolErrorCode::ToolFailed);
@@ -192,6 +223,8 @@ mod framing_tests {
         for fine in [
             "The error rate fell to 2%.",
             "Errors: none",
+            "The report says: no error",
+            "Total orders by error type: 3",
             r#"{"error": null, "rows": []}"#,
             r#"{"error": null}"#,
             "[]",
