@@ -1708,6 +1708,22 @@ fn identifier_part(call: &ParsedCall, offered: &ToolDefinition) -> Option<(Value
     ))
 }
 
+/// Whether a line is markup: a fence, or a lone tag.
+fn is_markup(line: &str) -> bool {
+    let line = line.trim();
+    line.starts_with("```") || (line.starts_with('<') && line.ends_with('>'))
+}
+
+/// Whether a non-empty reply is markup alone: every line a fence, a tag,
+/// or without a letter or digit.
+fn is_markup_alone(reply: &str) -> bool {
+    !reply.trim().is_empty()
+        && reply
+            .lines()
+            .filter(|l| !is_markup(l))
+            .all(|l| !l.chars().any(char::is_alphanumeric))
+}
+
 /// Whether a prose reply is a call to one of the `offered` tools written in
 /// the wrong form (see [`Policy::described_call_retry`]): one of their names
 /// as code (between backquotes, before an opening parenthesis, as the
@@ -1720,14 +1736,7 @@ pub(crate) fn writes_a_call(reply: &str, offered: &[ToolDefinition]) -> bool {
     if offered.is_empty() || reply.is_empty() {
         return false;
     }
-    let markup = |line: &str| {
-        let line = line.trim();
-        line.starts_with("```") || (line.starts_with('<') && line.ends_with('>'))
-    };
-    if reply
-        .lines()
-        .all(|l| markup(l) || !l.chars().any(char::is_alphanumeric))
-    {
+    if is_markup_alone(reply) {
         return true;
     }
     // The text inside fenced blocks: code, whatever it says.
@@ -1781,19 +1790,10 @@ pub(crate) fn without_prompt_echoes(answer: &str, prompt: &[PromptMessage]) -> O
             .collect::<Vec<_>>()
             .join(" ")
     }
-    fn is_markup(line: &str) -> bool {
-        let line = line.trim();
-        line.starts_with("```") || (line.starts_with('<') && line.ends_with('>'))
-    }
     // Markup alone (fences, tags, brackets) tells nothing: a model that
     // wanted a call it was not offered writes "```json" or an empty
     // `<tool_response>`.
-    if !answer.trim().is_empty()
-        && answer
-            .lines()
-            .filter(|l| !is_markup(l))
-            .all(|l| !l.chars().any(char::is_alphanumeric))
-    {
+    if is_markup_alone(answer) {
         return Some(String::new());
     }
     if answer.split_whitespace().count() < 3 {
