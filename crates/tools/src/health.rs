@@ -105,17 +105,6 @@ impl Default for RestartBudget {
     }
 }
 
-impl Clone for RestartBudget {
-    /// The same size and the same restarts taken.
-    fn clone(&self) -> Self {
-        Self {
-            max_restarts: self.max_restarts,
-            window: self.window,
-            recent: Mutex::new(self.recent.lock().clone()),
-        }
-    }
-}
-
 impl RestartBudget {
     /// At most `max_restarts` restarts within any `window`.
     pub fn new(max_restarts: u32, window: Duration) -> Self {
