@@ -11,7 +11,8 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use futures::StreamExt;
 use serde_json::json;
 use webmcp_agents::agent::{
-    AgentRunRequest, ChatMessage, LocalLoopOptions, ToolDefinition, rank_tools, run_local_agent,
+    AgentRunRequest, ChatMessage, LocalLoopOptions, ToolDefinition, prompt::rank_tools,
+    run_local_agent,
 };
 use wma_testkit::{InMemoryToolHost, ScriptedProvider};
 

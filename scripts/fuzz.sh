@@ -30,17 +30,18 @@ logs="${FUZZ_LOGS:-$(mktemp -d "${TMPDIR:-/tmp}/wma-fuzz.XXXXXX")}"
 mkdir -p "$logs"
 
 # target name, then the cargo arguments that build and run it, then the
-# test filter (the tools, config and http properties are modules of the
-# crates' one test binary; the http ones are a module inside the config
-# ones, which skip them).
+# test filter (the agent's properties are a module of its unit tests, since
+# they check limits the crate keeps to itself; the tools, config and http
+# properties are modules of the crates' one test binary; the http ones are
+# a module inside the config ones, which skip them).
 declare -A args=(
-    [agent]="-p wma-agent --test properties"
+    [agent]="-p wma-agent --lib"
     [tools]="-p wma-tools --test tests"
     [config]="-p webmcp-agents --test tests"
     [http]="-p webmcp-agents --test tests"
 )
 declare -A filter=(
-    [agent]=""
+    [agent]="properties::"
     [tools]="cdp_properties::"
     [config]="properties:: --skip properties::http_bodies::"
     [http]="properties::http_bodies::"

@@ -89,7 +89,7 @@ pub fn render_part(part: &AgentStreamPart) -> String {
         AgentStreamPart::ToolResult { name, output, .. } => format!(
             "← {}: {}",
             safe(name),
-            safe(&wma_agent::truncate_chars(output, RESULT_CHARS))
+            safe(&wma_agent::prompt::truncate_chars(output, RESULT_CHARS))
         ),
         AgentStreamPart::ToolError { name, error, .. } => {
             format!("✗ {}: {}", safe(name), safe(&error.to_string()))

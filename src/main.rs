@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use webmcp_agents::agent::{
     AgentRunRequest, AgentStreamPart, ChatMessage, ConstraintMode, FinishReason, LocalLoopOptions,
-    Policy, PolicyName, Provider, run_local_agent,
+    Provider, policy::Policy, policy::PolicyName, run_local_agent,
 };
 use webmcp_agents::config::{Config, ProviderSpec};
 use webmcp_agents::demo_shop::{self, Shop};

@@ -18,8 +18,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use webmcp_agents::agent::{
     AgentStreamPart, ApprovalAnswer, ApprovalMode, ApprovalPolicy, ApprovalRequest, ApprovalRule,
-    Approver, ChatMessage, LocalLoopOptions, ScriptedProvider, ToolAnnotations, ToolDefinition,
-    ToolErrorCode,
+    Approver, ChatMessage, LocalLoopOptions, ToolAnnotations, ToolDefinition, ToolErrorCode,
+    scripted::ScriptedProvider,
 };
 use webmcp_agents::config::{Config, StartOptions};
 use webmcp_agents::runtime::{

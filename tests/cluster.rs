@@ -9,7 +9,7 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
-use webmcp_agents::agent::{AgentStreamPart, ChatMessage, FinishReason, delimit_untrusted};
+use webmcp_agents::agent::{AgentStreamPart, ChatMessage, FinishReason, prompt::delimit_untrusted};
 use webmcp_agents::runtime::{
     AgentConfig, ClusterNode, ClusterOptions, ProviderSource, RuntimeBuilder, TaggedPart,
 };

@@ -2,7 +2,7 @@
 //! the file, the line and the key of the mistake.
 
 use crate::support::node_and_filesystem_server;
-use webmcp_agents::agent::{Policy, PolicyName};
+use webmcp_agents::agent::{policy::Policy, policy::PolicyName};
 use webmcp_agents::config::{Config, ConfigError, ProviderSpec, ToolSourceSpec};
 
 const FILE: &str = "configs/team.toml";

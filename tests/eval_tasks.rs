@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use futures::StreamExt;
 use serde_json::json;
-use webmcp_agents::agent::Policy;
+use webmcp_agents::agent::policy::Policy;
 use webmcp_agents::eval::tasks::{
     Check, GoldStep, Half, Task, load_file, load_tasks, replay_gold, report, run_suite, run_task,
 };

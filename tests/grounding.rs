@@ -7,7 +7,7 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use webmcp_agents::agent::{
     AgentStreamPart, Constraint, ConstraintMode, Decoding, FinishReason, GenerateRequest,
-    LocalLoopOptions, Policy, ToolAnnotations, ToolDefinition, messages,
+    LocalLoopOptions, ToolAnnotations, ToolDefinition, messages, policy::Policy,
 };
 use wma_testkit::{InMemoryToolHost, ScriptedProvider};
 

@@ -12,9 +12,9 @@ use parking_lot::Mutex;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use webmcp_agents::agent::{
-    CallFormat, ChatMessage, ConstraintMode, GenerateRequest, Generation, LocalLoopOptions, Policy,
+    CallFormat, ChatMessage, ConstraintMode, GenerateRequest, Generation, LocalLoopOptions,
     ProgressFn, PromptMessage, PromptRole, Provider, ProviderError, ProviderInfo, ToolDefinition,
-    tool_line,
+    policy::Policy, prompt::tool_line,
 };
 use webmcp_agents::runtime::{AgentConfig, ProviderSource, RuntimeBuilder, ToolSource};
 use wma_provider_ort::{OrtProvider, OrtProviderOptions, cache_dir};

@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde_json::json;
 use webmcp_agents::agent::{
     AgentProfile, AgentRunRequest, AgentStreamPart, CallFormat, ChatMessage, Constraint,
-    FinishReason, LocalLoopOptions, MAX_REQUEST_BYTES, PageContext, Policy, PromptRole,
-    SubAgentInfo, ToolAnnotations, ToolCall, ToolDefinition, ToolErrorCode, messages,
+    FinishReason, LocalLoopOptions, PageContext, PromptRole, SubAgentInfo, ToolAnnotations,
+    ToolCall, ToolDefinition, ToolErrorCode, messages, policy::Policy, prompt::MAX_REQUEST_BYTES,
 };
 use wma_testkit::{InMemoryToolHost, ScriptedProvider, ScriptedReply};
 
@@ -1065,7 +1065,8 @@ async fn a_conversation_without_a_user_message_is_an_error() {
 async fn the_local_adapter_runs_the_loop_with_its_options_and_the_providers_inline_flag() {
     use futures::StreamExt;
     use webmcp_agents::agent::{
-        AgentAdapter, LocalAdapterOptions, ProgressFn, create_local_adapter,
+        ProgressFn, adapter::AgentAdapter, adapter::LocalAdapterOptions,
+        adapter::create_local_adapter,
     };
 
     // A provider without chat-template tools: the adapter must list the tools

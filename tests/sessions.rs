@@ -18,7 +18,9 @@ use reqwest::{Client, Response, StatusCode};
 use serde_json::{Value, json};
 use tokio::io::AsyncBufReadExt;
 use tokio_util::sync::CancellationToken;
-use webmcp_agents::agent::{LocalLoopOptions, PromptRole, ScriptedProvider, ScriptedReply};
+use webmcp_agents::agent::{
+    LocalLoopOptions, PromptRole, scripted::ScriptedProvider, scripted::ScriptedReply,
+};
 use webmcp_agents::config::Config;
 use webmcp_agents::runtime::{AgentConfig, ProviderSource, Runtime};
 use webmcp_agents::serve::{self, ServerOptions, TokenSource};

@@ -18,7 +18,7 @@ use reqwest::header::CONTENT_TYPE;
 use reqwest::{Client, Method, StatusCode};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-use webmcp_agents::agent::{ChatMessage, PromptRole, ScriptedProvider};
+use webmcp_agents::agent::{ChatMessage, PromptRole, scripted::ScriptedProvider};
 use webmcp_agents::config::Config;
 use webmcp_agents::runtime::{AgentConfig, ProviderSource, Runtime, RuntimeBuilder};
 use webmcp_agents::serve::{self, RunBody, ServerOptions, SwapBody, TokenSource};

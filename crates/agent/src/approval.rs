@@ -226,7 +226,8 @@ impl ApprovalPolicy {
 
     /// What happens to a call of `tool` (annotated `annotations`), given
     /// the rules of the run's own request and the untrusted result that
-    /// entered the run, if any. See [`decide`].
+    /// entered the run, if any. The module's own function `decide` (kept
+    /// inside the crate) holds the rules, in order.
     pub fn decide(
         &self,
         tool: &str,
@@ -248,7 +249,7 @@ impl ApprovalPolicy {
 ///    result entered the run (`untrusted_seen` names its tool).
 /// 3. The run's own request rules (`request`) apply the same way, and the
 ///    stricter of the two wins: a request can tighten, never loosen.
-pub fn decide(
+pub(crate) fn decide(
     policy: &ApprovalPolicy,
     tool: &str,
     annotations: &ToolAnnotations,

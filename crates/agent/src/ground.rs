@@ -32,7 +32,7 @@ pub(crate) const MAX_PHRASE_WORDS: usize = 6;
 
 /// The most phrases [`copy_phrases`] gives: what a person writes to an agent
 /// has far fewer, and a provider's copy bias does work per phrase and token.
-pub const MAX_COPY_PHRASES: usize = 2048;
+pub(crate) const MAX_COPY_PHRASES: usize = 2048;
 
 /// The most numbers kept of what the person wrote, for number arguments.
 const MAX_NUMBERS: usize = 64;
@@ -303,7 +303,7 @@ fn number_of_word(word: &str) -> Option<&'static str> {
 /// The identifiers a conversation has shown, oldest first, and the numbers
 /// the person wrote.
 #[derive(Debug, Clone, Default, PartialEq)]
-pub struct Identifiers {
+pub(crate) struct Identifiers {
     values: Vec<Value>,
     /// The distinct numbers the person wrote, in digits ("two" as `2`).
     numbers: Vec<String>,
@@ -333,22 +333,17 @@ pub struct Identifiers {
 
 impl Identifiers {
     /// No identifiers yet.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self::default()
     }
 
     /// The identifiers, oldest first.
-    pub fn values(&self) -> &[Value] {
+    pub(crate) fn values(&self) -> &[Value] {
         &self.values
     }
 
-    /// Whether none were seen.
-    pub fn is_empty(&self) -> bool {
-        self.values.is_empty()
-    }
-
     /// The same identifiers less `used`.
-    pub fn without(&self, used: &[Value]) -> Identifiers {
+    pub(crate) fn without(&self, used: &[Value]) -> Identifiers {
         Identifiers {
             values: self
                 .values
@@ -384,7 +379,7 @@ impl Identifiers {
 
     /// The identifier values of a call's arguments (top level, and the
     /// items of identifier lists).
-    pub fn of_call(arguments: &Value) -> Vec<Value> {
+    pub(crate) fn of_call(arguments: &Value) -> Vec<Value> {
         let mut out = Vec::new();
         if let Some(map) = arguments.as_object() {
             for (_, value) in map.iter().filter(|(k, _)| is_identifier_key(k)) {
@@ -398,18 +393,18 @@ impl Identifiers {
     }
 
     /// Whether the person wrote a number (in digits or as a word).
-    pub fn has_numbers(&self) -> bool {
+    pub(crate) fn has_numbers(&self) -> bool {
         !self.numbers.is_empty()
     }
 
     /// How many different numbers the person wrote.
-    pub fn number_count(&self) -> usize {
+    pub(crate) fn number_count(&self) -> usize {
         self.numbers.len()
     }
 
     /// How many of them were written whole: no fraction (`109.0`) and no
     /// unit on the number (`30L`), as a count is written.
-    pub fn whole_count(&self) -> usize {
+    pub(crate) fn whole_count(&self) -> usize {
         self.numbers
             .iter()
             .filter(|n| !n.contains('.') && !self.measured.contains(n))
@@ -443,7 +438,7 @@ impl Identifiers {
     /// ("/srv/repo", "notes.db"). The instructions often name what a tool needs and the
     /// person never says: the repository folder, the database, the sheet.
     /// They are evidence a free string may copy, never a limit on it.
-    pub fn add_stated(&mut self, text: &str) {
+    pub(crate) fn add_stated(&mut self, text: &str) {
         let mut push = |piece: &str| {
             let piece = trim_piece(piece);
             if !piece.is_empty()
@@ -473,7 +468,7 @@ impl Identifiers {
 
     /// Takes the identifier-shaped words and the numbers of something the
     /// person wrote; how many identifiers were new.
-    pub fn add_user_text(&mut self, text: &str) -> usize {
+    pub(crate) fn add_user_text(&mut self, text: &str) -> usize {
         let text = text.trim();
         if !text.is_empty() && !self.said.iter().any(|s| s == text) {
             self.said.push(text.to_string());
@@ -521,7 +516,7 @@ impl Identifiers {
     /// Takes the identifiers of a successful tool result: the values of its
     /// identifier keys when it is JSON, its identifier-shaped words when it is
     /// text; how many were new.
-    pub fn add_result(&mut self, result: &str) -> usize {
+    pub(crate) fn add_result(&mut self, result: &str) -> usize {
         match serde_json::from_str::<Value>(result.trim()) {
             Ok(value) => {
                 let mut texts = Vec::new();

@@ -239,7 +239,7 @@ const SHARED_WORDS: &[&str] = &["a", "an", "in", "was", "so", "also", "no", "me"
 /// language written with many accents), or more function words of another
 /// language than of English, say it is not. Text too short to tell
 /// ("Thanks!", "p-17") counts as English: the words it lacks change nothing.
-pub fn speaks_english(text: &str) -> bool {
+pub(crate) fn speaks_english(text: &str) -> bool {
     let letters = text.chars().filter(|c| c.is_alphabetic()).count();
     let foreign_letters = text
         .chars()

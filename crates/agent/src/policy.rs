@@ -736,7 +736,7 @@ fn spellings(terms: &[String]) -> Vec<String> {
 
 /// One rule of the policy, as traces, stream parts and tables name it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Rule {
+pub(crate) enum Rule {
     /// See [`Policy::ground_identifiers`].
     GroundIdentifiers,
     /// See [`Policy::ground_numbers`].
@@ -814,7 +814,7 @@ pub enum Rule {
 
 impl Rule {
     /// The rule's name (kebab-case, as in `wma.rule`).
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Self::GroundIdentifiers => "ground-identifiers",
             Self::GroundNumbers => "ground-numbers",

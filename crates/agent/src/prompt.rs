@@ -8,11 +8,18 @@ use crate::message::{ChatMessage, ToolCall};
 use crate::provider::{CallFormat, PromptMessage, PromptRole};
 use crate::tool::{PageContext, SubAgentInfo, ToolDefinition};
 
+// What else callers outside the crate need to show a model what the loop
+// shows it: the tools a step offers, the phrases decoding may copy, and the
+// longest request the loop takes.
+pub use crate::ground::copy_phrases;
+pub use crate::rank::rank_tools;
+pub use crate::run::MAX_REQUEST_BYTES;
+
 /// Turns of history kept in the prompt.
-pub const HISTORY_TURNS: usize = 12;
+pub(crate) const HISTORY_TURNS: usize = 12;
 
 /// Characters of a tool result kept in the history.
-pub const RESULT_CHARS: usize = 1500;
+pub(crate) const RESULT_CHARS: usize = 1500;
 
 /// Characters of a property description kept in a compact schema.
 const DESCRIPTION_CHARS: usize = 80;
@@ -358,10 +365,10 @@ impl Turn {
 }
 
 /// The most characters of a page's title or main heading in the prompt.
-pub const PAGE_TEXT_CHARS: usize = 120;
+pub(crate) const PAGE_TEXT_CHARS: usize = 120;
 
 /// The most characters of a page's path in the prompt.
-pub const PAGE_PATH_CHARS: usize = 200;
+pub(crate) const PAGE_PATH_CHARS: usize = 200;
 
 /// The most characters of a sub-agent's description in the prompt.
 pub(crate) const SUB_AGENT_DESCRIPTION_CHARS: usize = 300;
@@ -370,7 +377,7 @@ pub(crate) const SUB_AGENT_DESCRIPTION_CHARS: usize = 300;
 /// prompt: no line breaks or other control characters (which could start
 /// what reads as a new section), no double quotes (which could end the
 /// quotation it sits in), and at most `max` characters.
-pub fn plain_line(text: &str, max: usize) -> String {
+pub(crate) fn plain_line(text: &str, max: usize) -> String {
     let mut out = String::with_capacity(text.len().min(max * 4));
     let mut space = false;
     for c in text.trim().chars() {
@@ -499,7 +506,7 @@ pub(crate) fn prompt_messages(
 /// of listed items (with the short fields of those that share the most of
 /// the request's words), or the lines of plain text that share the most of
 /// them (the text's beginning when none does).
-pub fn gist(result: &str, request: &str) -> String {
+pub(crate) fn gist(result: &str, request: &str) -> String {
     gist_of_call(result, request, "")
 }
 

@@ -181,7 +181,7 @@ pub struct GenerateRequest {
     pub constraint: Option<Constraint>,
     /// Upper bound on new tokens; `None` lets the provider choose.
     pub max_new_tokens: Option<u32>,
-    /// Phrases of what the person wrote (see [`copy_phrases`](crate::copy_phrases)).
+    /// Phrases of what the person wrote (see [`copy_phrases`](crate::prompt::copy_phrases)).
     /// A provider that decodes calls under a constraint may favour copying
     /// them into string arguments; others ignore them.
     pub copy_phrases: Vec<String>,

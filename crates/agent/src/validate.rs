@@ -36,7 +36,7 @@ pub enum ArgsError {
 
 /// At most this many problems are reported for one call: the first few are
 /// what the model needs to fix, and a long list drowns a small model.
-pub const MAX_ERRORS: usize = 3;
+pub(crate) const MAX_ERRORS: usize = 3;
 
 /// Checks `arguments` against `schema`.
 ///

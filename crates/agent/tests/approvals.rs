@@ -14,8 +14,8 @@ use tokio_util::sync::CancellationToken;
 use wma_agent::{
     AgentRunRequest, AgentStreamPart, ApprovalAnswer, ApprovalMode, ApprovalPolicy,
     ApprovalRequest, ApprovalRule, Approver, CallContext, CallRecordRequest, ChatMessage,
-    FinishReason, LocalLoopOptions, ScriptedProvider, ToolAnnotations, ToolCall, ToolDefinition,
-    ToolError, ToolErrorCode, ToolHost, run_local_agent,
+    FinishReason, LocalLoopOptions, ToolAnnotations, ToolCall, ToolDefinition, ToolError,
+    ToolErrorCode, ToolHost, run_local_agent, scripted::ScriptedProvider,
 };
 
 /// Tools with the annotations of a real server's: a read-only lookup, a

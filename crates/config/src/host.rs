@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use wma_agent::{LocalLoopOptions, Progress, ToolHost};
-use wma_agent::{ScriptedProvider, ScriptedReply};
+use wma_agent::{scripted::ScriptedProvider, scripted::ScriptedReply};
 use wma_provider_openai::OpenAiProvider;
 use wma_provider_ort::OrtProvider;
 use wma_runtime::{

@@ -62,7 +62,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use wma_agent::{ApprovalPolicy, ConstraintMode, Policy};
+use wma_agent::{ApprovalPolicy, ConstraintMode, policy::Policy};
 use wma_provider_openai::OpenAiOptions;
 use wma_provider_ort::OrtProviderOptions;
 use wma_telemetry::TelemetryConfig;

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use toml::Spanned;
 use wma_agent::{
-    ApprovalMode, ApprovalPolicy, ApprovalRule, ConstraintMode, LocalLoopOptions, Policy,
-    PolicyName,
+    ApprovalMode, ApprovalPolicy, ApprovalRule, ConstraintMode, LocalLoopOptions, policy::Policy,
+    policy::PolicyName,
 };
 use wma_provider_openai::OpenAiOptions;
 use wma_provider_ort::{OrtProviderOptions, SamplingOptions};

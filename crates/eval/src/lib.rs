@@ -30,8 +30,8 @@ use async_trait::async_trait;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
-    AgentRunRequest, AgentStreamPart, ChatMessage, ConstraintMode, LocalLoopOptions, Policy,
-    Provider, ToolDefinition, parse_tool_calls, validate_args,
+    AgentRunRequest, AgentStreamPart, ChatMessage, ConstraintMode, LocalLoopOptions, Provider,
+    ToolDefinition, parse_tool_calls, policy::Policy, validate_args,
 };
 use wma_agent::{
     CallFormat, GenerateRequest, Generation, ProgressFn, PromptMessage, PromptRole, ProviderError,
@@ -546,7 +546,7 @@ pub async fn run_shop_task<P: Provider + SeedPerRun + 'static>(
     results
 }
 
-impl SeedPerRun for wma_agent::ScriptedProvider {
+impl SeedPerRun for wma_agent::scripted::ScriptedProvider {
     /// A script answers the same on every run: nothing to seed.
     fn seed_run(&self, _run: usize) {}
 }

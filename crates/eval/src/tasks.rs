@@ -20,8 +20,8 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
-    AgentStreamPart, ChatMessage, FinishReason, Generation, Policy, PromptMessage, PromptRole,
-    Provider, ToolDefinition, ToolError, ToolErrorCode, ToolHost, validate_args,
+    AgentStreamPart, ChatMessage, FinishReason, Generation, PromptMessage, PromptRole, Provider,
+    ToolDefinition, ToolError, ToolErrorCode, ToolHost, policy::Policy, validate_args,
 };
 use wma_config::demo_shop::Shop;
 use wma_config::{Config, ToolSourceSpec};
@@ -1215,9 +1215,9 @@ pub const GOLD: &str = "gold";
 /// cannot pass, a tool that is not where the task needs it.
 pub async fn replay_gold(task: &Task) -> TaskRun {
     // The runtime's agents need a provider; the replay never asks it.
-    let idle = Arc::new(UsageMeter::new(Arc::new(wma_agent::ScriptedProvider::new(
-        Vec::<String>::new(),
-    ))));
+    let idle = Arc::new(UsageMeter::new(Arc::new(
+        wma_agent::scripted::ScriptedProvider::new(Vec::<String>::new()),
+    )));
     run_task_with(task, &Driver::Gold, &idle).await
 }
 

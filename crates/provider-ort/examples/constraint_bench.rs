@@ -21,8 +21,8 @@ use anyhow::{Context, Result, bail};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
-    Constraint, Decoding, GenerateRequest, PromptMessage, PromptRole, Provider, SystemPromptInput,
-    ToolDefinition, system_prompt,
+    Constraint, Decoding, GenerateRequest, PromptMessage, PromptRole, Provider, ToolDefinition,
+    prompt::SystemPromptInput, prompt::system_prompt,
 };
 use wma_provider_ort::{OrtProvider, OrtProviderOptions};
 

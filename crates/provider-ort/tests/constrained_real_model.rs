@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 use wma_agent::{
     AgentRunRequest, AgentStreamPart, CallFormat, ChatMessage, Constraint, ConstraintMode,
     Decoding, GenerateRequest, Generation, LocalLoopOptions, ProgressFn, PromptMessage, PromptRole,
-    Provider, ProviderError, ProviderInfo, SystemPromptInput, ToolDefinition, parse_tool_calls,
-    run_local_agent, system_prompt, validate_args,
+    Provider, ProviderError, ProviderInfo, ToolDefinition, parse_tool_calls,
+    prompt::SystemPromptInput, prompt::system_prompt, run_local_agent, validate_args,
 };
 use wma_provider_ort::OrtProvider;
 use wma_testkit::InMemoryToolHost;
@@ -237,7 +237,7 @@ async fn copy_phrases_put_the_persons_words_into_a_free_text_argument() {
         constraint: Some(Constraint::CallsOnly {
             tools: search.clone(),
         }),
-        copy_phrases: wma_agent::copy_phrases([ask], &search),
+        copy_phrases: wma_agent::prompt::copy_phrases([ask], &search),
         decoding: small_model_decoding(),
         ..GenerateRequest::default()
     };

@@ -22,8 +22,8 @@ use qwen2::tiny_qwen2_model;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
-    Constraint, GenerateRequest, PromptMessage, PromptRole, Provider, SystemPromptInput,
-    ToolDefinition, system_prompt,
+    Constraint, GenerateRequest, PromptMessage, PromptRole, Provider, ToolDefinition,
+    prompt::SystemPromptInput, prompt::system_prompt,
 };
 use wma_provider_ort::copy::CopyBias;
 use wma_provider_ort::{GenerateParams, IdGeneration, OrtModel, OrtProvider};

@@ -6,8 +6,8 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 use wma_agent::{
-    AgentStreamPart, ChatMessage, FinishReason, PageContext, Policy, ToolDefinition, ToolError,
-    ToolErrorCode, ToolHost,
+    AgentStreamPart, ChatMessage, FinishReason, PageContext, ToolDefinition, ToolError,
+    ToolErrorCode, ToolHost, policy::Policy,
 };
 use wma_runtime::{AgentConfig, ProviderSource, Runtime, RuntimeBuilder, ToolSource};
 use wma_telemetry::TelemetryConfig;

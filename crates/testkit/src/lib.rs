@@ -48,4 +48,4 @@ pub use otlp::{AttrValue, CapturedEvent, CapturedSpan, OtlpReceiver, SpanStatus}
 pub use postgres::PostgresServer;
 // The scripted provider is part of the product (configs name it); tests
 // reach it here as before.
-pub use wma_agent::{ScriptedProvider, ScriptedReply};
+pub use wma_agent::{scripted::ScriptedProvider, scripted::ScriptedReply};

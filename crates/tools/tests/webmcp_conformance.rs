@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
     AgentRunRequest, AgentStreamPart, ApprovalAnswer, ApprovalRequest, Approver, ChatMessage,
-    FinishReason, LocalLoopOptions, ToolErrorCode, ToolHost, delimit_untrusted,
+    FinishReason, LocalLoopOptions, ToolErrorCode, ToolHost, prompt::delimit_untrusted,
 };
 use wma_testkit::ScriptedProvider;
 use wma_tools::{Browser, LoopbackSite, PageOptions, SourceOptions, ToolSet, WebMcpPage};

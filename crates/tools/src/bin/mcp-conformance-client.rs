@@ -10,7 +10,7 @@
 use std::process::ExitCode;
 
 use tokio_util::sync::CancellationToken;
-use wma_agent::{ToolHost, example_arguments};
+use wma_agent::{ToolHost, prompt::example_arguments};
 use wma_tools::{McpServer, McpServerOptions};
 
 #[tokio::main(flavor = "current_thread")]

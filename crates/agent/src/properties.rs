@@ -16,6 +16,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::ground::{Identifiers, MAX_COPY_PHRASES, copy_phrases};
+use crate::prompt::{
+    HISTORY_TURNS, MAX_REQUEST_BYTES, PAGE_PATH_CHARS, PAGE_TEXT_CHARS, RESULT_CHARS,
+    SystemPromptInput, delimit_untrusted, plain_line, system_prompt, truncate_chars,
+};
+use crate::validate::MAX_ERRORS;
+use crate::{
+    AgentRunRequest, AgentStreamPart, ArgsError, CallFormat, ChatMessage, CompiledSchema,
+    GenerateRequest, Generation, LocalLoopOptions, PageContext, ProgressFn, PromptMessage,
+    PromptRole, Provider, ProviderError, ProviderInfo, SubAgentInfo, ToolAnnotations, ToolCall,
+    ToolDefinition, ToolError, ToolHost, parse_tool_calls, run_local_agent, validate_args,
+};
 use async_trait::async_trait;
 use futures::StreamExt;
 use parking_lot::Mutex;
@@ -23,15 +35,6 @@ use proptest::prelude::*;
 use proptest::test_runner::Config as ProptestConfig;
 use serde_json::{Map, Number, Value, json};
 use tokio_util::sync::CancellationToken;
-use wma_agent::{
-    AgentRunRequest, AgentStreamPart, ArgsError, CallFormat, ChatMessage, CompiledSchema,
-    GenerateRequest, Generation, Identifiers, LocalLoopOptions, MAX_COPY_PHRASES, MAX_ERRORS,
-    MAX_REQUEST_BYTES, PAGE_PATH_CHARS, PAGE_TEXT_CHARS, PageContext, ProgressFn, PromptMessage,
-    PromptRole, Provider, ProviderError, ProviderInfo, RESULT_CHARS, SubAgentInfo,
-    SystemPromptInput, ToolAnnotations, ToolCall, ToolDefinition, ToolError, ToolHost,
-    copy_phrases, delimit_untrusted, parse_tool_calls, plain_line, run_local_agent, system_prompt,
-    truncate_chars, validate_args,
-};
 
 /// The hang detector's limit: orders of magnitude above what any of these
 /// inputs needs, even in a debug build on a loaded machine.
@@ -1045,11 +1048,11 @@ fn message() -> impl Strategy<Value = ChatMessage> {
 }
 
 /// A conversation that starts and ends with the person, short enough to be
-/// shown whole (at most [`wma_agent::HISTORY_TURNS`] turns).
+/// shown whole (at most [`HISTORY_TURNS`] turns).
 fn conversation() -> impl Strategy<Value = Vec<ChatMessage>> {
     (
         control_text(false),
-        prop::collection::vec(message(), 0..=wma_agent::HISTORY_TURNS - 2),
+        prop::collection::vec(message(), 0..=HISTORY_TURNS - 2),
         control_text(false),
     )
         .prop_map(|(first, middle, last)| {
@@ -1234,7 +1237,7 @@ proptest! {
         page in page(),
         format in call_format(),
         inline in any::<bool>(),
-        renames in prop::collection::vec(any::<prop::sample::Index>(), wma_agent::HISTORY_TURNS),
+        renames in prop::collection::vec(any::<prop::sample::Index>(), HISTORY_TURNS),
     ) {
         // Some results come from the host's own tools, so that the results
         // of untrusted ones are among them.
@@ -1393,7 +1396,7 @@ proptest! {
         prop_assert!(prompts.is_empty());
         prop_assert_eq!(
             parts.last(),
-            Some(&AgentStreamPart::Error { message: wma_agent::messages::TOO_LONG.to_string() })
+            Some(&AgentStreamPart::Error { message: crate::messages::TOO_LONG.to_string() })
         );
     }
 }
