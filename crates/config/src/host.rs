@@ -16,9 +16,9 @@ use wma_tools::{
     BrowserOptions, McpServer, McpServerOptions, PageOptions, PageTool, ToolSet, WebMcpSource,
 };
 
-use super::builtin::builtin_tools;
-use super::{Config, ProviderSpec, ToolSourceConfig, ToolSourceSpec};
+use crate::builtin::builtin_tools;
 use crate::demo_shop::Shop;
+use crate::spec::{Config, ProviderSpec, ToolSourceConfig, ToolSourceSpec};
 
 /// Each tool source's set, by source name.
 type ToolSets = Vec<(String, Arc<ToolSet>)>;

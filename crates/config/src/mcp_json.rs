@@ -16,8 +16,8 @@ use serde_json::{Map, Value};
 use toml::Spanned;
 use wma_tools::SourceOptions;
 
-use super::error::{ConfigError, Location, Source};
-use super::{ToolSourceConfig, ToolSourceSpec};
+use crate::error::{ConfigError, Location, Source};
+use crate::spec::{ToolSourceConfig, ToolSourceSpec};
 
 type Result<T> = std::result::Result<T, ConfigError>;
 

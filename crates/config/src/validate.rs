@@ -18,16 +18,15 @@ use wma_runtime::{
 };
 use wma_tools::SourceOptions;
 
-use crate::server::{ServerOptions, TokenSource};
-
-use super::builtin::BUILTINS;
-use super::error::{ConfigError, Source};
-use super::mcp_json::{self, McpServers};
-use super::raw::{
+use crate::builtin::BUILTINS;
+use crate::error::{ConfigError, Source};
+use crate::mcp_json::{self, McpServers};
+use crate::raw::{
     Name, ProviderKind, RawAgent, RawApproval, RawCluster, RawConfig, RawConstraints, RawMode,
     RawProvider, RawServer, RawStore, RawToolSource, ToolKind,
 };
-use super::{
+use crate::server::{ServerOptions, TokenSource};
+use crate::spec::{
     AgentSpec, ClusterSpec, Config, DEFAULT_AGENT, DEFAULT_SERVER_LISTEN, ProviderConfig,
     ProviderSpec, RemoteAgentSpec, ScriptedSpec, StoreSpec, ToolSourceConfig, ToolSourceSpec,
 };
