@@ -18,7 +18,8 @@ use webmcp_agents::agent::{
     AgentRunRequest, AgentStreamPart, ChatMessage, ConstraintMode, FinishReason, LocalLoopOptions,
     Provider, policy::Policy, policy::PolicyName, run_local_agent,
 };
-use webmcp_agents::config::{Config, ProviderSpec};
+use webmcp_agents::config::models::{self, ModelOrigin};
+use webmcp_agents::config::{Config, ProviderConfig, ProviderSpec};
 use webmcp_agents::demo_shop::{self, Shop};
 use webmcp_agents::display::render_part;
 use webmcp_agents::eval::{self, EvalOptions, EvalProvider, bfcl};
@@ -449,8 +450,8 @@ fn apply_run_flags(given: &ArgMatches, args: &RunArgs, config: &mut Config) -> R
 fn list_models() -> Result<()> {
     let cache = wma_provider_ort::cache_dir()?;
     let folder = cache.join("models");
-    let names = wma_provider_ort::installed_models(&cache);
-    if names.is_empty() {
+    let installed = models::installed(&cache);
+    if installed.is_empty() {
         println!(
             "no models in {} (scripts/setup.sh installs the default one; `wma models pull org/name` one from a hub)",
             folder.display()
@@ -463,34 +464,26 @@ fn list_models() -> Result<()> {
     );
     println!("| name | family | parameters | graphs | default policy | source | on disk |");
     println!("|---|---|---|---|---|---|---|");
-    for name in names {
-        let dir = folder.join(&name);
-        let config = wma_provider_ort::ModelConfig::load(&dir).ok();
-        // Read on its own: a config too partial for the runtime's reading
-        // (no layer counts) still names its family.
-        let family = std::fs::read_to_string(dir.join("config.json"))
-            .ok()
-            .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
-            .and_then(|c| c["model_type"].as_str().map(str::to_string))
-            .unwrap_or_else(|| "?".to_string());
-        let parameters = config.as_ref().and_then(|c| c.parameters);
-        let size = match parameters {
+    for model in installed {
+        let size = match model.parameters {
             Some(n) if n >= 1_000_000_000 => format!("{:.1}B", n as f64 / 1e9),
             Some(n) if n >= 1_000_000 => format!("{}M", (n as f64 / 1e6).round()),
             Some(_) => "<1M".to_string(),
             None => "?".to_string(),
         };
-        let policy = Policy::for_model(&name).base.as_str();
-        let default = if name == wma_provider_ort::DEFAULT_MODEL_NAME {
+        let policy = Policy::for_model(&model.name).base.as_str();
+        let default = if model.name == wma_provider_ort::DEFAULT_MODEL_NAME {
             " (the default model)"
         } else {
             ""
         };
         println!(
-            "| {name}{default} | {family} | {size} | {} | {policy} | {} | {} |",
-            graph_files(&dir.join("onnx")),
-            ModelOrigin::of(&dir),
-            megabytes(disk_size(&dir)),
+            "| {}{default} | {} | {size} | {} | {policy} | {} | {} |",
+            model.name,
+            model.family,
+            models::graph_files(&model.dir.join("onnx")),
+            ModelOrigin::of(&model.dir),
+            megabytes(models::disk_size(&model.dir)),
         );
     }
     Ok(())
@@ -498,208 +491,41 @@ fn list_models() -> Result<()> {
 
 /// `wma models rm NAME`: removes an installed model's folder, or only the
 /// link for a model `wma models pull` installed (its files are the Hugging
-/// Face cache's). Only a name `wma models` lists is taken, never a path.
+/// Face cache's), and says how to get it back.
 fn remove_model(name: &str) -> Result<()> {
     let cache = wma_provider_ort::cache_dir()?;
-    let installed = wma_provider_ort::installed_models(&cache);
     let folder = cache.join("models").join(name);
-    // A link whose download was deleted from the hub cache lists as
-    // nothing, but is still removed by its name.
-    let dangling = folder.is_symlink() && !folder.exists() && !name.contains(['/', '\\']);
-    if !installed.iter().any(|n| n == name) && !dangling {
-        bail!(
-            "no installed model is named `{name}` (installed: {})",
-            if installed.is_empty() {
-                "none".to_string()
-            } else {
-                installed.join(", ")
+    match models::remove(&cache, name)? {
+        models::Removed::Link { origin } => {
+            println!("removed {name} (the link {})", folder.display());
+            if let ModelOrigin::Hub {
+                repo,
+                snapshot,
+                revision,
+                ..
+            } = origin
+            {
+                println!(
+                    "its files stay in the Hugging Face cache ({}, {}): `wma models pull {repo}{}` installs it again without downloading",
+                    snapshot.display(),
+                    megabytes(models::disk_size(&snapshot)),
+                    revision
+                        .map(|r| format!(" --revision {r}"))
+                        .unwrap_or_default(),
+                );
             }
-        );
-    }
-    if folder.is_symlink() {
-        let origin = ModelOrigin::of(&folder);
-        // Only the link: the files it points at are the Hugging Face
-        // cache's, which other tools (and `--model org/name`) share.
-        std::fs::remove_file(&folder)
-            .with_context(|| format!("could not remove {}", folder.display()))?;
-        println!("removed {name} (the link {})", folder.display());
-        let ModelOrigin::Hub {
-            repo,
-            snapshot,
-            revision,
-            ..
-        } = origin
-        else {
-            return Ok(());
-        };
-        println!(
-            "its files stay in the Hugging Face cache ({}, {}): `wma models pull {repo}{}` installs it again without downloading",
-            snapshot.display(),
-            megabytes(disk_size(&snapshot)),
-            revision
-                .map(|r| format!(" --revision {r}"))
-                .unwrap_or_default(),
-        );
-        return Ok(());
-    }
-    std::fs::remove_dir_all(&folder)
-        .with_context(|| format!("could not remove {}", folder.display()))?;
-    println!("removed {name} ({})", folder.display());
-    if let Some(known) = KNOWN_MODELS.iter().find(|k| k.name == name) {
-        println!(
-            "it was the {}: `scripts/setup.sh --model {}` installs it again",
-            known.role, known.key
-        );
+        }
+        models::Removed::Folder { known } => {
+            println!("removed {name} ({})", folder.display());
+            if let Some(known) = known {
+                println!(
+                    "it was the {}: `scripts/setup.sh --model {}` installs it again",
+                    known.role, known.key
+                );
+            }
+        }
     }
     Ok(())
-}
-
-/// A model the set-up converts from GGUF rather than downloads in the ONNX
-/// layout: `wma models pull` names its set-up command instead.
-struct KnownModel {
-    /// Its folder in `CACHE/models`.
-    name: &'static str,
-    /// `scripts/setup.sh --model KEY`.
-    key: &'static str,
-    /// What the project uses it for.
-    role: &'static str,
-}
-
-/// The models `scripts/setup.sh --model` knows (its `case` on MODEL_KEY).
-const KNOWN_MODELS: [KnownModel; 2] = [
-    KnownModel {
-        name: wma_provider_ort::DEFAULT_MODEL_NAME,
-        key: "smollm2-135m",
-        role: "default model",
-    },
-    KnownModel {
-        name: "Qwen2.5-Coder-0.5B-Instruct",
-        key: "qwen2.5-coder-0.5b",
-        role: "evaluation model",
-    },
-];
-
-/// Where an installed model came from, read from what is on disk.
-enum ModelOrigin {
-    /// A link into the Hugging Face cache, made by `wma models pull`.
-    Hub {
-        /// `org/name`.
-        repo: String,
-        /// The branch or tag that resolves to `commit` in the cache, when
-        /// one does and it is not `main`.
-        revision: Option<String>,
-        /// The snapshot's commit.
-        commit: String,
-        /// The snapshot folder the link points at.
-        snapshot: PathBuf,
-    },
-    /// Converted by `scripts/setup.sh` (its step markers are there).
-    SetUp {
-        /// From GGUF (`.wma-setup-VARIANT`), or a test model it made.
-        converted: bool,
-    },
-    /// Anything else: a folder put there by hand.
-    Folder,
-}
-
-impl ModelOrigin {
-    fn of(dir: &Path) -> Self {
-        if let Ok(target) = std::fs::read_link(dir) {
-            let snapshot = if target.is_absolute() {
-                target
-            } else {
-                dir.parent().unwrap_or(Path::new(".")).join(target)
-            };
-            if let Some(origin) = Self::hub_snapshot(snapshot) {
-                return origin;
-            }
-            return Self::Folder;
-        }
-        let markers: Vec<String> = std::fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| e.file_name().into_string().ok())
-            .filter(|f| f.starts_with(".wma-setup"))
-            .collect();
-        if markers.is_empty() {
-            Self::Folder
-        } else {
-            Self::SetUp {
-                converted: markers.iter().any(|m| m.starts_with(".wma-setup-")),
-            }
-        }
-    }
-
-    /// Reads `.../models--org--name/snapshots/COMMIT`, the Hugging Face
-    /// cache's layout (a repository's name never holds `--`).
-    fn hub_snapshot(snapshot: PathBuf) -> Option<Self> {
-        let commit = snapshot.file_name()?.to_str()?.to_string();
-        let snapshots = snapshot.parent()?;
-        if snapshots.file_name()? != "snapshots" {
-            return None;
-        }
-        let repo_dir = snapshots.parent()?;
-        let repo = repo_dir
-            .file_name()?
-            .to_str()?
-            .strip_prefix("models--")?
-            .replacen("--", "/", 1);
-        let revision = std::fs::read_dir(repo_dir.join("refs"))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter(|e| std::fs::read_to_string(e.path()).is_ok_and(|c| c.trim() == commit))
-            .filter_map(|e| e.file_name().into_string().ok())
-            .min_by_key(|r| r != "main")
-            .filter(|r| r != "main");
-        Some(Self::Hub {
-            repo,
-            revision,
-            commit,
-            snapshot,
-        })
-    }
-}
-
-impl std::fmt::Display for ModelOrigin {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Hub {
-                repo,
-                revision,
-                commit,
-                ..
-            } => {
-                let short = commit.get(..7).unwrap_or(commit);
-                match revision {
-                    Some(revision) => write!(f, "hub {repo}@{revision} ({short})"),
-                    None => write!(f, "hub {repo} ({short})"),
-                }
-            }
-            Self::SetUp { converted: true } => write!(f, "set-up, converted from GGUF"),
-            Self::SetUp { converted: false } => write!(f, "set-up, test model"),
-            Self::Folder => write!(f, "folder"),
-        }
-    }
-}
-
-/// The bytes of every file under `dir`, links followed (a download's
-/// files are links to the hub cache's blobs: their size is the blobs').
-fn disk_size(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| {
-            let path = e.path();
-            match std::fs::metadata(&path) {
-                Ok(m) if m.is_dir() => disk_size(&path),
-                Ok(m) => m.len(),
-                Err(_) => 0,
-            }
-        })
-        .sum()
 }
 
 /// `96 MB`, or `<1 MB`.
@@ -724,81 +550,34 @@ async fn pull_model(
     force: bool,
 ) -> Result<()> {
     let cache = wma_provider_ort::cache_dir()?;
-    let models = cache.join("models");
-    if let Some(known) = KNOWN_MODELS
-        .iter()
-        .find(|k| id.eq_ignore_ascii_case(k.name) || id.eq_ignore_ascii_case(k.key))
-    {
-        let installed = wma_provider_ort::installed_models(&cache)
-            .iter()
-            .any(|n| n == known.name);
-        if installed && !force {
+    let (target, repo, revision) = match models::plan_pull(&cache, id, revision, force)? {
+        models::Pull::SetUpInstalled(known) => {
             println!(
                 "{} (the {}) is installed already ({}); nothing to do",
                 known.name,
                 known.role,
-                models.join(known.name).display()
+                cache.join("models").join(known.name).display()
             );
             return Ok(());
         }
-        bail!(
-            "{} (the {}) is converted from GGUF by the set-up, not downloaded from a hub: run `scripts/setup.sh --model {}{}`",
-            known.name,
-            known.role,
-            known.key,
-            if installed { " --force" } else { "" }
-        );
-    }
-    let Some(wma_provider_ort::ModelSource::Hub {
-        repo,
-        revision: pinned,
-    }) = wma_provider_ort::ModelSource::hub(id)
-    else {
-        bail!(
-            "`{id}` is neither a hub repository id (`org/name`, or `org/name@REVISION`) nor a model the set-up converts ({})",
-            KNOWN_MODELS
-                .iter()
-                .map(|k| format!("{} or {}", k.key, k.name))
-                .collect::<Vec<_>>()
-                .join("; ")
-        );
-    };
-    let revision = match (pinned, revision) {
-        (Some(a), Some(b)) if a != b => {
-            bail!("`{id}` pins the revision {a} and --revision says {b}: give one")
-        }
-        (a, b) => a.or(b),
-    };
-    let name = repo.rsplit('/').next().unwrap_or(&repo).to_string();
-    let link = models.join(&name);
-    let present = link.symlink_metadata().is_ok();
-    // A link whose download was deleted from the hub cache is no model:
-    // it is replaced without --force.
-    let broken = link.is_symlink() && !link.join("config.json").is_file();
-    if present && !force && !broken {
-        let origin = ModelOrigin::of(&link);
-        if let ModelOrigin::Hub {
-            repo: installed,
-            revision: at,
-            ..
-        } = &origin
-            && *installed == repo
-            && (revision.is_none() || *at == revision.clone().filter(|r| r != "main"))
-        {
+        models::Pull::Installed { target, origin } => {
             println!(
-                "{name} is installed already ({origin}, {}); nothing to do (--force installs it again)",
-                link.display()
+                "{} is installed already ({origin}, {}); nothing to do (--force installs it again)",
+                target.name,
+                target.link.display()
             );
             return Ok(());
         }
-        bail!(
-            "a model named {name} is installed already ({origin}, {}): remove it with `wma models rm {name}`, or pass --force to replace it",
-            link.display()
-        );
-    }
+        models::Pull::Download {
+            target,
+            repo,
+            revision,
+        } => (target, repo, revision),
+    };
+    let name = &target.name;
 
     let bars = cli::progress::Bars::new();
-    let progress: webmcp_agents::agent::ProgressFn = Arc::new(bars.single(&name));
+    let progress: webmcp_agents::agent::ProgressFn = Arc::new(bars.single(name));
     let cancel = CancellationToken::new();
     let stop = cancel.clone();
     let watcher = tokio::spawn(async move {
@@ -841,98 +620,24 @@ async fn pull_model(
         format!("{repo} was downloaded, but it is not a model folder the provider reads")
     })?;
 
-    std::fs::create_dir_all(&models)
-        .with_context(|| format!("could not create {}", models.display()))?;
-    if present {
-        let replaced = ModelOrigin::of(&link);
-        if link.is_symlink() {
-            std::fs::remove_file(&link)
-        } else {
-            std::fs::remove_dir_all(&link)
-        }
-        .with_context(|| format!("could not replace {}", link.display()))?;
+    if let Some(replaced) = models::make_room(&target)? {
         println!("replaced {name} ({replaced})");
     }
-    #[cfg(unix)]
-    std::os::unix::fs::symlink(&snapshot, &link).with_context(|| {
-        format!(
-            "could not link {} to {}",
-            link.display(),
-            snapshot.display()
-        )
-    })?;
-    #[cfg(windows)]
-    std::os::windows::fs::symlink_dir(&snapshot, &link).with_context(|| {
-        format!(
-            "could not link {} to {} (Windows allows links in Developer Mode)",
-            link.display(),
-            snapshot.display()
-        )
-    })?;
+    models::link_snapshot(&snapshot, &target.link)?;
     println!(
         "installed {name} ({}, {}) as {} -> {}",
-        ModelOrigin::of(&link),
-        megabytes(disk_size(&snapshot)),
-        link.display(),
+        ModelOrigin::of(&target.link),
+        megabytes(models::disk_size(&snapshot)),
+        target.link.display(),
         snapshot.display()
     );
-    let default_graph = wma_provider_ort::GRAPH_CANDIDATES
-        .iter()
-        .any(|g| snapshot.join(g).is_file());
     match variant {
-        Some(variant) if !default_graph => {
+        Some(variant) if !models::has_default_graph(&snapshot) => {
             println!("run it with --model {name} --variant {variant}")
         }
         _ => println!("run it with --model {name}"),
     }
     Ok(())
-}
-
-/// The ONNX graphs of a model's `onnx` folder with their variant name and
-/// size on disk (a graph's external weights counted with it): `q4 (96
-/// MB), fp32 (538 MB)`.
-fn graph_files(onnx: &Path) -> String {
-    let Ok(entries) = std::fs::read_dir(onnx) else {
-        return "none".to_string();
-    };
-    let files: Vec<(String, u64)> = entries
-        .flatten()
-        // Followed: a download's files are links to the hub cache's blobs.
-        .filter_map(|e| {
-            Some((
-                e.file_name().into_string().ok()?,
-                std::fs::metadata(e.path()).ok()?.len(),
-            ))
-        })
-        .collect();
-    let mut graphs: Vec<String> = files
-        .iter()
-        .filter_map(|(file, _)| file.strip_suffix(".onnx"))
-        .map(|stem| {
-            let bytes: u64 = files
-                .iter()
-                .filter(|(f, _)| {
-                    f.strip_prefix(stem)
-                        .is_some_and(|rest| rest.starts_with(".onnx"))
-                })
-                .map(|(_, len)| len)
-                .sum();
-            let variant =
-                stem.strip_prefix("model_")
-                    .unwrap_or(if stem == "model" { "fp32" } else { stem });
-            if bytes < 1_000_000 {
-                format!("{variant} (<1 MB)")
-            } else {
-                format!("{variant} ({} MB)", bytes / 1_000_000)
-            }
-        })
-        .collect();
-    graphs.sort();
-    if graphs.is_empty() {
-        "none".to_string()
-    } else {
-        graphs.join(", ")
-    }
 }
 
 /// The config a command hosts, read (and validated) before anything starts.
@@ -1162,30 +867,8 @@ async fn load_provider(args: &ModelArgs) -> Result<EvalProvider> {
         return Ok(EvalProvider::Onnx(load_model(args).await?));
     };
     let providers = Config::load_providers(file)?;
-    let provider = match &args.provider {
-        Some(name) => providers
-            .iter()
-            .find(|p| &p.name == name)
-            .with_context(|| {
-                format!(
-                    "{} has no provider named `{name}` (it has: {})",
-                    file.display(),
-                    providers
-                        .iter()
-                        .map(|p| p.name.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )
-            })?,
-        None => match providers.as_slice() {
-            [only] => only,
-            _ => bail!(
-                "{} has {} providers; name one with --provider",
-                file.display(),
-                providers.len()
-            ),
-        },
-    };
+    let provider = ProviderConfig::pick(&providers, args.provider.as_deref(), file)
+        .map_err(anyhow::Error::msg)?;
     let made = match &provider.spec {
         ProviderSpec::Onnx(options) => EvalProvider::Onnx(
             OrtProvider::new(options.clone()).context("could not set up the model")?,
@@ -1263,18 +946,14 @@ async fn run(args: RunArgs) -> Result<()> {
         last = Some(part);
     }
     let usage = provider.usage();
-    let cart: Vec<String> = shop
-        .cart()
-        .iter()
-        .map(|l| format!("{} x {}", l.quantity, l.product_id))
-        .collect();
+    let cart = shop.cart_line();
     eprintln!(
         "\nusage: {usage}; {:.1} s in all\ncart: {}",
         started.elapsed().as_secs_f64(),
         if cart.is_empty() {
             "empty".to_string()
         } else {
-            cart.join(", ")
+            cart
         }
     );
     outcome(last.as_ref())
@@ -1290,32 +969,7 @@ async fn eval_bfcl(args: BfclArgs) -> Result<()> {
         Some(dir) => dir,
         None => default_bfcl_dir()?,
     };
-    let mut sources: Vec<(String, PathBuf)> = Vec::new();
-    let categories: Vec<String> = if args.categories.is_empty() && args.files.is_empty() {
-        bfcl::DEFAULT_CATEGORIES
-            .iter()
-            .map(|c| c.to_string())
-            .collect()
-    } else {
-        args.categories.clone()
-    };
-    for category in categories {
-        let file = bfcl::category_file(&dir, &category);
-        if !file.exists() {
-            bail!(
-                "no data for category {category} at {} (run scripts/setup.sh, or pass --data)",
-                file.display()
-            );
-        }
-        sources.push((category, file));
-    }
-    for file in &args.files {
-        let name = file
-            .file_stem()
-            .map(|s| s.to_string_lossy().to_string())
-            .unwrap_or_default();
-        sources.push((name, file.clone()));
-    }
+    let sources = bfcl::sources(&dir, &args.categories, &args.files).map_err(anyhow::Error::msg)?;
     let loaded = load_provider(&args.model).await?;
     if args.direct {
         let EvalProvider::Served(served) = &loaded else {
@@ -1436,44 +1090,13 @@ async fn eval_shop(args: ShopArgs) -> Result<()> {
         },
     )
     .await;
-    let solved = runs.iter().filter(|r| r.success).count();
-    let steps: u32 = runs.iter().map(|r| r.steps).sum();
-    let time: f64 = runs.iter().map(|r| r.time.as_secs_f64()).sum();
-    println!(
-        "shop task: solved {solved} of {} runs; {:.1} steps and {:.1} s per run on average",
-        runs.len(),
-        f64::from(steps) / runs.len().max(1) as f64,
-        time / runs.len().max(1) as f64
-    );
+    println!("{}", eval::shop_summary(&runs));
     Ok(())
 }
 
 async fn eval_tasks(mut args: TasksArgs) -> Result<()> {
-    let mut tasks = eval::tasks::load_tasks(&args.tasks).map_err(anyhow::Error::msg)?;
-    let half: Option<eval::tasks::Half> = match args.half.as_str() {
-        "all" => None,
-        other => Some(other.parse().map_err(anyhow::Error::msg)?),
-    };
-    tasks.retain(|t| {
-        (args.domains.is_empty() || args.domains.contains(&t.domain))
-            && (args.names.is_empty() || args.names.contains(&t.name))
-            && half.is_none_or(|h| t.half == h)
-    });
-    if tasks.is_empty() {
-        bail!(
-            "no task of {} fits --domain, --task and --half",
-            args.tasks.display()
-        );
-    }
-    for name in &args.names {
-        if !tasks.iter().any(|t| &t.name == name) {
-            bail!(
-                "there is no task named `{name}` in {} (of --half {})",
-                args.tasks.display(),
-                args.half
-            );
-        }
-    }
+    let tasks = eval::tasks::select(&args.tasks, &args.domains, &args.names, &args.half)
+        .map_err(anyhow::Error::msg)?;
     let names = if !args.policies.is_empty() {
         args.policies.clone()
     } else if args.direct {

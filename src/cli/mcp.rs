@@ -54,10 +54,10 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use webmcp_agents::agent::{
     AgentStreamPart, ApprovalAnswer, ApprovalRequest, ApprovalRule, Approver, ChatMessage,
-    FinishReason, FixedApprover, ToolErrorCode, ToolHost,
+    FixedApprover,
 };
 use webmcp_agents::config::{Config, Hosted};
-use webmcp_agents::runtime::{AgentHandle, RunApprovals};
+use webmcp_agents::runtime::{AgentHandle, RunApprovals, RunOutcome};
 use webmcp_agents::serve::{Token, load_token};
 
 use super::approve::{ApprovalArgs, ApproveMode};
@@ -370,7 +370,7 @@ impl AgentTools {
                 ))]);
             }
         };
-        let mut outcome = Outcome::default();
+        let mut outcome = RunOutcome::default();
         let mut told = 0.0;
         while let Some(part) = run.next_tagged().await {
             if let Some(progress) = &progress
@@ -386,7 +386,7 @@ impl AgentTools {
             outcome.summary(),
             started.elapsed().as_secs_f64()
         );
-        outcome.result(tool)
+        call_result(&outcome, tool)
     }
 }
 
@@ -527,137 +527,28 @@ fn input_schema() -> Arc<serde_json::Map<String, Value>> {
 /// included, says it is read-only. An agent that delegates to another
 /// node cannot tell, and is not.
 async fn read_only(config: &Config, hosted: &Hosted, name: &str) -> bool {
-    let mut agents = vec![name.to_string()];
-    let mut seen: Vec<String> = Vec::new();
-    let mut sources: Vec<String> = Vec::new();
-    while let Some(agent) = agents.pop() {
-        if seen.contains(&agent) {
-            continue;
-        }
-        seen.push(agent.clone());
-        let Some(spec) = config.agent(&agent) else {
-            return false;
-        };
-        sources.extend(spec.tools.iter().cloned());
-        agents.extend(spec.sub_agents.iter().cloned());
-    }
-    for source in sources {
-        let Some((_, set)) = hosted.tool_sets.iter().find(|(s, _)| *s == source) else {
-            return false;
-        };
-        if !set
-            .list_tools()
-            .await
-            .iter()
-            .all(|t| t.annotations.read_only)
-        {
-            return false;
-        }
-    }
-    true
+    let (sources, all_here) = config.tool_sources_of(name);
+    all_here && hosted.all_read_only(&sources).await
 }
 
-/// What a run's parts say of it, read as they come.
-#[derive(Default)]
-struct Outcome {
-    /// The text of the agent's last step: its answer when it finished.
-    texts: Vec<String>,
-    /// The part that ended the run.
-    end: Option<AgentStreamPart>,
-    /// The calls denied by the approval rules or for want of a person,
-    /// its sub-agents' too: `tool (agent): why`.
-    denied: Vec<String>,
-}
-
-impl Outcome {
-    fn observe(&mut self, depth: u32, agent: &str, part: &AgentStreamPart) {
-        if let AgentStreamPart::ToolError { name, error, .. } = part
-            && error.code == ToolErrorCode::Denied
-        {
-            self.denied
-                .push(format!("{name} (of `{agent}`): {}", error.message));
-        }
-        // A sub-agent's words are its parent's material, not the answer.
-        if depth != 0 {
-            return;
-        }
-        match part {
-            AgentStreamPart::MessageStart { .. } => self.texts.clear(),
-            AgentStreamPart::Text { text } => self.texts.push(text.clone()),
-            end if end.is_terminal() => self.end = Some(end.clone()),
-            _ => {}
-        }
+/// The tool's result of a run: the answer, or an error result that says
+/// how the run ended without one. Denied calls are named after either.
+fn call_result(outcome: &RunOutcome, tool: &str) -> CallToolResult {
+    let (is_error, text) = match outcome.answer(tool) {
+        Ok(answer) => (false, answer),
+        Err(why) => (true, why),
+    };
+    let mut content = vec![ContentBlock::text(text)];
+    if !outcome.denied().is_empty() {
+        content.push(ContentBlock::text(format!(
+            "Calls that were not run (denied): {}",
+            outcome.denied().join("; ")
+        )));
     }
-
-    /// How the run ended, in a few words, for the log.
-    fn summary(&self) -> String {
-        match &self.end {
-            Some(AgentStreamPart::Finish { reason }) => format!("ended {}", reason.as_str()),
-            Some(AgentStreamPart::Error { message }) => format!("failed: {message}"),
-            _ => "ended without a finish".to_string(),
-        }
-    }
-
-    /// The tool's result: the answer, or an error result that says how
-    /// the run ended without one. Denied calls are named after either.
-    fn result(self, tool: &str) -> CallToolResult {
-        let answer = self.texts.join("\n");
-        let unfinished = |why: &str| format!("The agent `{tool}` did not answer: {why}.");
-        let (is_error, text) = match &self.end {
-            Some(AgentStreamPart::Finish {
-                reason: FinishReason::Stop,
-            }) if !answer.trim().is_empty() => (false, answer),
-            Some(AgentStreamPart::Finish {
-                reason: FinishReason::Stop,
-            }) => (true, unfinished("it finished without saying anything")),
-            Some(AgentStreamPart::Finish {
-                reason: FinishReason::MaxSteps,
-            }) => (
-                true,
-                unfinished("it reached its step limit (`max_steps`) before it finished"),
-            ),
-            Some(AgentStreamPart::Finish {
-                reason: FinishReason::Loop,
-            }) => (
-                true,
-                unfinished("it kept repeating the same call and was stopped"),
-            ),
-            // The words so far may still help the caller, marked as cut.
-            Some(AgentStreamPart::Finish {
-                reason: FinishReason::Length,
-            }) => (
-                true,
-                format!(
-                    "{} Its answer so far, which may be incomplete:\n{answer}",
-                    unfinished("its answer was cut at the token limit")
-                ),
-            ),
-            Some(AgentStreamPart::Finish {
-                reason: FinishReason::Unrepaired,
-            }) => (
-                true,
-                unfinished("its model's reply could not be made into a valid call or answer"),
-            ),
-            Some(AgentStreamPart::Finish {
-                reason: FinishReason::Aborted,
-            }) => (true, unfinished("the run was stopped")),
-            Some(AgentStreamPart::Error { message }) => {
-                (true, unfinished(&format!("the run failed: {message}")))
-            }
-            _ => (true, unfinished("the run ended without a finish")),
-        };
-        let mut content = vec![ContentBlock::text(text)];
-        if !self.denied.is_empty() {
-            content.push(ContentBlock::text(format!(
-                "Calls that were not run (denied): {}",
-                self.denied.join("; ")
-            )));
-        }
-        if is_error {
-            CallToolResult::error(content)
-        } else {
-            CallToolResult::success(content)
-        }
+    if is_error {
+        CallToolResult::error(content)
+    } else {
+        CallToolResult::success(content)
     }
 }
 
@@ -673,7 +564,7 @@ async fn serve_stdio(server: AgentTools) -> Result<()> {
     tokio::pin!(waiting);
     tokio::select! {
         ended = &mut waiting => { ended?; }
-        _ = wait_for_stop() => {
+        _ = super::wait_for_stop() => {
             stop.cancel();
             waiting.await?;
         }
@@ -734,7 +625,7 @@ async fn serve_http(
     }
     let token = Arc::new(token);
     let header_timeout = options.header_timeout;
-    let stop = wait_for_stop();
+    let stop = super::wait_for_stop();
     tokio::pin!(stop);
     loop {
         let (stream, _) = tokio::select! {
@@ -823,29 +714,13 @@ fn plain(status: StatusCode, message: &str) -> Response<Body> {
     response
 }
 
-/// Ctrl-C, or SIGTERM on Unix.
-async fn wait_for_stop() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        if let Ok(mut term) = signal(SignalKind::terminate()) {
-            tokio::select! {
-                _ = tokio::signal::ctrl_c() => {}
-                _ = term.recv() => {}
-            }
-            return;
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use webmcp_agents::agent::ToolError;
+    use webmcp_agents::agent::{FinishReason, ToolError, ToolErrorCode};
 
-    fn finished(reason: FinishReason, texts: &[&str]) -> Outcome {
-        let mut outcome = Outcome::default();
+    fn finished(reason: FinishReason, texts: &[&str]) -> RunOutcome {
+        let mut outcome = RunOutcome::default();
         outcome.observe(0, "a", &AgentStreamPart::MessageStart { step: 1 });
         for text in texts {
             outcome.observe(
@@ -871,7 +746,7 @@ mod tests {
 
     #[test]
     fn only_a_run_that_answered_is_a_plain_result() {
-        let answered = finished(FinishReason::Stop, &["Hello."]).result("a");
+        let answered = call_result(&finished(FinishReason::Stop, &["Hello."]), "a");
         assert_eq!(answered.is_error, Some(false));
         assert_eq!(text_of(&answered), "Hello.");
         for (reason, says) in [
@@ -881,17 +756,17 @@ mod tests {
             (FinishReason::Unrepaired, "valid call"),
             (FinishReason::Aborted, "stopped"),
         ] {
-            let result = finished(reason, &["Some words."]).result("a");
+            let result = call_result(&finished(reason, &["Some words."]), "a");
             assert_eq!(result.is_error, Some(true), "{reason:?}");
             assert!(text_of(&result).contains(says), "{reason:?}: {result:?}");
         }
-        let silent = finished(FinishReason::Stop, &[]).result("a");
+        let silent = call_result(&finished(FinishReason::Stop, &[]), "a");
         assert_eq!(silent.is_error, Some(true));
     }
 
     #[test]
     fn the_answer_is_the_last_step_of_the_agent_itself() {
-        let mut outcome = Outcome::default();
+        let mut outcome = RunOutcome::default();
         outcome.observe(0, "a", &AgentStreamPart::MessageStart { step: 1 });
         outcome.observe(
             0,
@@ -931,7 +806,7 @@ mod tests {
                 reason: FinishReason::Stop,
             },
         );
-        let result = outcome.result("a");
+        let result = call_result(&outcome, "a");
         assert_eq!(result.is_error, Some(false));
         let text = text_of(&result);
         assert!(text.starts_with("Done.\n"), "{text}");

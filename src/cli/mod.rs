@@ -20,7 +20,6 @@ use webmcp_agents::config::{Config, Hosted, StartOptions};
 use webmcp_agents::display::{render_part, terminal_safe};
 use webmcp_agents::runtime::{AgentHandle, RunApprovals, RunId, TaggedPart};
 use webmcp_agents::store::{RunLog, RunStatus, Store};
-use webmcp_agents::tools::PageTool;
 use webmcp_agents::{mend, serve};
 
 use approve::{ApprovalArgs, Input, Lines, RecordingApprover};
@@ -215,65 +214,16 @@ pub(crate) async fn start(config: &Config) -> Result<Hosted> {
 /// source that is down would answer without its tools and look like
 /// success.
 pub(crate) async fn ensure_sources(config: &Config, hosted: &Hosted, name: &str) -> Result<()> {
-    use webmcp_agents::agent::ToolHost;
-    use webmcp_agents::tools::SourceState;
-
-    let mut agents = vec![name.to_string()];
-    let mut sources: Vec<String> = Vec::new();
-    while let Some(agent) = agents.pop() {
-        let Some(spec) = config.agent(&agent) else {
-            continue;
-        };
-        for source in &spec.tools {
-            if !sources.contains(source) {
-                sources.push(source.clone());
-            }
-        }
-        agents.extend(spec.sub_agents.iter().cloned());
-    }
-    for (source, set) in &hosted.tool_sets {
-        if !sources.contains(source) {
-            continue;
-        }
-        set.list_tools().await;
-        for health in set.health() {
-            if let SourceState::Down { reason } | SourceState::GaveUp { reason } = health.state {
-                bail!("the tool source `{source}` that `{name}` needs could not start: {reason}");
-            }
-        }
+    let (sources, _) = config.tool_sources_of(name);
+    if let Some((source, reason)) = hosted.first_down(&sources).await {
+        bail!("the tool source `{source}` that `{name}` needs could not start: {reason}");
     }
     Ok(())
 }
 
 /// The agent a request goes to: the one named, or the only top-level one.
 pub(crate) fn pick_agent(config: &Config, named: Option<&str>) -> Result<String> {
-    if let Some(name) = named {
-        if config.agent(name).is_none() {
-            bail!(
-                "{} has no agent named `{name}` (it has {})",
-                config.file.display(),
-                names(config)
-            );
-        }
-        return Ok(name.to_string());
-    }
-    match config.top_level_agents()[..] {
-        [only] => Ok(only.name.clone()),
-        _ => bail!(
-            "{} has several agents; pick one with --agent ({})",
-            config.file.display(),
-            names(config)
-        ),
-    }
-}
-
-fn names(config: &Config) -> String {
-    config
-        .agents
-        .iter()
-        .map(|a| format!("`{}`", a.name))
-        .collect::<Vec<_>>()
-        .join(", ")
+    config.pick_agent(named).map_err(anyhow::Error::msg)
 }
 
 /// Stops the run in flight on Ctrl-C; with none in flight, ends the command.
@@ -366,13 +316,9 @@ async fn ask(
 
 fn print_carts(hosted: &Hosted) {
     for (source, shop) in &hosted.shops {
-        let cart: Vec<String> = shop
-            .cart()
-            .iter()
-            .map(|l| format!("{} x {}", l.quantity, l.product_id))
-            .collect();
+        let cart = shop.cart_line();
         if !cart.is_empty() {
-            eprintln!("cart of `{source}`: {}", terminal_safe(&cart.join(", ")));
+            eprintln!("cart of `{source}`: {}", terminal_safe(&cart));
         }
     }
 }
@@ -785,7 +731,8 @@ pub(crate) async fn open_store(config: &Config) -> Result<Store> {
     Ok(store)
 }
 
-async fn wait_for_stop() {
+/// Ctrl-C, or SIGTERM on Unix: how `wma serve` and `wma mcp` are stopped.
+pub(crate) async fn wait_for_stop() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
@@ -831,46 +778,11 @@ pub(crate) async fn check_pages(config: &Config) {
             Ok(tools) => {
                 println!("  page {source}: {} tool(s)", tools.len());
                 for tool in &tools {
-                    println!("    {}", page_tool_line(tool));
+                    println!("    {}", webmcp_agents::config::page_tool_line(tool));
                 }
             }
             Err(reason) => println!("  page {source}: could not be opened: {reason}"),
         }
-    }
-}
-
-/// A page's tool for `wma check --pages`: its name, what kind of tool it
-/// is, its annotations, and why it is not offered when it is not.
-fn page_tool_line(tool: &PageTool) -> String {
-    let mut notes: Vec<String> = Vec::new();
-    if tool.declarative {
-        notes.push(if tool.autosubmit {
-            "form, autosubmit".to_string()
-        } else {
-            "form, waits for the person's submit".to_string()
-        });
-    }
-    if let Some(frame) = &tool.frame_url {
-        notes.push(format!("in frame {frame}"));
-    }
-    let annotations = &tool.definition.annotations;
-    for (on, name) in [
-        (annotations.read_only, "read-only"),
-        (annotations.consequential, "consequential"),
-        (annotations.untrusted_content, "untrusted content"),
-        (tool.debugging, "debugging"),
-    ] {
-        if on {
-            notes.push(name.to_string());
-        }
-    }
-    if !tool.offered {
-        notes.push("not offered".to_string());
-    }
-    if notes.is_empty() {
-        tool.definition.name.clone()
-    } else {
-        format!("{} ({})", tool.definition.name, notes.join("; "))
     }
 }
 
@@ -910,17 +822,8 @@ pub(crate) fn check(config: &Config) {
         println!("  agent {} on another node", remote.name);
     }
     if let Some(cluster) = &config.cluster {
-        // A node refuses a weak cookie when it starts; say so before then.
-        for problem in wma_runtime::cookie_problems(&cluster.cookie) {
-            println!("  warning: cluster.cookie: {problem} (the node will refuse it)");
-        }
-        if cluster.cookie_inline {
-            println!(
-                "  warning: cluster.cookie is written in the config; name an environment variable with cookie_env instead"
-            );
-        }
-        if let Some(warning) = wma_runtime::listen_warning(cluster.listen) {
-            println!("  warning: cluster.listen: {warning}");
+        for warning in cluster.warnings() {
+            println!("  warning: {warning}");
         }
     }
 }

@@ -120,6 +120,16 @@ impl Shop {
         self.cart.lock().clone()
     }
 
+    /// The cart in a line, as the command and the evaluation report it:
+    /// `2 x p-17, 1 x p-3`; empty when the cart is.
+    pub fn cart_line(&self) -> String {
+        self.cart()
+            .iter()
+            .map(|l| format!("{} x {}", l.quantity, l.product_id))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// The shop's tools.
     pub fn tools(&self) -> NativeTools {
         let mut tools = NativeTools::new();

@@ -56,6 +56,46 @@ impl Hosted {
         }
         self.runtime.shutdown().await;
     }
+
+    /// The first of `sources` (in the order they are hosted) that could not
+    /// start, with the reason. Listing a source's tools starts it, so a
+    /// source not yet started is tried here: a run that needs a source that
+    /// is down would answer without its tools and look like success.
+    pub async fn first_down(&self, sources: &[String]) -> Option<(String, String)> {
+        for (source, set) in &self.tool_sets {
+            if !sources.contains(source) {
+                continue;
+            }
+            set.list_tools().await;
+            for health in set.health() {
+                if let wma_tools::SourceState::Down { reason }
+                | wma_tools::SourceState::GaveUp { reason } = health.state
+                {
+                    return Some((source.clone(), reason));
+                }
+            }
+        }
+        None
+    }
+
+    /// Whether every tool of `sources` says it is read-only. A source not
+    /// hosted here cannot tell, and is not.
+    pub async fn all_read_only(&self, sources: &[String]) -> bool {
+        for source in sources {
+            let Some((_, set)) = self.tool_sets.iter().find(|(s, _)| s == source) else {
+                return false;
+            };
+            if !set
+                .list_tools()
+                .await
+                .iter()
+                .all(|t| t.annotations.read_only)
+            {
+                return false;
+            }
+        }
+        true
+    }
 }
 
 impl std::fmt::Debug for Hosted {
@@ -195,6 +235,42 @@ fn webmcp_source(spec: &ToolSourceSpec, call_timeout: Duration) -> Option<WebMcp
         browser_options,
         page_options,
     ))
+}
+
+/// A page's tool in a line, as `wma check --pages` lists the tools
+/// [`Config::page_tools`] finds: its name, what kind of tool it is, its
+/// annotations, and why it is not offered when it is not.
+pub fn page_tool_line(tool: &PageTool) -> String {
+    let mut notes: Vec<String> = Vec::new();
+    if tool.declarative {
+        notes.push(if tool.autosubmit {
+            "form, autosubmit".to_string()
+        } else {
+            "form, waits for the person's submit".to_string()
+        });
+    }
+    if let Some(frame) = &tool.frame_url {
+        notes.push(format!("in frame {frame}"));
+    }
+    let annotations = &tool.definition.annotations;
+    for (on, name) in [
+        (annotations.read_only, "read-only"),
+        (annotations.consequential, "consequential"),
+        (annotations.untrusted_content, "untrusted content"),
+        (tool.debugging, "debugging"),
+    ] {
+        if on {
+            notes.push(name.to_string());
+        }
+    }
+    if !tool.offered {
+        notes.push("not offered".to_string());
+    }
+    if notes.is_empty() {
+        tool.definition.name.clone()
+    } else {
+        format!("{} ({})", tool.definition.name, notes.join("; "))
+    }
 }
 
 impl Config {

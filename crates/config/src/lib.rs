@@ -3,7 +3,7 @@
 //!
 //! This crate sits below the HTTP server (`wma-serve`), the evaluation
 //! harness (`wma-eval`) and the `wma` command, which all read a config and
-//! start what it describes; it imports none of them. For that, it holds two
+//! start what it describes; it imports none of them. For that, it holds three
 //! things besides the config itself:
 //!
 //! - [`server`]: the data of `[server]` (what the server lets in and how
@@ -13,6 +13,9 @@
 //!   import the server.
 //! - [`demo_shop`]: the outdoor shop behind `kind = "demo-shop"` tool
 //!   sources, which the `wma` command and the evaluation also run.
+//! - [`models`]: the models installed in the cache folder, which an `onnx`
+//!   provider's `model` names: listing, pulling and removing them
+//!   (`wma models` prints what it finds).
 //!
 //! A file is read in two passes, as the rest of the project reads settings:
 //! first into a raw form that mirrors the file, strictly (an unknown key or
@@ -54,6 +57,7 @@ pub mod demo_shop;
 mod error;
 mod host;
 mod mcp_json;
+pub mod models;
 mod raw;
 pub mod server;
 mod spec;
@@ -63,7 +67,7 @@ use std::path::Path;
 
 pub use builtin::{BUILTINS, builtin_tools};
 pub use error::{ConfigError, Location};
-pub use host::{Hosted, ProgressCallback, StartOptions, provider_source};
+pub use host::{Hosted, ProgressCallback, StartOptions, page_tool_line, provider_source};
 pub use spec::{
     AgentSpec, ClusterSpec, Config, DEFAULT_AGENT, DEFAULT_SERVER_LISTEN, ProviderConfig,
     ProviderSpec, RemoteAgentSpec, ScriptedSpec, StoreSpec, ToolSourceConfig, ToolSourceSpec,

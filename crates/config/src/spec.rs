@@ -8,7 +8,7 @@
 //! crate's modules form no circle.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use wma_agent::{ApprovalPolicy, ConstraintMode, policy::Policy};
@@ -104,6 +104,39 @@ pub struct ProviderConfig {
     pub name: String,
     /// What it is.
     pub spec: ProviderSpec,
+}
+
+impl ProviderConfig {
+    /// The provider named `name` among `providers` (read from `file`, which
+    /// the message names), or the only one when no name is given: what
+    /// `wma eval --provider-config FILE --provider NAME` runs.
+    pub fn pick<'a>(
+        providers: &'a [ProviderConfig],
+        name: Option<&str>,
+        file: &Path,
+    ) -> Result<&'a ProviderConfig, String> {
+        match name {
+            Some(name) => providers.iter().find(|p| p.name == name).ok_or_else(|| {
+                format!(
+                    "{} has no provider named `{name}` (it has: {})",
+                    file.display(),
+                    providers
+                        .iter()
+                        .map(|p| p.name.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }),
+            None => match providers {
+                [only] => Ok(only),
+                _ => Err(format!(
+                    "{} has {} providers; name one with --provider",
+                    file.display(),
+                    providers.len()
+                )),
+            },
+        }
+    }
 }
 
 /// The kinds of provider. Exhaustive on purpose: `GET /v1/agents` of
@@ -249,6 +282,32 @@ pub struct ClusterSpec {
     pub export: Vec<String>,
 }
 
+impl ClusterSpec {
+    /// What a person should hear of these settings before the node starts,
+    /// one line each (`cluster.cookie: ...`): a cookie the node will refuse
+    /// as weak, a cookie written in the config itself, a listen address
+    /// beyond this machine.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        // A node refuses a weak cookie when it starts; say so before then.
+        for problem in wma_runtime::cookie_problems(&self.cookie) {
+            warnings.push(format!(
+                "cluster.cookie: {problem} (the node will refuse it)"
+            ));
+        }
+        if self.cookie_inline {
+            warnings.push(
+                "cluster.cookie is written in the config; name an environment variable with cookie_env instead"
+                    .to_string(),
+            );
+        }
+        if let Some(warning) = wma_runtime::listen_warning(self.listen) {
+            warnings.push(format!("cluster.listen: {warning}"));
+        }
+        warnings
+    }
+}
+
 impl Config {
     /// The agent hosted here with this name.
     pub fn agent(&self, name: &str) -> Option<&AgentSpec> {
@@ -258,6 +317,66 @@ impl Config {
     /// The provider with this name.
     pub fn provider(&self, name: &str) -> Option<&ProviderConfig> {
         self.providers.iter().find(|p| p.name == name)
+    }
+
+    /// The tool sources the agent `name` and its sub-agents (theirs too)
+    /// use, each once, in the order met; and whether every one of those
+    /// agents is hosted here (one another node hosts has tools this config
+    /// cannot see).
+    pub fn tool_sources_of(&self, name: &str) -> (Vec<String>, bool) {
+        let mut agents = vec![name.to_string()];
+        let mut seen: Vec<String> = Vec::new();
+        let mut sources: Vec<String> = Vec::new();
+        let mut all_here = true;
+        while let Some(agent) = agents.pop() {
+            if seen.contains(&agent) {
+                continue;
+            }
+            seen.push(agent.clone());
+            let Some(spec) = self.agent(&agent) else {
+                all_here = false;
+                continue;
+            };
+            for source in &spec.tools {
+                if !sources.contains(source) {
+                    sources.push(source.clone());
+                }
+            }
+            agents.extend(spec.sub_agents.iter().cloned());
+        }
+        (sources, all_here)
+    }
+
+    /// The agent a request goes to: the one named, or the only top-level
+    /// one. The error says which agents there are.
+    pub fn pick_agent(&self, named: Option<&str>) -> Result<String, String> {
+        if let Some(name) = named {
+            if self.agent(name).is_none() {
+                return Err(format!(
+                    "{} has no agent named `{name}` (it has {})",
+                    self.file.display(),
+                    self.agent_names()
+                ));
+            }
+            return Ok(name.to_string());
+        }
+        match self.top_level_agents()[..] {
+            [only] => Ok(only.name.clone()),
+            _ => Err(format!(
+                "{} has several agents; pick one with --agent ({})",
+                self.file.display(),
+                self.agent_names()
+            )),
+        }
+    }
+
+    /// The local agents' names, quoted, for messages.
+    fn agent_names(&self) -> String {
+        self.agents
+            .iter()
+            .map(|a| format!("`{}`", a.name))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 
     /// The agents no other local agent delegates to: where requests start.

@@ -99,6 +99,41 @@ pub fn category_file(dir: &Path, category: &str) -> PathBuf {
     dir.join(format!("BFCL_v4_{category}.json"))
 }
 
+/// The data files a run scores, each with its name: the files of
+/// `categories` in `dir` (of [`DEFAULT_CATEGORIES`] when neither
+/// categories nor files are given), then `files`, each named by its stem.
+/// A category without its file in `dir` is an error.
+pub fn sources(
+    dir: &Path,
+    categories: &[String],
+    files: &[PathBuf],
+) -> Result<Vec<(String, PathBuf)>, String> {
+    let mut sources: Vec<(String, PathBuf)> = Vec::new();
+    let categories: Vec<String> = if categories.is_empty() && files.is_empty() {
+        DEFAULT_CATEGORIES.iter().map(|c| c.to_string()).collect()
+    } else {
+        categories.to_vec()
+    };
+    for category in categories {
+        let file = category_file(dir, &category);
+        if !file.exists() {
+            return Err(format!(
+                "no data for category {category} at {} (run scripts/setup.sh, or pass --data)",
+                file.display()
+            ));
+        }
+        sources.push((category, file));
+    }
+    for file in files {
+        let name = file
+            .file_stem()
+            .map(|s| s.to_string_lossy().to_string())
+            .unwrap_or_default();
+        sources.push((name, file.clone()));
+    }
+    Ok(sources)
+}
+
 /// Loads a data file and, when it exists, its `possible_answer/` twin.
 pub fn load(data: &Path) -> Result<Vec<Record>, DataError> {
     let answers_path = data.parent().map(|d| {

@@ -287,6 +287,20 @@ pub struct ShopRun {
     pub cart: String,
 }
 
+/// Sums up runs of the shop task in a line: how many were solved, and the
+/// steps and seconds a run took on average.
+pub fn shop_summary(runs: &[ShopRun]) -> String {
+    let solved = runs.iter().filter(|r| r.success).count();
+    let steps: u32 = runs.iter().map(|r| r.steps).sum();
+    let time: f64 = runs.iter().map(|r| r.time.as_secs_f64()).sum();
+    format!(
+        "shop task: solved {solved} of {} runs; {:.1} steps and {:.1} s per run on average",
+        runs.len(),
+        f64::from(steps) / runs.len().max(1) as f64,
+        time / runs.len().max(1) as f64
+    )
+}
+
 /// The product the demo request should end with in the cart.
 pub const SHOP_TASK_PRODUCT: &str = "p-17";
 
@@ -534,11 +548,7 @@ pub async fn run_shop_task<P: Provider + SeedPerRun + 'static>(
             steps,
             end,
             time: started.elapsed(),
-            cart: cart
-                .iter()
-                .map(|l| format!("{} x {}", l.quantity, l.product_id))
-                .collect::<Vec<_>>()
-                .join(", "),
+            cart: shop.cart_line(),
         };
         on_run(i + 1, &run);
         results.push(run);

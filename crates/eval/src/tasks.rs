@@ -476,6 +476,42 @@ fn find_peers(file: &Path) -> Option<PathBuf> {
         .find(|dir| dir.is_dir())
 }
 
+/// The tasks at `path` that a run of the suite takes: those of `domains`
+/// and `names` (any, when empty) in `half` (`dev`, `test` or `all`). An
+/// error when none fits, or when a name given is not there.
+pub fn select(
+    path: &Path,
+    domains: &[String],
+    names: &[String],
+    half: &str,
+) -> Result<Vec<Task>, String> {
+    let mut tasks = load_tasks(path)?;
+    let wanted: Option<Half> = match half {
+        "all" => None,
+        other => Some(other.parse()?),
+    };
+    tasks.retain(|t| {
+        (domains.is_empty() || domains.contains(&t.domain))
+            && (names.is_empty() || names.contains(&t.name))
+            && wanted.is_none_or(|h| t.half == h)
+    });
+    if tasks.is_empty() {
+        return Err(format!(
+            "no task of {} fits --domain, --task and --half",
+            path.display()
+        ));
+    }
+    for name in names {
+        if !tasks.iter().any(|t| &t.name == name) {
+            return Err(format!(
+                "there is no task named `{name}` in {} (of --half {half})",
+                path.display(),
+            ));
+        }
+    }
+    Ok(tasks)
+}
+
 /// Reads the scenarios at `path`: a file, or every `.toml` file under a
 /// folder (sorted by path). Every task is validated; the first mistake is
 /// the error, naming its file and task.
@@ -1924,11 +1960,7 @@ impl State<'_> {
                 .map(|(_, s)| s)
                 .ok_or("the demo shop is not there")?;
                 let cart = shop.cart();
-                let listed = cart
-                    .iter()
-                    .map(|l| format!("{} x {}", l.quantity, l.product_id))
-                    .collect::<Vec<_>>()
-                    .join(", ");
+                let listed = shop.cart_line();
                 if *empty {
                     return if cart.is_empty() {
                         Ok(())

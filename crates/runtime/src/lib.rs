@@ -83,6 +83,7 @@ mod cluster;
 mod delegation;
 mod delegator;
 mod error;
+mod outcome;
 mod part;
 mod provider;
 mod remote;
@@ -104,6 +105,7 @@ pub use cluster::{
 pub use delegation::{RunApprovals, delegation_tool};
 pub use delegator::DEFAULT_MAX_DELEGATION_DEPTH;
 pub use error::RuntimeError;
+pub use outcome::RunOutcome;
 pub use part::{RUN_PART_BUFFER, TaggedPart};
 pub use provider::{ProviderHandle, ProviderSource};
 pub use remote::{CLUSTER_SCOPE, NEXT_BATCH, NEXT_WAIT};
