@@ -526,6 +526,146 @@ async fn swap_provider(api: &Api, name: &str, body: SwapBody) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::body::Body;
+    use axum::http::header::{ALLOW, AUTHORIZATION, CONTENT_TYPE, HOST};
+    use wma_config::server::{ServerOptions, TokenSource};
+    use wma_config::{Config, StartOptions};
+
+    const TOKEN: &str = "7c1f0e9a3b5d2c8e4f6a0b1c9d8e7f6a5b4c3d2e";
+
+    const CONFIG: &str = r#"
+[providers.main]
+kind = "scripted"
+model = "main-model"
+replies = ["Hello."]
+
+[agents.main]
+description = "Talks to the person."
+provider = "main"
+"#;
+
+    /// The router over a scripted agent, and a request sender that passes
+    /// the Host check and, with `token`, the token check.
+    async fn router() -> (Router, wma_config::Hosted) {
+        let config = Config::parse(CONFIG, "router-test.toml").unwrap();
+        let hosted = config.start(StartOptions::default()).await.unwrap();
+        let api = Api::hosted(config, &hosted).unwrap();
+        let options = ServerOptions {
+            token: TokenSource::Given(TOKEN.to_string()),
+            ..ServerOptions::default()
+        };
+        let token = crate::token::Token::parse(TOKEN).unwrap();
+        let listen = "127.0.0.1:8080".parse().unwrap();
+        let server = Arc::new(Server::new(api, token, listen, options));
+        (super::router(server), hosted)
+    }
+
+    async fn send(
+        router: &Router,
+        method: Method,
+        path: &str,
+        token: bool,
+        body: Option<(&str, &str)>,
+    ) -> (StatusCode, HeaderMap, Value) {
+        let mut request = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(HOST, "127.0.0.1:8080");
+        if token {
+            request = request.header(AUTHORIZATION, format!("Bearer {TOKEN}"));
+        }
+        let body = match body {
+            Some((media, text)) => {
+                request = request.header(CONTENT_TYPE, media);
+                Body::from(text.to_string())
+            }
+            None => Body::empty(),
+        };
+        let peer = "127.0.0.1:50000".parse().unwrap();
+        let response = dispatch(router.clone(), peer, request.body(body).unwrap()).await;
+        let (parts, body) = response.into_parts();
+        let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+        let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (parts.status, parts.headers, value)
+    }
+
+    #[tokio::test]
+    async fn wrong_methods_and_unknown_paths_are_answered_in_the_error_shape_behind_the_guards() {
+        let (router, hosted) = router().await;
+        let (status, headers, body) = send(&router, Method::DELETE, "/v1/agents", true, None).await;
+        assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+        assert_eq!(body["error"], "DELETE is not allowed on /v1/agents");
+        assert!(headers[ALLOW].to_str().unwrap().contains("GET"));
+        // Without the token, a wrong method learns nothing about the path.
+        let (status, _, _) = send(&router, Method::DELETE, "/v1/agents", false, None).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        let (status, _, body) = send(&router, Method::GET, "/v1/nothing/", true, None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(body["error"], "nothing at /v1/nothing/");
+        // Slashes around a path are tolerated, as they always were.
+        let (status, _, body) = send(&router, Method::GET, "/v1/agents/", true, None).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body["agents"][0]["name"], "main");
+        // A body that is not JSON is refused before the route is looked at.
+        let text = Some(("text/plain", "{}"));
+        let (status, _, _) = send(&router, Method::POST, "/v1/nothing", true, text).await;
+        assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        let json = Some(("application/json", "[]"));
+        let (status, _, body) =
+            send(&router, Method::POST, "/v1/agents/main/runs", true, json).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(
+            body["error"]
+                .as_str()
+                .unwrap()
+                .contains("must be a JSON object")
+        );
+        // The page needs no token; a bare health check says only the status.
+        let (status, _, _) = send(&router, Method::GET, "/", false, None).await;
+        assert_eq!(status, StatusCode::OK);
+        let (status, _, body) = send(&router, Method::GET, "/v1/health", false, None).await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body, json!({"status": "ok"}));
+        hosted.shutdown().await;
+    }
+
+    #[tokio::test]
+    async fn a_runs_events_are_written_as_before_one_data_line_each() {
+        let (router, hosted) = router().await;
+        let request = Request::post("/v1/agents/main/runs")
+            .header(HOST, "127.0.0.1:8080")
+            .header(AUTHORIZATION, format!("Bearer {TOKEN}"))
+            .header(CONTENT_TYPE, "application/json")
+            .body(Body::from(r#"{"input": "Hi"}"#))
+            .unwrap();
+        let peer = "127.0.0.1:50000".parse().unwrap();
+        let response = dispatch(router, peer, request).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(response.headers()[CONTENT_TYPE], "text/event-stream");
+        assert_eq!(response.headers()["cache-control"], "no-cache");
+        let id = response.headers()[crate::reply::RUN_ID_HEADER]
+            .to_str()
+            .unwrap()
+            .to_string();
+        let bytes = axum::body::to_bytes(response.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let text = String::from_utf8(bytes.to_vec()).unwrap();
+        let first = format!("event: run\ndata: {{\"agent\":\"main\",\"run_id\":\"{id}\"}}\n\n");
+        assert!(text.starts_with(&first), "{text}");
+        let events: Vec<&str> = text.trim_end().split("\n\n").collect();
+        for event in &events[1..] {
+            let lines: Vec<&str> = event.lines().collect();
+            assert_eq!(lines.len(), 2, "{event}");
+            assert_eq!(lines[0], "event: part");
+            assert!(lines[1].starts_with("data: {"), "{event}");
+        }
+        assert!(
+            events.last().unwrap().contains(r#""type":"finish""#),
+            "{text}"
+        );
+        hosted.shutdown().await;
+    }
 
     #[test]
     fn slashes_around_a_path_are_trimmed_and_the_rest_is_kept() {
