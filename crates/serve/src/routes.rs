@@ -606,6 +606,11 @@ provider = "main"
         let (status, _, body) = send(&router, Method::GET, "/v1/agents/", true, None).await;
         assert_eq!(status, StatusCode::OK);
         assert_eq!(body["agents"][0]["name"], "main");
+        // Segments are percent-decoded; a GET path answers HEAD, bodiless.
+        let (status, _, body) = send(&router, Method::GET, "/v1/models/ma%69n", true, None).await;
+        assert_eq!((status, &body["id"]), (StatusCode::OK, &json!("main")));
+        let (status, _, body) = send(&router, Method::HEAD, "/v1/agents", true, None).await;
+        assert_eq!((status, body), (StatusCode::OK, Value::Null));
         // A body that is not JSON is refused before the route is looked at.
         let text = Some(("text/plain", "{}"));
         let (status, _, _) = send(&router, Method::POST, "/v1/nothing", true, text).await;
