@@ -592,6 +592,11 @@ impl Sse {
                         data.push_str(v);
                     }
                 }
+                // A comment alone (`:`), which the server sends when a
+                // stream has been silent a while, is no event.
+                if name.is_empty() && data.is_empty() {
+                    continue;
+                }
                 let value: Value =
                     serde_json::from_str(&data).map_err(|e| format!("event data: {e}"))?;
                 self.state.feed(name, &value);

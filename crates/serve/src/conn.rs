@@ -13,6 +13,12 @@
 //! silent connections thereby closes its own oldest ones, not the ones
 //! that are working. Only when every slot carries a request in progress
 //! does a newcomer wait (briefly), then get a `503` at once.
+//!
+//! Each admitted connection is served by hyper's HTTP/1.1 connection with
+//! the API's axum router as its service ([`dispatch`]), rather than by
+//! `axum::serve`: the caps, the choice of which connection to close, and
+//! the header and idle timeouts need the socket and each request's start
+//! and end, which `axum::serve` keeps to itself.
 
 use std::cmp::Reverse;
 use std::collections::HashMap;
@@ -25,8 +31,9 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use http_body_util::BodyExt;
-use hyper::body::{Body as HttpBody, Bytes, Frame, SizeHint};
+use axum::Router;
+use axum::body::{Body, Bytes, HttpBody};
+use hyper::body::{Frame, SizeHint};
 use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use parking_lot::Mutex;
@@ -35,7 +42,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::{Body, Server};
+use crate::routes::dispatch;
+use crate::state::Server;
 
 /// First pause after an accept error that is not about one connection
 /// (out of file descriptors, out of memory). The pause doubles with each
@@ -57,6 +65,7 @@ const MIN_CHECK_INTERVAL: Duration = Duration::from_millis(10);
 pub(crate) async fn accept_loop(
     listener: TcpListener,
     server: Arc<Server>,
+    router: Router,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
     let slots = Arc::new(Slots::new(
@@ -97,7 +106,7 @@ pub(crate) async fn accept_loop(
         tokio::spawn(connection(
             stream,
             peer,
-            server.clone(),
+            (server.clone(), router.clone()),
             slots.clone(),
             shutdown.clone(),
         ));
@@ -349,7 +358,7 @@ fn about_one_connection(error: &io::Error) -> bool {
 async fn connection(
     stream: TcpStream,
     peer: SocketAddr,
-    server: Arc<Server>,
+    (server, router): (Arc<Server>, Router),
     slots: Arc<Slots>,
     shutdown: CancellationToken,
 ) {
@@ -385,7 +394,7 @@ async fn connection(
             }
         }
     };
-    serve_admitted(stream, peer, server, activity, slot, shutdown).await;
+    serve_admitted(stream, peer, (server, router), activity, slot, shutdown).await;
 }
 
 /// Serves an admitted connection until it ends, times out, is shed to make
@@ -393,7 +402,7 @@ async fn connection(
 async fn serve_admitted(
     stream: TcpStream,
     peer: SocketAddr,
-    server: Arc<Server>,
+    (server, router): (Arc<Server>, Router),
     activity: Arc<Activity>,
     slot: Slot,
     shutdown: CancellationToken,
@@ -415,15 +424,13 @@ async fn serve_admitted(
     let service = {
         let activity = activity.clone();
         hyper::service::service_fn(move |request| {
-            let server = server.clone();
+            let router = router.clone();
             let busy = activity.begin_request();
             async move {
-                let response = super::handle(&server, peer, request).await;
+                let response = dispatch(router, peer, request).await;
                 // The request counts as in progress until its response body
                 // is done, however long a run's events take.
-                Ok::<_, Infallible>(
-                    response.map(|body| Tracked { body, _busy: busy }.boxed_unsync()),
-                )
+                Ok::<_, Infallible>(response.map(|body| Tracked { body, _busy: busy }))
             }
         })
     };
@@ -604,12 +611,12 @@ struct Tracked {
 
 impl HttpBody for Tracked {
     type Data = Bytes;
-    type Error = Infallible;
+    type Error = axum::Error;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
         Pin::new(&mut self.get_mut().body).poll_frame(cx)
     }
 

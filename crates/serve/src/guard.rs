@@ -6,16 +6,16 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use hyper::header::{
+use axum::http::header::{
     ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS, ACCESS_CONTROL_ALLOW_ORIGIN,
     ACCESS_CONTROL_EXPOSE_HEADERS, ACCESS_CONTROL_MAX_AGE, AUTHORIZATION, CONTENT_TYPE, HOST,
     HeaderMap, HeaderValue, ORIGIN, VARY,
 };
-use hyper::http::request::Parts;
+use axum::http::request::Parts;
 use parking_lot::Mutex;
 
-use super::RUN_ID_HEADER;
-use super::token::Token;
+use crate::reply::RUN_ID_HEADER;
+use crate::token::Token;
 use wma_config::server::ServerOptions;
 
 /// What the token check found.
@@ -96,7 +96,7 @@ impl RefusalLog {
 /// The one value of header `name`: `Err` when there are several.
 fn single<'a>(
     headers: &'a HeaderMap,
-    name: &hyper::header::HeaderName,
+    name: &axum::http::HeaderName,
     label: &'static str,
 ) -> Result<Option<&'a HeaderValue>, Refusal> {
     let mut values = headers.get_all(name).iter();
@@ -241,10 +241,10 @@ pub(crate) fn is_json(headers: &HeaderMap) -> bool {
 /// Whether a request is a CORS preflight (an allowed page asking before it
 /// sends a request with a token or a JSON body).
 pub(crate) fn is_preflight(request: &Parts) -> bool {
-    request.method == hyper::Method::OPTIONS
+    request.method == axum::http::Method::OPTIONS
         && request
             .headers
-            .contains_key(hyper::header::ACCESS_CONTROL_REQUEST_METHOD)
+            .contains_key(axum::http::header::ACCESS_CONTROL_REQUEST_METHOD)
 }
 
 /// The CORS headers for an allowed origin: it may read the answer (and
@@ -276,7 +276,7 @@ mod tests {
     const TOKEN: &str = "7c1f0e9a3b5d2c8e4f6a0b1c9d8e7f6a5b4c3d2e";
 
     fn parts(headers: &[(&str, &str)]) -> Parts {
-        let mut request = hyper::Request::builder().uri("/v1/agents");
+        let mut request = axum::http::Request::builder().uri("/v1/agents");
         for (name, value) in headers {
             request = request.header(*name, *value);
         }

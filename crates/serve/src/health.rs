@@ -2,11 +2,11 @@
 
 use std::time::Duration;
 
-use hyper::StatusCode;
+use axum::http::StatusCode;
 use serde_json::{Value, json};
 use wma_runtime::{RunId, RuntimeError};
 
-use super::Api;
+use crate::api::Api;
 
 /// How long the health check waits for one actor's answer. An actor that
 /// is restarting (a provider reloading its model takes a while) is

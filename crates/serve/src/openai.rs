@@ -23,20 +23,25 @@
 //! answer is told apart from one that did.
 
 use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::net::IpAddr;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use http_body_util::{BodyExt, StreamBody};
-use hyper::body::{Bytes, Frame, Incoming};
-use hyper::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderMap, HeaderValue};
-use hyper::{Request, Response, StatusCode};
+use axum::body::Body;
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::Response;
+use axum::response::sse::Event;
+use futures::StreamExt;
 use serde_json::{Map, Value, json};
 use wma_agent::{AgentStreamPart, ChatMessage, FinishReason};
 use wma_runtime::TaggedPart;
 
-use super::sessions::{ContinueBody, SESSION_ID_HEADER};
-use super::{Api, Body, RUN_ID_HEADER, RunBody, Server, json_response};
+use crate::api::Api;
+use crate::body::{ContinueBody, RunBody};
+use crate::reply::{RUN_ID_HEADER, SESSION_ID_HEADER, event_stream, json_response};
+use crate::runs::start_run;
+use crate::sessions::continue_session;
+use crate::state::Server;
 
 /// The response header that names the request fields this server read and
 /// did not apply (`temperature, max_tokens`), so that ignoring one is
@@ -410,7 +415,7 @@ fn model_object(name: &str, created: u64) -> Value {
 /// `GET /v1/models`: the agents this host runs, in the order
 /// `GET /v1/agents` lists them (the agents `POST /v1/agents/{agent}/runs`
 /// takes, sub-agents included; remote agents are another node's to answer).
-pub(crate) fn models(api: &Api) -> Response<Body> {
+pub(crate) fn models(api: &Api) -> Response {
     let created = started_at(api);
     let data: Vec<Value> = api
         .agents
@@ -421,14 +426,14 @@ pub(crate) fn models(api: &Api) -> Response<Body> {
 }
 
 /// `GET /v1/models/{agent}`.
-pub(crate) fn model(api: &Api, name: &str) -> Response<Body> {
+pub(crate) fn model(api: &Api, name: &str) -> Response {
     match api.agent(name) {
         Some(_) => json_response(StatusCode::OK, &model_object(name, started_at(api))),
         None => model_not_found(name),
     }
 }
 
-fn model_not_found(name: &str) -> Response<Body> {
+fn model_not_found(name: &str) -> Response {
     openai_error(
         StatusCode::NOT_FOUND,
         format!("there is no agent named `{name}` on this host (see GET /v1/models)"),
@@ -444,7 +449,7 @@ fn openai_error(
     message: impl Into<String>,
     param: Option<&str>,
     code: Option<&str>,
-) -> Response<Body> {
+) -> Response {
     let kind = match status.as_u16() {
         401 => "authentication_error",
         403 => "permission_error",
@@ -461,19 +466,19 @@ fn openai_error(
 
 /// An error answer of the runs API (`{"error": "…"}`) in the OpenAI shape,
 /// with its status and headers (`Retry-After`) kept.
-async fn reshaped(response: Response<Body>) -> Response<Body> {
+async fn reshaped(response: Response) -> Response {
     let (parts, body) = response.into_parts();
-    let bytes = match body.collect().await {
-        Ok(collected) => collected.to_bytes(),
-        Err(never) => match never {},
-    };
+    // An error answer is a small JSON body already in memory.
+    let bytes = axum::body::to_bytes(body, usize::MAX)
+        .await
+        .unwrap_or_default();
     let message = serde_json::from_slice::<Value>(&bytes)
         .ok()
         .and_then(|v| v["error"].as_str().map(str::to_string))
         .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned());
     let mut reshaped = openai_error(parts.status, message, None, None);
     for (name, value) in &parts.headers {
-        if name != CONTENT_TYPE && name != hyper::header::CONTENT_LENGTH {
+        if name != CONTENT_TYPE && name != CONTENT_LENGTH {
             reshaped.headers_mut().append(name.clone(), value.clone());
         }
     }
@@ -485,9 +490,10 @@ async fn reshaped(response: Response<Body>) -> Response<Body> {
 pub(crate) async fn chat_completions(
     server: &Server,
     client: IpAddr,
-    request: Request<Incoming>,
-) -> Response<Body> {
-    let session = match request.headers().get(SESSION_ID_HEADER).map(|v| v.to_str()) {
+    request_headers: &HeaderMap,
+    body: Result<Map<String, Value>, Response>,
+) -> Response {
+    let session = match request_headers.get(SESSION_ID_HEADER).map(|v| v.to_str()) {
         None => None,
         Some(Ok(id)) => Some(id.trim().to_ascii_lowercase()),
         Some(Err(_)) => {
@@ -499,7 +505,7 @@ pub(crate) async fn chat_completions(
             );
         }
     };
-    let fields = match super::read_json::<Map<String, Value>>(&server.options, request).await {
+    let fields = match body {
         Ok(fields) => fields,
         Err(response) => return reshaped(response).await,
     };
@@ -540,7 +546,7 @@ pub(crate) async fn chat_completions(
                 input: chat.request(),
                 approval: None,
             };
-            super::sessions::continue_session(server, client, id, body).await
+            continue_session(server, client, id, body).await
         }
         None => {
             let body = RunBody {
@@ -548,7 +554,7 @@ pub(crate) async fn chat_completions(
                 messages: Some(chat.messages.clone()),
                 approval: None,
             };
-            super::start_run(server, client, &chat.model, body).await
+            start_run(server, client, &chat.model, body).await
         }
     };
     if !started.status().is_success() {
@@ -611,7 +617,7 @@ impl Reply {
     }
 
     /// One `data:` event of a streamed completion.
-    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Bytes {
+    fn chunk(&self, delta: Value, finish_reason: Option<&str>) -> Event {
         let chunk = json!({
             "id": self.id,
             "object": "chat.completion.chunk",
@@ -619,23 +625,19 @@ impl Reply {
             "model": self.model,
             "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish_reason}],
         });
-        Bytes::from(format!("data: {chunk}\n\n"))
+        Event::default().data(chunk.to_string())
     }
 }
 
 /// The non-streamed answer: the run read to its end.
-async fn whole(mut body: Body, reply: Reply) -> Response<Body> {
+async fn whole(body: Body, reply: Reply) -> Response {
     let mut events = PartEvents::default();
     let mut answer = Answer::default();
-    while let Some(frame) = body.frame().await {
-        let frame = match frame {
-            Ok(frame) => frame,
-            Err(never) => match never {},
-        };
-        if let Ok(data) = frame.into_data() {
-            for part in events.push(&data) {
-                answer.observe(&part);
-            }
+    // The run's stream cannot fail: its events are made in this process.
+    let mut data = body.into_data_stream();
+    while let Some(Ok(bytes)) = data.next().await {
+        for part in events.push(&bytes) {
+            answer.observe(&part);
         }
     }
     json_response(StatusCode::OK, &reply.completion(&answer))
@@ -648,19 +650,19 @@ async fn whole(mut body: Body, reply: Reply) -> Response<Body> {
 /// the reply was read whole, and a step's text is the answer only when no
 /// call follows it in that step: text sent sooner could turn out to be a
 /// remark before a call, which is not the agent's answer.
-fn streamed(body: Body, reply: Reply) -> Response<Body> {
+fn streamed(body: Body, reply: Reply) -> Response {
     struct Streaming {
-        body: Body,
+        data: axum::body::BodyDataStream,
         events: PartEvents,
         answer: Answer,
         reply: Reply,
-        ready: VecDeque<Bytes>,
+        ready: VecDeque<Event>,
         done: bool,
     }
     let mut ready = VecDeque::new();
     ready.push_back(reply.chunk(json!({"role": "assistant", "content": ""}), None));
     let state = Streaming {
-        body,
+        data: body.into_data_stream(),
         events: PartEvents::default(),
         answer: Answer::default(),
         reply,
@@ -669,8 +671,8 @@ fn streamed(body: Body, reply: Reply) -> Response<Body> {
     };
     let chunks = futures::stream::unfold(state, |mut s| async move {
         loop {
-            if let Some(bytes) = s.ready.pop_front() {
-                return Some((Ok::<_, Infallible>(Frame::data(bytes)), s));
+            if let Some(event) = s.ready.pop_front() {
+                return Some((event, s));
             }
             if s.done {
                 return None;
@@ -679,17 +681,11 @@ fn streamed(body: Body, reply: Reply) -> Response<Body> {
             // part: on a server with a store the stream ends once the
             // answer has joined the session, so a client that goes on
             // with the session as soon as it has `[DONE]` finds it there.
-            match s.body.frame().await {
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        for part in s.events.push(&data) {
-                            s.answer.observe(&part);
-                        }
-                    }
-                    continue;
+            if let Some(Ok(bytes)) = s.data.next().await {
+                for part in s.events.push(&bytes) {
+                    s.answer.observe(&part);
                 }
-                Some(Err(never)) => match never {},
-                None => {}
+                continue;
             }
             s.done = true;
             let content = s.answer.content();
@@ -699,14 +695,10 @@ fn streamed(body: Body, reply: Reply) -> Response<Body> {
             }
             let last = s.reply.chunk(json!({}), Some(s.answer.finish_reason()));
             s.ready.push_back(last);
-            s.ready.push_back(Bytes::from_static(b"data: [DONE]\n\n"));
+            s.ready.push_back(Event::default().data("[DONE]"));
         }
     });
-    let mut response = Response::new(BodyExt::boxed_unsync(StreamBody::new(chunks)));
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-    headers.insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-    response
+    event_stream(chunks, None, None)
 }
 
 /// The parts of a run's event stream (the runs API's `event: part`

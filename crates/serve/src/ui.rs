@@ -14,15 +14,17 @@
 
 use std::net::SocketAddr;
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
-use hyper::header::{
+use axum::body::Body;
+use axum::http::header::{
     ALLOW, CACHE_CONTROL, CONTENT_SECURITY_POLICY, CONTENT_TYPE, HeaderMap, HeaderValue,
     REFERRER_POLICY, X_CONTENT_TYPE_OPTIONS,
 };
-use hyper::{Method, Response, StatusCode};
+use axum::http::{Method, StatusCode};
+use axum::response::Response;
 
-use super::{Body, Started, TokenOrigin, error};
+use crate::reply::error;
+use crate::state::Started;
+use crate::token::TokenOrigin;
 
 /// The policy of every answer under `/` and `/ui/`: the page's own
 /// scripts, styles and API, nothing inline, no framing, no form posts.
@@ -53,7 +55,7 @@ const FILES: &[(&str, &str, &str)] = &[
 /// The answer for a request of the page's paths (`/` and anything under
 /// `/ui/`), or `None` for every other path, which goes on to the token
 /// check and the API.
-pub(crate) fn respond(method: &Method, path: &str) -> Option<Response<Body>> {
+pub(crate) fn respond(method: &Method, path: &str) -> Option<Response> {
     if path != "/" && !path.starts_with("/ui/") {
         return None;
     }
@@ -67,11 +69,7 @@ pub(crate) fn respond(method: &Method, path: &str) -> Option<Response<Body>> {
             .insert(ALLOW, HeaderValue::from_static("GET, HEAD"));
         response
     } else if let Some((_, media, content)) = FILES.iter().find(|(p, _, _)| *p == path) {
-        let mut response = Response::new(
-            Full::new(Bytes::from_static(content.as_bytes()))
-                .map_err(|never| match never {})
-                .boxed_unsync(),
-        );
+        let mut response = Response::new(Body::from(*content));
         response
             .headers_mut()
             .insert(CONTENT_TYPE, HeaderValue::from_static(media));
