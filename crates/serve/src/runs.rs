@@ -35,6 +35,24 @@ use crate::reply::{
 use crate::state::Server;
 use crate::token;
 
+/// A slot among the client's runs (held as long as the run) and a fresh
+/// run id, or the answer that refuses the run.
+fn admit(server: &Server, client: IpAddr) -> Result<(RunTicket, String), Response> {
+    let limit = server.options.max_runs_per_client;
+    let Some(ticket) = server.runs.admit(client, limit) else {
+        return Err(error(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "this client already has {limit} runs streaming (the server's limit); try again when one finishes"
+            ),
+        ));
+    };
+    match token::random_hex(RUN_ID_BYTES) {
+        Ok(id) => Ok((ticket, id)),
+        Err(e) => Err(error(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
+    }
+}
+
 /// Starts a run of agent `name` for `client` and answers with its event
 /// stream: `POST /v1/agents/{agent}/runs`, and the chat completions
 /// without a session. With a store, the run gets a session of its own.
@@ -71,18 +89,9 @@ pub(crate) async fn start_run(
     if server.api.store.is_some() {
         return start_in_new_session(server, client, name, messages, rules).await;
     }
-    let limit = server.options.max_runs_per_client;
-    let Some(mut ticket) = server.runs.admit(client, limit) else {
-        return error(
-            StatusCode::TOO_MANY_REQUESTS,
-            format!(
-                "this client already has {limit} runs streaming (the server's limit); try again when one finishes"
-            ),
-        );
-    };
-    let id = match token::random_hex(RUN_ID_BYTES) {
-        Ok(id) => id,
-        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    let (mut ticket, id) = match admit(server, client) {
+        Ok(admitted) => admitted,
+        Err(refused) => return refused,
     };
     // The run's questions go on the server's list under its public id.
     let approver =
@@ -158,18 +167,9 @@ pub(crate) async fn start_durable(
             format!("there is no agent named `{name}`"),
         );
     };
-    let limit = server.options.max_runs_per_client;
-    let Some(mut ticket) = server.runs.admit(client, limit) else {
-        return error(
-            StatusCode::TOO_MANY_REQUESTS,
-            format!(
-                "this client already has {limit} runs streaming (the server's limit); try again when one finishes"
-            ),
-        );
-    };
-    let id = match token::random_hex(RUN_ID_BYTES) {
-        Ok(id) => id,
-        Err(e) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    let (mut ticket, id) = match admit(server, client) {
+        Ok(admitted) => admitted,
+        Err(refused) => return refused,
     };
     // The run's row is queued ahead of its parts and written with the first
     // of them, so the run waits for no commit to start; the callers checked
