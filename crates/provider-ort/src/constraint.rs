@@ -657,23 +657,14 @@ pub struct ConstraintMatcher {
 /// Whether `output` begins a call (after any whitespace: the model may
 /// start its reply on a new line) rather than prose.
 fn starts_a_call(output: &[u8], format: CallFormat) -> bool {
-    match format {
-        CallFormat::Json => output
-            .iter()
-            .find(|b| !b.is_ascii_whitespace())
-            .is_some_and(|&b| b == b'{'),
-        // Prose holds no `<`: the first one opens the calls, at once or
-        // after a line of prose.
-        CallFormat::Hermes => output.contains(&b'<'),
-    }
-}
-
-/// Where the calls of the output begin (see [`starts_a_call`]).
-fn calls_begin(output: &[u8], format: CallFormat) -> usize {
-    match format {
-        CallFormat::Json => 0,
-        CallFormat::Hermes => output.iter().position(|&b| b == b'<').unwrap_or(0),
-    }
+    let opens = match format {
+        CallFormat::Json => b'{',
+        CallFormat::Hermes => b'<',
+    };
+    output
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|&b| b == opens)
 }
 
 impl std::fmt::Debug for ConstraintMatcher {
@@ -923,8 +914,7 @@ impl ConstraintMatcher {
         if !starts_a_call(&self.output, format) || !self.is_accepting() {
             return;
         }
-        let from = self.unread.max(calls_begin(&self.output, format));
-        let unread = String::from_utf8_lossy(&self.output[from..])
+        let unread = String::from_utf8_lossy(&self.output[self.unread..])
             .replace("</tool_call>", " ")
             .replace("<tool_call>", " ");
         if unread.trim().is_empty() {

@@ -620,42 +620,6 @@ fn a_repeated_call_is_noticed_and_cut_off() {
 }
 
 #[test]
-fn a_hermes_call_after_prose_is_read_as_a_call() {
-    let f = fixture();
-    let c = Constraint::TextOrCalls { tools: tools() };
-    let call =
-        "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"a\"}}\n</tool_call>";
-    let text = format!("```json\n{call}\n{call}");
-    let ids = f
-        .tokenizer
-        .encode(text.as_str(), false)
-        .unwrap()
-        .get_ids()
-        .to_vec();
-    let mut m = f
-        .engine
-        .matcher(&c, CallFormat::Hermes, &small_model())
-        .unwrap();
-    let mut writing = false;
-    for &t in &ids {
-        m.consume(t).unwrap();
-        writing |= m.writing_call();
-        if m.repeated_a_call() {
-            break;
-        }
-    }
-    // Once the tag opens, the reply is writing a call (greedy values, the
-    // finish of a cut call), and the second copy is noticed as a repeat.
-    assert!(writing);
-    assert!(m.repeated_a_call());
-    let kept = f
-        .tokenizer
-        .decode(&ids[..m.distinct_tokens()], false)
-        .unwrap();
-    assert_eq!(kept.trim_end(), format!("```json\n{call}"));
-}
-
-#[test]
 fn a_single_call_tool_is_called_once_per_reply() {
     let f = fixture();
     let c = Constraint::CallsOnly { tools: tools() };
