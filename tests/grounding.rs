@@ -327,43 +327,6 @@ async fn a_prose_reply_to_a_request_naming_a_tool_gets_the_calls_only_retry() {
     assert_eq!(texts(&parts), ["Your cart is empty."]);
 }
 
-#[tokio::test]
-async fn a_correction_that_gave_a_call_leaves_the_history_of_later_steps() {
-    let script = || {
-        retried_after_prose([
-            "I'm sorry, I cannot help with that.".to_string(),
-            call("view_cart", json!({})),
-            "Your cart is empty.".to_string(),
-        ])
-    };
-    let correction = messages::use_the_tool("View my cart, please.");
-    // The step after the call reads the request, the call and its result:
-    // not the rejected reply, nor the turn that sent it back.
-    let provider = script();
-    let parts = run_all(
-        provider.clone(),
-        ask("View my cart, please.", annotated_shop()),
-        inline(),
-    )
-    .await;
-    assert_finish(&parts, FinishReason::Stop);
-    let after = prompt_text(&provider.requests()[2]);
-    assert!(!after.contains(&correction), "{after}");
-    assert!(!after.contains("I cannot help with that"), "{after}");
-    assert!(after.contains("view_cart"), "{after}");
-    // Without the rule, the reference's history keeps both.
-    let provider = script();
-    run_all(
-        provider.clone(),
-        ask("View my cart, please.", annotated_shop()),
-        small_model_with(|p| p.retract_corrections = false),
-    )
-    .await;
-    let kept = prompt_text(&provider.requests()[2]);
-    assert!(kept.contains(&correction), "{kept}");
-    assert!(kept.contains("I cannot help with that"), "{kept}");
-}
-
 /// The inline options with the small-model policy as `set` changes it.
 fn small_model_with(set: impl FnOnce(&mut Policy)) -> LocalLoopOptions {
     let mut policy = Policy::small_model();

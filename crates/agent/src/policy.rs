@@ -395,14 +395,6 @@ pub struct Policy {
     /// was asked to, went on to tick off other to-dos and to add a second
     /// backpack to the demo cart (docs/loop.md).
     pub stop_changing_when_done: bool,
-    /// A step whose call came on a correction or a repair keeps only that
-    /// call in the history the next steps read: the rejected reply and the
-    /// loop's turn that sent it back ("Call now", "Try again") are
-    /// retracted once they did their work. A model copies its history: with
-    /// them kept, Qwen2.5-Coder answered the step after a failed call with
-    /// "The next step for it is to call it now.", the correction it had
-    /// read two turns before. Default: on.
-    pub retract_corrections: bool,
 }
 
 impl Default for Policy {
@@ -455,7 +447,6 @@ impl Policy {
             described_call_retry: false,
             answer_after_lookup: false,
             stop_changing_when_done: false,
-            retract_corrections: false,
         }
     }
 
@@ -502,7 +493,6 @@ impl Policy {
             described_call_retry: true,
             answer_after_lookup: true,
             stop_changing_when_done: true,
-            retract_corrections: true,
         }
     }
 
@@ -820,8 +810,6 @@ pub(crate) enum Rule {
     AnswerAfterLookup,
     /// See [`Policy::stop_changing_when_done`].
     StopChangingWhenDone,
-    /// See [`Policy::retract_corrections`].
-    RetractCorrections,
 }
 
 impl Rule {
@@ -859,7 +847,6 @@ impl Rule {
             Self::DescribedCallRetry => "described-call-retry",
             Self::AnswerAfterLookup => "answer-after-lookup",
             Self::StopChangingWhenDone => "stop-changing-when-done",
-            Self::RetractCorrections => "retract-corrections",
         }
     }
 }

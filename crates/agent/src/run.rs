@@ -534,9 +534,6 @@ impl<P: Provider + 'static> Run<P> {
             Err(end) => return Some(end),
         };
         let mut attempt = plan.attempt;
-        // Where this step's turns begin: a correction or a repair pushes
-        // turns after it that its call may retract.
-        let step_turns = self.turns.len();
         let mut corrected = false;
         let mut repaired = false;
         // The prose reply a calls-only retry replaced, while the retry runs.
@@ -585,7 +582,6 @@ impl<P: Provider + 'static> Run<P> {
             }
             let reply = self.unless_made_up(reply, before_retry.take(), &plan.shown);
             if !reply.calls.is_empty() {
-                self.retract_corrections(step_turns);
                 Span::current().record("wma.outcome", "calls");
                 return self
                     .run_calls(step, reply, &generation.text, &plan.request.messages)
@@ -1823,23 +1819,6 @@ impl<P: Provider + 'static> Run<P> {
                 detail,
             });
         }
-    }
-
-    /// See [`Policy::retract_corrections`]: the turns a correction or a
-    /// repair pushed on this step (from `step_turns` on) leave the history
-    /// once a call came of them.
-    fn retract_corrections(&mut self, step_turns: usize) {
-        if !self.policy.retract_corrections || self.turns.len() <= step_turns {
-            return;
-        }
-        let retracted = self.turns.len() - step_turns;
-        self.turns.truncate(step_turns);
-        self.report(vec![Fired {
-            rule: Rule::RetractCorrections,
-            detail: format!(
-                "{retracted} turns of this step's correction left the history; its call stays"
-            ),
-        }]);
     }
 
     fn push_turn(&mut self, role: PromptRole, content: impl Into<String>) {

@@ -6,7 +6,6 @@
 //!
 //! ```text
 //! start: text | calls                      (TextOrCalls; CallsOnly has no text)
-//!      | text? calls text?                  (Hermes: calls amid prose)
 //! text:  TEXT                              prose that does not start a call
 //! calls: call (SEP call){0,n-1} SEP?       up to `max_calls`, a line apart
 //! call:  tool_0 | tool_1 | …
@@ -32,10 +31,8 @@
 //!
 //! Prose may not contain `{` at all: a JSON object in prose would be read as
 //! a call by the loop's parser without having been checked by the grammar.
-//! For Hermes models each call is wrapped in `<tool_call>` … `</tool_call>`
-//! (the special tokens, or the same spelled out), prose holds no `<`, and
-//! calls may follow a line of prose, as a Hermes chat template writes them:
-//! every call of a reply is the grammar's.
+//! For Hermes models each call is wrapped in `<tool_call>` … `</tool_call>`,
+//! and prose may not start with `<`.
 //!
 //! # Repeats
 //! A tiny model that has written a call often writes it again, word for
@@ -44,9 +41,8 @@
 //! ends and the reply is cut to the calls before it.
 //!
 //! # Prose or a call
-//! Under "text or calls" the first token decides whether the reply opens
-//! with a call: prose cannot start with `{` (nor `<` for Hermes), a call
-//! must (for Hermes a call may still follow the prose). A tiny model puts most of its
+//! Under "text or calls" the first token decides: prose cannot start with
+//! `{` (nor `<` for Hermes), a call must. A tiny model puts most of its
 //! weight on prose even when a shown tool does exactly what was asked, so
 //! the request's `call_threshold` ([`Decoding::call_threshold`], or
 //! [`ConstraintMatcher::with_call_threshold`]) settles the branch: when the
@@ -115,9 +111,6 @@ pub struct ConstraintEngine {
     /// Whether `<tool_call>` is a special token (then the grammar names the
     /// token instead of spelling the text).
     tool_call_token: bool,
-    /// Where `<tool_call>` is a special token: the tokens that spell it
-    /// out instead (every token whose text starts with `<`).
-    spelled_tag: Option<Arc<Vec<u32>>>,
     /// Tokens whose first byte is `{` (Json) / `<` (Hermes): where text or
     /// calls are allowed, exactly the tokens that start a call.
     call_starts: [Arc<Vec<u32>>; 2],
@@ -253,13 +246,6 @@ impl ConstraintEngine {
         if let Some(id) = trie.get_special_token("<tool_call>") {
             Arc::make_mut(&mut hermes_starts)[id as usize / 32] |= 1 << (id % 32);
         }
-        // The tag spelled out in plain text: a call may open with it after
-        // prose, never as the reply's first token (see `mask_logits`).
-        let spelled_tag = trie.get_special_token("<tool_call>").map(|id| {
-            let mut bits = starting_with(b'<');
-            Arc::make_mut(&mut bits)[id as usize / 32] &= !(1 << (id % 32));
-            bits
-        });
         let call_starts = [starting_with(b'{'), hermes_starts];
         let quote_tokens = Arc::new(
             (0..size as u32)
@@ -291,7 +277,6 @@ impl ConstraintEngine {
         Ok(Self {
             factory,
             tool_call_token,
-            spelled_tag,
             call_starts,
             quote_tokens,
             control: Arc::new(control),
@@ -365,14 +350,6 @@ impl ConstraintEngine {
             )),
             _ => None,
         };
-        let spelled_first = match constraint {
-            Constraint::TextOrCalls { tools }
-                if !tools.is_empty() && format == CallFormat::Hermes =>
-            {
-                self.spelled_tag.clone()
-            }
-            _ => None,
-        };
         let calls = match constraint {
             Constraint::TextOrCalls { tools } | Constraint::CallsOnly { tools }
                 if !tools.is_empty() =>
@@ -387,7 +364,6 @@ impl ConstraintEngine {
             mask_time: Duration::ZERO,
             masks: 0,
             call_start,
-            spelled_first,
             call_threshold: decoding.call_threshold,
             call_probability: None,
             env: self.factory.tok_env().clone(),
@@ -414,16 +390,7 @@ impl ConstraintEngine {
         decoding: &Decoding,
     ) -> String {
         let mut out = String::new();
-        if text && !tools.is_empty() && format == CallFormat::Hermes {
-            // A Hermes model writes a call where it chooses: at once, or
-            // after a line of prose, as its chat template allows. Prose
-            // holds no `<`, so the call's tag is the one way on: a call
-            // begun after prose is a call under the grammar too.
-            // Prose may close what it opened after the calls (the fence
-            // Qwen2.5-Coder puts around them): with no way to end the
-            // fence, it wrote the same call again until `max_calls`.
-            out.push_str("start: text | text? calls text?\n");
-        } else if text && !tools.is_empty() {
+        if text && !tools.is_empty() {
             out.push_str("start: text | calls\n");
         } else if tools.is_empty() {
             // Nothing to call: only prose is possible.
@@ -434,13 +401,10 @@ impl ConstraintEngine {
         if text || tools.is_empty() {
             out.push_str("text: TEXT\n");
             // Prose never holds `{` (the parser would read JSON in it as a
-            // call), and never starts with whitespace; for Hermes it holds
-            // no `<` either: Qwen2.5-Coder wrote `<tool_call>` as plain
-            // text in prose, with XML arguments that no grammar had
-            // checked, and the parser read them as calls.
+            // call), and never starts with whitespace or, for Hermes, `<`.
             match format {
                 CallFormat::Json => out.push_str("TEXT: /[^{\\s][^{]*/\n"),
-                CallFormat::Hermes => out.push_str("TEXT: /[^{<\\s][^{<]*/\n"),
+                CallFormat::Hermes => out.push_str("TEXT: /[^{<\\s][^{]*/\n"),
             }
         }
         if tools.is_empty() {
@@ -454,15 +418,8 @@ impl ConstraintEngine {
             match format {
                 CallFormat::Json => out.push_str(&format!("call_{i}: tool_{i}\n")),
                 CallFormat::Hermes => {
-                    // The tags as the model's special tokens, or spelled
-                    // out in plain text: Qwen2.5-Coder writes them as text
-                    // after a line of prose ("```json" and `<tool_call>`),
-                    // and the call must still be the grammar's.
                     let (open, close) = if self.tool_call_token {
-                        (
-                            "(<tool_call> | \"<tool_call>\")",
-                            "(</tool_call> | \"</tool_call>\")",
-                        )
+                        ("<tool_call>", "</tool_call>")
                     } else {
                         ("\"<tool_call>\"", "\"</tool_call>\"")
                     };
@@ -619,8 +576,6 @@ pub struct ConstraintMatcher {
     /// The tokens that start a call, where the first token chooses between
     /// prose and a call.
     call_start: Option<Arc<Vec<u32>>>,
-    /// Tokens ruled out at the first token only (see `mask_logits`).
-    spelled_first: Option<Arc<Vec<u32>>>,
     /// Call when the model gives calls at least this probability at the
     /// first token.
     call_threshold: Option<f32>,
@@ -686,7 +641,6 @@ impl ConstraintMatcher {
             mask_time: self.mask_time,
             masks: self.masks,
             call_start: self.call_start.clone(),
-            spelled_first: self.spelled_first.clone(),
             call_threshold: self.call_threshold,
             call_probability: self.call_probability,
             env: self.env.clone(),
@@ -714,24 +668,6 @@ impl ConstraintMatcher {
             .compute_mask_or_eos()
             .map_err(|e| OrtError::Constraint(e.to_string()))?;
         apply_bits(mask.as_slice(), logits);
-        if self.masks == 0
-            && let Some(spelled) = self.spelled_first.take()
-        {
-            // A reply opens with a call only on the model's own call token:
-            // with the tag's spelling allowed there too, Qwen2.5-Coder gave
-            // a call 25-88% at the first token of requests no tool serves
-            // and called on 80% of BFCL's irrelevance records (54% right
-            // before, 56% unconstrained); on its call token alone it gives
-            // a call ~1e-9 there and writes prose.
-            for (id, logit) in logits.iter_mut().enumerate() {
-                if spelled
-                    .get(id / 32)
-                    .is_some_and(|w| w & (1 << (id % 32)) != 0)
-                {
-                    *logit = f32::NEG_INFINITY;
-                }
-            }
-        }
         if self.masks == 0
             && let Some(starts) = self.call_start.take()
         {

@@ -351,42 +351,6 @@ fn hermes_calls_are_wrapped_in_tool_call_tags() {
 }
 
 #[test]
-fn a_hermes_call_may_follow_prose_but_prose_cannot_write_one() {
-    let f = fixture();
-    let c = Constraint::TextOrCalls { tools: tools() };
-    let call =
-        "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}\n</tool_call>";
-    // A line of prose and then a call, as a Hermes chat template writes it:
-    // the call is the grammar's, so its arguments follow the schema.
-    assert!(f.admits(
-        &c,
-        CallFormat::Hermes,
-        &format!("To find it, I search.\n{call}")
-    ));
-    assert!(!f.admits(
-        &c,
-        CallFormat::Hermes,
-        "To find it:\n<tool_call>\n{\"name\": \"search\", \"arguments\": {\"query\": 3}}\n</tool_call>"
-    ));
-    // Or a fence and the tag, as Qwen2.5-Coder writes it.
-    assert!(f.admits(&c, CallFormat::Hermes, &format!("```json\n{call}")));
-    assert!(f.admits(&c, CallFormat::Hermes, &format!("```json\n{call}\n```")));
-    // A call written as plain text inside prose, in a form the grammar
-    // does not check, is not prose either.
-    assert!(!f.admits(
-        &c,
-        CallFormat::Hermes,
-        "To call search, reply with:\n<name>search</name>"
-    ));
-    // The JSON format keeps a call the whole reply.
-    assert!(!f.admits(
-        &c,
-        CallFormat::Json,
-        "To find it:\n{\"name\": \"search\", \"arguments\": {\"query\": \"x\"}}"
-    ));
-}
-
-#[test]
 fn a_schema_llguidance_cannot_compile_falls_back_to_its_property_names() {
     let f = fixture();
     let odd = ToolDefinition::new(
