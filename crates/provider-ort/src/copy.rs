@@ -16,7 +16,7 @@
 //! phrase word would let the model begin it and then write anything.
 //!
 //! The loop chooses the phrases (`GenerateRequest::copy_phrases`, made by
-//! `wma_agent::copy_phrases`); each counts as written and lowercased. The
+//! `wma_agent::prompt::copy_phrases`); each counts as written and lowercased. The
 //! closing quote gets the bonus where the value written so far is a whole
 //! phrase. Only values get the bonus, never keys, and never a call's `name`
 //! (the grammar decides that one).
