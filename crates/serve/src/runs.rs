@@ -37,19 +37,22 @@ use crate::token;
 
 /// A slot among the client's runs (held as long as the run) and a fresh
 /// run id, or the answer that refuses the run.
-fn admit(server: &Server, client: IpAddr) -> Result<(RunTicket, String), Response> {
+fn admit(server: &Server, client: IpAddr) -> Result<(RunTicket, String), Box<Response>> {
     let limit = server.options.max_runs_per_client;
     let Some(ticket) = server.runs.admit(client, limit) else {
-        return Err(error(
+        return Err(Box::new(error(
             StatusCode::TOO_MANY_REQUESTS,
             format!(
                 "this client already has {limit} runs streaming (the server's limit); try again when one finishes"
             ),
-        ));
+        )));
     };
     match token::random_hex(RUN_ID_BYTES) {
         Ok(id) => Ok((ticket, id)),
-        Err(e) => Err(error(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
+        Err(e) => Err(Box::new(error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            e.to_string(),
+        ))),
     }
 }
 
@@ -91,7 +94,7 @@ pub(crate) async fn start_run(
     }
     let (mut ticket, id) = match admit(server, client) {
         Ok(admitted) => admitted,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     // The run's questions go on the server's list under its public id.
     let approver =
@@ -169,7 +172,7 @@ pub(crate) async fn start_durable(
     };
     let (mut ticket, id) = match admit(server, client) {
         Ok(admitted) => admitted,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     // The run's row is queued ahead of its parts and written with the first
     // of them, so the run waits for no commit to start; the callers checked
