@@ -13,8 +13,8 @@ use clap::{Args, ValueEnum};
 use parking_lot::Mutex;
 use tokio::sync::{mpsc, oneshot};
 use webmcp_agents::agent::{
-    AgentStreamPart, ApprovalAnswer, ApprovalMode, ApprovalRequest, ApprovalRule, Approver,
-    CallRecordRequest, FixedApprover,
+    ApprovalAnswer, ApprovalMode, ApprovalRequest, ApprovalRule, Approver, CallRecordRequest,
+    FixedApprover,
 };
 use webmcp_agents::display::terminal_safe;
 use webmcp_agents::runtime::TaggedPart;
@@ -456,18 +456,10 @@ impl RecordingApprover {
     /// recorded before it was sent, its answer is recorded (off the
     /// turn's path; [`end_turn`](Self::end_turn) waits for it).
     pub(crate) fn record_answer(&self, part: &TaggedPart) {
-        let (call_id, output, is_error) = match &part.part {
-            AgentStreamPart::ToolResult {
-                call_id, output, ..
-            } => (call_id, output.clone(), false),
-            AgentStreamPart::ToolError { call_id, error, .. } => (call_id, error.to_string(), true),
-            _ => return,
+        let Some((call, output, is_error)) = part.call_answer() else {
+            return;
         };
-        let key = self.in_flight.lock().remove(&(
-            part.agent.clone(),
-            part.sub_run.clone(),
-            call_id.clone(),
-        ));
+        let key = self.in_flight.lock().remove(&call);
         let Some(key) = key else { return };
         let store = self.store.clone();
         let recording = tokio::spawn(async move {
@@ -547,6 +539,7 @@ impl Approver for RecordingApprover {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use webmcp_agents::agent::AgentStreamPart;
 
     #[tokio::test]
     async fn a_line_that_is_not_utf8_is_skipped_and_the_rest_is_read() {

@@ -61,6 +61,21 @@ impl TaggedPart {
         }
     }
 
+    /// For a call's result or error: the call by (calling agent, sub-agent
+    /// run, call id), as a host that records calls keys them, with the
+    /// answer's text and whether it is an error. `None` for other parts.
+    pub fn call_answer(&self) -> Option<((String, String, String), String, bool)> {
+        let (call_id, output, is_error) = match &self.part {
+            AgentStreamPart::ToolResult {
+                call_id, output, ..
+            } => (call_id, output.clone(), false),
+            AgentStreamPart::ToolError { call_id, error, .. } => (call_id, error.to_string(), true),
+            _ => return None,
+        };
+        let call = (self.agent.clone(), self.sub_run.clone(), call_id.clone());
+        Some((call, output, is_error))
+    }
+
     /// The terminal part of the run the host started (not of a sub-agent's).
     pub fn ends_the_run(&self) -> bool {
         self.depth == 0 && self.part.is_terminal()

@@ -384,17 +384,10 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
 /// The answer of a call that was recorded before it was sent (a
 /// consequential or approved one), written off the run's path.
 fn record_answer(run: &DriveRun, part: &TaggedPart) {
-    let (call_id, output, is_error) = match &part.part {
-        AgentStreamPart::ToolResult {
-            call_id, output, ..
-        } => (call_id, output.clone(), false),
-        AgentStreamPart::ToolError { call_id, error, .. } => (call_id, error.to_string(), true),
-        _ => return,
+    let Some((call, output, is_error)) = part.call_answer() else {
+        return;
     };
-    let key = run
-        .calls
-        .lock()
-        .remove(&(part.agent.clone(), part.sub_run.clone(), call_id.clone()));
+    let key = run.calls.lock().remove(&call);
     if let Some(key) = key {
         let store = run.store.clone();
         let run_id = run.id.clone();
