@@ -2,7 +2,6 @@
 //! sources and agents, and the cluster node.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use wma_agent::{LocalLoopOptions, Progress, ToolHost};
 use wma_agent::{scripted::ScriptedProvider, scripted::ScriptedReply};
@@ -195,10 +194,9 @@ fn tool_source(
         }
         ToolSourceSpec::WebMcp { .. } => {
             let spec = config.spec.clone();
-            let timeout = policy.call_timeout;
             set.add_built(
                 &name,
-                move || webmcp_source(&spec, timeout).expect("the spec is a webmcp source"),
+                move || webmcp_source(&spec).expect("the spec is a webmcp source"),
                 policy.clone(),
             );
         }
@@ -208,9 +206,9 @@ fn tool_source(
     (source, set)
 }
 
-/// A `webmcp` source's page as the host opens it, with calls limited to
-/// `call_timeout`: one place for serving and for `wma check --pages`.
-fn webmcp_source(spec: &ToolSourceSpec, call_timeout: Duration) -> Option<WebMcpSource> {
+/// A `webmcp` source's page as the host opens it: one place for serving and
+/// for `wma check --pages`. Its calls are timed by the set that holds it.
+fn webmcp_source(spec: &ToolSourceSpec) -> Option<WebMcpSource> {
     let ToolSourceSpec::WebMcp {
         url,
         headless,
@@ -226,7 +224,6 @@ fn webmcp_source(spec: &ToolSourceSpec, call_timeout: Duration) -> Option<WebMcp
         ..BrowserOptions::default()
     };
     let page_options = PageOptions {
-        call_timeout,
         debugging_tools: *debugging_tools,
         ..PageOptions::default()
     };
@@ -282,7 +279,7 @@ impl Config {
     pub async fn page_tools(&self) -> Vec<(String, Result<Vec<PageTool>, String>)> {
         let mut pages = Vec::new();
         for source in &self.tools {
-            let Some(page) = webmcp_source(&source.spec, source.policy.call_timeout) else {
+            let Some(page) = webmcp_source(&source.spec) else {
                 continue;
             };
             let tools = match page.page().await {

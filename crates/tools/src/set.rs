@@ -935,12 +935,25 @@ impl ToolHost for ToolSet {
         true
     }
 
+    /// Every source is asked at once, so a source that takes its time (a
+    /// page still loading, a server that hangs until `LIST_TIMEOUT`) does
+    /// not add its wait to the others'; the first source in the set's order
+    /// that knows a page answers.
     async fn page_context(&self) -> Option<PageContext> {
-        for source in &self.sources {
-            let Ok(host) = source.host() else { continue };
+        let asks = self.sources.iter().map(|source| async move {
+            let host = source.host().ok()?;
             let context = AssertUnwindSafe(host.page_context()).catch_unwind();
-            if let Ok(Ok(Some(context))) = tokio::time::timeout(LIST_TIMEOUT, context).await {
-                return Some(context);
+            match tokio::time::timeout(LIST_TIMEOUT, context).await {
+                Ok(Ok(context)) => context,
+                _ => None,
+            }
+        });
+        // In order, so the answer is the first source's that knows a page,
+        // as soon as it and those before it have answered.
+        let mut answers: futures::stream::FuturesOrdered<_> = asks.collect();
+        while let Some(answer) = futures::StreamExt::next(&mut answers).await {
+            if answer.is_some() {
+                return answer;
             }
         }
         None

@@ -224,3 +224,66 @@ async fn an_untrusted_source_is_marked_in_the_prompt_and_the_page_context_is_pas
     );
     assert!(system.contains("/products/p-17"), "{system}");
 }
+
+/// A source with no page that takes `wait` to say so.
+struct SlowNoPage {
+    wait: Duration,
+}
+
+#[async_trait::async_trait]
+impl ToolHost for SlowNoPage {
+    async fn list_tools(&self) -> Vec<ToolDefinition> {
+        Vec::new()
+    }
+
+    async fn call_tool(
+        &self,
+        name: &str,
+        _arguments: serde_json::Value,
+        _cancel: CancellationToken,
+    ) -> Result<String, wma_agent::ToolError> {
+        Err(wma_agent::ToolError::new(
+            ToolErrorCode::UnknownTool,
+            format!("no tool named {name}"),
+        ))
+    }
+
+    async fn page_context(&self) -> Option<PageContext> {
+        tokio::time::sleep(self.wait).await;
+        None
+    }
+}
+
+/// Sources are asked for the page at once: two that each take 10 s to
+/// say they have none cost the step 10 s, not 20, before the page's
+/// answer; and a page listed before a slow source answers without
+/// waiting for it.
+#[tokio::test(start_paused = true)]
+async fn the_page_context_asks_every_source_at_once_and_keeps_their_order() {
+    let page = || {
+        let page = InMemoryToolHost::new();
+        page.set_page(Some(PageContext {
+            path: "/cart".into(),
+            title: "Cart".into(),
+            h1: None,
+        }));
+        page
+    };
+    let slow = || SlowNoPage {
+        wait: Duration::from_secs(10),
+    };
+    let mut set = ToolSet::new();
+    set.add("first", slow());
+    set.add("second", slow());
+    set.add("page", page());
+    let started = tokio::time::Instant::now();
+    assert_eq!(set.page_context().await.unwrap().path, "/cart");
+    assert_eq!(started.elapsed(), Duration::from_secs(10));
+
+    let mut set = ToolSet::new();
+    set.add("page", page());
+    set.add("slow", slow());
+    let started = tokio::time::Instant::now();
+    assert_eq!(set.page_context().await.unwrap().path, "/cart");
+    assert_eq!(started.elapsed(), Duration::ZERO);
+}

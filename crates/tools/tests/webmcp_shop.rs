@@ -212,6 +212,32 @@ async fn a_cancelled_call_is_cancelled_in_the_page() {
     shop.close().await;
 }
 
+/// The page keeps no timer of its own: the set that holds it times the
+/// call, and the invocation over the limit is cancelled in the page, not
+/// left running there unseen.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_call_past_the_sets_limit_times_out_and_is_cancelled_in_the_page() {
+    let shop = Shop::open("/?latency_ms=60000").await;
+    let mut tools = ToolSet::new();
+    tools.add_with(
+        "shop",
+        shop.page.clone(),
+        SourceOptions::default().call_timeout(Duration::from_secs(3)),
+    );
+    let error = tools
+        .call_tool(
+            "search_products",
+            json!({"query": "tent"}),
+            CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(error.code, ToolErrorCode::Timeout, "{error:?}");
+    assert_eq!(error.message, "search_products did not answer within 3 s");
+    assert_eq!(shop.page.calls_in_flight(), 0, "cancelled in the page");
+    shop.close().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scripted_agent_puts_a_product_in_the_cart() {
     let shop = Shop::open("/").await;

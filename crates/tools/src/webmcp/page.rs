@@ -48,10 +48,6 @@ const EARLY_ANSWERS: usize = 32;
 /// How a page is driven.
 #[derive(Debug, Clone)]
 pub struct PageOptions {
-    /// Limit of one tool call; on expiry the invocation is cancelled in the
-    /// page and the call answers `timeout`. Default: the one default of
-    /// every tool call, [`DEFAULT_CALL_TIMEOUT`](crate::DEFAULT_CALL_TIMEOUT).
-    pub call_timeout: Duration,
     /// How long to wait for a navigation in progress before listing or
     /// calling anyway. Default: [`DEFAULT_SETTLE_TIMEOUT`].
     pub settle_timeout: Duration,
@@ -74,7 +70,6 @@ pub struct PageOptions {
 impl Default for PageOptions {
     fn default() -> Self {
         Self {
-            call_timeout: crate::DEFAULT_CALL_TIMEOUT,
             settle_timeout: DEFAULT_SETTLE_TIMEOUT,
             legacy_api: true,
             tools_quiet: DEFAULT_TOOLS_QUIET,
@@ -1300,7 +1295,9 @@ impl ToolHost for WebMcpPage {
             tracing::info!(tool = %name, "the form is filled and waits for the person's submit");
             return Ok(filled);
         }
-        let timeout = self.inner.options.call_timeout;
+        // No timer of its own: the `ToolSet` that holds the page times
+        // every call (one default, overridden per source) and cancels the
+        // token on expiry, which cancels the invocation in the page below.
         tokio::select! {
             // Biased so that an answer already there wins over a crash or
             // a cancellation noticed in the same poll.
@@ -1320,13 +1317,6 @@ impl ToolHost for WebMcpPage {
                     } else {
                         format!("the call to {name} was cancelled (the page did not confirm)")
                     },
-                ))
-            }
-            _ = tokio::time::sleep(timeout) => {
-                self.cancel_invocation(&invocation, &mut answer).await;
-                Err(ToolError::new(
-                    ToolErrorCode::Timeout,
-                    format!("{name} did not answer within {} s", timeout.as_secs_f32()),
                 ))
             }
         }
