@@ -18,7 +18,7 @@ use webmcp_agents::agent::{
 };
 use webmcp_agents::display::terminal_safe;
 use webmcp_agents::runtime::TaggedPart;
-use webmcp_agents::store::Store;
+use webmcp_agents::store::{CallRecorder, RunCallId, Store};
 
 /// How long a question answered by Ctrl-C waits for the reply's stop
 /// (the SIGINT the editor passed on) before it is a plain denial.
@@ -413,25 +413,19 @@ pub(crate) fn approver(mode: ApproveMode, lines: Option<Lines>) -> Arc<dyn Appro
 /// The approver of a chat kept in the store (`--session`, `--new-session`):
 /// questions go to the chat's own approver, and each call that needs a
 /// record (a consequential tool's, however it was let run, and every one
-/// that asked) is recorded `in-flight` in the turn's run with `begin_call`
-/// before the loop sends it, as `wma serve` does (docs/sessions.md). Its
-/// key goes with the call to its source. The chat hands each part to
-/// [`record_answer`](Self::record_answer), which records the call's result
-/// or error with `finish_call`, and ends each turn with
+/// that asked) is recorded `in-flight` in the turn's run before the loop
+/// sends it, as `wma serve` does (docs/sessions.md), through the turn's
+/// [`CallRecorder`]. Its key goes with the call to its source. The chat
+/// hands each part to [`record_answer`](Self::record_answer), which
+/// records the call's result or error, and ends each turn with
 /// [`end_turn`](Self::end_turn), which marks the calls that never answered
 /// (the turn was stopped in the middle of one) in doubt.
 pub(crate) struct RecordingApprover {
     inner: Arc<dyn Approver>,
     store: Store,
-    /// The run of the turn going on; `None` between turns.
-    run: Mutex<Option<String>>,
-    /// The idempotency keys of the turn's recorded calls that have not
-    /// answered yet, by (calling agent, sub-agent run, call id): two runs
-    /// of one sub-agent in a turn number their calls alike.
-    in_flight: Mutex<HashMap<(String, String, String), String>>,
-    /// The answers being recorded, off the turn's path; awaited when the
-    /// turn ends.
-    answers: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    /// The calls of the turn going on, kept in its run; `None` between
+    /// turns.
+    turn: Mutex<Option<Arc<CallRecorder>>>,
 }
 
 impl RecordingApprover {
@@ -440,16 +434,14 @@ impl RecordingApprover {
         Self {
             inner,
             store,
-            run: Mutex::new(None),
-            in_flight: Mutex::new(HashMap::new()),
-            answers: Mutex::new(Vec::new()),
+            turn: Mutex::new(None),
         }
     }
 
     /// The turn going on is the store's run `run_id`: its calls are
     /// recorded under it.
     pub(crate) fn begin_turn(&self, run_id: &str) {
-        *self.run.lock() = Some(run_id.to_string());
+        *self.turn.lock() = Some(Arc::new(CallRecorder::new(self.store.clone(), run_id)));
     }
 
     /// A part of the turn: when it is the result or the error of a call
@@ -459,15 +451,9 @@ impl RecordingApprover {
         let Some((call, output, is_error)) = part.call_answer() else {
             return;
         };
-        let key = self.in_flight.lock().remove(&call);
-        let Some(key) = key else { return };
-        let store = self.store.clone();
-        let recording = tokio::spawn(async move {
-            if let Err(e) = store.finish_call(&key, &output, is_error).await {
-                eprintln!("warning: the answer of call {key} was not recorded: {e}");
-            }
-        });
-        self.answers.lock().push(recording);
+        if let Some(turn) = &*self.turn.lock() {
+            turn.answer(&call, output, is_error);
+        }
     }
 
     /// The turn ended: its answers are recorded, and a recorded call that
@@ -475,23 +461,22 @@ impl RecordingApprover {
     /// have happened, so it is marked in doubt now, as a restart would.
     /// Returns those calls' keys by (calling agent, sub-agent run, call
     /// id).
-    pub(crate) async fn end_turn(&self) -> HashMap<(String, String, String), String> {
-        let answers = std::mem::take(&mut *self.answers.lock());
-        for recording in answers {
-            let _ = recording.await;
+    pub(crate) async fn end_turn(&self) -> HashMap<RunCallId, String> {
+        let Some(turn) = self.turn.lock().take() else {
+            return HashMap::new();
+        };
+        let ended = turn.end().await;
+        for problem in &ended.problems {
+            eprintln!("warning: {problem}");
         }
-        let unanswered = std::mem::take(&mut *self.in_flight.lock());
-        for ((_, _, call_id), key) in &unanswered {
-            match self.store.abandon_call(key).await {
-                Ok(true) => eprintln!(
+        for ((_, _, call_id), key) in &ended.unanswered {
+            if ended.in_doubt.contains(key) {
+                eprintln!(
                     "call {call_id} (key {key}) did not answer before the turn ended: it is in doubt; check whether it happened"
-                ),
-                Ok(false) => {}
-                Err(e) => eprintln!("warning: call {key}, cut short, was not marked in doubt: {e}"),
+                );
             }
         }
-        *self.run.lock() = None;
-        unanswered
+        ended.unanswered
     }
 }
 
@@ -509,17 +494,15 @@ impl Approver for RecordingApprover {
     /// error (the store cannot be reached, no turn is going on) means the
     /// call is not sent, and the model reads why.
     async fn before_call(&self, call: &CallRecordRequest) -> Result<Option<String>, String> {
-        let run = self
-            .run
+        let turn = self
+            .turn
             .lock()
             .clone()
             .ok_or("no turn of the chat is going on to record it in")?;
         // Which of the turn's sub-agent runs calls, as its parts carry it.
         let sub_run = TaggedPart::current_sub_run();
-        let record = self
-            .store
-            .begin_call_in(
-                &run,
+        let key = turn
+            .begin(
                 &call.agent,
                 &sub_run,
                 &call.call_id,
@@ -528,11 +511,7 @@ impl Approver for RecordingApprover {
             )
             .await
             .map_err(|e| e.to_string())?;
-        self.in_flight.lock().insert(
-            (call.agent.clone(), sub_run, call.call_id.clone()),
-            record.idempotency_key.clone(),
-        );
-        Ok(Some(record.idempotency_key))
+        Ok(Some(key))
     }
 }
 

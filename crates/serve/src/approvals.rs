@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use serde::Serialize;
 use tokio::sync::{oneshot, watch};
 use wma_agent::{ApprovalAnswer, ApprovalRequest, Approver, CallRecordRequest};
+use wma_store::CallRecorder;
 
 /// One question waiting for its answer.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -125,10 +126,9 @@ pub(crate) struct HttpApprover {
     /// run `waiting-for-approval`, which a restart keeps) and its answer
     /// recorded.
     pub(crate) store: Option<wma_store::Store>,
-    /// The calls of this run recorded before they were sent whose answer
-    /// the run's driver records, by (calling agent, sub-agent run, call
-    /// id): their idempotency keys.
-    pub(crate) calls: CallKeys,
+    /// The calls of this run recorded before they were sent, which the
+    /// run's driver hands their answers and ends; with the store.
+    pub(crate) calls: Option<Arc<CallRecorder>>,
     /// Set when the host gives up on its runs at shutdown: a question
     /// whose wait ends then stays pending in the store, for the next start.
     pub(crate) stopping: Arc<std::sync::atomic::AtomicBool>,
@@ -141,13 +141,6 @@ pub(crate) struct HttpApprover {
     /// `waiting-for-approval`) only after its part, when set.
     pub(crate) logged: Option<LoggedQuestions>,
 }
-
-/// The idempotency keys of recorded calls that have not answered yet, by
-/// (calling agent, the sub-agent run it is in — `TaggedPart::sub_run`,
-/// `""` for the run's own — and call id): two runs of one sub-agent in a
-/// run number their calls alike, and the answer of the one must not be
-/// taken for the other's.
-pub(crate) type CallKeys = Arc<Mutex<HashMap<(String, String, String), String>>>;
 
 /// The questions of one run whose `approval-requested` part its driver
 /// has logged: committed to the run's log, or never to be (the host gave
@@ -231,7 +224,7 @@ impl HttpApprover {
             registry,
             remembered: Mutex::new(HashMap::new()),
             store: None,
-            calls: CallKeys::default(),
+            calls: None,
             stopping: Arc::default(),
             sub_runs_before: 0,
             logged: None,
@@ -253,16 +246,16 @@ impl HttpApprover {
     }
 
     /// The same, persisting its questions and answers in `store`, and
-    /// recording each call that needs it there before it is sent (its key
-    /// goes into `calls`, for the run's driver to record the answer).
+    /// recording each call that needs it there before it is sent, through
+    /// `calls` (the run's driver records the answer).
     pub(crate) fn with_store(
         mut self,
         store: wma_store::Store,
-        calls: CallKeys,
+        calls: Arc<CallRecorder>,
         stopping: Arc<std::sync::atomic::AtomicBool>,
     ) -> Self {
         self.store = Some(store);
-        self.calls = calls;
+        self.calls = Some(calls);
         self.stopping = stopping;
         self
     }
@@ -379,10 +372,10 @@ impl Approver for HttpApprover {
     /// Each call that needs a record (a consequential tool's, whatever let
     /// it run, and every approved one) is recorded `in-flight` with
     /// `begin_call`, committed before the loop sends it; its key goes with
-    /// the call to the source and into `calls`, where the run's driver
-    /// finds it to record the answer. Without a store nothing is recorded.
+    /// the call to the source, and `calls` keeps it for the run's driver
+    /// to record the answer. Without a store nothing is recorded.
     async fn before_call(&self, call: &CallRecordRequest) -> Result<Option<String>, String> {
-        let Some(store) = &self.store else {
+        let Some(calls) = &self.calls else {
             return Ok(None);
         };
         // Which of the run's sub-agent runs calls (the delegator says so
@@ -391,9 +384,8 @@ impl Approver for HttpApprover {
             &wma_runtime::TaggedPart::current_sub_run(),
             self.sub_runs_before,
         );
-        let record = store
-            .begin_call_in(
-                &self.run_id,
+        let key = calls
+            .begin(
                 &call.agent,
                 &sub_run,
                 &call.call_id,
@@ -402,11 +394,7 @@ impl Approver for HttpApprover {
             )
             .await
             .map_err(|e| e.to_string())?;
-        self.calls.lock().insert(
-            (call.agent.clone(), sub_run, call.call_id.clone()),
-            record.idempotency_key.clone(),
-        );
-        Ok(Some(record.idempotency_key))
+        Ok(Some(key))
     }
 }
 
@@ -522,7 +510,7 @@ mod tests {
             .unwrap();
         let session = store.create_session("main", "").await.unwrap();
         let run = store.start_run(&session.id, "main", None).await.unwrap();
-        let calls = CallKeys::default();
+        let calls = Arc::new(CallRecorder::new(store.clone(), run.id.clone()));
         let registry: Arc<dyn PendingApprovals> = Arc::new(InMemoryApprovals::default());
         let approver = HttpApprover::new(run.id.clone(), "main".into(), registry.clone())
             .with_store(store.clone(), calls.clone(), Arc::default());
@@ -536,10 +524,8 @@ mod tests {
         assert_eq!(recorded.call_id, "call_1_1");
         assert_eq!(recorded.arguments, json!({"item": "tent"}));
         assert_eq!(
-            calls
-                .lock()
-                .get(&("main".into(), String::new(), "call_1_1".into())),
-            Some(&key)
+            calls.in_flight(&("main".into(), String::new(), "call_1_1".into())),
+            Some(key.clone())
         );
         // A store that refuses the record (the run ended): the call is not
         // to be sent, and nothing waits for its answer.
@@ -550,9 +536,9 @@ mod tests {
         let refused = approver.before_call(&order("call_2_1")).await.unwrap_err();
         assert!(refused.contains("finished"), "{refused}");
         assert!(
-            !calls
-                .lock()
-                .contains_key(&("main".into(), String::new(), "call_2_1".into()))
+            calls
+                .in_flight(&("main".into(), String::new(), "call_2_1".into()))
+                .is_none()
         );
         assert_eq!(store.calls_of_run(&run.id).await.unwrap().len(), 1);
         // Without a store, nothing is recorded and nothing refused.

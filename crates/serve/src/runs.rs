@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use wma_agent::{AgentStreamPart, ApprovalAnswer, ChatMessage};
 use wma_runtime::{RunApprovals, TaggedPart};
-use wma_store::{Approval, RunLog, RunStatus, Store};
+use wma_store::{Approval, CallRecordProblem, CallRecorder, RunLog, RunStatus, Store};
 
 use crate::api::Agent;
 use crate::approvals;
@@ -178,7 +178,7 @@ pub(crate) async fn start_durable(
     // of them, so the run waits for no commit to start; the callers checked
     // that the session exists.
     let (_run, log) = RunLog::start(&store, session_id, name, Some(&id));
-    let calls = approvals::CallKeys::default();
+    let calls = Arc::new(CallRecorder::new(store.clone(), id.clone()));
     let questions = approvals::LoggedQuestions::default();
     let approver =
         approvals::HttpApprover::new(id.clone(), name.to_string(), server.approvals.clone())
@@ -233,7 +233,7 @@ fn launch(
     (log, earlier): (RunLog, Vec<(u64, Event)>),
     (ticket, agent): (RunTicket, &str),
     session_id: &str,
-    (calls, questions, sub_runs_before): (approvals::CallKeys, approvals::LoggedQuestions, u64),
+    (calls, questions, sub_runs_before): (Arc<CallRecorder>, approvals::LoggedQuestions, u64),
     run: wma_runtime::RunStream,
 ) -> Arc<Feed> {
     let id = log.run_id().to_string();
@@ -281,7 +281,7 @@ struct DriveRun {
     agent: String,
     session_id: String,
     /// Calls recorded before they were sent, awaiting their answer.
-    calls: approvals::CallKeys,
+    calls: Arc<CallRecorder>,
     /// Questions whose part is logged, which the run's approver waits for
     /// before it marks the run waiting.
     questions: approvals::LoggedQuestions,
@@ -331,7 +331,11 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
                 questions.logged(id);
             });
         }
-        record_answer(&run, &part);
+        // The answer of a call recorded before it was sent (a
+        // consequential or approved one).
+        if let Some((call, output, is_error)) = part.call_answer() {
+            run.calls.answer(&call, output, is_error);
+        }
         if part.depth == 0 {
             own.push(part.part);
         }
@@ -347,12 +351,9 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
         // run stopped while it ran) may or may not have happened: in doubt
         // now, as after a crash. At shutdown they stay in flight, and the
         // next start marks them.
-        let unanswered = std::mem::take(&mut *run.calls.lock());
-        for key in unanswered.values() {
-            if let Err(e) = run.store.abandon_call(key).await {
-                tracing::warn!(run_id = %run.id, error = %e, "a call cut short was not marked in doubt");
-            }
-        }
+        let ended = run.calls.end().await;
+        warn_of(&run.id, ended.problems);
+        let unanswered = ended.unanswered;
         // A run stopped in the middle of a call leaves it without an
         // answer: the session's history says what became of it, as
         // `wma chat`'s does.
@@ -375,27 +376,28 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
             }
             _ => {}
         }
+    } else {
+        // The host's shutdown waits for no answer being recorded; one that
+        // fails is still said.
+        let (calls, run_id) = (run.calls.clone(), run.id.clone());
+        tokio::spawn(async move { warn_of(&run_id, calls.answers_recorded().await) });
     }
     run.live.runs.lock().remove(&run.id);
     run.feed.finish();
     drop(run.ticket);
 }
 
-/// The answer of a call that was recorded before it was sent (a
-/// consequential or approved one), written off the run's path.
-fn record_answer(run: &DriveRun, part: &TaggedPart) {
-    let Some((call, output, is_error)) = part.call_answer() else {
-        return;
-    };
-    let key = run.calls.lock().remove(&call);
-    if let Some(key) = key {
-        let store = run.store.clone();
-        let run_id = run.id.clone();
-        tokio::spawn(async move {
-            if let Err(e) = store.finish_call(&key, &output, is_error).await {
-                tracing::warn!(run_id = %run_id, error = %e, "the call's answer was not recorded");
+/// Logs the writes of the run's call records that failed.
+fn warn_of(run_id: &str, problems: Vec<CallRecordProblem>) {
+    for problem in problems {
+        match problem {
+            CallRecordProblem::AnswerNotRecorded { error, .. } => {
+                tracing::warn!(run_id, error = %error, "the call's answer was not recorded");
             }
-        });
+            CallRecordProblem::NotMarkedInDoubt { error, .. } => {
+                tracing::warn!(run_id, error = %error, "a call cut short was not marked in doubt");
+            }
+        }
     }
 }
 
@@ -505,7 +507,7 @@ pub(crate) async fn resume(
         .messages(&stored.session_id)
         .await
         .map_err(|e| e.to_string())?;
-    let calls = approvals::CallKeys::default();
+    let calls = Arc::new(CallRecorder::new(store.clone(), stored.id.clone()));
     let questions = approvals::LoggedQuestions::default();
     let approver = approvals::HttpApprover::new(
         stored.id.clone(),

@@ -13,7 +13,8 @@
 //!   parts, and the run waits for no commit at all);
 //! - **consequential calls**, recorded before they are sent (with an
 //!   idempotency key) and when they answered; one that was in flight when
-//!   the host went away is `in-doubt` after it comes back, never resent;
+//!   the host went away is `in-doubt` after it comes back, never resent.
+//!   A host records a run's calls through a [`CallRecorder`];
 //! - **pending approvals**, which a restart keeps decidable.
 //!
 //! The database is an SQLite file in the data folder by default (WAL mode),
@@ -41,6 +42,7 @@
 //! # Ok(()) }
 //! ```
 
+mod calls;
 mod error;
 mod files;
 mod host;
@@ -49,6 +51,7 @@ mod schema;
 mod store;
 mod types;
 
+pub use calls::{CallRecordProblem, CallRecorder, EndedCalls, RunCallId};
 pub use error::StoreError;
 pub use log::RunLog;
 pub use schema::SCHEMA_VERSION;
