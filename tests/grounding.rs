@@ -452,8 +452,9 @@ async fn with_threshold_on_evidence_the_first_steps_call_threshold_takes_the_evi
             "{request}"
         );
     }
-    // Off (the small-model default), the threshold stands wherever a tool
-    // relates to the request, named or not.
+    // Off (the small-model default), the threshold stands, named tool or
+    // not; the neutral baseline then decides whether the request's words
+    // make a call likelier.
     let provider = ScriptedProvider::new(["I cannot tell.".to_string()]).with_constraints(true);
     run_all(
         provider.clone(),
@@ -462,46 +463,6 @@ async fn with_threshold_on_evidence_the_first_steps_call_threshold_takes_the_evi
             game_tracker(),
         ),
         inline(),
-    )
-    .await;
-    assert!(provider.requests()[0].decoding.call_threshold.is_some());
-}
-
-#[tokio::test]
-async fn no_call_threshold_where_no_offered_tool_relates_to_the_request() {
-    // (request, whether the threshold stands): nothing of the tool (its
-    // name, description, arguments) nor of the agent's instructions is in
-    // a general question, which is the model's to answer.
-    for (request, kept) in [
-        ("What is the capital of France? Answer in one word.", false),
-        ("What is the volume of a sphere of radius 3?", false),
-        ("What's the high score of Flappy Bird on Android?", true),
-    ] {
-        let provider = ScriptedProvider::new(["I cannot tell.".to_string()]).with_constraints(true);
-        let parts = run_all(provider.clone(), ask(request, game_tracker()), inline()).await;
-        assert_eq!(
-            provider.requests()[0].decoding.call_threshold.is_some(),
-            kept,
-            "{request}: {:?}",
-            fired(&parts)
-        );
-        assert_eq!(
-            fired(&parts).contains(&"call-threshold".to_string()),
-            !kept,
-            "{request}"
-        );
-    }
-    // The agent's instructions say what its tools are about: a question on
-    // that is related, though no tool's own words hold it.
-    let provider = ScriptedProvider::new(["I cannot tell.".to_string()]).with_constraints(true);
-    let options = LocalLoopOptions {
-        instructions: Some("Scores of arcade games, tracked per console.".to_string()),
-        ..inline()
-    };
-    run_all(
-        provider.clone(),
-        ask("Which console is the most popular?", game_tracker()),
-        options,
     )
     .await;
     assert!(provider.requests()[0].decoding.call_threshold.is_some());

@@ -132,9 +132,10 @@ async fn the_default_model_puts_the_backpack_in_the_cart() {
     );
 }
 
-/// A general question to the shop's agent is the model's to answer: no
-/// shop tool relates to it, so nothing pushes the model toward a search
-/// (it searched the shop for "France" twice, and answered "items: No
+/// A general question to the shop's agent is the model's to answer: its
+/// words make no call likelier than the same prompt without them (the
+/// neutral baseline), so nothing pushes the model toward a search (it
+/// searched the shop for "France" twice, and answered "items: No
 /// results.", while a lookup was forced on every question).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_default_model_answers_a_general_question_without_a_call() {

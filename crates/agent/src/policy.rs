@@ -775,9 +775,6 @@ pub(crate) enum Rule {
     GroundedRetryValues,
     /// See [`Policy::threshold_on_evidence`].
     ThresholdOnEvidence,
-    /// See [`Policy::call_threshold`]: held back on a step where no offered
-    /// tool relates to the request.
-    CallThreshold,
     /// See [`Policy::call_now_min_probability`]: the reference's correction
     /// was held back.
     CallNowGate,
@@ -835,7 +832,6 @@ impl Rule {
             Self::NamedToolRetry => "named-tool-retry",
             Self::GroundedRetryValues => "grounded-retry-values",
             Self::ThresholdOnEvidence => "threshold-on-evidence",
-            Self::CallThreshold => "call-threshold",
             Self::CallNowGate => "call-now-gate",
             Self::CallBaseline => "call-baseline",
             Self::DoneOnRepeatedLookup => "done-on-repeated-lookup",

@@ -969,12 +969,6 @@ impl<P: Provider + 'static> Run<P> {
                 detail: "no call threshold: the request names no shown tool, asks no change a tool makes and seeks nothing a read-only tool looks up".to_string(),
             });
         }
-        if self.rules.related(&self.request_text, offered).is_empty() {
-            return Some(Fired {
-                rule: Rule::CallThreshold,
-                detail: "no call threshold: no tool offered relates to the request".to_string(),
-            });
-        }
         let lacks_numbers = |o: &ToolDefinition| {
             // The shown form: the offered one may hold its numbers to
             // those written, which no longer reads as requiring them.
