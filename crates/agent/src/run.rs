@@ -398,17 +398,22 @@ impl<P: Provider + 'static> Run<P> {
             error.type = field::Empty,
         );
         let end = self.run().instrument(span.clone()).await;
-        match end {
+        let last = match end {
             End::Finish(reason) => {
                 span.record("wma.finish_reason", reason.as_str());
-                self.emit(AgentStreamPart::Finish { reason });
+                AgentStreamPart::Finish { reason }
             }
             End::Error(message) => {
                 span.record("error.type", "agent_error");
                 tracing::error!(parent: &span, %message, "run ended with an error");
-                self.emit(AgentStreamPart::Error { message });
+                AgentStreamPart::Error { message }
             }
-        }
+        };
+        // The run's span ends before its terminal part goes out: a consumer
+        // that exits on that part (`wma run`) flushes its traces next, and a
+        // span still open then is never exported.
+        drop(span);
+        self.emit(last);
     }
 
     async fn run(&mut self) -> End {
