@@ -387,17 +387,11 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
     drop(run.ticket);
 }
 
-/// Logs the writes of the run's call records that failed.
+/// Logs the writes of the run's call records that failed, each in the
+/// words the recorder gives it.
 fn warn_of(run_id: &str, problems: Vec<CallRecordProblem>) {
     for problem in problems {
-        match problem {
-            CallRecordProblem::AnswerNotRecorded { error, .. } => {
-                tracing::warn!(run_id, error = %error, "the call's answer was not recorded");
-            }
-            CallRecordProblem::NotMarkedInDoubt { error, .. } => {
-                tracing::warn!(run_id, error = %error, "a call cut short was not marked in doubt");
-            }
-        }
+        tracing::warn!(run_id, "{problem}");
     }
 }
 

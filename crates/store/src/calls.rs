@@ -83,11 +83,6 @@ impl CallRecorder {
         }
     }
 
-    /// The run whose calls are recorded.
-    pub fn run_id(&self) -> &str {
-        &self.run_id
-    }
-
     /// Records a call of `agent` in the sub-agent run `sub_run` `in-flight`
     /// ([`Store::begin_call_in`]), committed before this returns, and
     /// returns its idempotency key, which goes with the call to its
