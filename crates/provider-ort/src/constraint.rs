@@ -84,7 +84,7 @@ use serde_json::{Map, Value, json};
 use tokenizers::Tokenizer;
 use wma_agent::{CallFormat, Constraint, Decoding, ToolDefinition};
 
-use crate::copy::{AvoidNames, CopyBias, value_position};
+use crate::copy::{AvoidNames, CopyBias, Position, value_position};
 use crate::encode::PromptEncoder;
 use crate::error::OrtError;
 
@@ -678,11 +678,13 @@ impl ConstraintMatcher {
             }
         }
         // Where the reply stands (in a value or not) is read once per token,
-        // for the copy bias and the avoided names both.
+        // for the number bound, the copy bias and the avoided names.
         if self.calls.is_some()
-            && (self.copy.is_some() || self.avoid.is_some())
             && let Some(position) = value_position(&self.output)
         {
+            if let Position::InsideNumber(start) = position {
+                bound_number_digits(&self.output[start..], logits, &self.env);
+            }
             if let Some(copy) = self.copy.as_ref() {
                 copy.apply(
                     &self.output,
@@ -1077,6 +1079,49 @@ fn apply_bits(bits: &[u32], logits: &mut [f32]) {
                 *logit = f32::NEG_INFINITY;
             }
         }
+    }
+}
+
+/// Digits a number's mantissa may hold (its integer and fraction parts
+/// together).
+const MAX_MANTISSA_DIGITS: usize = 40;
+/// Digits a number's exponent may hold.
+const MAX_EXPONENT_DIGITS: usize = 2;
+
+/// Masks the tokens that would give the number written so far (`number`,
+/// from its first byte) more digits than a call's arguments can be read
+/// with. JSON bounds no number, and the grammar follows it, but arguments
+/// are read as 64-bit floats, which end near 1.8e308: `66.7E8443` is JSON
+/// and no argument. Forty digits and a two-digit exponent keep every
+/// number readable and every number a tool plausibly takes writable. Where
+/// every allowed token would be masked, nothing is: the grammar wins.
+fn bound_number_digits(number: &[u8], logits: &mut [f32], env: &TokEnv) {
+    let (written, max) = match number.iter().position(|b| matches!(b, b'e' | b'E')) {
+        Some(e) => (&number[e + 1..], MAX_EXPONENT_DIGITS),
+        None => (number, MAX_MANTISSA_DIGITS),
+    };
+    let room = max.saturating_sub(written.iter().filter(|b| b.is_ascii_digit()).count());
+    // Far from the bound, no token of this vocabulary can cross it.
+    if room > 16 {
+        return;
+    }
+    let trie = env.tok_trie();
+    let too_long = |t: usize| {
+        trie.token(t as u32)
+            .iter()
+            .take_while(|b| b.is_ascii_digit())
+            .count()
+            > room
+    };
+    let masked: Vec<usize> = (0..logits.len())
+        .filter(|&t| logits[t].is_finite() && too_long(t))
+        .collect();
+    let allowed = logits.iter().filter(|l| l.is_finite()).count();
+    if masked.is_empty() || masked.len() == allowed {
+        return;
+    }
+    for t in masked {
+        logits[t] = f32::NEG_INFINITY;
     }
 }
 

@@ -737,6 +737,47 @@ fn a_value_cannot_begin_with_a_name_the_prompt_shows() {
     );
 }
 
+/// JSON bounds no number, but a call's arguments are read as 64-bit
+/// floats: a number in a value of any type (where the schema says nothing
+/// the grammar could bound) stops taking digits at forty in its mantissa
+/// and two in its exponent, so every number written can be read.
+#[test]
+fn a_number_stops_short_of_what_a_float_cannot_hold() {
+    let f = fixture();
+    let c = Constraint::CallsOnly {
+        tools: vec![ToolDefinition::new(
+            "scale",
+            "Scale by a factor.",
+            json!({"type": "object", "properties": {"factor": {}}, "required": ["factor"]}),
+        )],
+    };
+    let id = |t: &str| f.tokenizer.token_to_id(t).unwrap() as usize;
+    let after = |number: &str| {
+        logits_after(
+            &f,
+            &c,
+            &small_model(),
+            None,
+            &format!(r#"{{"name": "scale", "arguments": {{"factor": {number}"#),
+        )
+    };
+    assert_eq!(after("2e9")[id("9")], 0.0, "a second exponent digit");
+    let full = after("2e99");
+    assert_eq!(full[id("9")], f32::NEG_INFINITY, "no third");
+    assert_eq!(full[id("}")], 0.0, "the number may end");
+    let long = "1".repeat(39);
+    assert_eq!(after(&long)[id("1")], 0.0, "a fortieth digit");
+    assert_eq!(
+        after(&format!("{long}1"))[id("1")],
+        f32::NEG_INFINITY,
+        "no forty-first"
+    );
+    assert!(
+        after(&format!("{long}1"))[id(".")].is_finite(),
+        "the number may go on without digits only as JSON allows"
+    );
+}
+
 /// What the grammar forces, the provider feeds without a choice (fast
 /// forward): a key the schema fixes (`name` after `{"`), and the rest of a
 /// tool's name once its first letters settle it; JSON whitespace is the

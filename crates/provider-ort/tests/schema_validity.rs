@@ -3,7 +3,8 @@
 //! the loop checks it).
 //!
 //! Calls are written by a seeded random walk through the grammar on the
-//! default model's real vocabulary: at each token one of the tokens the mask
+//! default model's real vocabulary (JSON calls) and on Qwen2 vocabularies
+//! (`<tool_call>` calls): at each token one of the tokens the mask
 //! allows is drawn, closing tokens (`"`, `}`, `]`) a little more often so
 //! that values end. No model runs, so the walk reaches every corner the
 //! grammar allows, where a model would stay on its favourite paths. The
@@ -12,8 +13,12 @@
 //! fetched BFCL, the tool schemas of its data, converted by the code
 //! `wma eval bfcl` converts them with.
 
+mod common;
+#[path = "common/qwen2.rs"]
+mod qwen2;
+
 use std::collections::BTreeSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use serde_json::{Map, Value, json};
@@ -40,17 +45,19 @@ fn tokenizer_json() -> Value {
     serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap()
 }
 
-/// The vocabulary a walk runs on, with `<|im_end|>` as its end.
+/// The vocabulary a walk runs on, with `<|im_end|>` as its end, and the
+/// call format its model writes.
 struct Vocab {
     engine: ConstraintEngine,
     tokenizer: Tokenizer,
     end: u32,
+    format: CallFormat,
     /// How the walk weighs each token.
     kinds: Vec<Kind>,
 }
 
 impl Vocab {
-    fn new(json: &Value) -> Self {
+    fn new(json: &Value, format: CallFormat) -> Self {
         let text = json.to_string();
         let tokenizer = Tokenizer::from_str(&text).unwrap();
         let end = tokenizer.token_to_id("<|im_end|>").unwrap();
@@ -60,13 +67,21 @@ impl Vocab {
             engine,
             tokenizer,
             end,
+            format,
             kinds,
         }
     }
 
     /// The default model's whole vocabulary.
     fn full() -> Self {
-        Self::new(&tokenizer_json())
+        Self::new(&tokenizer_json(), CallFormat::Json)
+    }
+
+    /// A Qwen2 vocabulary (`<tool_call>` an added token, bytes as
+    /// characters), with calls in Qwen's `<tool_call>` tags.
+    fn qwen2(tokenizer: &Path) -> Self {
+        let json = serde_json::from_str(&std::fs::read_to_string(tokenizer).unwrap()).unwrap();
+        Self::new(&json, CallFormat::Hermes)
     }
 
     /// The default model's tokens of one or two bytes (2,060 of 49,152),
@@ -105,7 +120,7 @@ impl Vocab {
             "lstrip": false, "rstrip": false, "normalized": false, "special": true}]);
         json["model"]["vocab"] = Value::Object(new_vocab);
         json["model"]["merges"] = Value::Array(merges);
-        Self::new(&json)
+        Self::new(&json, CallFormat::Json)
     }
 }
 
@@ -478,7 +493,7 @@ fn measure(vocab: &Vocab, schemas: &[(String, Value)], decoding: &Decoding, runs
         };
         let start = vocab
             .engine
-            .matcher(&constraint, CallFormat::Json, decoding)
+            .matcher(&constraint, vocab.format, decoding)
             .unwrap();
         let enforcement = vocab.engine.enforcement(&tool(schema), decoding);
         if enforcement != Enforcement::Full {
@@ -591,17 +606,41 @@ fn small_model() -> Decoding {
 
 #[test]
 fn calls_under_hard_schemas_validate() {
-    let schemas = hard_schemas();
     // Every decoding on the short tokens, a few walks on the whole
-    // vocabulary (whose long tokens cross more lexemes).
+    // vocabulary (whose long tokens cross more lexemes), and Qwen2's
+    // byte-level vocabulary with its `<tool_call>` tags (the tiny model's:
+    // its merges are few, so a walk spells values byte by byte).
     let short = Vocab::short_tokens();
     let full = Vocab::full();
-    let runs = [
+    let qwen2 = Vocab::qwen2(&qwen2::tiny_qwen2_model().join("tokenizer.json"));
+    hard_schemas_validate(&[
         (&short, "short tokens", small_model(), 6),
         (&short, "short tokens", Decoding::default(), 6),
         (&full, "whole vocabulary", small_model(), 1),
-    ];
-    for (vocab, label, decoding, runs) in runs {
+        (&qwen2, "tiny Qwen2 vocabulary", small_model(), 6),
+        (&qwen2, "tiny Qwen2 vocabulary", Decoding::default(), 6),
+    ]);
+}
+
+/// The hard schemas and a sample of BFCL's on Qwen2.5-Coder-0.5B's own
+/// vocabulary (151,665 tokens, many of them crossing quotes, escapes and
+/// digits), calls in its `<tool_call>` tags. Opt-in: the model is set up
+/// by `scripts/setup.sh --model qwen2.5-coder-0.5b`.
+#[test]
+fn calls_validate_on_the_qwen_vocabulary() {
+    let Some(dir) = qwen2::qwen2_model() else {
+        return;
+    };
+    let qwen = Vocab::qwen2(&dir.join("tokenizer.json"));
+    hard_schemas_validate(&[(&qwen, "Qwen2.5-Coder vocabulary", small_model(), 2)]);
+    bfcl_sweep_on(&qwen, 8);
+}
+
+/// Walks every hard schema on each vocabulary and decoding, `runs` times.
+fn hard_schemas_validate(cases: &[(&Vocab, &str, Decoding, u64)]) {
+    let schemas = hard_schemas();
+    for (vocab, label, decoding, runs) in cases {
+        let (vocab, label, decoding, runs) = (*vocab, *label, decoding.clone(), *runs);
         {
             let tally = measure(vocab, &schemas, &decoding, runs);
             let limits = if decoding == Decoding::default() {
@@ -693,6 +732,11 @@ fn calls_cut_anywhere_and_closed_out_validate() {
 
 /// The BFCL schemas of the cache, one walk per shape sampled.
 fn bfcl_sweep(step: usize) {
+    bfcl_sweep_on(&Vocab::short_tokens(), step);
+}
+
+/// [`bfcl_sweep`] on `vocab`.
+fn bfcl_sweep_on(vocab: &Vocab, step: usize) {
     let schemas = bfcl_schemas();
     assert!(
         !schemas.is_empty(),
@@ -701,7 +745,7 @@ fn bfcl_sweep(step: usize) {
     );
     let all = schemas.len();
     let schemas = sample(schemas, step);
-    let tally = measure(&Vocab::short_tokens(), &schemas, &small_model(), 1);
+    let tally = measure(vocab, &schemas, &small_model(), 1);
     println!(
         "BFCL: {} of {all} distinct schemas (every {step}th shape): {tally}",
         schemas.len()
