@@ -84,7 +84,7 @@ use serde_json::{Map, Value, json};
 use tokenizers::Tokenizer;
 use wma_agent::{CallFormat, Constraint, Decoding, ToolDefinition};
 
-use crate::copy::{AvoidNames, CopyBias, Position, value_position};
+use crate::copy::{AvoidNames, CopyBias, Position, mask_unless_all, value_position};
 use crate::encode::PromptEncoder;
 use crate::error::OrtError;
 
@@ -1093,8 +1093,7 @@ const MAX_EXPONENT_DIGITS: usize = 2;
 /// with. JSON bounds no number, and the grammar follows it, but arguments
 /// are read as 64-bit floats, which end near 1.8e308: `66.7E8443` is JSON
 /// and no argument. Forty digits and a two-digit exponent keep every
-/// number readable and every number a tool plausibly takes writable. Where
-/// every allowed token would be masked, nothing is: the grammar wins.
+/// number readable and every number a tool plausibly takes writable.
 fn bound_number_digits(number: &[u8], logits: &mut [f32], env: &TokEnv) {
     let (written, max) = match number.iter().position(|b| matches!(b, b'e' | b'E')) {
         Some(e) => (&number[e + 1..], MAX_EXPONENT_DIGITS),
@@ -1116,13 +1115,7 @@ fn bound_number_digits(number: &[u8], logits: &mut [f32], env: &TokEnv) {
     let masked: Vec<usize> = (0..logits.len())
         .filter(|&t| logits[t].is_finite() && too_long(t))
         .collect();
-    let allowed = logits.iter().filter(|l| l.is_finite()).count();
-    if masked.is_empty() || masked.len() == allowed {
-        return;
-    }
-    for t in masked {
-        logits[t] = f32::NEG_INFINITY;
-    }
+    mask_unless_all(logits, &masked);
 }
 
 /// The softmax mass of the tokens in `bits` among the finite logits.

@@ -240,13 +240,20 @@ impl AvoidNames {
             })
             .map(|(t, _)| t)
             .collect();
-        let allowed = logits.iter().filter(|l| l.is_finite()).count();
-        if masked.is_empty() || masked.len() == allowed {
-            return;
-        }
-        for t in masked {
-            logits[t] = f32::NEG_INFINITY;
-        }
+        mask_unless_all(logits, &masked);
+    }
+}
+
+/// Masks the tokens `masked`, unless they are every token still allowed:
+/// a pull on the model's choice never leaves it nothing to write, so there
+/// the grammar wins.
+pub(crate) fn mask_unless_all(logits: &mut [f32], masked: &[usize]) {
+    let allowed = logits.iter().filter(|l| l.is_finite()).count();
+    if masked.is_empty() || masked.len() == allowed {
+        return;
+    }
+    for &t in masked {
+        logits[t] = f32::NEG_INFINITY;
     }
 }
 
