@@ -639,37 +639,34 @@ fn calls_validate_on_the_qwen_vocabulary() {
 /// Walks every hard schema on each vocabulary and decoding, `runs` times.
 fn hard_schemas_validate(cases: &[(&Vocab, &str, Decoding, u64)]) {
     let schemas = hard_schemas();
-    for (vocab, label, decoding, runs) in cases {
-        let (vocab, label, decoding, runs) = (*vocab, *label, decoding.clone(), *runs);
-        {
-            let tally = measure(vocab, &schemas, &decoding, runs);
-            let limits = if decoding == Decoding::default() {
-                "no limits"
-            } else {
-                "small-model limits"
-            };
-            println!("hard schemas, {label}, {limits}: {tally}");
-            // Only `uniqueItems` is beyond the grammar, and it says so.
-            assert_eq!(
-                tally.partial,
-                vec![(
-                    "arrays: bounds, unique items, tuples".to_string(),
-                    Enforcement::IgnoresKeywords(vec!["uniqueItems".into()])
-                )],
-            );
-            assert!(
-                tally.failures.is_empty(),
-                "{label}, {limits}: {} invalid calls:\n{}",
-                tally.invalid,
-                tally.failures[..tally.failures.len().min(20)].join("\n")
-            );
-            // Free-form values nest without end when nothing bounds them;
-            // most walks must still end.
-            assert!(
-                tally.unfinished * 5 <= tally.valid,
-                "too many walks did not end: {tally}"
-            );
-        }
+    for &(vocab, label, ref decoding, runs) in cases {
+        let tally = measure(vocab, &schemas, decoding, runs);
+        let limits = if *decoding == Decoding::default() {
+            "no limits"
+        } else {
+            "small-model limits"
+        };
+        println!("hard schemas, {label}, {limits}: {tally}");
+        // Only `uniqueItems` is beyond the grammar, and it says so.
+        assert_eq!(
+            tally.partial,
+            vec![(
+                "arrays: bounds, unique items, tuples".to_string(),
+                Enforcement::IgnoresKeywords(vec!["uniqueItems".into()])
+            )],
+        );
+        assert!(
+            tally.failures.is_empty(),
+            "{label}, {limits}: {} invalid calls:\n{}",
+            tally.invalid,
+            tally.failures[..tally.failures.len().min(20)].join("\n")
+        );
+        // Free-form values nest without end when nothing bounds them;
+        // most walks must still end.
+        assert!(
+            tally.unfinished * 5 <= tally.valid,
+            "too many walks did not end: {tally}"
+        );
     }
 }
 
