@@ -1323,10 +1323,116 @@ pub(crate) fn ground_when_values(tool: &ToolDefinition, ids: &Identifiers) -> To
     }
 }
 
+/// The tool with every required array of its schema (at any depth of
+/// objects and array items) made to hold at least one item, for a
+/// constraint (the policy's `filled_lists`). An array whose schema sets its
+/// own `minItems` keeps it, and one capped at none by `maxItems` is left
+/// alone.
+///
+/// An empty list satisfies such a schema but asks the tool to do nothing:
+/// under a constraint Qwen2.5-Coder wrote `create_entities {"entities":
+/// []}` to remember a fact, and `request_planning` with `"tasks": []` to
+/// plan a move.
+pub(crate) fn fill_required_lists(tool: &ToolDefinition) -> ToolDefinition {
+    let mut schema = tool.input_schema.clone();
+    if !fill_lists(&mut schema, 0) {
+        return tool.clone();
+    }
+    ToolDefinition {
+        input_schema: schema,
+        ..tool.clone()
+    }
+}
+
+/// [`fill_required_lists`] on one schema; whether anything changed.
+fn fill_lists(schema: &mut Value, depth: usize) -> bool {
+    // Schemas nest as deep as their author likes; a real argument list is
+    // a few levels deep.
+    if depth > 16 {
+        return false;
+    }
+    let Some(map) = schema.as_object_mut() else {
+        return false;
+    };
+    let required: Vec<String> = map
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .unwrap_or_default();
+    let mut changed = false;
+    if let Some(props) = map.get_mut("properties").and_then(Value::as_object_mut) {
+        for (name, prop) in props.iter_mut() {
+            if required.contains(name)
+                && let Some(p) = prop.as_object_mut()
+                && is_array_schema(p)
+                && !p.contains_key("minItems")
+                && p.get("maxItems").and_then(Value::as_u64) != Some(0)
+            {
+                p.insert("minItems".to_string(), Value::from(1));
+                changed = true;
+            }
+            changed |= fill_lists(prop, depth + 1);
+        }
+    }
+    if let Some(items) = map.get_mut("items") {
+        changed |= fill_lists(items, depth + 1);
+    }
+    changed
+}
+
+/// Whether a schema is (only) an array's.
+fn is_array_schema(schema: &Map<String, Value>) -> bool {
+    match schema.get("type") {
+        Some(Value::String(t)) => t == "array",
+        Some(_) => false,
+        None => schema.contains_key("items"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn required_lists_take_an_item_and_optional_ones_stay_as_they_are() {
+        let tool = ToolDefinition::new(
+            "create_entities",
+            "",
+            json!({
+                "type": "object",
+                "properties": {
+                    "entities": {"type": "array", "items": {
+                        "type": "object",
+                        "properties": {
+                            "name": {"type": "string"},
+                            "observations": {"type": "array", "items": {"type": "string"}},
+                            "aliases": {"type": "array", "items": {"type": "string"}}
+                        },
+                        "required": ["name", "observations"]
+                    }},
+                    "tags": {"type": "array", "items": {"type": "string"}},
+                    "keep": {"type": "array", "minItems": 0},
+                    "none": {"type": "array", "maxItems": 0}
+                },
+                "required": ["entities", "keep", "none"]
+            }),
+        );
+        let filled = fill_required_lists(&tool).input_schema;
+        assert_eq!(filled["properties"]["entities"]["minItems"], json!(1));
+        let item = &filled["properties"]["entities"]["items"]["properties"];
+        assert_eq!(item["observations"]["minItems"], json!(1));
+        assert!(item["aliases"].get("minItems").is_none(), "optional: {item}");
+        assert!(filled["properties"]["tags"].get("minItems").is_none());
+        assert_eq!(filled["properties"]["keep"]["minItems"], json!(0));
+        assert!(filled["properties"]["none"].get("minItems").is_none());
+        // A tool without required arrays comes back as it was.
+        let plain = ToolDefinition {
+            input_schema: json!({"type": "object", "properties": {"q": {"type": "string"}}, "required": ["q"]}),
+            ..tool.clone()
+        };
+        assert_eq!(fill_required_lists(&plain), plain);
+    }
 
     #[test]
     fn quotable_phrases_hold_no_verb_tool_word_date_bare_number_or_number_word() {

@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use crate::error::{ToolError, ToolErrorCode};
 use crate::ground::{
-    Identifiers, digit_runs, ground_number_values, ground_string_values, ground_tool,
+    Identifiers, digit_runs, fill_required_lists, ground_number_values, ground_string_values, ground_tool,
     ground_when_values, is_free_string, lists_a_written_value, requires_a_number, short_of_numbers,
     short_of_strings, takes_free_text, takes_identifier, waits_for_a_number, without_leading_zeros,
 };
@@ -149,6 +149,13 @@ pub struct Policy {
     /// a haircut "at 09:00" it wrote the date as the start time. Default:
     /// on.
     pub ground_dates: bool,
+    /// A required array argument of a constrained call (at any depth of
+    /// objects and array items, with no `minItems` of its own) holds at
+    /// least one item. An empty list satisfies such a schema but asks the
+    /// tool to do nothing: Qwen2.5-Coder, asked to remember a fact, wrote
+    /// `create_entities {"entities": []}`, and `request_planning` with
+    /// `"tasks": []` for a plan. Default: on.
+    pub filled_lists: bool,
     /// Free string arguments of a constrained call (a string, at any depth,
     /// that is not an identifier, a date or a time and lists no values,
     /// pattern or format of its own) are biased toward what the run has
@@ -412,6 +419,7 @@ impl Policy {
             ground_numbers: false,
             written_numbers: false,
             ground_dates: false,
+            filled_lists: false,
             ground_strings: false,
             move_on: false,
             offer_appeared: false,
@@ -458,6 +466,7 @@ impl Policy {
             ground_numbers: true,
             written_numbers: true,
             ground_dates: true,
+            filled_lists: true,
             ground_strings: true,
             move_on: true,
             offer_appeared: true,
@@ -584,6 +593,7 @@ impl Policy {
             || self.ground_numbers
             || self.written_numbers
             || self.ground_dates
+            || self.filled_lists
             || self.ground_strings
             || self.move_on
             || self.offer_appeared
@@ -745,6 +755,8 @@ pub(crate) enum Rule {
     WrittenNumbers,
     /// See [`Policy::ground_dates`].
     GroundDates,
+    /// See [`Policy::filled_lists`].
+    FilledLists,
     /// See [`Policy::ground_strings`].
     GroundStrings,
     /// See [`Policy::move_on`].
@@ -817,6 +829,7 @@ impl Rule {
             Self::GroundNumbers => "ground-numbers",
             Self::WrittenNumbers => "written-numbers",
             Self::GroundDates => "ground-dates",
+            Self::FilledLists => "filled-lists",
             Self::GroundStrings => "ground-strings",
             Self::MoveOn => "move-on",
             Self::OfferAppeared => "offer-appeared",
@@ -2181,6 +2194,16 @@ impl PolicyState {
                                 detail: format!("narrowed the dates and times of {name}"),
                             });
                             grounded = narrowed;
+                        }
+                    }
+                    if policy.filled_lists {
+                        let filled = fill_required_lists(&grounded);
+                        if filled.input_schema != grounded.input_schema {
+                            fired.push(Fired {
+                                rule: Rule::FilledLists,
+                                detail: format!("asked {name} for at least one item of its lists"),
+                            });
+                            grounded = filled;
                         }
                     }
                     // Free strings are never held to what the run has seen:
