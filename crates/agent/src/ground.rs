@@ -1323,6 +1323,115 @@ pub(crate) fn ground_when_values(tool: &ToolDefinition, ids: &Identifiers) -> To
     }
 }
 
+/// The characters a value's shape is read from: those that join the
+/// parts of an identifier-like value (a zone, a path, an address, a time).
+const SHAPE_CHARS: [char; 5] = ['/', '_', '@', ':', '.'];
+
+/// The shapes the shown tools' schemas give their string arguments by
+/// example (see `Decoding::copy_shapes`): argument name → the characters of
+/// [`SHAPE_CHARS`] that every example holds. The examples are a string
+/// argument's `examples` and the runs its description quotes (`'…'`, `"…"`
+/// or `` `…` ``); an argument whose examples share no such character, or
+/// that two tools shape differently, has no shape.
+pub(crate) fn example_shapes(tools: &[ToolDefinition]) -> Vec<(String, String)> {
+    fn walk(schema: &Value, out: &mut Vec<(String, Option<String>)>, depth: usize) {
+        if depth > 16 {
+            return;
+        }
+        let Some(map) = schema.as_object() else {
+            return;
+        };
+        if let Some(props) = map.get("properties").and_then(Value::as_object) {
+            for (name, prop) in props {
+                if scalar_type(prop) == Some("string")
+                    && let Some(shape) = shape_of(prop)
+                {
+                    out.push((name.clone(), Some(shape)));
+                } else if scalar_type(prop) == Some("string") {
+                    out.push((name.clone(), None));
+                }
+                walk(prop, out, depth + 1);
+            }
+        }
+        if let Some(items) = map.get("items") {
+            walk(items, out, depth + 1);
+        }
+    }
+    let mut found: Vec<(String, Option<String>)> = Vec::new();
+    for tool in tools {
+        walk(&tool.input_schema, &mut found, 0);
+    }
+    let mut shapes: Vec<(String, String)> = Vec::new();
+    for (name, shape) in &found {
+        let Some(shape) = shape else { continue };
+        // One name, one shape: a name some tool leaves free, or shapes
+        // differently, is left free.
+        let agreed = found
+            .iter()
+            .filter(|(n, _)| n == name)
+            .all(|(_, s)| s.as_ref() == Some(shape));
+        if agreed && !shapes.iter().any(|(n, _)| n == name) {
+            shapes.push((name.clone(), shape.clone()));
+        }
+    }
+    shapes
+}
+
+/// The characters of [`SHAPE_CHARS`] that every example of a string
+/// argument holds, if it has examples and they share one.
+fn shape_of(prop: &Value) -> Option<String> {
+    let mut examples: Vec<&str> = prop
+        .get("examples")
+        .and_then(Value::as_array)
+        .map(|e| e.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if let Some(description) = prop.get("description").and_then(Value::as_str) {
+        examples.extend(quoted_examples(description));
+    }
+    let mut shape: Option<Vec<char>> = None;
+    for example in &examples {
+        let has: Vec<char> = SHAPE_CHARS
+            .iter()
+            .copied()
+            .filter(|c| example.contains(*c))
+            .collect();
+        shape = Some(match shape {
+            None => has,
+            Some(s) => s.into_iter().filter(|c| has.contains(c)).collect(),
+        });
+    }
+    shape.filter(|s| !s.is_empty()).map(|s| s.into_iter().collect())
+}
+
+/// The runs a description quotes between `'`, `"` or `` ` `` that look like
+/// values: two to sixty-four characters, no line break, no space at either
+/// end. A quote mark between two letters is an apostrophe ("the person's
+/// city"), neither an opening nor a closing one.
+fn quoted_examples(description: &str) -> Vec<&str> {
+    let chars: Vec<(usize, char)> = description.char_indices().collect();
+    let word = |i: usize| chars.get(i).is_some_and(|(_, c)| c.is_alphanumeric());
+    let mut out = Vec::new();
+    let mut open: Option<(usize, char)> = None;
+    for (i, &(at, c)) in chars.iter().enumerate() {
+        if !matches!(c, '\'' | '"' | '`') || (i > 0 && word(i - 1) && word(i + 1)) {
+            continue;
+        }
+        match open {
+            Some((from, q)) if q == c => {
+                let run = &description[from..at];
+                let n = run.chars().count();
+                if (2..=64).contains(&n) && !run.contains('\n') && run.trim() == run {
+                    out.push(run);
+                }
+                open = None;
+            }
+            Some(_) => {}
+            None => open = Some((at + c.len_utf8(), c)),
+        }
+    }
+    out
+}
+
 /// The tool with every required array of its schema (at any depth of
 /// objects and array items) made to hold at least one item, for a
 /// constraint (the policy's `filled_lists`). An array whose schema sets its
@@ -1393,6 +1502,32 @@ fn is_array_schema(schema: &Map<String, Value>) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn examples_give_a_value_its_shape() {
+        let time = ToolDefinition::new(
+            "get_current_time",
+            "",
+            json!({"type": "object", "properties": {
+                "timezone": {"type": "string", "description": "IANA timezone name (e.g., 'America/New_York', 'Europe/London'). Use 'Europe/London' if the person's city isn't given."},
+                "note": {"type": "string", "description": "Anything, e.g. \"call Sam\""},
+                "path": {"type": "string", "examples": ["src/main.rs", "docs/a.md"]},
+                "count": {"type": "integer", "description": "e.g. '1/2'"}
+            }}),
+        );
+        let shapes = example_shapes(std::slice::from_ref(&time));
+        assert!(shapes.contains(&("timezone".to_string(), "/".to_string())), "{shapes:?}");
+        assert!(shapes.contains(&("path".to_string(), "/.".to_string())), "{shapes:?}");
+        assert_eq!(shapes.len(), 2, "no shape for plain words or a number: {shapes:?}");
+        // A name another tool leaves free has no shape.
+        let other = ToolDefinition::new(
+            "set_zone",
+            "",
+            json!({"type": "object", "properties": {"timezone": {"type": "string"}}}),
+        );
+        let shapes = example_shapes(&[time, other]);
+        assert!(!shapes.iter().any(|(n, _)| n == "timezone"), "{shapes:?}");
+    }
 
     #[test]
     fn required_lists_take_an_item_and_optional_ones_stay_as_they_are() {

@@ -21,7 +21,7 @@ use serde_json::Value;
 
 use crate::error::{ToolError, ToolErrorCode};
 use crate::ground::{
-    Identifiers, digit_runs, fill_required_lists, ground_number_values, ground_string_values, ground_tool,
+    Identifiers, digit_runs, example_shapes, fill_required_lists, ground_number_values, ground_string_values, ground_tool,
     ground_when_values, is_free_string, lists_a_written_value, requires_a_number, short_of_numbers,
     short_of_strings, takes_free_text, takes_identifier, waits_for_a_number, without_leading_zeros,
 };
@@ -636,6 +636,13 @@ impl Policy {
             call_threshold: self.call_threshold,
             call_baseline: self.call_baseline,
             copy_bias: self.copy_bias,
+            // Shapes only steer the copy bias: without one they are not
+            // worth reading.
+            copy_shapes: if self.copy_bias > 0.0 {
+                example_shapes(shown)
+            } else {
+                Vec::new()
+            },
             greedy_calls: self.greedy_calls,
             finish_cut_calls: self.finish_cut_calls,
         }

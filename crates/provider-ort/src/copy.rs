@@ -41,6 +41,9 @@ pub struct CopyBias {
     /// The phrases that are JSON numbers, for number values.
     numbers: Vec<Vec<u8>>,
     bias: f32,
+    /// Argument name → the characters a phrase must hold to be copied into
+    /// its value (`Decoding::copy_shapes`).
+    shapes: Vec<(Vec<u8>, Vec<u8>)>,
 }
 
 impl CopyBias {
@@ -68,7 +71,39 @@ impl CopyBias {
             phrases: all,
             numbers,
             bias,
+            shapes: Vec::new(),
         })
+    }
+
+    /// The same bias, copying into a value of an argument named in
+    /// `shapes` only the phrases that hold each of its characters
+    /// (`Decoding::copy_shapes`: the schema shows such values by example,
+    /// and a phrase of another shape is no such value).
+    #[must_use]
+    pub fn with_shapes(mut self, shapes: &[(String, String)]) -> Self {
+        self.shapes = shapes
+            .iter()
+            .map(|(name, chars)| (name.as_bytes().to_vec(), chars.as_bytes().to_vec()))
+            .collect();
+        self
+    }
+
+    /// The characters a phrase must hold to be copied at `position`, when
+    /// the value there is of an argument with a shape.
+    fn shape_at(&self, output: &[u8], position: Position) -> Option<&[u8]> {
+        if self.shapes.is_empty() {
+            return None;
+        }
+        let end = match position {
+            Position::Before => output.len(),
+            Position::Inside(start) => start.checked_sub(1)?,
+            Position::InsideNumber(_) => return None,
+        };
+        let key = key_before(&output[..end])?;
+        self.shapes
+            .iter()
+            .find(|(name, _)| name.as_slice() == key)
+            .map(|(_, chars)| chars.as_slice())
     }
 
     /// The phrases, for tests and diagnostics.
@@ -100,10 +135,12 @@ impl CopyBias {
     ) {
         let trie = env.tok_trie();
         let mut boosted: Vec<u32> = Vec::new();
+        let shape = self.shape_at(output, position);
+        let fits = |phrase: &&Vec<u8>| shape.is_none_or(|s| s.iter().all(|c| phrase.contains(c)));
         match position {
             Position::Inside(start) => {
                 let written = &output[start..];
-                for phrase in &self.phrases {
+                for phrase in self.phrases.iter().filter(fits) {
                     let Some(rest) = phrase.strip_prefix(written) else {
                         continue;
                     };
@@ -129,7 +166,8 @@ impl CopyBias {
             Position::Before => {
                 // A number as it is; a phrase as a string, in quotes.
                 let values = self.numbers.iter().map(|n| (n, false));
-                for (value, quoted) in values.chain(self.phrases.iter().map(|p| (p, true))) {
+                let phrases = self.phrases.iter().filter(fits).map(|p| (p, true));
+                for (value, quoted) in values.chain(phrases) {
                     let mut target = Vec::with_capacity(value.len() + 3);
                     target.push(b' ');
                     if quoted {
@@ -163,6 +201,17 @@ impl CopyBias {
             }
         }
     }
+}
+
+/// The key whose value follows `before` (JSON text ending in `"key":` and
+/// perhaps spaces), if it ends so: a value inside an array has none.
+fn key_before(before: &[u8]) -> Option<&[u8]> {
+    let trimmed = before.trim_ascii_end().strip_suffix(b":")?;
+    let quoted = trimmed.trim_ascii_end().strip_suffix(b"\"")?;
+    let open = (0..quoted.len())
+        .rev()
+        .find(|&i| quoted[i] == b'"' && (i == 0 || quoted[i - 1] != b'\\'))?;
+    Some(&quoted[open + 1..])
 }
 
 /// Names a string value of a call may not begin with: the small-model

@@ -668,6 +668,38 @@ fn the_copy_bias_lifts_the_persons_words_inside_string_arguments_only() {
 }
 
 #[test]
+fn a_shaped_argument_copies_only_phrases_of_its_shape() {
+    let f = fixture();
+    let c = Constraint::CallsOnly { tools: tools() };
+    let id = |t: &str| f.tokenizer.token_to_id(t).unwrap() as usize;
+    let phrases = ["waterproof backpack".to_string(), "water/proof".to_string()];
+    let shaped = |shapes: &[(String, String)], prefix: &str| {
+        let copy =
+            wma_provider_ort::copy::CopyBias::new(&phrases, 3.0).map(|c| c.with_shapes(shapes));
+        logits_after(&f, &c, &small_model(), copy, prefix)
+    };
+    let query = r#"{"name": "search", "arguments": {"query": "water"#;
+    let free = shaped(&[], query);
+    assert_eq!(free[id("proof")], 3.0, "unshaped, both phrases are lifted");
+    assert_eq!(free[id("/")], 3.0);
+    let slash = [("query".to_string(), "/".to_string())];
+    let held = shaped(&slash, query);
+    assert_eq!(held[id("proof")], 0.0, "a phrase without a slash is no such value");
+    assert_eq!(held[id("/")], 3.0, "a phrase of the shape still is");
+    let before = shaped(&slash, r#"{"name": "search", "arguments": {"query": "#);
+    assert!(
+        before.iter().filter(|&&l| l > 0.0).count() >= 1,
+        "the shaped phrase is lifted before the value too"
+    );
+    let other = [("path".to_string(), "/".to_string())];
+    assert_eq!(
+        shaped(&other, query)[id("proof")],
+        3.0,
+        "another argument's shape changes nothing here"
+    );
+}
+
+#[test]
 fn a_number_the_person_wrote_is_lifted_in_number_values_only() {
     let f = fixture();
     let c = Constraint::CallsOnly { tools: tools() };

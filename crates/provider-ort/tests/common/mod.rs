@@ -135,6 +135,7 @@ pub fn small_model_decoding() -> Decoding {
         copy_bias: 3.0,
         greedy_calls: true,
         finish_cut_calls: Some(64),
+        copy_shapes: Vec::new(),
     }
 }
 
