@@ -1329,10 +1329,10 @@ const SHAPE_CHARS: [char; 5] = ['/', '_', '@', ':', '.'];
 
 /// The shapes the shown tools' schemas give their string arguments by
 /// example (see `Decoding::copy_shapes`): argument name → the characters of
-/// [`SHAPE_CHARS`] that every example holds. The examples are a string
-/// argument's `examples` and the runs its description quotes (`'…'`, `"…"`
-/// or `` `…` ``); an argument whose examples share no such character, or
-/// that two tools shape differently, has no shape.
+/// [`SHAPE_CHARS`] that every one of its two examples or more holds. The
+/// examples are a string argument's `examples` and the runs its description
+/// quotes (`'…'`, `"…"` or `` `…` ``); an argument whose examples share no
+/// such character, or that two tools shape differently, has no shape.
 pub(crate) fn example_shapes(tools: &[ToolDefinition]) -> Vec<(String, String)> {
     fn walk(schema: &Value, out: &mut Vec<(String, Option<String>)>, depth: usize) {
         if depth > 16 {
@@ -1378,7 +1378,7 @@ pub(crate) fn example_shapes(tools: &[ToolDefinition]) -> Vec<(String, String)> 
 }
 
 /// The characters of [`SHAPE_CHARS`] that every example of a string
-/// argument holds, if it has examples and they share one.
+/// argument holds, if it has two examples or more and they share one.
 fn shape_of(prop: &Value) -> Option<String> {
     let mut examples: Vec<&str> = prop
         .get("examples")
@@ -1387,6 +1387,11 @@ fn shape_of(prop: &Value) -> Option<String> {
         .unwrap_or_default();
     if let Some(description) = prop.get("description").and_then(Value::as_str) {
         examples.extend(quoted_examples(description));
+    }
+    // One example cannot tell its shape from its accidents (the `_` of
+    // `America/New_York`); two or more can.
+    if examples.len() < 2 {
+        return None;
     }
     let mut shape: Option<Vec<char>> = None;
     for example in &examples {
@@ -1400,7 +1405,9 @@ fn shape_of(prop: &Value) -> Option<String> {
             Some(s) => s.into_iter().filter(|c| has.contains(c)).collect(),
         });
     }
-    shape.filter(|s| !s.is_empty()).map(|s| s.into_iter().collect())
+    shape
+        .filter(|s| !s.is_empty())
+        .map(|s| s.into_iter().collect())
 }
 
 /// The runs a description quotes between `'`, `"` or `` ` `` that look like
@@ -1466,7 +1473,12 @@ fn fill_lists(schema: &mut Value, depth: usize) -> bool {
     let required: Vec<String> = map
         .get("required")
         .and_then(Value::as_array)
-        .map(|r| r.iter().filter_map(Value::as_str).map(str::to_string).collect())
+        .map(|r| {
+            r.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
         .unwrap_or_default();
     let mut changed = false;
     if let Some(props) = map.get_mut("properties").and_then(Value::as_object_mut) {
@@ -1510,15 +1522,26 @@ mod tests {
             "",
             json!({"type": "object", "properties": {
                 "timezone": {"type": "string", "description": "IANA timezone name (e.g., 'America/New_York', 'Europe/London'). Use 'Europe/London' if the person's city isn't given."},
-                "note": {"type": "string", "description": "Anything, e.g. \"call Sam\""},
+                "note": {"type": "string", "description": "Anything, e.g. \"call Sam\" or \"buy milk\""},
+                "url": {"type": "string", "description": "e.g. 'https://example.com/a_b'"},
                 "path": {"type": "string", "examples": ["src/main.rs", "docs/a.md"]},
                 "count": {"type": "integer", "description": "e.g. '1/2'"}
             }}),
         );
         let shapes = example_shapes(std::slice::from_ref(&time));
-        assert!(shapes.contains(&("timezone".to_string(), "/".to_string())), "{shapes:?}");
-        assert!(shapes.contains(&("path".to_string(), "/.".to_string())), "{shapes:?}");
-        assert_eq!(shapes.len(), 2, "no shape for plain words or a number: {shapes:?}");
+        assert!(
+            shapes.contains(&("timezone".to_string(), "/".to_string())),
+            "{shapes:?}"
+        );
+        assert!(
+            shapes.contains(&("path".to_string(), "/.".to_string())),
+            "{shapes:?}"
+        );
+        assert_eq!(
+            shapes.len(),
+            2,
+            "no shape for plain words, a lone example or a number: {shapes:?}"
+        );
         // A name another tool leaves free has no shape.
         let other = ToolDefinition::new(
             "set_zone",
@@ -1557,7 +1580,10 @@ mod tests {
         assert_eq!(filled["properties"]["entities"]["minItems"], json!(1));
         let item = &filled["properties"]["entities"]["items"]["properties"];
         assert_eq!(item["observations"]["minItems"], json!(1));
-        assert!(item["aliases"].get("minItems").is_none(), "optional: {item}");
+        assert!(
+            item["aliases"].get("minItems").is_none(),
+            "optional: {item}"
+        );
         assert!(filled["properties"]["tags"].get("minItems").is_none());
         assert_eq!(filled["properties"]["keep"]["minItems"], json!(0));
         assert!(filled["properties"]["none"].get("minItems").is_none());

@@ -21,9 +21,10 @@ use serde_json::Value;
 
 use crate::error::{ToolError, ToolErrorCode};
 use crate::ground::{
-    Identifiers, digit_runs, example_shapes, fill_required_lists, ground_number_values, ground_string_values, ground_tool,
-    ground_when_values, is_free_string, lists_a_written_value, requires_a_number, short_of_numbers,
-    short_of_strings, takes_free_text, takes_identifier, waits_for_a_number, without_leading_zeros,
+    Identifiers, digit_runs, example_shapes, fill_required_lists, ground_number_values,
+    ground_string_values, ground_tool, ground_when_values, is_free_string, lists_a_written_value,
+    requires_a_number, short_of_numbers, short_of_strings, takes_free_text, takes_identifier,
+    waits_for_a_number, without_leading_zeros,
 };
 use crate::lexicon::{ASKING, AUXILIARY, POLITE, TELLING, is_change_verb};
 use crate::parse::ParsedCall;
@@ -2653,6 +2654,54 @@ mod tests {
         let o = state.offer(policy, files(), facts(request, true, true, false));
         let fired = o.fired.clone();
         (o, fired)
+    }
+
+    #[test]
+    fn a_constrained_call_fills_its_required_lists_under_the_small_model_policy() {
+        let remember = vec![tool(
+            "create_entities",
+            json!({"type": "object", "properties": {"entities": {"type": "array", "items": {"type": "string"}}}, "required": ["entities"]}),
+            false,
+        )];
+        let mut state = PolicyState::default();
+        state.observe_tools(&remember);
+        let request = "Please remember that Olga has a spare key.";
+        let small = state.offer(
+            &Policy::small_model(),
+            remember.clone(),
+            facts(request, true, true, false),
+        );
+        assert_eq!(
+            small.callable[0].input_schema["properties"]["entities"]["minItems"],
+            json!(1)
+        );
+        assert!(
+            small.fired.iter().any(|f| f.rule == Rule::FilledLists),
+            "{:?}",
+            small.fired
+        );
+        let reference = state.offer(
+            &Policy::reference(),
+            remember.clone(),
+            facts(request, true, true, false),
+        );
+        assert_eq!(reference.callable, remember, "the reference limits nothing");
+    }
+
+    #[test]
+    fn the_examples_shape_the_copy_bias_only_where_there_is_one() {
+        let time = vec![tool(
+            "get_current_time",
+            json!({"type": "object", "properties": {"timezone": {"type": "string", "description": "IANA name (e.g. 'America/New_York', 'Europe/London')"}}, "required": ["timezone"]}),
+            true,
+        )];
+        let shapes = Policy::small_model().decoding(&time, "").copy_shapes;
+        assert_eq!(shapes, vec![("timezone".to_string(), "/".to_string())]);
+        let off = Policy {
+            copy_bias: 0.0,
+            ..Policy::small_model()
+        };
+        assert!(off.decoding(&time, "").copy_shapes.is_empty());
     }
 
     #[test]

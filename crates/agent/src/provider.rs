@@ -236,12 +236,13 @@ pub struct Decoding {
     /// bonus for tokens that copy one of the request's
     /// [`copy_phrases`](GenerateRequest::copy_phrases); 0 is none.
     pub copy_bias: f32,
-    /// Argument names whose values the schema shows by example, each with
-    /// the characters every example holds (of `/ _ @ : .`): at a value of
-    /// such an argument the copy bias favours only the phrases that hold
-    /// them too. "Tokyo" is no value for a `timezone` shown as
-    /// `'America/New_York'`, though the person wrote it; the model's own
-    /// `Asia/Tokyo` should not have to beat a bonus for it.
+    /// Argument names whose values the schema shows by two examples or
+    /// more, each with the characters every example holds (of `/ _ @ :
+    /// .`): at a value of such an argument the copy bias favours only the
+    /// phrases that hold them too. "Tokyo" is no value for a `timezone`
+    /// shown as `'America/New_York', 'Europe/London'`, though the person
+    /// wrote it; the model's own `Asia/Tokyo` should not have to beat a
+    /// bonus for it.
     pub copy_shapes: Vec<(String, String)>,
     /// Once a constrained reply has begun a call, decode its name and
     /// arguments greedily even when sampling (whether to call stays

@@ -397,12 +397,12 @@ impl Loaded {
         let engine = self.constraints.as_ref()?;
         let decoding = &request.decoding;
         match engine.matcher(constraint, self.template.call_format(), decoding) {
-            Ok(m) => {
-                Some(m.with_copy_bias(
+            Ok(m) => Some(
+                m.with_copy_bias(
                     CopyBias::new(&request.copy_phrases, decoding.copy_bias)
                         .map(|c| c.with_shapes(&decoding.copy_shapes)),
-                ))
-            }
+                ),
+            ),
             Err(e) => {
                 tracing::warn!(error = %e, "the constraint could not be compiled; generating without it");
                 None

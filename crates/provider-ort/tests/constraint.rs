@@ -684,7 +684,11 @@ fn a_shaped_argument_copies_only_phrases_of_its_shape() {
     assert_eq!(free[id("/")], 3.0);
     let slash = [("query".to_string(), "/".to_string())];
     let held = shaped(&slash, query);
-    assert_eq!(held[id("proof")], 0.0, "a phrase without a slash is no such value");
+    assert_eq!(
+        held[id("proof")],
+        0.0,
+        "a phrase without a slash is no such value"
+    );
     assert_eq!(held[id("/")], 3.0, "a phrase of the shape still is");
     let before = shaped(&slash, r#"{"name": "search", "arguments": {"query": "#);
     assert!(
