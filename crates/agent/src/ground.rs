@@ -1343,12 +1343,8 @@ pub(crate) fn example_shapes(tools: &[ToolDefinition]) -> Vec<(String, String)> 
         };
         if let Some(props) = map.get("properties").and_then(Value::as_object) {
             for (name, prop) in props {
-                if scalar_type(prop) == Some("string")
-                    && let Some(shape) = shape_of(prop)
-                {
-                    out.push((name.clone(), Some(shape)));
-                } else if scalar_type(prop) == Some("string") {
-                    out.push((name.clone(), None));
+                if scalar_type(prop) == Some("string") {
+                    out.push((name.clone(), shape_of(prop)));
                 }
                 walk(prop, out, depth + 1);
             }
