@@ -1049,13 +1049,16 @@ fn properties_of(tool: &ToolDefinition) -> Option<(&Map<String, Value>, Vec<&str
         .input_schema
         .get("properties")
         .and_then(Value::as_object)?;
-    let required = tool
-        .input_schema
+    Some((props, required_of(&tool.input_schema)))
+}
+
+/// The names an object schema's `required` lists.
+pub(crate) fn required_of(schema: &Value) -> Vec<&str> {
+    schema
         .get("required")
         .and_then(Value::as_array)
         .map(|r| r.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    Some((props, required))
+        .unwrap_or_default()
 }
 
 /// The tool with its identifier arguments narrowed to `ids`, for a
@@ -1463,19 +1466,13 @@ fn fill_lists(schema: &mut Value, depth: usize) -> bool {
     if depth > 16 {
         return false;
     }
+    let required: Vec<String> = required_of(schema)
+        .into_iter()
+        .map(str::to_string)
+        .collect();
     let Some(map) = schema.as_object_mut() else {
         return false;
     };
-    let required: Vec<String> = map
-        .get("required")
-        .and_then(Value::as_array)
-        .map(|r| {
-            r.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_string)
-                .collect()
-        })
-        .unwrap_or_default();
     let mut changed = false;
     if let Some(props) = map.get_mut("properties").and_then(Value::as_object_mut) {
         for (name, prop) in props.iter_mut() {

@@ -100,11 +100,7 @@ pub fn example_arguments(schema: &Value) -> Value {
     let Some(props) = props else {
         return json!({});
     };
-    let required: Vec<&str> = schema
-        .get("required")
-        .and_then(Value::as_array)
-        .map(|r| r.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
+    let required = crate::ground::required_of(schema);
     let mut out = Map::new();
     for (name, prop) in props {
         if required.is_empty() && !out.is_empty() {

@@ -634,9 +634,16 @@ fn logits_after(
     l
 }
 
-/// The logits after `prefix` with a copy bias of 3 for `phrases`.
-fn biased_logits(f: &Fixture, c: &Constraint, phrases: &[String], prefix: &str) -> Vec<f32> {
-    let copy = wma_provider_ort::copy::CopyBias::new(phrases, 3.0);
+/// The logits after `prefix` with a copy bias of 3 for `phrases`, held to
+/// the arguments' `shapes` (`Decoding::copy_shapes`).
+fn biased_logits(
+    f: &Fixture,
+    c: &Constraint,
+    phrases: &[String],
+    shapes: &[(String, String)],
+    prefix: &str,
+) -> Vec<f32> {
+    let copy = wma_provider_ort::copy::CopyBias::new(phrases, 3.0).map(|c| c.with_shapes(shapes));
     logits_after(f, c, &small_model(), copy, prefix)
 }
 
@@ -646,7 +653,7 @@ fn the_copy_bias_lifts_the_persons_words_inside_string_arguments_only() {
     let c = Constraint::CallsOnly { tools: tools() };
     let id = |t: &str| f.tokenizer.token_to_id(t).unwrap() as usize;
     let phrases = ["waterproof backpack".to_string()];
-    let logits_after = |prefix: &str| biased_logits(&f, &c, &phrases, prefix);
+    let logits_after = |prefix: &str| biased_logits(&f, &c, &phrases, &[], prefix);
     let inside = logits_after(r#"{"name": "search", "arguments": {"query": ""#);
     let water = id("water");
     let other = id("the");
@@ -673,11 +680,8 @@ fn a_shaped_argument_copies_only_phrases_of_its_shape() {
     let c = Constraint::CallsOnly { tools: tools() };
     let id = |t: &str| f.tokenizer.token_to_id(t).unwrap() as usize;
     let phrases = ["waterproof backpack".to_string(), "water/proof".to_string()];
-    let shaped = |shapes: &[(String, String)], prefix: &str| {
-        let copy =
-            wma_provider_ort::copy::CopyBias::new(&phrases, 3.0).map(|c| c.with_shapes(shapes));
-        logits_after(&f, &c, &small_model(), copy, prefix)
-    };
+    let shaped =
+        |shapes: &[(String, String)], prefix: &str| biased_logits(&f, &c, &phrases, shapes, prefix);
     let query = r#"{"name": "search", "arguments": {"query": "water"#;
     let free = shaped(&[], query);
     assert_eq!(free[id("proof")], 3.0, "unshaped, both phrases are lifted");
@@ -709,7 +713,7 @@ fn a_number_the_person_wrote_is_lifted_in_number_values_only() {
     let c = Constraint::CallsOnly { tools: tools() };
     let id = |t: &str| f.tokenizer.token_to_id(t).unwrap() as usize;
     let phrases = ["12".to_string(), "tent".to_string()];
-    let logits_after = |prefix: &str| biased_logits(&f, &c, &phrases, prefix);
+    let logits_after = |prefix: &str| biased_logits(&f, &c, &phrases, &[], prefix);
     let add = r#"{"name": "add_to_cart", "arguments": {"product_id": "p-17", "quantity": "#;
     let before = logits_after(add);
     assert_eq!(before[id("1")], 3.0, "the number's first digit");
