@@ -1083,12 +1083,14 @@ async fn a_prose_reply_to_a_request_for_a_change_gets_the_calls_only_retry() {
     ));
     assert_eq!(provider.requests().len(), 4);
     assert_eq!(texts(&parts), ["Added the Trail Tent."]);
-    // A tool set that marks nothing read-only says nothing of what its
-    // tools change (BFCL's): the prose stands, as does a question's (which
-    // is another rule's to look up: it is off here).
+    // A tool set that marks nothing read-only, when its names are not
+    // read either, says nothing of what its tools change: the prose
+    // stands, as does a question's (which is another rule's to look up:
+    // it is off here).
     let change_only = LocalLoopOptions {
         policy: Some(Policy {
             question_lookup_retry: false,
+            read_only_by_name: false,
             ..Policy::small_model()
         }),
         ..inline()
@@ -1125,12 +1127,31 @@ async fn a_prose_reply_to_a_question_a_read_only_tool_looks_up_gets_the_calls_on
     assert_eq!(calls_made(&parts), [r#"view_cart {}"#]);
     assert_eq!(texts(&parts), ["Your cart is empty."]);
 
+    // Tools that annotate nothing have their lookups read by their names
+    // (`search_products`, `view_cart`), and the question is retried the
+    // same way.
+    let provider = ScriptedProvider::new([
+        "Your cart has two tents and a stove.".to_string(),
+        call("view_cart", json!({})),
+        "Your cart holds the Summit 30L Backpack.".to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(provider.clone(), ask(request, shop()), inline()).await;
+    assert!(fired(&parts).contains(&"read-only-by-name".to_string()));
+    assert!(fired(&parts).contains(&"question-lookup-retry".to_string()));
+    assert!(!allowed(&provider.requests()[1]).contains(&"add_to_cart".to_string()));
+    assert_eq!(calls_made(&parts), [r#"view_cart {}"#]);
+
     // A turn that seeks nothing is answered as written, as is a question
-    // beside tools that say nothing of what they change, and the
-    // reference policy never retries.
+    // beside tools that say nothing of what they change when their names
+    // are not read, and the reference policy never retries.
     let cases = [
         ("Thanks, that is all.", annotated_shop(), inline()),
-        (request, shop(), inline()),
+        (
+            request,
+            shop(),
+            small_model_with(|p| p.read_only_by_name = false),
+        ),
         (
             request,
             annotated_shop(),
