@@ -1171,6 +1171,52 @@ async fn a_prose_reply_to_a_question_a_read_only_tool_looks_up_gets_the_calls_on
 }
 
 #[tokio::test]
+async fn the_lookup_retry_skips_a_lookup_the_conversation_cannot_fill() {
+    // Named as a lookup, annotated as nothing, and it needs three numbers.
+    let roots = || {
+        let host = Arc::new(InMemoryToolHost::new());
+        host.add(
+            ToolDefinition::new(
+                "find_roots",
+                "Find the roots of a quadratic equation a*x^2 + b*x + c.",
+                json!({"type": "object", "properties": {
+                    "a": {"type": "number"}, "b": {"type": "number"}, "c": {"type": "number"}
+                }, "required": ["a", "b", "c"]}),
+            ),
+            |_| Ok(json!({"roots": [-1.0, -2.0]}).to_string()),
+        );
+        host
+    };
+    let provider =
+        ScriptedProvider::new(["Roots are where a curve meets the axis."]).with_constraints(true);
+    let parts = run_all(
+        provider.clone(),
+        ask("What are the roots of a quadratic equation?", roots()),
+        inline(),
+    )
+    .await;
+    assert_eq!(provider.requests().len(), 1, "no retry: no number given");
+    assert!(!fired(&parts).contains(&"question-lookup-retry".to_string()));
+    assert_eq!(texts(&parts), ["Roots are where a curve meets the axis."]);
+
+    // The same question with its numbers written is looked up.
+    let provider = ScriptedProvider::new([
+        "They are negative.".to_string(),
+        call("find_roots", json!({"a": 1, "b": 3, "c": 2})),
+        "The roots are -1 and -2.".to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(
+        provider.clone(),
+        ask("What are the roots of 1x^2 + 3x + 2?", roots()),
+        inline(),
+    )
+    .await;
+    assert!(fired(&parts).contains(&"question-lookup-retry".to_string()));
+    assert_eq!(calls_made(&parts), [r#"find_roots {"a":1,"b":3,"c":2}"#]);
+}
+
+#[tokio::test]
 async fn after_a_lookup_answers_a_question_the_model_answers_from_what_it_found() {
     let request = "Which tents do you have?";
     let search = call("search_products", json!({"query": "tent"}));
