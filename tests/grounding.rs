@@ -1083,14 +1083,12 @@ async fn a_prose_reply_to_a_request_for_a_change_gets_the_calls_only_retry() {
     ));
     assert_eq!(provider.requests().len(), 4);
     assert_eq!(texts(&parts), ["Added the Trail Tent."]);
-    // A tool set that marks nothing read-only, when its names are not
-    // read either, says nothing of what its tools change: the prose
-    // stands, as does a question's (which is another rule's to look up:
-    // it is off here).
+    // A tool set that marks nothing read-only says nothing of what its
+    // tools change (BFCL's): the prose stands, as does a question's (which
+    // is another rule's to look up: it is off here).
     let change_only = LocalLoopOptions {
         policy: Some(Policy {
             question_lookup_retry: false,
-            read_only_by_name: false,
             ..Policy::small_model()
         }),
         ..inline()
@@ -1127,31 +1125,12 @@ async fn a_prose_reply_to_a_question_a_read_only_tool_looks_up_gets_the_calls_on
     assert_eq!(calls_made(&parts), [r#"view_cart {}"#]);
     assert_eq!(texts(&parts), ["Your cart is empty."]);
 
-    // Tools that annotate nothing have their lookups read by their names
-    // (`search_products`, `view_cart`), and the question is retried the
-    // same way.
-    let provider = ScriptedProvider::new([
-        "Your cart has two tents and a stove.".to_string(),
-        call("view_cart", json!({})),
-        "Your cart holds the Summit 30L Backpack.".to_string(),
-    ])
-    .with_constraints(true);
-    let parts = run_all(provider.clone(), ask(request, shop()), inline()).await;
-    assert!(fired(&parts).contains(&"read-only-by-name".to_string()));
-    assert!(fired(&parts).contains(&"question-lookup-retry".to_string()));
-    assert!(!allowed(&provider.requests()[1]).contains(&"add_to_cart".to_string()));
-    assert_eq!(calls_made(&parts), [r#"view_cart {}"#]);
-
     // A turn that seeks nothing is answered as written, as is a question
-    // beside tools that say nothing of what they change when their names
-    // are not read, and the reference policy never retries.
+    // beside tools that say nothing of what they change, and the
+    // reference policy never retries.
     let cases = [
         ("Thanks, that is all.", annotated_shop(), inline()),
-        (
-            request,
-            shop(),
-            small_model_with(|p| p.read_only_by_name = false),
-        ),
+        (request, shop(), inline()),
         (
             request,
             annotated_shop(),
@@ -1168,52 +1147,6 @@ async fn a_prose_reply_to_a_question_a_read_only_tool_looks_up_gets_the_calls_on
         assert_eq!(texts(&parts), ["Paris."]);
         assert!(!fired(&parts).contains(&"question-lookup-retry".to_string()));
     }
-}
-
-#[tokio::test]
-async fn the_lookup_retry_skips_a_lookup_the_conversation_cannot_fill() {
-    // Named as a lookup, annotated as nothing, and it needs three numbers.
-    let roots = || {
-        let host = Arc::new(InMemoryToolHost::new());
-        host.add(
-            ToolDefinition::new(
-                "find_roots",
-                "Find the roots of a quadratic equation a*x^2 + b*x + c.",
-                json!({"type": "object", "properties": {
-                    "a": {"type": "number"}, "b": {"type": "number"}, "c": {"type": "number"}
-                }, "required": ["a", "b", "c"]}),
-            ),
-            |_| Ok(json!({"roots": [-1.0, -2.0]}).to_string()),
-        );
-        host
-    };
-    let provider =
-        ScriptedProvider::new(["Roots are where a curve meets the axis."]).with_constraints(true);
-    let parts = run_all(
-        provider.clone(),
-        ask("What are the roots of a quadratic equation?", roots()),
-        inline(),
-    )
-    .await;
-    assert_eq!(provider.requests().len(), 1, "no retry: no number given");
-    assert!(!fired(&parts).contains(&"question-lookup-retry".to_string()));
-    assert_eq!(texts(&parts), ["Roots are where a curve meets the axis."]);
-
-    // The same question with its numbers written is looked up.
-    let provider = ScriptedProvider::new([
-        "They are negative.".to_string(),
-        call("find_roots", json!({"a": 1, "b": 3, "c": 2})),
-        "The roots are -1 and -2.".to_string(),
-    ])
-    .with_constraints(true);
-    let parts = run_all(
-        provider.clone(),
-        ask("What are the roots of 1x^2 + 3x + 2?", roots()),
-        inline(),
-    )
-    .await;
-    assert!(fired(&parts).contains(&"question-lookup-retry".to_string()));
-    assert_eq!(calls_made(&parts), [r#"find_roots {"a":1,"b":3,"c":2}"#]);
 }
 
 #[tokio::test]

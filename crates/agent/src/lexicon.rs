@@ -101,21 +101,6 @@ const OTHER_CHANGES: &[&str] = &[
     "mkdir",
 ];
 
-/// Verbs that begin the name of a tool that only reads (`get_weather`,
-/// `list_tables`, `read_query`), for tool sets that annotate nothing
-/// (`Policy::read_only_by_name`). These read the tools' names, not the
-/// request, so they do not stand down with the request's language; a tool
-/// named in other words matches none and stays unannotated.
-const LOOKUP_NAME_VERBS: &[&str] = &[
-    "get", "list", "read", "search", "find", "show", "describe", "view", "fetch", "lookup",
-];
-
-/// Whether `word` (lowercased), the first of a tool's name, says the tool
-/// only reads.
-pub(crate) fn names_a_lookup(word: &str) -> bool {
-    LOOKUP_NAME_VERBS.contains(&word)
-}
-
 /// Whether `word` (lowercased) asks for an action ("add", "find", "show"):
 /// a request with one is an action request, and these words say what to
 /// do, not what to do it to.

@@ -214,20 +214,6 @@ pub struct Policy {
     /// is offered only the tools annotated read-only, when the tool set
     /// annotates any: a question is never answered with a write. Default: on.
     pub read_only_questions: bool,
-    /// When no tool of the set is annotated read-only, a tool whose name
-    /// begins with a verb that only reads (`get_`, `list_`, `read_`,
-    /// `search_`, `find_`, `show_`, `describe_`, `view_`, `fetch_`,
-    /// `lookup_`; after a prefix every tool's name shares, such as `git_`)
-    /// counts as read-only for the rules that read annotations (which
-    /// tools a question is offered, the lookup retry, moving on after a
-    /// lookup). Many servers annotate nothing, and the MCP default for a
-    /// missing hint is "may change things": asked "Which plants are in the
-    /// south bed?" beside `read_query`, `list_tables` and `write_query`,
-    /// the default model never looked. It steers the loop only: approvals
-    /// and the host go by the annotations as given. The verbs are English
-    /// ([`crate::lexicon`]); a set named in other words stays unannotated.
-    /// Default: on.
-    pub read_only_by_name: bool,
     /// Once the conversation has shown identifiers, a delegation to a
     /// sub-agent must name one of them in its task: the sub-agent sees only
     /// its task, and a parent that found a product and then asks the cart
@@ -445,7 +431,6 @@ impl Policy {
             one_id_per_reply: false,
             one_change_per_reply: false,
             read_only_questions: false,
-            read_only_by_name: false,
             ground_delegation: false,
             ground_tasks: false,
             delegated_calls_first: false,
@@ -493,7 +478,6 @@ impl Policy {
             one_id_per_reply: true,
             one_change_per_reply: true,
             read_only_questions: true,
-            read_only_by_name: true,
             ground_delegation: true,
             ground_tasks: true,
             delegated_calls_first: true,
@@ -797,8 +781,6 @@ pub(crate) enum Rule {
     OrderForCalls,
     /// See [`Policy::read_only_questions`].
     ReadOnlyQuestions,
-    /// See [`Policy::read_only_by_name`].
-    ReadOnlyByName,
     /// See [`Policy::ground_delegation`].
     GroundDelegation,
     /// See [`Policy::ground_tasks`].
@@ -864,7 +846,6 @@ impl Rule {
             Self::SkipUsedIds => "skip-used-ids",
             Self::OrderForCalls => "order-for-calls",
             Self::ReadOnlyQuestions => "read-only-questions",
-            Self::ReadOnlyByName => "read-only-by-name",
             Self::GroundDelegation => "ground-delegation",
             Self::GroundTasks => "ground-tasks",
             Self::DelegatedCallsFirst => "delegated-calls-first",
@@ -1365,32 +1346,6 @@ fn request_words(request: &str) -> Vec<String> {
 
 /// The first word of a tool's name (`cancel` of `cancel_event` and of
 /// `cancelEvent`), when it has three letters or more.
-/// The tools of `all` (not sub-agents) whose names begin with a verb that
-/// only reads ([`crate::lexicon::names_a_lookup`]), after a prefix that
-/// every tool's name shares.
-fn lookups_by_name(all: &[ToolDefinition], sub_agents: &[String]) -> Vec<String> {
-    let tools: Vec<(&str, Vec<String>)> = all
-        .iter()
-        .filter(|t| !sub_agents.contains(&t.name))
-        .map(|t| (t.name.as_str(), name_words(&t.name)))
-        .collect();
-    // A prefix every tool's name shares (`git_status`, `git_log`) names
-    // the server, not what the tool does.
-    let shared = tools.len() > 1
-        && tools
-            .iter()
-            .all(|(_, w)| w.len() > 1 && w.first() == tools[0].1.first());
-    tools
-        .into_iter()
-        .filter(|(_, words)| {
-            words
-                .get(usize::from(shared))
-                .is_some_and(|w| crate::lexicon::names_a_lookup(w))
-        })
-        .map(|(name, _)| name.to_string())
-        .collect()
-}
-
 fn tool_verb(name: &str) -> Option<String> {
     let first: String = name
         .chars()
@@ -1593,9 +1548,6 @@ pub(crate) struct PolicyState {
     /// The result of a lookup in the last step that speaks of the request
     /// (see [`Policy::answer_after_lookup`]).
     pub(crate) answered: Option<Found>,
-    /// The tools taken for read-only by their names this step
-    /// ([`Policy::read_only_by_name`]).
-    named_lookups: Vec<String>,
     /// Names of the read-only tools listed this step.
     read_only: Vec<String>,
     /// Names of the tools listed the step before, once there was one.
@@ -1993,15 +1945,7 @@ impl PolicyState {
     }
 
     /// Starts a step: notes which tools are read-only and which appeared.
-    /// With `by_name`, a tool set that annotates none takes its tools
-    /// whose names begin with a verb that only reads for read-only
-    /// ([`Policy::read_only_by_name`]); the names so taken are returned
-    /// when they differ from the last step's, to be reported.
-    pub(crate) fn observe_tools(
-        &mut self,
-        all: &[ToolDefinition],
-        by_name: bool,
-    ) -> Option<Vec<String>> {
+    pub(crate) fn observe_tools(&mut self, all: &[ToolDefinition]) {
         self.helpers = all
             .iter()
             .filter(|t| self.sub_agents.contains(&t.name))
@@ -2012,20 +1956,11 @@ impl PolicyState {
             .filter(|t| t.annotations.read_only)
             .map(|t| t.name.clone())
             .collect();
-        let named = if by_name && self.read_only.is_empty() {
-            lookups_by_name(all, &self.sub_agents)
-        } else {
-            Vec::new()
-        };
-        self.read_only.extend(named.iter().cloned());
-        let newly = (named != self.named_lookups).then(|| named.clone());
-        self.named_lookups = named;
         let listed: Vec<String> = all.iter().map(|t| t.name.clone()).collect();
         self.appeared = match self.listed_before.replace(listed.clone()) {
             Some(before) => listed.into_iter().filter(|n| !before.contains(n)).collect(),
             None => Vec::new(),
         };
-        newly.filter(|n| !n.is_empty())
     }
 
     /// Whether the request asks for a change that a shown tool annotated
@@ -2729,7 +2664,7 @@ mod tests {
             false,
         )];
         let mut state = PolicyState::default();
-        state.observe_tools(&remember, false);
+        state.observe_tools(&remember);
         let request = "Please remember that Olga has a spare key.";
         let small = state.offer(
             &Policy::small_model(),
@@ -2772,7 +2707,7 @@ mod tests {
     #[test]
     fn the_reference_policy_offers_every_ranked_tool_in_rank_order() {
         let mut state = PolicyState::default();
-        state.observe_tools(&files(), false);
+        state.observe_tools(&files());
         let (o, fired) = offer(&Policy::reference(), &state, "What is in notes.txt?");
         assert_eq!(o.callable, files());
         assert_eq!(o.ranked, files());
@@ -2847,7 +2782,7 @@ mod tests {
     #[test]
     fn a_question_is_offered_only_tools_that_read() {
         let mut state = PolicyState::default();
-        state.observe_tools(&files(), false);
+        state.observe_tools(&files());
         let (o, fired) = offer(&Policy::small_model(), &state, "What is in notes.txt?");
         let names: Vec<&str> = o.callable.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["read_file"]);
@@ -2866,7 +2801,7 @@ mod tests {
             tool("renew_loan", json!({"type": "object"}), false),
             tool("list_loans", json!({"type": "object"}), true),
         ];
-        state.observe_tools(&tools, false);
+        state.observe_tools(&tools);
         let o = state.offer(
             &Policy::small_model(),
             tools,
@@ -2903,7 +2838,7 @@ mod tests {
         ];
         let validators = ValidatorCache::default();
         let mut state = PolicyState::default();
-        state.observe_tools(&tools, false);
+        state.observe_tools(&tools);
         let request = "Please return Stars Over the Desert";
         let o = state.offer(
             &Policy::small_model(),
@@ -2942,7 +2877,7 @@ mod tests {
             "stars",
         );
         state.step_done();
-        state.observe_tools(&tools, false);
+        state.observe_tools(&tools);
         let o = state.offer(
             &Policy::small_model(),
             tools.clone(),
@@ -2971,7 +2906,7 @@ mod tests {
             json!({"type": "object", "properties": {"book_id": {"type": "string"}, "quantity": {"type": "integer"}}, "required": ["book_id"]}),
             false,
         )];
-        state.observe_tools(&cart, false);
+        state.observe_tools(&cart);
         state.identifiers.add_user_text("Add two of b-7");
         let o2 = state.offer(
             &Policy::small_model(),
@@ -3010,7 +2945,7 @@ mod tests {
     #[test]
     fn a_question_is_not_answered_by_a_write_written_in_prose() {
         let mut state = PolicyState::default();
-        state.observe_tools(&files(), false);
+        state.observe_tools(&files());
         let (o, _) = offer(&Policy::small_model(), &state, "What is in notes.txt?");
         let written = call("write_file", json!({"path": "notes.txt", "content": ""}));
         let (_, error) = o
@@ -3136,7 +3071,7 @@ mod tests {
             tool("return_book", json!({"type": "object"}), false),
             tool("list_loans", json!({"type": "object"}), true),
         ];
-        state.observe_tools(&tools, false);
+        state.observe_tools(&tools);
         let o = state.offer(
             &Policy::small_model(),
             tools.clone(),
@@ -3157,7 +3092,7 @@ mod tests {
             })
             .collect();
         let mut state = PolicyState::default();
-        state.observe_tools(&tools, false);
+        state.observe_tools(&tools);
         let o = state.offer(
             &Policy::small_model(),
             tools.clone(),
@@ -3169,7 +3104,7 @@ mod tests {
     #[test]
     fn nothing_is_narrowed_without_a_constraint() {
         let mut state = PolicyState::default();
-        state.observe_tools(&files(), false);
+        state.observe_tools(&files());
         let o = state.offer(
             &Policy::small_model(),
             files(),
@@ -3192,7 +3127,7 @@ mod tests {
         ];
         let policy = Policy::small_model();
         let mut state = PolicyState::default();
-        state.observe_tools(&tools, false);
+        state.observe_tools(&tools);
         let o = state.offer(
             &policy,
             tools.clone(),
@@ -3212,7 +3147,7 @@ mod tests {
             "tent",
         );
         state.step_done();
-        state.observe_tools(&tools, false);
+        state.observe_tools(&tools);
         let o = state.offer(
             &policy,
             tools.clone(),
@@ -3248,13 +3183,13 @@ mod tests {
         };
         let mut state = PolicyState::default();
         state.identifiers.add_user_text("Add p-21 to my cart.");
-        state.observe_tools(&tools, false);
+        state.observe_tools(&tools);
         let ask = "Add p-21 to my cart.";
         let o = state.offer(&policy, tools.clone(), facts(ask, true, true, true));
         assert_eq!(o.callable.len(), 2, "{:?}", o.callable);
         state.called("search", &json!({"q": "p-21"}), "[]", 0, "p-21");
         state.step_done();
-        state.observe_tools(&tools, false);
+        state.observe_tools(&tools);
         let o = state.offer(&policy, tools.clone(), facts(ask, true, false, true));
         let names: Vec<&str> = o.callable.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(names, ["add_to_cart"]);
@@ -3278,7 +3213,7 @@ mod tests {
         );
         let subs = vec!["cart_agent".to_string()];
         let mut state = PolicyState::default();
-        state.observe_tools(std::slice::from_ref(&delegate), false);
+        state.observe_tools(std::slice::from_ref(&delegate));
         let facts = |first_step| StepFacts {
             request: "Find a backpack and add it to my cart",
             constrained: true,
@@ -3321,7 +3256,7 @@ mod tests {
         let all = || vec![ret.clone(), renew.clone(), get.clone()];
         let request = "Can you renew my loan of Stars Over the Desert?";
         let mut state = PolicyState::default();
-        state.observe_tools(&all(), false);
+        state.observe_tools(&all());
         state.identifiers.add_user_text(request);
         state
             .identifiers
@@ -3494,7 +3429,7 @@ mod tests {
         let request = "Read meeting.txt and add its action item to my to-do list.";
         let mut state = PolicyState::default();
         state.observe_sub_agents(&subs);
-        state.observe_tools(&[delegate.clone(), files.clone()], false);
+        state.observe_tools(&[delegate.clone(), files.clone()]);
         let facts = |first_step| StepFacts {
             request,
             constrained: true,
@@ -3559,7 +3494,7 @@ mod tests {
         let request = "Ask around and tell me what's still open on my to-do list.";
         let mut state = PolicyState::default();
         state.observe_sub_agents(&subs);
-        state.observe_tools(&both(), false);
+        state.observe_tools(&both());
         let o = state.offer(
             &Policy::small_model(),
             both(),
@@ -3595,7 +3530,7 @@ mod tests {
         let request =
             "I'd like to borrow Learning Rust the Slow Way. And what time is it in Tokyo?";
         let mut state = PolicyState::default();
-        state.observe_tools(&[search.clone(), clock.clone()], false);
+        state.observe_tools(&[search.clone(), clock.clone()]);
         state.identifiers.add_user_text(request);
         state
             .identifiers
@@ -3650,7 +3585,7 @@ mod tests {
         // With no evidence at all, a tool that requires a free string is
         // short of it (a call would make it up), and still offered whole.
         let mut bare = PolicyState::default();
-        bare.observe_tools(std::slice::from_ref(&clock), false);
+        bare.observe_tools(std::slice::from_ref(&clock));
         let o = bare.offer(&Policy::small_model(), vec![clock.clone()], facts);
         assert_eq!(o.short_of_strings, vec!["get_current_time".to_string()]);
         assert_eq!(o.callable, vec![clock]);
@@ -3726,66 +3661,10 @@ mod tests {
     }
 
     #[test]
-    fn a_tool_set_that_annotates_nothing_has_its_lookups_read_by_their_names() {
-        let object = json!({"type": "object", "properties": {}});
-        let unannotated = |names: &[&str]| -> Vec<ToolDefinition> {
-            names
-                .iter()
-                .map(|n| tool(n, object.clone(), false))
-                .collect()
-        };
-        let sqlite = unannotated(&[
-            "read_query",
-            "write_query",
-            "create_table",
-            "list_tables",
-            "describe_table",
-            "append_insight",
-        ]);
-        let mut state = PolicyState::default();
-        let named = state.observe_tools(&sqlite, true);
-        let lookups = ["read_query", "list_tables", "describe_table"];
-        assert_eq!(named.as_deref(), Some(&lookups.map(String::from)[..]));
-        assert!(lookups.iter().all(|n| state.is_read_only(n)));
-        assert!(!state.is_read_only("write_query"));
-        // Reported once: the next step's same tools say nothing new.
-        assert_eq!(state.observe_tools(&sqlite, true), None);
-        assert!(state.is_read_only("read_query"));
-
-        // A prefix every name shares names the server; the verb follows.
-        let git = unannotated(&["git_status", "git_show", "git_commit", "git_add"]);
-        let mut state = PolicyState::default();
-        assert_eq!(
-            state.observe_tools(&git, true),
-            Some(vec!["git_show".to_string()])
-        );
-        // camelCase names too, and a sub-agent is never a lookup.
-        let mut state = PolicyState::default();
-        state.observe_sub_agents(&["findAgent".to_string()]);
-        let tools = unannotated(&["getWeather", "setAlarm", "findAgent"]);
-        assert_eq!(
-            state.observe_tools(&tools, true),
-            Some(vec!["getWeather".to_string()])
-        );
-
-        // A set that annotates a tool is taken as annotated, and the rule
-        // off leaves the set as it is.
-        let mut annotated = sqlite.clone();
-        annotated[3].annotations.read_only = true;
-        let mut state = PolicyState::default();
-        assert_eq!(state.observe_tools(&annotated, true), None);
-        assert!(state.is_read_only("list_tables"));
-        assert!(!state.is_read_only("read_query"));
-        let mut state = PolicyState::default();
-        assert_eq!(state.observe_tools(&sqlite, false), None);
-        assert!(!state.is_read_only("read_query"));
-    }
-
-    #[test]
     fn a_lookup_answers_when_its_result_speaks_of_the_request() {
         let request = "Which tents do you have?";
         let mut state = PolicyState::default();
-        state.observe_tools(&[search_tool()], false);
+        state.observe_tools(&[search_tool()]);
         let found = r#"[{"id": "p-4", "title": "Trail Tent"}]"#;
         state.called("search", &json!({"q": "tents"}), found, 1, request);
         state.step_done();
@@ -3814,7 +3693,7 @@ mod tests {
     /// A fresh state that has seen `shown`, for the changes-done tests.
     fn seen(shown: &[ToolDefinition]) -> PolicyState {
         let mut state = PolicyState::default();
-        state.observe_tools(shown, false);
+        state.observe_tools(shown);
         state
     }
 

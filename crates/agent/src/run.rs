@@ -622,18 +622,7 @@ impl<P: Provider + 'static> Run<P> {
         };
         let sub_agents: Vec<String> = self.sub_agents.iter().map(|s| s.name.clone()).collect();
         self.rules.observe_sub_agents(&sub_agents);
-        if let Some(named) = self
-            .rules
-            .observe_tools(&all_tools, self.policy.read_only_by_name)
-        {
-            self.report(vec![Fired {
-                rule: Rule::ReadOnlyByName,
-                detail: format!(
-                    "took {} for read-only by their names: the tool set annotates none",
-                    named.join(", ")
-                ),
-            }]);
-        }
+        self.rules.observe_tools(&all_tools);
         self.untrusted = all_tools
             .iter()
             .filter(|t| t.annotations.untrusted_content)
@@ -985,7 +974,14 @@ impl<P: Provider + 'static> Run<P> {
                 detail: "no call threshold: the request names no shown tool, asks no change a tool makes and seeks nothing a read-only tool looks up".to_string(),
             });
         }
-        let lacks_numbers = |o: &ToolDefinition| self.lacks_numbers(o, shown);
+        let lacks_numbers = |o: &ToolDefinition| {
+            // The shown form: the offered one may hold its numbers to
+            // those written, which no longer reads as requiring them.
+            self.policy.ground_numbers
+                && shown.iter().find(|t| t.name == o.name).is_some_and(|t| {
+                    short_of_numbers(t, &self.rules.identifiers, &self.request_text)
+                })
+        };
         let lacks_strings = |o: &ToolDefinition| self.short_of_strings.contains(&o.name);
         let (rule, what) = if offered.iter().all(lacks_numbers) {
             (Rule::GroundNumbers, "numbers")
@@ -1018,18 +1014,6 @@ impl<P: Provider + 'static> Run<P> {
                 .map_or(&Value::Null, |t| &t.input_schema);
             made_up_value(&c.arguments, schema, &written).map(|why| format!("{} {why}", c.name))
         })
-    }
-
-    /// Whether the offered tool `o` requires more numbers than the
-    /// conversation gives (see [`Policy::ground_numbers`]).
-    fn lacks_numbers(&self, o: &ToolDefinition, shown: &[ToolDefinition]) -> bool {
-        // The shown form: the offered one may hold its numbers to those
-        // written, which no longer reads as requiring them.
-        self.policy.ground_numbers
-            && shown
-                .iter()
-                .find(|t| t.name == o.name)
-                .is_some_and(|t| short_of_numbers(t, &self.rules.identifiers, &self.request_text))
     }
 
     /// The calls-only retry a prose reply gets, if any, and the rule that
@@ -1069,20 +1053,7 @@ impl<P: Provider + 'static> Run<P> {
             )
         } else if self.policy.question_lookup_retry
             && first_step
-            && self.rules.lookup_owed(
-                &self.request_text,
-                shown,
-                // A lookup the conversation cannot fill would be made up
-                // ("the roots of the equation" beside `find_roots`, whose
-                // coefficients nobody gave).
-                &offered
-                    .iter()
-                    .filter(|o| {
-                        !self.lacks_numbers(o, shown) && !self.short_of_strings.contains(&o.name)
-                    })
-                    .cloned()
-                    .collect::<Vec<_>>(),
-            )
+            && self.rules.lookup_owed(&self.request_text, shown, offered)
         {
             (
                 Rule::QuestionLookupRetry,
