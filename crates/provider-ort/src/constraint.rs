@@ -824,6 +824,45 @@ impl ConstraintMatcher {
         self.matcher.validate_tokens(&tokens[..known]).unwrap_or(0)
     }
 
+    /// A guess at the next tokens, at most `max`, that the grammar allows
+    /// one after another, without advancing: where the grammar forces a
+    /// continuation (a key the schema fixes, the rest of a tool's name),
+    /// those tokens; elsewhere what `lookup` proposes after the guess so
+    /// far, as far as the grammar takes it; and so on, so that a lookup cut
+    /// short by the grammar goes on with what the grammar forces next. The
+    /// matcher walks the guess and is rolled back over it.
+    pub fn draft(
+        &mut self,
+        max: usize,
+        mut lookup: impl FnMut(&[u32], usize) -> Vec<u32>,
+    ) -> Vec<u32> {
+        let vocab = self.env.tok_trie().vocab_size();
+        let mut draft: Vec<u32> = Vec::new();
+        while draft.len() < max {
+            let mut next = self.forced_tokens();
+            if next.is_empty() {
+                next = lookup(&draft, max - draft.len());
+            }
+            next.truncate(max - draft.len());
+            // An id past the grammar's vocabulary would stop the matcher.
+            let known = next.iter().take_while(|&&t| (t as usize) < vocab).count();
+            let taken = self.matcher.validate_tokens(&next[..known]).unwrap_or(0);
+            if taken == 0 || self.matcher.consume_tokens(&next[..taken]).is_err() {
+                break;
+            }
+            draft.extend_from_slice(&next[..taken]);
+            if taken < next.len() || self.matcher.is_stopped() {
+                break;
+            }
+        }
+        if !draft.is_empty() && self.matcher.rollback(draft.len()).is_err() {
+            // The matcher cannot be trusted past a failed rollback; an
+            // error state makes the next mask fail loudly.
+            tracing::warn!("constraint: could not roll the draft back");
+        }
+        draft
+    }
+
     /// Advances past `token`; fails when the grammar does not allow it.
     pub fn consume(&mut self, token: u32) -> Result<(), OrtError> {
         self.matcher

@@ -1098,15 +1098,19 @@ impl OrtModel {
                 let room = (self.context_length.saturating_sub(self.cache.ids.len() + 1))
                     .min(limits.max_new.saturating_sub(ids.len() + 1))
                     .min(MAX_DRAFT);
-                let mut draft = lookup_draft(prompt, &ids, room);
-                if let Some(c) = constraint.as_deref_mut()
-                    && !draft.is_empty()
-                {
-                    let started = Instant::now();
-                    draft.truncate(c.allowed_prefix(&draft));
-                    stats.constraint_time += started.elapsed();
+                match constraint.as_deref_mut() {
+                    Some(c) => {
+                        let started = Instant::now();
+                        let draft = c.draft(room, |guess, max| {
+                            let mut seq = ids.clone();
+                            seq.extend_from_slice(guess);
+                            lookup_draft(prompt, &seq, max)
+                        });
+                        stats.constraint_time += started.elapsed();
+                        draft
+                    }
+                    None => lookup_draft(prompt, &ids, room),
                 }
-                draft
             } else {
                 Vec::new()
             };

@@ -869,3 +869,49 @@ fn the_grammar_forces_fixed_keys_and_a_settled_name() {
         .unwrap();
     assert!(either.forced_tokens().is_empty());
 }
+
+/// A prompt-lookup draft under a constraint goes on with what the grammar
+/// forces where the lookup has nothing, stops where the grammar refuses a
+/// looked-up token, and leaves the matcher where it was: the model's own
+/// choices still advance it from the same point.
+#[test]
+fn a_draft_takes_forced_tokens_stops_at_refused_ones_and_leaves_the_matcher() {
+    let f = fixture();
+    let calls_only = Constraint::CallsOnly { tools: tools() };
+    let mut m = f
+        .engine
+        .matcher(&calls_only, CallFormat::Json, &small_model())
+        .unwrap();
+    let text = |ids: &[u32]| f.tokenizer.decode(ids, false).unwrap();
+    let feed = |m: &mut wma_provider_ort::ConstraintMatcher, piece: &str| {
+        let ids = f.ids(piece);
+        assert_eq!(m.feed(&ids).unwrap(), ids.len(), "{piece:?} is admitted");
+    };
+    feed(&mut m, "{\"");
+    // The lookup finds nothing: the draft is the forced key alone.
+    let forced = m.draft(16, |_, _| Vec::new());
+    assert_eq!(text(&forced), "name");
+    // The lookup goes on after the forced key; the grammar cuts it where a
+    // tool name no tool has begins.
+    let mut asked = Vec::new();
+    let draft = m.draft(16, |guess, _| {
+        asked.push(text(guess));
+        f.ids("\": \"add_to_basket\"")
+    });
+    assert_eq!(asked, ["name"], "the lookup is asked after the forced key");
+    assert!(
+        text(&draft).starts_with("name\": \"add"),
+        "{:?}",
+        text(&draft)
+    );
+    assert!(!text(&draft).contains("basket"), "{:?}", text(&draft));
+    // At most `max` tokens.
+    assert!(m.draft(1, |_, _| f.ids("\": \"add")).len() <= 1);
+    // Nothing was consumed: the key is still to come, and is admitted.
+    assert!(m.draft(16, |_, _| Vec::new()) == forced);
+    feed(
+        &mut m,
+        "name\": \"add_to_cart\", \"arguments\": {\"product_id\": \"p-17\"}}",
+    );
+    assert!(m.allows(IM_END).unwrap(), "a whole call");
+}
