@@ -434,6 +434,38 @@ async fn correction_a_reply_ignoring_the_failed_call_is_sent_back() {
     assert_eq!(texts(&parts), vec!["Sorry, p-404 is out of stock."]);
 }
 
+/// The reference shows a reply that passes over the failed call even after
+/// the correction; the small-model policy keeps it but says the failure
+/// after it, and the run ends `unrepaired` (a parent agent then gets a tool
+/// error, not an answer).
+#[tokio::test]
+async fn an_answer_that_still_ignores_the_failed_call_is_followed_by_the_failure() {
+    let script = || {
+        ScriptedProvider::new([
+            call("add_to_cart", json!({"product_id": "p-404"})),
+            "Done! It's in your cart.".to_string(),
+            "Your order is on its way.".to_string(),
+        ])
+    };
+    let parts = run_all(script(), ask("add p-404 to my cart", shop()), reference()).await;
+    assert_finish(&parts, FinishReason::Stop);
+    assert_eq!(texts(&parts), vec!["Your order is on its way."]);
+
+    let small = LocalLoopOptions {
+        policy: Some(Policy::small_model()),
+        ..inline()
+    };
+    let parts = run_all(script(), ask("add p-404 to my cart", shop()), small).await;
+    assert_finish(&parts, FinishReason::Unrepaired);
+    assert_eq!(
+        texts(&parts),
+        vec![format!(
+            "Your order is on its way.\n\n{}",
+            messages::ignored_failure("Error [tool_failed]: product p-404 is out of stock")
+        )]
+    );
+}
+
 #[tokio::test]
 async fn correction_b_telling_the_user_to_click_gets_call_now() {
     let provider = ScriptedProvider::new([

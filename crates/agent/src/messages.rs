@@ -25,6 +25,13 @@ pub fn not_done(failure: &str) -> String {
     format!("I could not do that. The last call failed: {failure}")
 }
 
+/// Said after an answer that passes over the last failed call, even after
+/// the "Don't say it worked" correction: the answer is not what the tools
+/// did.
+pub fn ignored_failure(failure: &str) -> String {
+    format!("Note: the last call failed, so this is not what the tools did: {failure}")
+}
+
 /// Loop detection's second hit.
 pub const CIRCLES: &str = "I stopped because I was going in circles. Try rephrasing your request, or do one part at a time.";
 

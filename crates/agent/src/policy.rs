@@ -403,6 +403,17 @@ pub struct Policy {
     /// was asked to, went on to tick off other to-dos and to add a second
     /// backpack to the demo cart (docs/loop.md).
     pub stop_changing_when_done: bool,
+    /// An answer that still passes over the last failed call after the
+    /// reference's "Don't say it worked" correction keeps its words, gets
+    /// the failure said after it, and the run ends `unrepaired`: a call
+    /// that failed is never silently dropped from what the person (or a
+    /// parent agent) is told. The reference shows the second reply as it
+    /// is; asked what 16:30 in London is in New York, Qwen's call with
+    /// "London" as a time zone failed, and its answer "Call the
+    /// `convert_time` function with the given arguments." ended `stop`.
+    /// Whether a reply admits a failure is read from English words
+    /// ([`crate::lexicon`]) or the error's own words. Default: on.
+    pub say_ignored_failure: bool,
 }
 
 impl Default for Policy {
@@ -456,6 +467,7 @@ impl Policy {
             described_call_retry: false,
             answer_after_lookup: false,
             stop_changing_when_done: false,
+            say_ignored_failure: false,
         }
     }
 
@@ -503,6 +515,7 @@ impl Policy {
             described_call_retry: true,
             answer_after_lookup: true,
             stop_changing_when_done: true,
+            say_ignored_failure: true,
         }
     }
 
@@ -578,6 +591,7 @@ impl Policy {
         stand_down(policy.stop_changing_when_done, Rule::StopChangingWhenDone);
         stand_down(policy.coordinator_calls_first, Rule::CoordinatorCallsFirst);
         stand_down(policy.ground_tasks, Rule::GroundTasks);
+        stand_down(policy.say_ignored_failure, Rule::SayIgnoredFailure);
         policy.read_only_questions = false;
         policy.change_request_retry = false;
         policy.question_lookup_retry = false;
@@ -585,6 +599,7 @@ impl Policy {
         policy.stop_changing_when_done = false;
         policy.coordinator_calls_first = false;
         policy.ground_tasks = false;
+        policy.say_ignored_failure = false;
         (policy, fired)
     }
 
@@ -827,6 +842,8 @@ pub(crate) enum Rule {
     AnswerAfterLookup,
     /// See [`Policy::stop_changing_when_done`].
     StopChangingWhenDone,
+    /// See [`Policy::say_ignored_failure`].
+    SayIgnoredFailure,
 }
 
 impl Rule {
@@ -864,6 +881,7 @@ impl Rule {
             Self::DescribedCallRetry => "described-call-retry",
             Self::AnswerAfterLookup => "answer-after-lookup",
             Self::StopChangingWhenDone => "stop-changing-when-done",
+            Self::SayIgnoredFailure => "say-ignored-failure",
         }
     }
 }

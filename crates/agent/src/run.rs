@@ -920,6 +920,22 @@ impl<P: Provider + 'static> Run<P> {
             }
             _ => text,
         };
+        let (text, reason) = match &self.last_failure {
+            Some(failure)
+                if self.policy.say_ignored_failure && !acknowledges_failure(&text, failure) =>
+            {
+                self.report(vec![Fired {
+                    rule: Rule::SayIgnoredFailure,
+                    detail: "the answer passed over the last failed call: it is said after it"
+                        .to_string(),
+                }]);
+                (
+                    format!("{text}\n\n{}", messages::ignored_failure(failure)),
+                    FinishReason::Unrepaired,
+                )
+            }
+            _ => (text, reason),
+        };
         Span::current().record("wma.outcome", "answer");
         self.emit(AgentStreamPart::Text { text });
         End::Finish(reason)

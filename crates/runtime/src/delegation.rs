@@ -262,17 +262,29 @@ impl FinalAnswer {
             // the loop's, not an answer, and a parent that passed them on
             // stored them as a fact.
             Some(AgentStreamPart::Finish {
-                reason:
-                    why @ (FinishReason::MaxSteps | FinishReason::Loop | FinishReason::Unrepaired),
+                reason: why @ (FinishReason::MaxSteps | FinishReason::Loop),
             }) => Err(ToolError::new(
                 ToolErrorCode::ToolFailed,
                 format!(
                     "the agent `{agent}` did not finish its task: {}",
                     match why {
                         FinishReason::MaxSteps => "it ran out of steps",
-                        FinishReason::Loop => "it kept repeating the same call",
-                        _ => "it could not make a valid tool call",
+                        _ => "it kept repeating the same call",
                     }
+                ),
+            )),
+            // An unrepaired run's last words say what went wrong (the call
+            // that failed and its error, or that no valid call came): the
+            // error hands them on as the reason, never as an answer.
+            Some(AgentStreamPart::Finish {
+                reason: FinishReason::Unrepaired,
+            }) => Err(ToolError::new(
+                ToolErrorCode::ToolFailed,
+                format!(
+                    "the agent `{agent}` did not finish its task: {}",
+                    self.texts
+                        .last()
+                        .map_or("it could not make a valid tool call", |t| t.as_str())
                 ),
             )),
             Some(_) if self.texts.is_empty() => Err(ToolError::new(
