@@ -468,6 +468,61 @@ async fn with_threshold_on_evidence_the_first_steps_call_threshold_takes_the_evi
     assert!(provider.requests()[0].decoding.call_threshold.is_some());
 }
 
+/// No push toward a call where no offered tool relates to the request: a
+/// general question keeps no call threshold, and the repair of a call the
+/// model began anyway may answer in text instead of being held to calls.
+#[tokio::test]
+async fn no_push_toward_a_call_where_no_offered_tool_relates_to_the_request() {
+    // (request, whether a tool relates): nothing of the tool (its name,
+    // description, arguments) nor of the agent's instructions is in a
+    // general question, which is the model's to answer.
+    for (request, related) in [
+        ("What is the capital of France? Answer in one word.", false),
+        ("What is the volume of a sphere of radius 3?", false),
+        ("What's the high score of Flappy Bird on Android?", true),
+    ] {
+        // A call missing its required arguments, then an answer.
+        let provider = ScriptedProvider::new([
+            call("game_high_score", json!({})),
+            "I cannot tell.".to_string(),
+        ])
+        .with_constraints(true);
+        let parts = run_all(provider.clone(), ask(request, game_tracker()), inline()).await;
+        let requests = provider.requests();
+        assert_eq!(
+            requests[0].decoding.call_threshold.is_some(),
+            related,
+            "{request}: {:?}",
+            fired(&parts)
+        );
+        assert_eq!(
+            matches!(requests[1].constraint, Some(Constraint::CallsOnly { .. })),
+            related,
+            "{request}: the repair's constraint {:?}",
+            requests[1].constraint
+        );
+        assert_eq!(
+            fired(&parts).contains(&"push-toward-related".to_string()),
+            !related,
+            "{request}"
+        );
+    }
+    // The agent's instructions say what its tools are about: a question on
+    // that is related, though no tool's own words hold it.
+    let provider = ScriptedProvider::new(["I cannot tell.".to_string()]).with_constraints(true);
+    let options = LocalLoopOptions {
+        instructions: Some("Scores of arcade games, tracked per console.".to_string()),
+        ..inline()
+    };
+    run_all(
+        provider.clone(),
+        ask("Which console is the most popular?", game_tracker()),
+        options,
+    )
+    .await;
+    assert!(provider.requests()[0].decoding.call_threshold.is_some());
+}
+
 #[tokio::test]
 async fn the_retry_needs_two_named_words_and_the_models_own_weight_on_a_call() {
     // (request, call probability the model gave, the policy's least

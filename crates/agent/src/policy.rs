@@ -414,6 +414,14 @@ pub struct Policy {
     /// Whether a reply admits a failure is read from English words
     /// ([`crate::lexicon`]) or the error's own words. Default: on.
     pub say_ignored_failure: bool,
+    /// A call is pushed only toward tools that relate to the request (see
+    /// `PolicyState::related`: a term of the request in a tool's name, two
+    /// in its description and arguments, or one in the agent's
+    /// instructions). Where no tool offered relates, the call threshold is
+    /// held back, and the repair of a bad call may answer in text instead
+    /// of being held to calls: a model that began a call to a tool that
+    /// does something else is not made to finish one. Default: on.
+    pub push_toward_related: bool,
 }
 
 impl Default for Policy {
@@ -468,6 +476,7 @@ impl Policy {
             answer_after_lookup: false,
             stop_changing_when_done: false,
             say_ignored_failure: false,
+            push_toward_related: false,
         }
     }
 
@@ -516,6 +525,7 @@ impl Policy {
             answer_after_lookup: true,
             stop_changing_when_done: true,
             say_ignored_failure: true,
+            push_toward_related: true,
         }
     }
 
@@ -844,6 +854,8 @@ pub(crate) enum Rule {
     StopChangingWhenDone,
     /// See [`Policy::say_ignored_failure`].
     SayIgnoredFailure,
+    /// See [`Policy::push_toward_related`].
+    PushTowardRelated,
 }
 
 impl Rule {
@@ -882,6 +894,7 @@ impl Rule {
             Self::AnswerAfterLookup => "answer-after-lookup",
             Self::StopChangingWhenDone => "stop-changing-when-done",
             Self::SayIgnoredFailure => "say-ignored-failure",
+            Self::PushTowardRelated => "push-toward-related",
         }
     }
 }
@@ -1765,7 +1778,8 @@ fn is_markup_alone(reply: &str) -> bool {
 /// value of a `name` key, or anywhere inside a fenced block), or a reply of
 /// markup alone (a fence or a tag opened, and nothing said). A name in
 /// running prose is not enough: "To calculate the price…" beside
-/// `calculate` is prose.
+/// `calculate` is prose; nor is a name in a block tagged as a program
+/// (```python), which is a script, not a call.
 pub(crate) fn writes_a_call(reply: &str, offered: &[ToolDefinition]) -> bool {
     let reply = reply.trim();
     if offered.is_empty() || reply.is_empty() {
@@ -1774,14 +1788,23 @@ pub(crate) fn writes_a_call(reply: &str, offered: &[ToolDefinition]) -> bool {
     if is_markup_alone(reply) {
         return true;
     }
-    // The text inside fenced blocks: code, whatever it says.
-    let fenced: String = reply
-        .split("```")
-        .enumerate()
-        .filter(|(i, _)| i % 2 == 1)
-        .map(|(_, part)| part)
-        .collect::<Vec<_>>()
-        .join("\n");
+    // The text inside fenced blocks: a call, whatever form it takes. A
+    // block tagged as a program (```python) is a program, not a call: a
+    // script that uses a library function of a tool's name
+    // (`requests.get(url)`) asks for no call, and is left out of both
+    // scans.
+    let mut fenced = String::new();
+    let mut outside = String::new();
+    for (i, part) in reply.split("```").enumerate() {
+        if i % 2 == 0 {
+            outside.push_str(part);
+            outside.push('\n');
+        } else if !is_program_block(part) {
+            fenced.push_str(part);
+            fenced.push('\n');
+        }
+    }
+    let reply = outside.as_str();
     let is_name_char = |c: char| c.is_alphanumeric() || matches!(c, '_' | '-' | '.');
     offered.iter().any(|tool| {
         let name = tool.name.as_str();
@@ -1804,6 +1827,24 @@ pub(crate) fn writes_a_call(reply: &str, offered: &[ToolDefinition]) -> bool {
                         || before.ends_with("\"name\":"))
             })
     })
+}
+
+/// Whether a fenced block (the text after its opening ```) is tagged as
+/// a program: an info string that names no data format a call is written
+/// in (JSON, XML, YAML, TOML). An untagged block may hold a call.
+fn is_program_block(block: &str) -> bool {
+    const CALL_FORMATS: &[&str] = &["json", "jsonc", "json5", "xml", "yaml", "yml", "toml"];
+    let tag = block
+        .lines()
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    !tag.is_empty()
+        && tag
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "+#-_".contains(c))
+        && !CALL_FORMATS.contains(&tag.as_str())
 }
 
 /// A plain answer without the lines that only repeat the prompt (see
@@ -2628,6 +2669,22 @@ mod tests {
             assert!(!writes_a_call(reply, &offered), "{reply}");
         }
         assert!(!writes_a_call("```json", &[]));
+        // A script that uses a library function of a tool's name is a
+        // program, not a call; untagged or in a data format, it is a call.
+        let get = [tool("requests.get", json!({"type": "object"}), true)];
+        for (reply, call) in [
+            (
+                "Here is how:\n```python\nimport requests\nresponse = requests.get(url)\n```",
+                false,
+            ),
+            ("```\nrequests.get(url)\n```", true),
+            (
+                "```xml\n<tool_call><name>requests.get</name></tool_call>\n```",
+                true,
+            ),
+        ] {
+            assert_eq!(writes_a_call(reply, &get), call, "{reply}");
+        }
     }
 
     fn search_tool() -> ToolDefinition {

@@ -171,6 +171,8 @@ enum Attempt {
     CallNow,
     NamedTool,
     Repair,
+    /// A repair that may answer in text (see `Policy::push_toward_related`).
+    RepairOrAnswer,
 }
 
 impl Attempt {
@@ -182,6 +184,7 @@ impl Attempt {
             Self::CallNow => "correction:call-now",
             Self::NamedTool => "correction:named-tool",
             Self::Repair => "repair",
+            Self::RepairOrAnswer => "repair:text-or-calls",
         }
     }
 }
@@ -581,7 +584,20 @@ impl<P: Provider + 'static> Run<P> {
                     PromptRole::Tool,
                     format!("{problem} {}", messages::TRY_AGAIN),
                 );
-                attempt = Attempt::Repair;
+                attempt = if self.policy.push_toward_related
+                    && self.constrains(&plan.shown)
+                    && !self.relates(&plan.offered)
+                {
+                    self.report(vec![Fired {
+                        rule: Rule::PushTowardRelated,
+                        detail:
+                            "the repair may answer in text: no tool offered relates to the request"
+                                .to_string(),
+                    }]);
+                    Attempt::RepairOrAnswer
+                } else {
+                    Attempt::Repair
+                };
                 self.append_to(&mut plan.request);
                 continue;
             }
@@ -962,6 +978,12 @@ impl<P: Provider + 'static> Run<P> {
         }
     }
 
+    /// Whether a tool of `tools` relates to the request (see
+    /// [`Policy::push_toward_related`]).
+    fn relates(&self, tools: &[ToolDefinition]) -> bool {
+        !self.rules.related(&self.request_text, tools).is_empty()
+    }
+
     /// Why the first attempt's call threshold is held back, if it is. The
     /// threshold settles prose or a call in favour of a call on little
     /// weight; that takes the evidence a calls-only retry would take
@@ -988,6 +1010,12 @@ impl<P: Provider + 'static> Run<P> {
             return Some(Fired {
                 rule: Rule::ThresholdOnEvidence,
                 detail: "no call threshold: the request names no shown tool, asks no change a tool makes and seeks nothing a read-only tool looks up".to_string(),
+            });
+        }
+        if self.policy.push_toward_related && !self.relates(offered) {
+            return Some(Fired {
+                rule: Rule::PushTowardRelated,
+                detail: "no call threshold: no tool offered relates to the request".to_string(),
             });
         }
         let lacks_numbers = |o: &ToolDefinition| {
@@ -1316,9 +1344,10 @@ impl<P: Provider + 'static> Run<P> {
                 ConstraintMode::Auto,
                 Attempt::DelegatedFirst | Attempt::CallNow | Attempt::NamedTool | Attempt::Repair,
             ) => Some(Constraint::CallsOnly { tools }),
-            (ConstraintMode::Auto, Attempt::First | Attempt::FailureCorrection) => {
-                Some(Constraint::TextOrCalls { tools })
-            }
+            (
+                ConstraintMode::Auto,
+                Attempt::First | Attempt::FailureCorrection | Attempt::RepairOrAnswer,
+            ) => Some(Constraint::TextOrCalls { tools }),
         }
     }
 
