@@ -113,6 +113,27 @@ impl Fixture {
             .get_ids()
             .to_vec()
     }
+
+    fn text(&self, ids: &[u32]) -> String {
+        self.tokenizer.decode(ids, false).unwrap()
+    }
+
+    /// A matcher for calls only to [`tools`], in the JSON call format.
+    fn calls_only(&self) -> wma_provider_ort::ConstraintMatcher {
+        self.engine
+            .matcher(
+                &Constraint::CallsOnly { tools: tools() },
+                CallFormat::Json,
+                &small_model(),
+            )
+            .unwrap()
+    }
+
+    /// Feeds `piece`, which the grammar must admit whole.
+    fn feed(&self, m: &mut wma_provider_ort::ConstraintMatcher, piece: &str) {
+        let ids = self.ids(piece);
+        assert_eq!(m.feed(&ids).unwrap(), ids.len(), "{piece:?} is admitted");
+    }
 }
 
 #[test]
@@ -829,18 +850,11 @@ fn a_number_stops_short_of_what_a_float_cannot_hold() {
 #[test]
 fn the_grammar_forces_fixed_keys_and_a_settled_name() {
     let f = fixture();
-    let calls_only = Constraint::CallsOnly { tools: tools() };
-    let mut m = f
-        .engine
-        .matcher(&calls_only, CallFormat::Json, &small_model())
-        .unwrap();
-    let text = |ids: &[u32]| f.tokenizer.decode(ids, false).unwrap();
+    let mut m = f.calls_only();
+    let text = |ids: &[u32]| f.text(ids);
     // Whitespace may follow `{`: nothing is forced yet.
     assert!(m.forced_tokens().is_empty());
-    let feed = |m: &mut wma_provider_ort::ConstraintMatcher, piece: &str| {
-        let ids = f.ids(piece);
-        assert_eq!(m.feed(&ids).unwrap(), ids.len(), "{piece:?} is admitted");
-    };
+    let feed = |m: &mut wma_provider_ort::ConstraintMatcher, piece: &str| f.feed(m, piece);
     feed(&mut m, "{\"");
     let key = m.forced_tokens();
     assert_eq!(text(&key), "name");
@@ -877,16 +891,9 @@ fn the_grammar_forces_fixed_keys_and_a_settled_name() {
 #[test]
 fn a_draft_takes_forced_tokens_stops_at_refused_ones_and_leaves_the_matcher() {
     let f = fixture();
-    let calls_only = Constraint::CallsOnly { tools: tools() };
-    let mut m = f
-        .engine
-        .matcher(&calls_only, CallFormat::Json, &small_model())
-        .unwrap();
-    let text = |ids: &[u32]| f.tokenizer.decode(ids, false).unwrap();
-    let feed = |m: &mut wma_provider_ort::ConstraintMatcher, piece: &str| {
-        let ids = f.ids(piece);
-        assert_eq!(m.feed(&ids).unwrap(), ids.len(), "{piece:?} is admitted");
-    };
+    let mut m = f.calls_only();
+    let text = |ids: &[u32]| f.text(ids);
+    let feed = |m: &mut wma_provider_ort::ConstraintMatcher, piece: &str| f.feed(m, piece);
     feed(&mut m, "{\"");
     // The lookup finds nothing: the draft is the forced key alone.
     let forced = m.draft(16, |_, _| Vec::new());
