@@ -411,8 +411,8 @@ pub struct Policy {
     /// is; asked what 16:30 in London is in New York, Qwen's call with
     /// "London" as a time zone failed, and its answer "Call the
     /// `convert_time` function with the given arguments." ended `stop`.
-    /// Whether a reply admits a failure is read from English words
-    /// ([`crate::lexicon`]) or the error's own words. Default: on.
+    /// Whether a reply admits a failure is read from the lexicon's English
+    /// words or the error's own words. Default: on.
     pub say_ignored_failure: bool,
     /// A call is pushed only toward tools that relate to the request (see
     /// `PolicyState::related`: a term of the request in a tool's name, two
