@@ -1831,7 +1831,10 @@ pub(crate) fn writes_a_call(reply: &str, offered: &[ToolDefinition]) -> bool {
 
 /// Whether a fenced block (the text after its opening ```) is tagged as
 /// a program: an info string that names no data format a call is written
-/// in (JSON, XML, YAML, TOML). An untagged block may hold a call.
+/// in (JSON, XML, YAML, TOML). An untagged block may hold a call. The
+/// parser's own fence languages (`parse::fenced`) take `python` too, as
+/// a call may be written `f(x=1)` there; this is asked only of a reply
+/// the parser found no call in, where a program block is a script.
 fn is_program_block(block: &str) -> bool {
     const CALL_FORMATS: &[&str] = &["json", "jsonc", "json5", "xml", "yaml", "yml", "toml"];
     let tag = block

@@ -836,7 +836,6 @@ impl ConstraintMatcher {
         max: usize,
         mut lookup: impl FnMut(&[u32], usize) -> Vec<u32>,
     ) -> Vec<u32> {
-        let vocab = self.env.tok_trie().vocab_size();
         let mut draft: Vec<u32> = Vec::new();
         while draft.len() < max {
             let mut next = self.forced_tokens();
@@ -844,9 +843,7 @@ impl ConstraintMatcher {
                 next = lookup(&draft, max - draft.len());
             }
             next.truncate(max - draft.len());
-            // An id past the grammar's vocabulary would stop the matcher.
-            let known = next.iter().take_while(|&&t| (t as usize) < vocab).count();
-            let taken = self.matcher.validate_tokens(&next[..known]).unwrap_or(0);
+            let taken = self.allowed_prefix(&next);
             if taken == 0 || self.matcher.consume_tokens(&next[..taken]).is_err() {
                 break;
             }
