@@ -268,6 +268,10 @@ struct StepPlan {
     first_step: bool,
     /// How the first attempt is constrained.
     attempt: Attempt,
+    /// Whether no offered tool relates to the request, where the policy
+    /// asks (`Policy::push_toward_related`): read once per step for the
+    /// first attempt's threshold and a repair.
+    unrelated: bool,
 }
 
 /// A system prompt a step wrote, kept for the steps after it: a step that
@@ -584,20 +588,7 @@ impl<P: Provider + 'static> Run<P> {
                     PromptRole::Tool,
                     format!("{problem} {}", messages::TRY_AGAIN),
                 );
-                attempt = if self.policy.push_toward_related
-                    && self.constrains(&plan.shown)
-                    && !self.relates(&plan.offered)
-                {
-                    self.report(vec![Fired {
-                        rule: Rule::PushTowardRelated,
-                        detail:
-                            "the repair may answer in text: no tool offered relates to the request"
-                                .to_string(),
-                    }]);
-                    Attempt::RepairOrAnswer
-                } else {
-                    Attempt::Repair
-                };
+                attempt = self.repair_attempt(&plan);
                 self.append_to(&mut plan.request);
                 continue;
             }
@@ -701,6 +692,8 @@ impl<P: Provider + 'static> Run<P> {
             .iter()
             .filter_map(|t| offer.callable.iter().find(|c| c.name == t.name).cloned())
             .collect();
+        let unrelated = self.policy.push_toward_related
+            && self.rules.related(&self.request_text, &offered).is_empty();
         let attempt = match self.calls_first(&shown, &offered, &sub_agents, first_step) {
             Some(fired) => {
                 self.report(vec![fired]);
@@ -708,7 +701,7 @@ impl<P: Provider + 'static> Run<P> {
             }
             None => {
                 if let Some(fired) =
-                    self.threshold_held_back(&shown, &offered, first_step, &request)
+                    self.threshold_held_back(&shown, &offered, first_step, unrelated, &request)
                 {
                     request.decoding.call_threshold = None;
                     self.report(vec![fired]);
@@ -724,6 +717,7 @@ impl<P: Provider + 'static> Run<P> {
             request,
             first_step,
             attempt,
+            unrelated,
         })
     }
 
@@ -978,10 +972,19 @@ impl<P: Provider + 'static> Run<P> {
         }
     }
 
-    /// Whether a tool of `tools` relates to the request (see
-    /// [`Policy::push_toward_related`]).
-    fn relates(&self, tools: &[ToolDefinition]) -> bool {
-        !self.rules.related(&self.request_text, tools).is_empty()
+    /// How a bad reply is repaired (step 8): held to calls, or, where no
+    /// offered tool relates to the request (`Policy::push_toward_related`),
+    /// free to answer in text instead.
+    fn repair_attempt(&self, plan: &StepPlan) -> Attempt {
+        if !(plan.unrelated && self.constrains(&plan.shown)) {
+            return Attempt::Repair;
+        }
+        self.report(vec![Fired {
+            rule: Rule::PushTowardRelated,
+            detail: "the repair may answer in text: no tool offered relates to the request"
+                .to_string(),
+        }]);
+        Attempt::RepairOrAnswer
     }
 
     /// Why the first attempt's call threshold is held back, if it is. The
@@ -989,12 +992,14 @@ impl<P: Provider + 'static> Run<P> {
     /// weight; that takes the evidence a calls-only retry would take
     /// (`threshold_on_evidence`, first step) and a tool the conversation
     /// can fill: when every tool offered requires more numbers, or a
-    /// string, than it gives, whether to call is left to the model.
+    /// string, than it gives, whether to call is left to the model; and,
+    /// under `push_toward_related`, a tool that relates to the request.
     fn threshold_held_back(
         &self,
         shown: &[ToolDefinition],
         offered: &[ToolDefinition],
         first_step: bool,
+        unrelated: bool,
         request: &GenerateRequest,
     ) -> Option<Fired> {
         let threshold = request.decoding.call_threshold;
@@ -1012,7 +1017,7 @@ impl<P: Provider + 'static> Run<P> {
                 detail: "no call threshold: the request names no shown tool, asks no change a tool makes and seeks nothing a read-only tool looks up".to_string(),
             });
         }
-        if self.policy.push_toward_related && !self.relates(offered) {
+        if unrelated {
             return Some(Fired {
                 rule: Rule::PushTowardRelated,
                 detail: "no call threshold: no tool offered relates to the request".to_string(),
