@@ -851,26 +851,24 @@ fn a_number_stops_short_of_what_a_float_cannot_hold() {
 fn the_grammar_forces_fixed_keys_and_a_settled_name() {
     let f = fixture();
     let mut m = f.calls_only();
-    let text = |ids: &[u32]| f.text(ids);
     // Whitespace may follow `{`: nothing is forced yet.
     assert!(m.forced_tokens().is_empty());
-    let feed = |m: &mut wma_provider_ort::ConstraintMatcher, piece: &str| f.feed(m, piece);
-    feed(&mut m, "{\"");
+    f.feed(&mut m, "{\"");
     let key = m.forced_tokens();
-    assert_eq!(text(&key), "name");
+    assert_eq!(f.text(&key), "name");
     assert_eq!(
         m.feed(&key).unwrap(),
         key.len(),
         "forced tokens are admitted"
     );
-    feed(&mut m, "\": \"");
+    f.feed(&mut m, "\": \"");
     // Two tools: nothing is forced before the first letter.
     assert!(m.forced_tokens().is_empty());
-    feed(&mut m, "add");
+    f.feed(&mut m, "add");
     let rest = m.forced_tokens();
-    assert_eq!(text(&rest), "_to_cart");
+    assert_eq!(f.text(&rest), "_to_cart");
     assert_eq!(m.feed(&rest).unwrap(), rest.len());
-    feed(&mut m, "\", \"arguments\": {\"product_id\": \"p-17\"}}");
+    f.feed(&mut m, "\", \"arguments\": {\"product_id\": \"p-17\"}}");
     assert!(m.allows(IM_END).unwrap(), "a whole call");
 
     let mut either = f
@@ -892,31 +890,29 @@ fn the_grammar_forces_fixed_keys_and_a_settled_name() {
 fn a_draft_takes_forced_tokens_stops_at_refused_ones_and_leaves_the_matcher() {
     let f = fixture();
     let mut m = f.calls_only();
-    let text = |ids: &[u32]| f.text(ids);
-    let feed = |m: &mut wma_provider_ort::ConstraintMatcher, piece: &str| f.feed(m, piece);
-    feed(&mut m, "{\"");
+    f.feed(&mut m, "{\"");
     // The lookup finds nothing: the draft is the forced key alone.
     let forced = m.draft(16, |_, _| Vec::new());
-    assert_eq!(text(&forced), "name");
+    assert_eq!(f.text(&forced), "name");
     // The lookup goes on after the forced key; the grammar cuts it where a
     // tool name no tool has begins.
     let mut asked = Vec::new();
     let draft = m.draft(16, |guess, _| {
-        asked.push(text(guess));
+        asked.push(f.text(guess));
         f.ids("\": \"add_to_basket\"")
     });
     assert_eq!(asked, ["name"], "the lookup is asked after the forced key");
     assert!(
-        text(&draft).starts_with("name\": \"add"),
+        f.text(&draft).starts_with("name\": \"add"),
         "{:?}",
-        text(&draft)
+        f.text(&draft)
     );
-    assert!(!text(&draft).contains("basket"), "{:?}", text(&draft));
+    assert!(!f.text(&draft).contains("basket"), "{:?}", f.text(&draft));
     // At most `max` tokens.
     assert!(m.draft(1, |_, _| f.ids("\": \"add")).len() <= 1);
     // Nothing was consumed: the key is still to come, and is admitted.
     assert!(m.draft(16, |_, _| Vec::new()) == forced);
-    feed(
+    f.feed(
         &mut m,
         "name\": \"add_to_cart\", \"arguments\": {\"product_id\": \"p-17\"}}",
     );
