@@ -494,6 +494,35 @@ async fn reconnecting_with_last_event_id_gets_exactly_the_missed_parts() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_sees_the_finish_finds_the_answer_in_the_session() {
+    let dir = scratch("finish-then-read");
+    let store = Store::open(StoreOptions::in_data_dir(&dir)).await.unwrap();
+    let turns = 4;
+    let model = ScriptedProvider::new(
+        (0..turns).map(|turn| ScriptedReply::text(format!("Answer {turn}."))),
+    );
+    let server = InProcess::start(&model, store.clone()).await;
+    let api = &server.api;
+    let session = api.new_session("clerk").await;
+    for turn in 0..turns {
+        let (_, mut events) = api
+            .continue_session(&session, &format!("Question {turn}"))
+            .await;
+        events.until("finish").await;
+        // Read at once, as a page does when the stream says the run ended.
+        let (_, read) = api.get(&format!("/v1/sessions/{session}")).await;
+        let messages = read["messages"].as_array().unwrap();
+        let last = messages.last().unwrap();
+        assert_eq!(last["role"], "assistant", "turn {turn}: {read}");
+        assert_eq!(last["content"], format!("Answer {turn}."), "{read}");
+        assert_eq!(messages.len(), 2 * (turn + 1), "{read}");
+    }
+    server.stop().await;
+    store.close().await;
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 // ---------------------------------------------------------------------------
 // A real `wma serve`, killed and started again
 

@@ -291,15 +291,31 @@ struct DriveRun {
 }
 
 /// Reads the run to its end: each part into the log and onto the feed;
-/// then the log flushed, the answer appended to the session, a run that
-/// ended without its terminal part marked interrupted.
+/// the answer appended to the session before the run's terminal part is
+/// logged; then the log flushed, a run that ended without its terminal
+/// part marked interrupted.
 async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
     // However the driver ends, no question waits for it any longer.
     let _questions = run.questions.end_on_drop();
     let mut own = Vec::new();
+    let mut kept = false;
     let stopping = || run.live.stopping.load(std::sync::atomic::Ordering::SeqCst);
     while let Some(part) = parts.next().await {
         let mut part: TaggedPart = part;
+        // The terminal part marks the run ended in the store and on the
+        // feed: a client that reads the session once it sees the end must
+        // find the answer there, so the session gets it first.
+        let terminal = part.depth == 0
+            && matches!(
+                part.part,
+                AgentStreamPart::Finish { .. } | AgentStreamPart::Error { .. }
+            );
+        if terminal && !kept && !stopping() {
+            let mut turn = own.clone();
+            turn.push(part.part.clone());
+            keep_turn(&run, turn).await;
+            kept = true;
+        }
         let question = match &part.part {
             AgentStreamPart::ApprovalRequested { approval_id, .. } => Some(approval_id.clone()),
             _ => None,
@@ -347,25 +363,8 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
     // it (interrupted, or still waiting for approval: a next start goes on
     // with it from the log).
     if !stopping() {
-        // A call recorded before it was sent whose answer never came (the
-        // run stopped while it ran) may or may not have happened: in doubt
-        // now, as after a crash. At shutdown they stay in flight, and the
-        // next start marks them.
-        let ended = run.calls.end().await;
-        warn_of(&run.id, ended.problems);
-        let unanswered = ended.unanswered;
-        // A run stopped in the middle of a call leaves it without an
-        // answer: the session's history says what became of it, as
-        // `wma chat`'s does.
-        let in_doubt: HashMap<String, String> = unanswered
-            .into_iter()
-            .filter(|((agent, sub_run, _), _)| *agent == run.agent && sub_run.is_empty())
-            .map(|((_, _, call_id), key)| (call_id, key))
-            .collect();
-        answer_cut_calls(&mut own, &in_doubt, "the run was stopped");
-        let answer = turn_messages(&own);
-        if let Err(e) = run.store.append_messages(&run.session_id, &answer).await {
-            tracing::warn!(run_id = %run.id, error = %e, "the run's answer was not added to its session");
+        if !kept {
+            keep_turn(&run, own).await;
         }
         match run.store.run(&run.id).await {
             Ok(Some(stored)) if !stored.status.is_ended() => {
@@ -385,6 +384,28 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
     run.live.runs.lock().remove(&run.id);
     run.feed.finish();
     drop(run.ticket);
+}
+
+/// Appends the run's turn (`own`: its own agent's parts) to its session.
+/// A call recorded before it was sent whose answer never came (the run
+/// stopped while it ran) may or may not have happened: in doubt now, as
+/// after a crash, and the session's history says so, as `wma chat`'s
+/// does. At shutdown this is not called: such calls stay in flight, and
+/// the next start marks them.
+async fn keep_turn(run: &DriveRun, mut own: Vec<AgentStreamPart>) {
+    let ended = run.calls.end().await;
+    warn_of(&run.id, ended.problems);
+    let in_doubt: HashMap<String, String> = ended
+        .unanswered
+        .into_iter()
+        .filter(|((agent, sub_run, _), _)| *agent == run.agent && sub_run.is_empty())
+        .map(|((_, _, call_id), key)| (call_id, key))
+        .collect();
+    answer_cut_calls(&mut own, &in_doubt, "the run was stopped");
+    let answer = turn_messages(&own);
+    if let Err(e) = run.store.append_messages(&run.session_id, &answer).await {
+        tracing::warn!(run_id = %run.id, error = %e, "the run's answer was not added to its session");
+    }
 }
 
 /// Logs the writes of the run's call records that failed, each in the
