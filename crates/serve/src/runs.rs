@@ -305,15 +305,12 @@ async fn drive(run: DriveRun, mut parts: wma_runtime::TaggedStream) {
         // The terminal part marks the run ended in the store and on the
         // feed: a client that reads the session once it sees the end must
         // find the answer there, so the session gets it first.
-        let terminal = part.depth == 0
-            && matches!(
-                part.part,
-                AgentStreamPart::Finish { .. } | AgentStreamPart::Error { .. }
-            );
-        if terminal && !kept && !stopping() {
-            let mut turn = own.clone();
-            turn.push(part.part.clone());
-            keep_turn(&run, turn).await;
+        if part.depth == 0 && part.part.is_terminal() && !kept && !stopping() {
+            keep_turn(
+                &run,
+                [own.as_slice(), std::slice::from_ref(&part.part)].concat(),
+            )
+            .await;
             kept = true;
         }
         let question = match &part.part {
