@@ -768,6 +768,45 @@ async fn an_answer_that_repeats_a_reply_sent_back_gives_the_result_instead() {
     assert_eq!(texts(&parts).pop().unwrap(), replaced);
 }
 
+#[tokio::test]
+async fn a_reply_of_the_loops_own_words_is_retried_as_calls() {
+    // The reply only repeats the loop's restatement: no answer at all.
+    let echo = "Do the next step for it, or answer me if it is done.";
+    let replies = || {
+        ScriptedProvider::new([
+            echo.to_string(),
+            call("search_products", json!({"query": "circle"})),
+            "Found it.".to_string(),
+        ])
+        .with_constraints(true)
+        .with_call_probability(call_now_probability() / 10.0)
+    };
+    let provider = replies();
+    let parts = run_all(
+        provider.clone(),
+        ask("Get the area of a circle", annotated_shop()),
+        inline(),
+    )
+    .await;
+    assert!(fired(&parts).contains(&"echo-retry".to_string()));
+    assert!(matches!(
+        provider.requests()[1].constraint,
+        Some(Constraint::CallsOnly { .. })
+    ));
+    assert_eq!(texts(&parts).pop().unwrap(), "Found it.");
+
+    // Without it nothing else retries this reply, and the run has no answer.
+    let provider = replies();
+    let parts = run_all(
+        provider.clone(),
+        ask("Get the area of a circle", annotated_shop()),
+        small_model_with(|p| p.echo_retry = false),
+    )
+    .await;
+    assert_eq!(provider.requests().len(), 1);
+    assert_finish(&parts, FinishReason::Unrepaired);
+}
+
 /// The small-model policy's least call probability for the named-tool retry.
 fn retry_probability() -> f32 {
     Policy::small_model().named_tool_retry.unwrap()

@@ -432,6 +432,18 @@ pub struct Policy {
     /// function…"). It compares the model's replies with each other: it
     /// holds for any tool set and any language. Default: on.
     pub no_sent_back_answers: bool,
+    /// A prose reply that says nothing but the loop's own words (it only
+    /// repeats the prompt's sentences, as `no_prompt_echo_answers` reads
+    /// it), on a step that offers a tool under a constraint, is retried
+    /// as calls only, once per step, before any other correction: it is
+    /// no answer, and ending on it tells the person nothing. After
+    /// `read_text_file {"path": "config.yaml"}` failed, Qwen2.5-Coder
+    /// replied "The next step for it is to call it now.", then, corrected,
+    /// "Call the tool again with fixed arguments, or tell me what went
+    /// wrong.", and the run ended with no answer. It reads only the reply
+    /// against the loop's own words: it holds for any tool set. Default:
+    /// on.
+    pub echo_retry: bool,
 }
 
 impl Default for Policy {
@@ -488,6 +500,7 @@ impl Policy {
             say_ignored_failure: false,
             push_toward_related: false,
             no_sent_back_answers: false,
+            echo_retry: false,
         }
     }
 
@@ -538,6 +551,7 @@ impl Policy {
             say_ignored_failure: true,
             push_toward_related: true,
             no_sent_back_answers: true,
+            echo_retry: true,
         }
     }
 
@@ -870,6 +884,8 @@ pub(crate) enum Rule {
     PushTowardRelated,
     /// See [`Policy::no_sent_back_answers`].
     NoSentBackAnswers,
+    /// See [`Policy::echo_retry`].
+    EchoRetry,
 }
 
 impl Rule {
@@ -910,6 +926,7 @@ impl Rule {
             Self::SayIgnoredFailure => "say-ignored-failure",
             Self::PushTowardRelated => "push-toward-related",
             Self::NoSentBackAnswers => "no-sent-back-answers",
+            Self::EchoRetry => "echo-retry",
         }
     }
 }

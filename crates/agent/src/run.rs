@@ -829,6 +829,21 @@ impl<P: Provider + 'static> Run<P> {
         generation: &Generation,
         plan: &StepPlan,
     ) -> Option<Attempt> {
+        // A reply of the loop's own words alone is no answer: while a tool
+        // can be called, the model gets to call one instead.
+        if self.policy.echo_retry
+            && !plan.offered.is_empty()
+            && self.constrains(&plan.shown)
+            && without_prompt_echoes(text, &plan.request.messages).is_some_and(|k| k.is_empty())
+        {
+            self.report(vec![Fired {
+                rule: Rule::EchoRetry,
+                detail: "retried a reply of the loop's own words as calls only".to_string(),
+            }]);
+            self.push_turn(PromptRole::Assistant, text);
+            self.push_turn(PromptRole::User, messages::use_the_tool(&self.request_text));
+            return Some(Attempt::NamedTool);
+        }
         // A plain reply that ignores the last failed call.
         if let Some(failure) = self
             .last_failure
