@@ -1169,12 +1169,6 @@ impl<P: Provider + 'static> Run<P> {
     /// Whether `answer` says, word for word, a reply the loop sent back
     /// before a result came in (case, punctuation and spacing aside).
     fn repeats_sent_back(&self, answer: &str) -> bool {
-        let words = |text: &str| -> Vec<String> {
-            text.split(|c: char| !c.is_alphanumeric())
-                .filter(|w| !w.is_empty())
-                .map(str::to_lowercase)
-                .collect()
-        };
         let answer = words(answer);
         !answer.is_empty()
             && self
