@@ -737,38 +737,6 @@ async fn under_constraints_call_now_needs_some_weight_on_a_call() {
 }
 
 #[tokio::test]
-async fn an_answer_that_repeats_a_reply_sent_back_gives_the_result_instead() {
-    let replaced = "To see the cart, you can use the view_cart tool here.";
-    let replies = || {
-        retried_after_prose([
-            replaced.to_string(),
-            call("view_cart", json!({})),
-            replaced.to_string(),
-        ])
-    };
-    let parts = run_all(
-        replies(),
-        ask("View my cart, please.", annotated_shop()),
-        inline(),
-    )
-    .await;
-    assert_finish(&parts, FinishReason::Stop);
-    assert!(fired(&parts).contains(&"no-sent-back-answers".to_string()));
-    let answer = texts(&parts).pop().unwrap();
-    assert_ne!(answer, replaced);
-    // The gist of what view_cart returned answers instead.
-    assert!(answer.starts_with("items:"), "{answer}");
-
-    let parts = run_all(
-        replies(),
-        ask("View my cart, please.", annotated_shop()),
-        small_model_with(|p| p.no_sent_back_answers = false),
-    )
-    .await;
-    assert_eq!(texts(&parts).pop().unwrap(), replaced);
-}
-
-#[tokio::test]
 async fn a_reply_of_the_loops_own_words_is_retried_as_calls() {
     // The reply only repeats the loop's restatement: no answer at all.
     let echo = "Do the next step for it, or answer me if it is done.";

@@ -422,16 +422,6 @@ pub struct Policy {
     /// of being held to calls: a model that began a call to a tool that
     /// does something else is not made to finish one. Default: on.
     pub push_toward_related: bool,
-    /// An answer that repeats, word for word, a reply the loop already sent
-    /// back this run (a correction or a calls-only retry replaced it) and
-    /// after which a call returned a result, is no answer: the result's
-    /// gist answers instead. The reference shows it; after "What's the
-    /// square root of 1764?" was retried into `calculate` and the result
-    /// said 42, Qwen2.5-Coder answered with its own replaced reply ("To
-    /// calculate the square root of 1764, you can use the `calculate`
-    /// function…"). It compares the model's replies with each other: it
-    /// holds for any tool set and any language. Default: on.
-    pub no_sent_back_answers: bool,
     /// A prose reply that says nothing but the loop's own words (it only
     /// repeats the prompt's sentences, as `no_prompt_echo_answers` reads
     /// it), on a step that offers a tool under a constraint, is retried
@@ -499,7 +489,6 @@ impl Policy {
             stop_changing_when_done: false,
             say_ignored_failure: false,
             push_toward_related: false,
-            no_sent_back_answers: false,
             echo_retry: false,
         }
     }
@@ -550,7 +539,6 @@ impl Policy {
             stop_changing_when_done: true,
             say_ignored_failure: true,
             push_toward_related: true,
-            no_sent_back_answers: true,
             echo_retry: true,
         }
     }
@@ -882,8 +870,6 @@ pub(crate) enum Rule {
     SayIgnoredFailure,
     /// See [`Policy::push_toward_related`].
     PushTowardRelated,
-    /// See [`Policy::no_sent_back_answers`].
-    NoSentBackAnswers,
     /// See [`Policy::echo_retry`].
     EchoRetry,
 }
@@ -925,7 +911,6 @@ impl Rule {
             Self::StopChangingWhenDone => "stop-changing-when-done",
             Self::SayIgnoredFailure => "say-ignored-failure",
             Self::PushTowardRelated => "push-toward-related",
-            Self::NoSentBackAnswers => "no-sent-back-answers",
             Self::EchoRetry => "echo-retry",
         }
     }

@@ -235,9 +235,6 @@ struct Run<P> {
     last_result: Option<Found>,
     /// Every result of this run, to spot a reply that only echoes one.
     results: Vec<String>,
-    /// The replies a correction or a calls-only retry sent back, each with
-    /// how many results the run had then (`Policy::no_sent_back_answers`).
-    sent_back: Vec<(String, usize)>,
     /// Tools used, most recent first, for the ranking bonus.
     recent: Vec<String>,
     /// Compiled schemas, so a tool's schema is compiled once per run.
@@ -374,7 +371,6 @@ impl<P: Provider + 'static> Run<P> {
             last_failure: None,
             last_result: None,
             results: Vec::new(),
-            sent_back: Vec::new(),
             recent: Vec::new(),
             validators: ValidatorCache::new(),
             approvals: Approvals {
@@ -605,8 +601,6 @@ impl<P: Provider + 'static> Run<P> {
             }
             if !corrected && let Some(next) = self.correction(&reply.text, &generation, &plan) {
                 corrected = true;
-                self.sent_back
-                    .push((reply.text.clone(), self.results.len()));
                 if next == Attempt::NamedTool {
                     before_retry = Some(reply.text);
                 }
@@ -907,16 +901,6 @@ impl<P: Provider + 'static> Run<P> {
             Some(last) if echoes_a_result(&text, &self.results) => last.gist(&self.request_text),
             _ => text,
         };
-        let text = match &self.last_result {
-            Some(last) if self.policy.no_sent_back_answers && self.repeats_sent_back(&text) => {
-                self.report(vec![Fired {
-                    rule: Rule::NoSentBackAnswers,
-                    detail: "an answer that repeats a reply sent back before the last result became its gist".to_string(),
-                }]);
-                last.gist(&self.request_text)
-            }
-            _ => text,
-        };
         let text = match self.without_prompt_echoes(text, prompt) {
             Ok(text) => text,
             Err(no_answer) => {
@@ -1164,17 +1148,6 @@ impl<P: Provider + 'static> Run<P> {
             (self.policy.call_now_min_probability, call_probability),
             (Some(min), Some(p)) if p < min
         )
-    }
-
-    /// Whether `answer` says, word for word, a reply the loop sent back
-    /// before a result came in (case, punctuation and spacing aside).
-    fn repeats_sent_back(&self, answer: &str) -> bool {
-        let answer = words(answer);
-        !answer.is_empty()
-            && self
-                .sent_back
-                .iter()
-                .any(|(reply, results)| *results < self.results.len() && words(reply) == answer)
     }
 
     /// An answer without its lines that repeat the prompt; one that was
