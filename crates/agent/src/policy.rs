@@ -104,7 +104,7 @@ pub(crate) const MEASURED_MODELS: [MeasuredModel; 2] = [
     MeasuredModel {
         name: "Qwen2.5-Coder-0.5B-Instruct",
         policy: PolicyName::SmallModel,
-        measured: "dev half: small-model 24/51, reference 15/51",
+        measured: "dev half: small-model 22/51, reference 15/51",
     },
 ];
 
