@@ -830,13 +830,11 @@ impl<P: Provider + 'static> Run<P> {
             && self.constrains(&plan.shown)
             && without_prompt_echoes(text, &plan.request.messages).is_some_and(|k| k.is_empty())
         {
-            self.report(vec![Fired {
+            let fired = Fired {
                 rule: Rule::EchoRetry,
                 detail: "retried a reply of the loop's own words as calls only".to_string(),
-            }]);
-            self.push_turn(PromptRole::Assistant, text);
-            self.push_turn(PromptRole::User, messages::use_the_tool(&self.request_text));
-            return Some(Attempt::NamedTool);
+            };
+            return Some(self.retry_as_calls(text, fired));
         }
         // A plain reply that ignores the last failed call.
         if let Some(failure) = self
@@ -886,10 +884,16 @@ impl<P: Provider + 'static> Run<P> {
             plan.first_step,
             generation.call_probability,
         )?;
+        Some(self.retry_as_calls(text, fired))
+    }
+
+    /// Sends a prose reply back with the calls-only retry's note, reporting
+    /// the rule that asked for it.
+    fn retry_as_calls(&mut self, text: &str, fired: Fired) -> Attempt {
         self.report(vec![fired]);
         self.push_turn(PromptRole::Assistant, text);
         self.push_turn(PromptRole::User, messages::use_the_tool(&self.request_text));
-        Some(Attempt::NamedTool)
+        Attempt::NamedTool
     }
 
     /// The run's answer from a prose reply that stands: an echo of a result
