@@ -1098,9 +1098,9 @@ pub(crate) fn ground_tool(
     for (name, prop) in props {
         let optional = !required.contains(&name.as_str());
         if numbers && optional && is_count(name, prop) {
-            // An integer takes only a number written whole (see
-            // `ground_number_values`); with none, it is left to the
-            // tool's default.
+            // A count is written whole: a number with a fraction (`109.0`,
+            // a price) or a unit on it (`30L`, a size) is an amount. With
+            // none written whole, an integer is left to the tool's default.
             let written = match scalar_type(prop) {
                 Some("integer") => ids.whole_count(),
                 _ => ids.number_count(),
@@ -1143,86 +1143,6 @@ pub(crate) fn ground_tool(
         input_schema: schema,
         ..tool.clone()
     })
-}
-
-/// The tool with its number arguments narrowed to the numbers the person
-/// wrote, for a constraint (the policy's `written_numbers`). A number
-/// argument (not an identifier, with no `enum` or `const` of its own, at any
-/// depth of objects and arrays) may only take one of the written numbers that
-/// fit its type and bounds; one that none fit keeps its schema. With no number
-/// written the tool comes back unchanged: there is nothing to ground on.
-///
-/// On BFCL about nine in ten required number arguments are a number the
-/// request spells out, and a tiny model left free writes `1` or a number of
-/// the tool's description instead.
-pub(crate) fn ground_number_values(tool: &ToolDefinition, ids: &Identifiers) -> ToolDefinition {
-    // A count is written as a whole number: one written with a fraction
-    // (`109.0`, a price) or a unit on it (`30L`, a size) is an amount, and
-    // no integer argument takes it (a cart helper handed "price: 109.0"
-    // added 109 backpacks).
-    let numbers: Vec<(f64, bool)> = ids
-        .numbers
-        .iter()
-        .filter_map(|n| {
-            let whole = !n.contains('.') && !ids.measured.contains(n);
-            n.parse().ok().map(|v| (v, whole))
-        })
-        .collect();
-    if numbers.is_empty() {
-        return tool.clone();
-    }
-    let mut schema = tool.input_schema.clone();
-    narrow_numbers(&mut schema, None, &numbers);
-    ToolDefinition {
-        input_schema: schema,
-        ..tool.clone()
-    }
-}
-
-/// Narrows the number properties inside `schema` (see
-/// [`ground_number_values`]); `key` is the property name it sits under.
-fn narrow_numbers(schema: &mut Value, key: Option<&str>, numbers: &[(f64, bool)]) {
-    if schema.get("enum").is_some() || schema.get("const").is_some() {
-        return;
-    }
-    if let Some(props) = schema.get_mut("properties").and_then(Value::as_object_mut) {
-        for (name, prop) in props.iter_mut() {
-            narrow_numbers(prop, Some(name), numbers);
-        }
-    }
-    if let Some(items) = schema.get_mut("items") {
-        narrow_numbers(items, key, numbers);
-    }
-    let ty = match scalar_type(schema) {
-        Some(ty @ ("integer" | "number")) => ty,
-        _ => return,
-    };
-    if key.is_some_and(is_identifier_key) {
-        return;
-    }
-    let bound = |name: &str| schema.get(name).and_then(Value::as_f64);
-    let (min, max) = (bound("minimum"), bound("maximum"));
-    let (xmin, xmax) = (bound("exclusiveMinimum"), bound("exclusiveMaximum"));
-    let values: Vec<Value> = numbers
-        .iter()
-        .filter(|&&(n, whole)| ty == "number" || (whole && n.fract() == 0.0))
-        .map(|&(n, _)| n)
-        .filter(|&n| min.is_none_or(|m| n >= m) && max.is_none_or(|m| n <= m))
-        .filter(|&n| xmin.is_none_or(|m| n > m) && xmax.is_none_or(|m| n < m))
-        .filter_map(|n| {
-            if n.fract() == 0.0 && n.abs() < 1e15 {
-                Some(Value::from(n as i64))
-            } else {
-                serde_json::Number::from_f64(n).map(Value::Number)
-            }
-        })
-        .collect();
-    if values.is_empty() {
-        return;
-    }
-    if let Some(map) = schema.as_object_mut() {
-        map.insert("enum".to_string(), Value::Array(values));
-    }
 }
 
 /// What a string argument holds when its schema says it is a date or a
@@ -2112,61 +2032,6 @@ mod tests {
             grounded.input_schema["properties"]["kind_id"],
             json!({"type": "string", "enum": ["a", "b"]})
         );
-    }
-
-    #[test]
-    fn number_arguments_take_the_numbers_the_person_wrote() {
-        let tool = ToolDefinition::new(
-            "calculate_bmi",
-            "Body mass index",
-            json!({"type": "object", "properties": {
-                "height": {"type": "number"},
-                "weight": {"type": "integer", "minimum": 10},
-                "unit_id": {"type": "integer"},
-                "units": {"type": "string"},
-                "readings": {"type": "array", "items": {"type": "number"}},
-                "scale": {"type": "integer", "enum": [1, 2]},
-                "nested": {"type": "object", "properties": {"age": {"type": "integer"}}}},
-                "required": ["height", "weight"]}),
-        );
-        let mut ids = Identifiers::new();
-        ids.add_user_text("A person 5.6 feet tall who weighs 60 kg, and another of 6 feet");
-        let mut negative = Identifiers::new();
-        negative.add_user_text("Solve it for a = 3, b = -11 and c = -4.5.");
-        let solve = ToolDefinition::new(
-            "solve",
-            "Quadratic",
-            json!({"type": "object", "properties": {"b": {"type": "number"}}}),
-        );
-        assert_eq!(
-            ground_number_values(&solve, &negative).input_schema["properties"]["b"]["enum"],
-            json!([3, -11, -4.5])
-        );
-        let schema = ground_number_values(&tool, &ids).input_schema;
-        let props = &schema["properties"];
-        assert_eq!(props["height"]["enum"], json!([5.6, 60, 6]));
-        // Whole numbers only for an integer, and within its bounds.
-        assert_eq!(props["weight"]["enum"], json!([60]));
-        assert_eq!(props["readings"]["items"]["enum"], json!([5.6, 60, 6]));
-        assert_eq!(props["nested"]["properties"]["age"]["enum"], json!([60, 6]));
-        // Identifiers, strings and the tool's own enums are not this rule's.
-        assert_eq!(props["unit_id"], json!({"type": "integer"}));
-        assert_eq!(props["units"], json!({"type": "string"}));
-        assert_eq!(props["scale"], json!({"type": "integer", "enum": [1, 2]}));
-    }
-
-    #[test]
-    fn with_no_number_written_or_none_that_fits_the_schema_stays() {
-        let tool = ToolDefinition::new(
-            "set_volume",
-            "Volume",
-            json!({"type": "object", "properties": {
-                "level": {"type": "integer", "maximum": 10}}}),
-        );
-        assert_eq!(ground_number_values(&tool, &Identifiers::new()), tool);
-        let mut ids = Identifiers::new();
-        ids.add_user_text("turn it to 55.5 or 70");
-        assert_eq!(ground_number_values(&tool, &ids), tool);
     }
 
     #[test]

@@ -21,10 +21,10 @@ use serde_json::Value;
 
 use crate::error::{ToolError, ToolErrorCode};
 use crate::ground::{
-    Identifiers, digit_runs, example_shapes, fill_required_lists, ground_number_values,
-    ground_string_values, ground_tool, ground_when_values, is_free_string, lists_a_written_value,
-    requires_a_number, short_of_numbers, short_of_strings, takes_free_text, takes_identifier,
-    waits_for_a_number, without_leading_zeros,
+    Identifiers, digit_runs, example_shapes, fill_required_lists, ground_string_values,
+    ground_tool, ground_when_values, is_free_string, lists_a_written_value, requires_a_number,
+    short_of_numbers, short_of_strings, takes_free_text, takes_identifier, waits_for_a_number,
+    without_leading_zeros,
 };
 use crate::lexicon::{ASKING, AUXILIARY, POLITE, TELLING, is_change_verb};
 use crate::parse::ParsedCall;
@@ -135,12 +135,6 @@ pub struct Policy {
     /// adds 2, was 1; asked for the weather, the default model called
     /// `get-sum {"a": 10, "b": 20}`).
     pub ground_numbers: bool,
-    /// A number argument of a constrained call may only take a number the
-    /// person wrote (one that fits its type and bounds), when they wrote
-    /// any: on BFCL nine in ten required numbers are spelled out in the
-    /// request, and a tiny model left free writes `1` or a number of the
-    /// tool's description. Default: on.
-    pub written_numbers: bool,
     /// A date or time argument of a constrained call (a string whose
     /// `format` is `date`, `time` or `date-time`, or whose description
     /// spells `YYYY-MM-DD` / `HH:MM`) may only take a date or time of its
@@ -449,7 +443,6 @@ impl Policy {
             base: PolicyName::Reference,
             ground_identifiers: false,
             ground_numbers: false,
-            written_numbers: false,
             ground_dates: false,
             filled_lists: false,
             ground_strings: false,
@@ -499,7 +492,6 @@ impl Policy {
             base: PolicyName::SmallModel,
             ground_identifiers: true,
             ground_numbers: true,
-            written_numbers: true,
             ground_dates: true,
             filled_lists: true,
             ground_strings: true,
@@ -631,7 +623,6 @@ impl Policy {
     pub(crate) fn narrows(&self) -> bool {
         self.ground_identifiers
             || self.ground_numbers
-            || self.written_numbers
             || self.ground_dates
             || self.filled_lists
             || self.ground_strings
@@ -798,8 +789,6 @@ pub(crate) enum Rule {
     GroundIdentifiers,
     /// See [`Policy::ground_numbers`].
     GroundNumbers,
-    /// See [`Policy::written_numbers`].
-    WrittenNumbers,
     /// See [`Policy::ground_dates`].
     GroundDates,
     /// See [`Policy::filled_lists`].
@@ -880,7 +869,6 @@ impl Rule {
         match self {
             Self::GroundIdentifiers => "ground-identifiers",
             Self::GroundNumbers => "ground-numbers",
-            Self::WrittenNumbers => "written-numbers",
             Self::GroundDates => "ground-dates",
             Self::FilledLists => "filled-lists",
             Self::GroundStrings => "ground-strings",
@@ -2262,16 +2250,6 @@ impl PolicyState {
                             rule,
                             detail: format!("narrowed the arguments of {name}"),
                         });
-                    }
-                    if policy.written_numbers {
-                        let narrowed = ground_number_values(&grounded, &ids);
-                        if narrowed.input_schema != grounded.input_schema {
-                            fired.push(Fired {
-                                rule: Rule::WrittenNumbers,
-                                detail: format!("narrowed the numbers of {name}"),
-                            });
-                            grounded = narrowed;
-                        }
                     }
                     if policy.ground_dates {
                         let narrowed = ground_when_values(&grounded, &ids);
