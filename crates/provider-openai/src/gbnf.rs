@@ -2,10 +2,8 @@
 //! grammar dialect, which vLLM's `guided_grammar` also reads):
 //!
 //! ```text
-//! root  ::= text | calls | lead calls close?   ("calls only": calls)
+//! root  ::= text | calls                  ("calls only" has no text)
 //! text  ::= [^{ \t\n\r] [^{]*             prose that holds no call
-//! lead  ::= text "\n" [ \t]*               prose that ends a line
-//! close ::= [ \t\n]{0,3} "```"           a fence the prose opened
 //! calls ::= call (sep call){0,n-1} sep?   up to `max_calls`, a line apart
 //! call  ::= call-0 | call-1 | …
 //! call-0 ::= "{" ws "\"name\"" ws ":" ws "\"search\"" ws "," ws
@@ -17,9 +15,7 @@
 //! the prompt the model writes them as text, and the loop parses that
 //! text. Prose holds no `{` at all, as under the on-device grammar: the
 //! loop's parser would read a JSON object in prose as a call the grammar
-//! never checked. Prose may lead into calls ("Sure:", an opened Markdown
-//! fence), which the grammar then holds to their schemas from their first
-//! `{`.
+//! never checked.
 //!
 //! Each tool is an alternative of its own with its name as a literal, so a
 //! call names only offered tools and its arguments follow the schema of the
@@ -74,9 +70,7 @@ pub(crate) fn text_or_calls(tools: &[ToolDefinition], text: bool, decoding: &Dec
     let mut out = String::new();
     let root = match (text, tools.is_empty()) {
         (_, true) => "text",
-        // Prose may lead into calls (a "Sure:" or an opened fence before
-        // the call), as on device; the fence may be closed after them.
-        (true, false) => "text | calls | lead calls close?",
+        (true, false) => "text | calls",
         (false, false) => "calls",
     };
     let _ = writeln!(out, "root ::= {root}");
@@ -84,12 +78,6 @@ pub(crate) fn text_or_calls(tools: &[ToolDefinition], text: bool, decoding: &Dec
         // Prose never starts with whitespace (a reply that opens with a
         // blank and then a call is still a call) and holds no `{`.
         out.push_str("text ::= [^{ \\t\\n\\r] [^{]*\n");
-    }
-    if text && !tools.is_empty() {
-        // Calls after prose start a line: a brace inside a line (LaTeX's
-        // `\frac{`, code) starts none.
-        out.push_str("lead ::= [^{ \\t\\n\\r] [^{]* \"\\n\" [ \\t]*\n");
-        out.push_str("close ::= [ \\t\\n]{0,3} \"```\"\n");
     }
     if !tools.is_empty() {
         let more = decoding
@@ -711,9 +699,6 @@ mod tests {
             r#"{"name": "add_items", "arguments": {"ids": [7], "gift": true, "address": {"street": "Rue \"A\" \u00e9", "zip": "1"}}}"#,
             // Several calls, a line apart.
             "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n{\"name\": \"add_items\", \"arguments\": {\"ids\": [1], \"gift\": true}}",
-            // Prose that leads into a call, and a fenced call.
-            "Here you go:\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}",
-            "```json\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n```",
         ] {
             assert!(g.accepts(reply), "rejected: {reply}");
         }
@@ -735,11 +720,8 @@ mod tests {
             r#"{"name": "add_items", "arguments": {"ids": [1], "gift": true, "address": {"street": "x"}}}"#,
             // A property the schema does not name.
             r#"{"name": "get_weather", "arguments": {"city": "Paris", "when": "now"}}"#,
-            // Prose that holds a JSON object that is no call, prose after
-            // a call, or prose that starts with a blank.
-            "Here you go:\n{\"city\": \"Paris\"}",
+            // Prose that holds a JSON object, or starts with a blank.
             r#"Here you go: {"name": "get_weather", "arguments": {"city": "Paris"}}"#,
-            "{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\nDone.",
             " Hello",
             // A cut call.
             r#"{"name": "get_weather", "arguments": {"city": "Par"#,

@@ -5,10 +5,8 @@
 //! Calls are written the way the model is taught ([`CallFormat`]):
 //!
 //! ```text
-//! start: text | calls | lead led           (TextOrCalls; CallsOnly: calls)
-//! text:  TEXT                              prose that holds no call
-//! lead:  LEAD                              prose that ends a line
-//! led:   calls CLOSE?                      calls after it, a fence closed
+//! start: text | calls                      (TextOrCalls; CallsOnly has no text)
+//! text:  TEXT                              prose that does not start a call
 //! calls: call (SEP call){0,n-1} SEP?       up to `max_calls`, a line apart
 //! call:  tool_0 | tool_1 | …
 //! tool_0: %json { {"name": const, "arguments": <its input schema>} }
@@ -36,15 +34,6 @@
 //! For Hermes models each call is wrapped in `<tool_call>` … `</tool_call>`,
 //! and prose may not start with `<`.
 //!
-//! Prose may lead into calls on a line of their own, though: a model that
-//! writes "Sure:" or opens a Markdown fence before its call (Qwen2.5-Coder
-//! fences its calls) goes on into a call held to the schema from its first
-//! `{` (or, for Hermes, `<tool_call>`; after prose a Hermes call may also be
-//! the bare object), and may close the fence after it. Kept to prose, the
-//! same model wrote its call as XML tags or a bracketed list the grammar
-//! never checked. A brace inside a line (LaTeX's `\frac{`, code) is still
-//! refused: it starts no call.
-//!
 //! # Repeats
 //! A tiny model that has written a call often writes it again, word for
 //! word, and again. [`ConstraintMatcher::repeated_a_call`] notices the first
@@ -52,11 +41,10 @@
 //! ends and the reply is cut to the calls before it.
 //!
 //! # Prose or a call
-//! Under "text or calls" the first token decides whether the reply opens
-//! with prose: prose cannot start with `{` (nor `<` for Hermes), a call
-//! must. A tiny model puts most of its weight on prose even when a shown
-//! tool does exactly what was asked, so the request's `call_threshold`
-//! ([`Decoding::call_threshold`], or
+//! Under "text or calls" the first token decides: prose cannot start with
+//! `{` (nor `<` for Hermes), a call must. A tiny model puts most of its
+//! weight on prose even when a shown tool does exactly what was asked, so
+//! the request's `call_threshold` ([`Decoding::call_threshold`], or
 //! [`ConstraintMatcher::with_call_threshold`]) settles the branch: when the
 //! model gives the call tokens at least that probability at the first token,
 //! prose is masked out.
@@ -381,7 +369,6 @@ impl ConstraintEngine {
             env: self.factory.tok_env().clone(),
             calls,
             output: Vec::new(),
-            call_from: None,
             tokens: 0,
             unread: 0,
             written: Vec::new(),
@@ -404,32 +391,7 @@ impl ConstraintEngine {
     ) -> String {
         let mut out = String::new();
         if text && !tools.is_empty() {
-            // Prose may also lead into calls on a line of their own: a model
-            // that writes "Sure:" or opens a Markdown fence before its call
-            // is held to the schema from the call's first byte on, instead
-            // of being kept in prose that can never hold one. The fence may
-            // be closed after. A brace inside a line (LaTeX's `\frac{`, code)
-            // starts nothing.
-            out.push_str("start: text | calls | lead led\n");
-            out.push_str("lead: LEAD\n");
-            match format {
-                CallFormat::Json => out.push_str("LEAD: /[^{\\s][^{]*\\n[ \\t]*/\n"),
-                CallFormat::Hermes => out.push_str("LEAD: /[^{<\\s][^{]*\\n[ \\t]*/\n"),
-            }
-            match format {
-                CallFormat::Json => {
-                    out.push_str("led: calls CLOSE?\n");
-                    out.push_str("CLOSE: /[ \\t\\n]{0,3}```/\n");
-                }
-                // Hermes models write a call after prose either tagged or as
-                // the bare JSON object (Qwen2.5 fences `{"name": …}`); where
-                // `<tool_call>` is no special token, the prose may end with
-                // the tag as text, and the closing tag follows the object.
-                CallFormat::Hermes => {
-                    out.push_str("led: (calls | bare_calls) CLOSE?\n");
-                    out.push_str("CLOSE: /[ \\t\\n]{0,3}(```|<\\/tool_call>)/\n");
-                }
-            }
+            out.push_str("start: text | calls\n");
         } else if tools.is_empty() {
             // Nothing to call: only prose is possible.
             out.push_str("start: text\n");
@@ -451,17 +413,11 @@ impl ConstraintEngine {
         // Calls a line apart; a last newline lets the model end after a call
         // without being pushed into another one.
         out.push_str("SEP: /[ \\t]*\\n[ \\t\\n]{0,3}/\n");
-        out.push_str(&calls_rules(tools, decoding, ""));
-        if text && format == CallFormat::Hermes {
-            out.push_str(&calls_rules(tools, decoding, "bare_"));
-        }
+        out.push_str(&calls_rules(tools, decoding));
         for i in 0..tools.len() {
             match format {
                 CallFormat::Json => out.push_str(&format!("call_{i}: tool_{i}\n")),
                 CallFormat::Hermes => {
-                    if text {
-                        out.push_str(&format!("bare_call_{i}: tool_{i}\n"));
-                    }
                     let (open, close) = if self.tool_call_token {
                         ("<tool_call>", "</tool_call>")
                     } else {
@@ -631,9 +587,6 @@ pub struct ConstraintMatcher {
     calls: Option<CallFormat>,
     /// The bytes generated so far.
     output: Vec<u8>,
-    /// Where the calls begin in `output`, once they have: after any prose
-    /// that led into them.
-    call_from: Option<usize>,
     /// Tokens consumed so far.
     tokens: usize,
     /// Where the calls not yet read start in `output`.
@@ -656,30 +609,17 @@ pub struct ConstraintMatcher {
     closing: Arc<[Vec<i16>; 2]>,
 }
 
-/// Where the calls begin in `output`, if they have: at its start (after
-/// any whitespace: the model may start its reply on a new line), or after
-/// prose at the first `{` (prose holds none) or, for Hermes, the first
-/// `<tool_call>`.
-fn calls_begin(output: &[u8], format: CallFormat) -> Option<usize> {
+/// Whether `output` begins a call (after any whitespace: the model may
+/// start its reply on a new line) rather than prose.
+fn starts_a_call(output: &[u8], format: CallFormat) -> bool {
     let opens = match format {
         CallFormat::Json => b'{',
         CallFormat::Hermes => b'<',
     };
-    let first = output.iter().position(|b| !b.is_ascii_whitespace())?;
-    if output[first] == opens {
-        return Some(first);
-    }
-    let brace = output.iter().position(|&b| b == b'{');
-    let tag = match format {
-        CallFormat::Json => None,
-        CallFormat::Hermes => output
-            .windows(b"<tool_call>".len())
-            .position(|w| w == b"<tool_call>"),
-    };
-    match (brace, tag) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+    output
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|&b| b == opens)
 }
 
 impl std::fmt::Debug for ConstraintMatcher {
@@ -706,7 +646,6 @@ impl ConstraintMatcher {
             env: self.env.clone(),
             calls: self.calls,
             output: self.output.clone(),
-            call_from: self.call_from,
             tokens: self.tokens,
             unread: self.unread,
             written: self.written.clone(),
@@ -740,16 +679,15 @@ impl ConstraintMatcher {
         }
         // Where the reply stands (in a value or not) is read once per token,
         // for the number bound, the copy bias and the avoided names.
-        let written = self.call_text();
-        if !written.is_empty()
-            && let Some(position) = value_position(written)
+        if self.calls.is_some()
+            && let Some(position) = value_position(&self.output)
         {
             if let Position::InsideNumber(start) = position {
-                bound_number_digits(&written[start..], logits, &self.env);
+                bound_number_digits(&self.output[start..], logits, &self.env);
             }
             if let Some(copy) = self.copy.as_ref() {
                 copy.apply(
-                    written,
+                    &self.output,
                     position,
                     logits,
                     &self.env,
@@ -758,7 +696,7 @@ impl ConstraintMatcher {
                 );
             }
             if let Some(avoid) = self.avoid.as_ref() {
-                avoid.apply(written, position, logits, &self.env);
+                avoid.apply(&self.output, position, logits, &self.env);
             }
         }
         self.mask_time += started.elapsed();
@@ -777,7 +715,7 @@ impl ConstraintMatcher {
     /// Leaves the logits alone right after a backslash in a string, where
     /// any escape the grammar allows will do.
     pub fn close_out(&self, logits: &mut [f32]) {
-        let scores = match string_state(self.call_text()) {
+        let scores = match string_state(&self.output) {
             StringState::Outside => &self.closing[0],
             StringState::Inside => &self.closing[1],
             StringState::Escaped => return,
@@ -936,12 +874,6 @@ impl ConstraintMatcher {
                 .strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
                 .unwrap_or(bytes);
             self.output.extend_from_slice(bytes);
-            if self.call_from.is_none()
-                && let Some(format) = self.calls
-            {
-                self.call_from = calls_begin(&self.output, format);
-                self.unread = self.unread.max(self.call_from.unwrap_or(0));
-            }
             self.read_calls();
         }
         Ok(())
@@ -949,8 +881,11 @@ impl ConstraintMatcher {
 
     /// Reads the calls completed by the last token, and notes a repeat.
     fn read_calls(&mut self) {
+        let Some(format) = self.calls else {
+            return;
+        };
         // Prose, or a call still open: nothing to read yet.
-        if self.call_from.is_none() || !self.is_accepting() {
+        if !starts_a_call(&self.output, format) || !self.is_accepting() {
             return;
         }
         let unread = String::from_utf8_lossy(&self.output[self.unread..])
@@ -986,20 +921,10 @@ impl ConstraintMatcher {
     }
 
     /// Whether the reply so far has started a tool call (constraints that
-    /// allow calls only), at its start or after prose.
+    /// allow calls only; prose never starts with a call's opening).
     pub fn writing_call(&self) -> bool {
-        self.call_from.is_some()
-    }
-
-    /// The calls written so far, without the prose that led into them
-    /// (empty until a call begins).
-    fn call_text(&self) -> &[u8] {
-        self.call_from.map_or(&[], |from| &self.output[from..])
-    }
-
-    /// How many distinct calls the reply has completed.
-    pub fn calls_written(&self) -> usize {
-        self.written.len()
+        self.calls
+            .is_some_and(|format| starts_a_call(&self.output, format))
     }
 
     /// Tokens up to the end of the last call that was not a repeat.
@@ -1041,10 +966,8 @@ impl ConstraintMatcher {
 }
 
 /// The rules from `calls` down to the `call_i` of each tool: how many calls
-/// a reply holds, and to which tools (see the module docs). Every rule name
-/// starts with `prefix`, so that a second set (`bare_calls` of `bare_call_i`)
-/// can stand beside the first.
-fn calls_rules(tools: &[ToolDefinition], decoding: &Decoding, prefix: &str) -> String {
+/// a reply holds, and to which tools (see the module docs).
+fn calls_rules(tools: &[ToolDefinition], decoding: &Decoding) -> String {
     // At least one call: `Some(0)` under "calls only" would leave nothing
     // the model may write.
     let max = decoding.max_calls.map(|n| n.max(1) as usize);
@@ -1058,66 +981,56 @@ fn calls_rules(tools: &[ToolDefinition], decoding: &Decoding, prefix: &str) -> S
     let once = |i: usize| decoding.single_call.contains(&tools[i].name);
     let mut out = String::new();
     if decoding.one_tool_per_reply {
-        let runs: Vec<String> = (0..tools.len())
-            .map(|i| format!("{prefix}calls_{i}"))
-            .collect();
-        out.push_str(&format!("{prefix}calls: {}\n", runs.join(" | ")));
+        let runs: Vec<String> = (0..tools.len()).map(|i| format!("calls_{i}")).collect();
+        out.push_str(&format!("calls: {}\n", runs.join(" | ")));
         for i in 0..tools.len() {
             let more = if once(i) { Some(0) } else { max.map(|n| n - 1) };
-            let call = format!("{prefix}call_{i}");
-            out.push_str(&format!(
-                "{prefix}calls_{i}: {call}{} SEP?\n",
-                repeat(&call, more)
-            ));
+            let call = format!("call_{i}");
+            out.push_str(&format!("calls_{i}: {call}{} SEP?\n", repeat(&call, more)));
         }
         return out;
     }
     let (singles, free): (Vec<usize>, Vec<usize>) = (0..tools.len()).partition(|&i| once(i));
     let alternatives = |ids: &[usize]| {
         ids.iter()
-            .map(|i| format!("{prefix}call_{i}"))
+            .map(|i| format!("call_{i}"))
             .collect::<Vec<_>>()
             .join(" | ")
     };
     if !free.is_empty() {
-        out.push_str(&format!("{prefix}free_call: {}\n", alternatives(&free)));
+        out.push_str(&format!("free_call: {}\n", alternatives(&free)));
     }
     if !singles.is_empty() {
-        out.push_str(&format!(
-            "{prefix}single_call: {}\n",
-            alternatives(&singles)
-        ));
+        out.push_str(&format!("single_call: {}\n", alternatives(&singles)));
     }
     // Each reply has exactly one parse: calls to free tools only, or those
     // with one single call among them (after `a` free ones).
-    let free_call = format!("{prefix}free_call");
-    let single_call = format!("{prefix}single_call");
     let mut shapes = Vec::new();
     if !free.is_empty() {
         shapes.push(format!(
-            "{free_call}{}",
-            repeat(&free_call, max.map(|n| n - 1))
+            "free_call{}",
+            repeat("free_call", max.map(|n| n - 1))
         ));
     }
     if !singles.is_empty() {
         if free.is_empty() {
-            shapes.push(single_call.clone());
+            shapes.push("single_call".to_string());
         } else {
             match max {
                 None => shapes.push(format!(
-                    "({free_call} SEP)* {single_call}{}",
-                    repeat(&free_call, None)
+                    "(free_call SEP)* single_call{}",
+                    repeat("free_call", None)
                 )),
                 Some(n) => {
                     for before in 0..n {
                         let lead = if before == 0 {
                             String::new()
                         } else {
-                            format!("({free_call} SEP){{{before}}} ")
+                            format!("(free_call SEP){{{before}}} ")
                         };
                         shapes.push(format!(
-                            "{lead}{single_call}{}",
-                            repeat(&free_call, Some(n - 1 - before))
+                            "{lead}single_call{}",
+                            repeat("free_call", Some(n - 1 - before))
                         ));
                     }
                 }
@@ -1125,7 +1038,7 @@ fn calls_rules(tools: &[ToolDefinition], decoding: &Decoding, prefix: &str) -> S
         }
     }
     let shapes: Vec<String> = shapes.into_iter().map(|s| format!("({s})")).collect();
-    out.push_str(&format!("{prefix}calls: ({}) SEP?\n", shapes.join(" | ")));
+    out.push_str(&format!("calls: ({}) SEP?\n", shapes.join(" | ")));
     out
 }
 
@@ -1141,7 +1054,7 @@ enum StringState {
 }
 
 /// Where `output` ends: in a string or not, read from its first byte
-/// (`output` is the calls, without any prose that led into them).
+/// (prose before a call is never written: a reply is prose or calls).
 fn string_state(output: &[u8]) -> StringState {
     let mut state = StringState::Outside;
     for &b in output {

@@ -1389,8 +1389,9 @@ fn after_token(
         // Asked only here: whether the reply is inside a call matters
         // only at the limit.
         if !limits.closing
+            && limits.complete_at == 0
             && params.finish_cut_calls > 0
-            && constraint.is_some_and(|c| c.writing_call() && c.calls_written() == 0)
+            && constraint.is_some_and(|c| c.writing_call())
         {
             limits.closing = true;
             limits.max_new = (limits.max_new + params.finish_cut_calls).min(limits.room);

@@ -171,9 +171,8 @@ fn calls_that_break_the_schema_or_name_an_unshown_tool_are_rejected() {
         r#"{"name": "add_to_cart", "arguments": {"product_id": "p-17", "colour": "red"}}"#,
         // The arguments of another tool.
         r#"{"name": "search", "arguments": {"product_id": "p-17"}}"#,
-        // Prose with JSON in it that is no call: the parser would read it
-        // as one.
-        r#"Sure: {"query": "x"}"#,
+        // Prose with JSON in it: the parser would read it as a call.
+        r#"Sure: {"name": "search", "arguments": {"query": "x"}}"#,
         // Prose that starts with whitespace.
         " hello",
     ] {
@@ -370,72 +369,6 @@ fn hermes_calls_are_wrapped_in_tool_call_tags() {
         r#"{"name": "search", "arguments": {"query": "x"}}"#
     ));
     assert!(f.admits(&c, CallFormat::Hermes, "No tool fits."));
-}
-
-#[test]
-fn prose_may_lead_into_a_call_that_the_schema_then_holds() {
-    let f = fixture();
-    let c = Constraint::TextOrCalls { tools: tools() };
-    let call = r#"{"name": "search", "arguments": {"query": "x"}}"#;
-    for text in [
-        format!("Let me look that up:\n{call}"),
-        format!("```json\n{call}\n```"),
-        format!("Searching now.\n  {call}\n"),
-    ] {
-        assert!(f.admits(&c, CallFormat::Json, &text), "admits {text:?}");
-    }
-    // Only on a line of its own: a brace inside a line (a formula) starts
-    // no call.
-    assert!(!f.admits_prefix(&c, "The angle is \\frac{"));
-    // After the lead the call is the grammar's: only shown tools, only
-    // their schemas, and nothing but a closing fence after it.
-    for text in [
-        "Sure:\n{\"answer\": 42}",
-        "Sure:\n{\"name\": \"delete_all\", \"arguments\": {}}",
-        "Sure:\n{\"name\": \"search\", \"arguments\": {\"query\": 3}}",
-    ] {
-        assert!(!f.admits_prefix(&c, text), "rejects {text:?}");
-    }
-    assert!(!f.admits(&c, CallFormat::Json, &format!("Sure:\n{call}\nDone.")));
-    // Hermes: the tagged call after prose, and the bare object Qwen2.5 puts
-    // in a fence; a bare object still cannot open the reply.
-    for text in [
-        format!("```json\n{call}\n```"),
-        format!("I will search.\n<tool_call>\n{call}\n</tool_call>"),
-    ] {
-        assert!(f.admits(&c, CallFormat::Hermes, &text), "admits {text:?}");
-    }
-    assert!(!f.admits(&c, CallFormat::Hermes, call));
-}
-
-#[test]
-fn calls_after_prose_are_read_biased_and_cut_like_calls_alone() {
-    let f = fixture();
-    let c = Constraint::TextOrCalls { tools: tools() };
-    let mut m = f
-        .engine
-        .matcher(&c, CallFormat::Json, &small_model())
-        .unwrap();
-    // Prose with quotes of its own, which must not read as a string.
-    f.feed(&mut m, "He said \"find it\":\n");
-    assert!(!m.writing_call(), "prose is not a call");
-    let call = r#"{"name": "search", "arguments": {"query": "a"}}"#;
-    f.feed(&mut m, call);
-    assert!(m.writing_call());
-    assert_eq!(m.calls_written(), 1);
-    f.feed(&mut m, &format!("\n{call}"));
-    assert!(m.repeated_a_call(), "the copy of the call is noticed");
-    // The copy bias reads the call, not the prose before it.
-    let id = |t: &str| f.tokenizer.token_to_id(t).unwrap() as usize;
-    let phrases = ["waterproof backpack".to_string()];
-    let inside = biased_logits(
-        &f,
-        &c,
-        &phrases,
-        &[],
-        "He said \"hi\".\n{\"name\": \"search\", \"arguments\": {\"query\": \"",
-    );
-    assert_eq!(inside[id("water")], 3.0, "inside the call's string");
 }
 
 #[test]
