@@ -2762,6 +2762,36 @@ mod tests {
     }
 
     #[test]
+    fn a_number_argument_may_take_a_number_the_request_does_not_spell() {
+        // "From rest" is 0 and "$200,000" is one number: a model that knows
+        // that must be able to write it. The person's numbers are evidence
+        // for the copy bias, never the only numbers a call may hold.
+        let speed = vec![tool(
+            "calculate_speed_from_rest",
+            json!({"type": "object", "properties": {
+                "distance": {"type": "number"},
+                "time": {"type": "number"},
+                "initial_speed": {"type": "number"},
+                "cost": {"type": "integer"}},
+                "required": ["distance", "time", "initial_speed", "cost"]}),
+            true,
+        )];
+        let mut state = PolicyState::default();
+        state.observe_tools(&speed);
+        let request = "It started from rest and went 20 meters in 4 seconds; it cost $200,000.";
+        state.identifiers.add_user_text(request);
+        let o = state.offer(
+            &Policy::small_model(),
+            speed.clone(),
+            facts(request, true, true, false),
+        );
+        let props = &o.callable[0].input_schema["properties"];
+        for name in ["distance", "time", "initial_speed", "cost"] {
+            assert!(props[name].get("enum").is_none(), "{name}: {}", props[name]);
+        }
+    }
+
+    #[test]
     fn the_examples_shape_the_copy_bias_only_where_there_is_one() {
         let time = vec![tool(
             "get_current_time",
