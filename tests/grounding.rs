@@ -144,8 +144,9 @@ async fn ids_the_person_wrote_are_grounded_too() {
     );
     assert_eq!(
         argument_schema(first, "add_to_cart", "quantity"),
-        Some(json!({"type": "integer", "minimum": 1, "enum": [2]})),
-        "a number was written, so the quantity takes it (an id's digits do not count)"
+        Some(json!({"type": "integer", "minimum": 1})),
+        "a number was written, so the quantity is offered (an id's digits do not count), \
+         and the model may write any count"
     );
 }
 
