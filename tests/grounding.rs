@@ -1451,3 +1451,56 @@ async fn a_coordinator_delegates_first_only_what_a_helper_relates_to() {
         );
     }
 }
+
+/// A unit converter that marks nothing read-only, as many servers do.
+fn converter() -> Arc<InMemoryToolHost> {
+    let host = Arc::new(InMemoryToolHost::new());
+    host.add(
+        ToolDefinition::new(
+            "convert",
+            "Convert a value between units.",
+            json!({"type": "object", "properties": {
+                "value": {"type": "number"}, "from": {"type": "string"}, "to": {"type": "string"}
+            }, "required": ["value", "from", "to"]}),
+        ),
+        |_| Ok(json!({"value": 6.2137, "unit": "mile"}).to_string()),
+    );
+    host
+}
+
+#[tokio::test]
+async fn an_answer_that_points_at_the_tool_just_called_gives_its_result() {
+    let pointer = "The next step for this request is to call the `convert` function with the arguments `value=10`.";
+    let replies = || {
+        ScriptedProvider::new([
+            call("convert", json!({"value": 10, "from": "km", "to": "mile"})),
+            pointer.to_string(),
+        ])
+        .with_constraints(true)
+    };
+    let request = "How far is a 10 km run in miles?";
+    let parts = run_all(replies(), ask(request, converter()), inline()).await;
+    assert!(fired(&parts).contains(&"answer-with-result".to_string()));
+    let answer = texts(&parts).pop().unwrap();
+    assert!(answer.contains("6.2137"), "{answer}");
+    assert_finish(&parts, FinishReason::Stop);
+
+    // An answer that reads the result out stands, though it names the tool.
+    let read_out = "`convert` says 6.2137 miles.";
+    let provider = ScriptedProvider::new([
+        call("convert", json!({"value": 10, "from": "km", "to": "mile"})),
+        read_out.to_string(),
+    ])
+    .with_constraints(true);
+    let parts = run_all(provider, ask(request, converter()), inline()).await;
+    assert_eq!(texts(&parts).pop().unwrap(), read_out);
+
+    // Without the rule the pointer is the answer.
+    let parts = run_all(
+        replies(),
+        ask(request, converter()),
+        small_model_with(|p| p.answer_with_result = false),
+    )
+    .await;
+    assert_eq!(texts(&parts).pop().unwrap(), pointer);
+}
