@@ -428,17 +428,6 @@ pub struct Policy {
     /// against the loop's own words: it holds for any tool set. Default:
     /// on.
     pub echo_retry: bool,
-    /// After a call succeeded, a prose answer that points at that tool
-    /// instead of reading its result out (it writes the tool's name as code,
-    /// as `described_call_retry` reads a call in the wrong form: "you can use
-    /// the `calculate` function") and tells nothing the result found becomes
-    /// the result's gist. After `convert {"value": 10, "from": "km", "to":
-    /// "mile"}` answered, Qwen2.5-Coder replied "The next step for this
-    /// request is to call the `convert` function with the arguments …", and
-    /// the person never saw the miles. It reads the reply, the tool's name
-    /// and its result: it holds for any tool set and any language. Default:
-    /// on.
-    pub answer_with_result: bool,
 }
 
 impl Default for Policy {
@@ -494,7 +483,6 @@ impl Policy {
             say_ignored_failure: false,
             push_toward_related: false,
             echo_retry: false,
-            answer_with_result: false,
         }
     }
 
@@ -544,7 +532,6 @@ impl Policy {
             say_ignored_failure: true,
             push_toward_related: true,
             echo_retry: true,
-            answer_with_result: true,
         }
     }
 
@@ -874,8 +861,6 @@ pub(crate) enum Rule {
     PushTowardRelated,
     /// See [`Policy::echo_retry`].
     EchoRetry,
-    /// See [`Policy::answer_with_result`].
-    AnswerWithResult,
 }
 
 impl Rule {
@@ -915,7 +900,6 @@ impl Rule {
             Self::SayIgnoredFailure => "say-ignored-failure",
             Self::PushTowardRelated => "push-toward-related",
             Self::EchoRetry => "echo-retry",
-            Self::AnswerWithResult => "answer-with-result",
         }
     }
 }
@@ -1806,14 +1790,9 @@ pub(crate) fn writes_a_call(reply: &str, offered: &[ToolDefinition]) -> bool {
     if offered.is_empty() || reply.is_empty() {
         return false;
     }
-    is_markup_alone(reply) || names_as_code(reply, offered.iter().map(|t| t.name.as_str()))
-}
-
-/// Whether `reply` writes one of `names` as code: between backquotes,
-/// before an opening parenthesis, as the value of a `name` key, or
-/// anywhere inside a fenced block that is not a program (see
-/// [`writes_a_call`]).
-pub(crate) fn names_as_code<'a>(reply: &str, mut names: impl Iterator<Item = &'a str>) -> bool {
+    if is_markup_alone(reply) {
+        return true;
+    }
     // The text inside fenced blocks: a call, whatever form it takes. A
     // block tagged as a program (```python) is a program, not a call: a
     // script that uses a library function of a tool's name
@@ -1832,7 +1811,8 @@ pub(crate) fn names_as_code<'a>(reply: &str, mut names: impl Iterator<Item = &'a
     }
     let reply = outside.as_str();
     let is_name_char = |c: char| c.is_alphanumeric() || matches!(c, '_' | '-' | '.');
-    names.any(|name| {
+    offered.iter().any(|tool| {
+        let name = tool.name.as_str();
         let whole_word_at = |text: &str, at: usize| {
             let before = text[..at].chars().next_back();
             let after = text[at + name.len()..].chars().next();

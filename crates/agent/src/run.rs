@@ -233,9 +233,6 @@ struct Run<P> {
     last_failure: Option<String>,
     /// The newest successful result, for gists.
     last_result: Option<Found>,
-    /// The tool that gave `last_result`, when this run called it (not an
-    /// earlier turn of the conversation).
-    last_result_tool: Option<String>,
     /// Every result of this run, to spot a reply that only echoes one.
     results: Vec<String>,
     /// Tools used, most recent first, for the ranking bonus.
@@ -373,7 +370,6 @@ impl<P: Provider + 'static> Run<P> {
             loop_flagged: false,
             last_failure: None,
             last_result: None,
-            last_result_tool: None,
             results: Vec::new(),
             recent: Vec::new(),
             validators: ValidatorCache::new(),
@@ -948,23 +944,6 @@ impl<P: Provider + 'static> Run<P> {
                     rule: Rule::AnswerAfterLookup,
                     detail: "an answer that told nothing the lookup found became its gist"
                         .to_string(),
-                }]);
-                found.gist(&self.request_text)
-            }
-            _ => text,
-        };
-        let text = match (&self.last_result, &self.last_result_tool) {
-            (Some(found), Some(tool))
-                if self.policy.answer_with_result
-                    && self.last_failure.is_none()
-                    && crate::policy::names_as_code(&text, std::iter::once(tool.as_str()))
-                    && !tells_of(&text, found, &self.request_text) =>
-            {
-                self.report(vec![Fired {
-                    rule: Rule::AnswerWithResult,
-                    detail: format!(
-                        "an answer that pointed at {tool} instead of its result became the result's gist"
-                    ),
                 }]);
                 found.gist(&self.request_text)
             }
@@ -1596,7 +1575,6 @@ impl<P: Provider + 'static> Run<P> {
                         &self.request_text,
                     );
                     self.last_result = Some(Found::of_call(&call.arguments, &output));
-                    self.last_result_tool = Some(call.name.clone());
                     self.results.push(output);
                 }
                 Err(error) => {
