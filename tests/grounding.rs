@@ -1451,3 +1451,64 @@ async fn a_coordinator_delegates_first_only_what_a_helper_relates_to() {
         );
     }
 }
+
+/// A folder whose file reader fails for a file that is not there.
+fn folder() -> Arc<InMemoryToolHost> {
+    let host = Arc::new(InMemoryToolHost::new());
+    host.add(
+        ToolDefinition::new(
+            "read_text_file",
+            "Read a text file.",
+            json!({"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}),
+        ),
+        |args| {
+            Err(webmcp_agents::agent::ToolError::new(
+                webmcp_agents::agent::ToolErrorCode::ToolFailed,
+                format!("{}: no such file", args["path"].as_str().unwrap_or("?")),
+            ))
+        },
+    );
+    host.add(
+        ToolDefinition::new(
+            "search_files",
+            "Find files whose names match a pattern.",
+            json!({"type": "object", "properties": {"pattern": {"type": "string"}}, "required": ["pattern"]}),
+        ),
+        |_| Ok("projects/alpha/config.yaml".to_string()),
+    );
+    host
+}
+
+#[tokio::test]
+async fn a_call_that_failed_the_same_way_twice_is_not_offered_next() {
+    let replies = || {
+        ScriptedProvider::new([
+            call("read_text_file", json!({"path": "config.yaml"})),
+            call("read_text_file", json!({"path": "config.yaml"})),
+            call("search_files", json!({"pattern": "config.yaml"})),
+            "It is in projects/alpha.".to_string(),
+        ])
+        .with_constraints(true)
+    };
+    let request = "Which project has a config.yaml?";
+    let provider = replies();
+    let parts = run_all(provider.clone(), ask(request, folder()), inline()).await;
+    let requests = provider.requests();
+    // The first failure is the model's to fix: the tool stays offered.
+    assert!(allowed(&requests[1]).contains(&"read_text_file".to_string()));
+    // Failed again the same way (the reference flags the repeat): the
+    // next step offers the other tools.
+    assert_eq!(allowed(&requests[2]), ["search_files"]);
+    assert!(fired(&parts).contains(&"move-on".to_string()));
+    assert_finish(&parts, FinishReason::Stop);
+
+    // Without `move_on` the failed call stays on offer.
+    let provider = replies();
+    run_all(
+        provider.clone(),
+        ask(request, folder()),
+        small_model_with(|p| p.move_on = false),
+    )
+    .await;
+    assert!(allowed(&provider.requests()[2]).contains(&"read_text_file".to_string()));
+}
