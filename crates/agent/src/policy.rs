@@ -165,9 +165,8 @@ pub struct Policy {
     /// call threshold ("What is a holy book?" beside `search_holy_books`).
     /// Default: on.
     pub ground_strings: bool,
-    /// A lookup that just answered (whether it found anything or not), an
-    /// action that just succeeded, or a tool whose call just failed as the
-    /// same call had failed before, is not offered on the next step: the
+    /// A lookup that just answered (whether it found anything or not), or
+    /// an action that just succeeded, is not offered on the next step: the
     /// model uses what it found or moves on instead of repeating itself.
     /// Default: on.
     pub move_on: bool,
@@ -1582,9 +1581,6 @@ pub(crate) struct PolicyState {
     just_acted: Option<String>,
     /// A read-only tool that answered in the last step, whatever it found.
     just_looked: Option<String>,
-    /// A tool whose call in the last step failed as the same call had
-    /// failed before (the reference's loop detection flags it).
-    failed_again: Option<String>,
     /// The result of a lookup in the last step that speaks of the request
     /// (see [`Policy::answer_after_lookup`]).
     pub(crate) answered: Option<Found>,
@@ -1614,7 +1610,6 @@ pub(crate) struct PolicyState {
     step_looked_up: Option<String>,
     step_acted: Option<String>,
     step_looked: Option<String>,
-    step_failed_again: Option<String>,
     step_answered: Option<Found>,
     /// The verbs (see [`tool_verb`]) of the tools that changed things with
     /// success in this run.
@@ -2202,8 +2197,7 @@ impl PolicyState {
                 Some(Rule::GroundNumbers)
             } else if policy.move_on
                 && (self.just_looked.as_deref() == Some(name)
-                    || self.just_acted.as_deref() == Some(name)
-                    || self.failed_again.as_deref() == Some(name))
+                    || self.just_acted.as_deref() == Some(name))
             {
                 Some(Rule::MoveOn)
             } else {
@@ -2561,19 +2555,11 @@ impl PolicyState {
         }
     }
 
-    /// Notes that a call of `name` failed as the same call (its arguments
-    /// and its error) had failed before in the run: a third try would fail
-    /// a third time.
-    pub(crate) fn failed_again(&mut self, name: &str) {
-        self.step_failed_again = Some(name.to_string());
-    }
-
     /// Ends a step's calls: what it found and did steers the next step.
     pub(crate) fn step_done(&mut self) {
         self.looked_up = self.step_looked_up.take();
         self.just_acted = self.step_acted.take();
         self.just_looked = self.step_looked.take();
-        self.failed_again = self.step_failed_again.take();
         self.answered = self.step_answered.take();
     }
 

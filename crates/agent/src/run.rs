@@ -1615,9 +1615,6 @@ impl<P: Provider + 'static> Run<P> {
                     return Some(End::Finish(FinishReason::Loop));
                 }
                 self.loop_flagged = true;
-                if self.last_failure.is_some() {
-                    self.rules.failed_again(&call.name);
-                }
                 for_model.push('\n');
                 for_model.push_str(&messages::repeated_call(&call.name));
             }
