@@ -1015,12 +1015,14 @@ async fn eval_bfcl(args: BfclArgs) -> Result<()> {
             })
             .await;
             eprintln!(
-                "\r{name} (constraints {label}): {total} records in {:.0} s, accuracy {} ({} of {total}; {} of {} calls parse and validate)",
+                "\r{name} (constraints {label}): {total} records in {:.0} s, accuracy {} ({} of {total}; {} of {} calls parse and validate; of the {} the grammar shaped, {})",
                 started.elapsed().as_secs_f64(),
                 score.accuracy(),
                 score.correct,
                 score.valid_calls,
                 score.calls,
+                score.shaped_calls,
+                score.shaped_valid_calls,
             );
             scores.push(Some(score));
         }

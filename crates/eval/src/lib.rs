@@ -58,6 +58,11 @@ pub struct CategoryScore {
     pub calls: usize,
     /// Of those, calls that parsed, named a shown tool and had valid arguments.
     pub valid_calls: usize,
+    /// Calls the grammar shaped (see [`usage::Shaping::shaped`]), readable or not:
+    /// the others were spelled in prose, which no constraint shapes.
+    pub shaped_calls: usize,
+    /// Of those, calls that parsed, named a shown tool and had valid arguments.
+    pub shaped_valid_calls: usize,
     /// Records whose dispatched calls matched the ground truth (or, for
     /// irrelevance, made no call; for relevance, made one).
     pub correct: usize,
@@ -87,6 +92,15 @@ impl CategoryScore {
     /// Share of calls that parse and validate.
     pub fn valid_rate(&self) -> String {
         Self::share(self.valid_calls, self.calls)
+    }
+
+    /// Share of the calls the grammar shaped that parse and validate, with
+    /// how many it shaped ("100% of 42"), or "-" for none.
+    pub fn shaped_valid_rate(&self) -> String {
+        match self.shaped_calls {
+            0 => "-".to_string(),
+            n => format!("{} of {n}", Self::share(self.shaped_valid_calls, n)),
+        }
     }
 
     /// Exact-call, irrelevance or relevance accuracy.
@@ -158,7 +172,9 @@ pub async fn run_bfcl<P: Provider + 'static>(
                 _ => None,
             })
             .collect();
-        let replies = provider.take();
+        let shaped = provider.take_shaped();
+        let format = provider.call_format();
+        let replies: Vec<Generation> = shaped.iter().map(|(_, g)| g.clone()).collect();
         tracing::debug!(
             record = %record.id,
             mode = ?mode,
@@ -166,11 +182,15 @@ pub async fn run_bfcl<P: Provider + 'static>(
             correct = bfcl::score(&made, &record.expected),
             "evaluated"
         );
-        for reply in &replies {
+        for (shaping, reply) in &shaped {
             let (calls, valid) = count_calls(&reply.text, &record.tools);
             score.replies += 1;
             score.calls += calls;
             score.valid_calls += valid;
+            if shaping.shaped(&reply.text, format) {
+                score.shaped_calls += calls;
+                score.shaped_valid_calls += valid;
+            }
             if calls > 0 {
                 score.replies_with_call += 1;
             }
@@ -214,9 +234,9 @@ pub type BfclRow = (String, Option<CategoryScore>, Option<CategoryScore>);
 pub fn bfcl_table(rows: &[BfclRow]) -> String {
     let mut out = String::new();
     out.push_str(
-        "| category | n | replies with a call (off / on) | calls that parse and validate (off / on) | accuracy (off / on) | tokens/s (off / on) |\n",
+        "| category | n | replies with a call (off / on) | calls that parse and validate (off / on) | of the calls the grammar shaped (on) | accuracy (off / on) | tokens/s (off / on) |\n",
     );
-    out.push_str("|---|---|---|---|---|---|\n");
+    out.push_str("|---|---|---|---|---|---|---|\n");
     let pair = |off: &Option<CategoryScore>,
                 on: &Option<CategoryScore>,
                 cell: &dyn Fn(&CategoryScore) -> String| {
@@ -229,10 +249,12 @@ pub fn bfcl_table(rows: &[BfclRow]) -> String {
         };
         let kind = any.kind;
         out.push_str(&format!(
-            "| {name} ({kind}) | {} | {} | {} | {} | {} |\n",
+            "| {name} ({kind}) | {} | {} | {} | {} | {} | {} |\n",
             any.records,
             pair(off, on, &|s| s.call_rate().to_string()),
             pair(off, on, &|s| s.valid_rate().to_string()),
+            on.as_ref()
+                .map_or("-".to_string(), CategoryScore::shaped_valid_rate),
             pair(off, on, &|s| s.accuracy().to_string()),
             pair(off, on, &|s| format!("{:.1}", s.usage.tokens_per_second())),
         ));
@@ -559,4 +581,63 @@ pub async fn run_shop_task<P: Provider + SeedPerRun + 'static>(
 impl SeedPerRun for wma_agent::scripted::ScriptedProvider {
     /// A script answers the same on every run: nothing to seed.
     fn seed_run(&self, _run: usize) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+    use wma_agent::scripted::ScriptedProvider;
+
+    use super::*;
+
+    fn record() -> Record {
+        Record {
+            id: "simple_0".to_string(),
+            messages: vec![ChatMessage::user("What is the area of a 3 by 4 rectangle?")],
+            tools: vec![ToolDefinition::new(
+                "rectangle_area",
+                "The area of a rectangle.",
+                json!({
+                    "type": "object",
+                    "properties": {"width": {"type": "number"}, "height": {"type": "number"}},
+                    "required": ["width", "height"]
+                }),
+            )],
+            expected: bfcl::Expected::AnyCall,
+        }
+    }
+
+    /// A call the model spelled in prose, which no grammar shaped, fails
+    /// validation and is repaired under the calls-only constraint: the
+    /// column of the calls the grammar shaped holds the repair alone, so a
+    /// table tells a grammar that disagrees with a schema from prose that
+    /// escaped it.
+    #[tokio::test]
+    async fn calls_spelled_in_prose_are_told_from_the_calls_the_grammar_shaped() {
+        let scripted = ScriptedProvider::new([
+            "Here it is: {\"name\": \"rectangle_area\", \"arguments\": {\"width\": 3}}",
+            "{\"name\": \"rectangle_area\", \"arguments\": {\"width\": 3, \"height\": 4}}",
+        ])
+        .with_constraints(true);
+        let provider = Arc::new(UsageMeter::new(Arc::new(scripted)));
+        let options = EvalOptions {
+            max_tools: 8,
+            step_timeout: Duration::from_secs(5),
+            tools_inline: true,
+            policy: Some(Policy::reference()),
+        };
+        let score = run_bfcl(
+            &provider,
+            &[record()],
+            ConstraintMode::Auto,
+            &options,
+            |_| {},
+        )
+        .await;
+        assert_eq!((score.calls, score.valid_calls), (2, 1), "{score:?}");
+        assert_eq!((score.shaped_calls, score.shaped_valid_calls), (1, 1));
+        assert_eq!(score.shaped_valid_rate(), "100% of 1");
+        let table = bfcl_table(&[("simple".to_string(), None, Some(score))]);
+        assert!(table.contains("| - / 50% | 100% of 1 |"), "{table}");
+    }
 }

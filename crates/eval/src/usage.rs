@@ -8,7 +8,8 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 use tokio_util::sync::CancellationToken;
 use wma_agent::{
-    CallFormat, GenerateRequest, Generation, ProgressFn, Provider, ProviderError, ProviderInfo,
+    CallFormat, Constraint, GenerateRequest, Generation, ProgressFn, Provider, ProviderError,
+    ProviderInfo,
 };
 
 /// Totals over the generations of a run.
@@ -86,10 +87,54 @@ impl std::fmt::Display for Usage {
     }
 }
 
+/// How a generation's request constrained it: what tells the calls a
+/// grammar shaped from calls a model spelled out in prose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shaping {
+    /// No constraint: whatever the model wrote.
+    Free,
+    /// Prose, or calls the grammar shapes (the model's first token picks).
+    TextOrCalls,
+    /// Calls only, all of them shaped by the grammar.
+    CallsOnly,
+    /// A JSON schema or a grammar of the caller's own.
+    Other,
+}
+
+impl Shaping {
+    /// How `request` is constrained.
+    pub fn of(request: &GenerateRequest) -> Self {
+        match &request.constraint {
+            None => Self::Free,
+            Some(Constraint::TextOrCalls { .. }) => Self::TextOrCalls,
+            Some(Constraint::CallsOnly { .. }) => Self::CallsOnly,
+            Some(_) => Self::Other,
+        }
+    }
+
+    /// Whether the calls of `reply`, a reply to a request so constrained,
+    /// are the grammar's: every call of a calls-only reply; under "text or
+    /// calls", a reply that opens with a call (its first token took the
+    /// call branch, which prose cannot begin as). A call written after
+    /// prose, or inside it (a fenced block), was spelled by the model on
+    /// the prose branch, which no schema shapes.
+    pub fn shaped(self, reply: &str, format: CallFormat) -> bool {
+        let opening = match format {
+            CallFormat::Json => "{",
+            CallFormat::Hermes => "<tool_call>",
+        };
+        match self {
+            Self::CallsOnly => true,
+            Self::TextOrCalls => reply.trim_start().starts_with(opening),
+            Self::Free | Self::Other => false,
+        }
+    }
+}
+
 /// A provider that passes everything to `inner` and keeps what each
 /// generation reported, to add up its usage.
 pub struct UsageMeter<P: ?Sized> {
-    log: Mutex<Vec<Generation>>,
+    log: Mutex<Vec<(Shaping, Generation)>>,
     inner: Arc<P>,
 }
 
@@ -104,11 +149,18 @@ impl<P: Provider + ?Sized> UsageMeter<P> {
 
     /// The totals so far.
     pub fn usage(&self) -> Usage {
-        Usage::of(&self.log.lock())
+        let log = self.log.lock();
+        Usage::of(&log.iter().map(|(_, g)| g.clone()).collect::<Vec<_>>())
     }
 
     /// Takes the generations recorded so far, leaving the log empty.
     pub fn take(&self) -> Vec<Generation> {
+        self.take_shaped().into_iter().map(|(_, g)| g).collect()
+    }
+
+    /// Takes the generations recorded so far, each with how its request
+    /// was constrained, leaving the log empty.
+    pub fn take_shaped(&self) -> Vec<(Shaping, Generation)> {
         std::mem::take(&mut *self.log.lock())
     }
 }
@@ -132,8 +184,9 @@ impl<P: Provider + ?Sized> Provider for UsageMeter<P> {
         request: GenerateRequest,
         cancel: CancellationToken,
     ) -> Result<Generation, ProviderError> {
+        let shaping = Shaping::of(&request);
         let generation = self.inner.generate(request, cancel).await?;
-        self.log.lock().push(generation.clone());
+        self.log.lock().push((shaping, generation.clone()));
         Ok(generation)
     }
 
@@ -143,11 +196,12 @@ impl<P: Provider + ?Sized> Provider for UsageMeter<P> {
         request: GenerateRequest,
         cancel: CancellationToken,
     ) -> Result<Generation, ProviderError> {
+        let shaping = Shaping::of(&request);
         let generation = self
             .inner
             .generate_in_session(session, request, cancel)
             .await?;
-        self.log.lock().push(generation.clone());
+        self.log.lock().push((shaping, generation.clone()));
         Ok(generation)
     }
 
@@ -182,6 +236,42 @@ mod tests {
             output_tokens: Some(10),
             total_time: Some(Duration::from_millis(500)),
             ..Generation::default()
+        }
+    }
+
+    #[test]
+    fn only_calls_the_grammar_opened_count_as_shaped() {
+        use CallFormat::{Hermes, Json};
+        let call = "{\"name\": \"f\", \"arguments\": {}}";
+        for (shaping, reply, format, shaped) in [
+            (
+                Shaping::CallsOnly,
+                "anything at all".to_string(),
+                Json,
+                true,
+            ),
+            (Shaping::TextOrCalls, format!("  {call}"), Json, true),
+            (Shaping::TextOrCalls, format!("Sure: {call}"), Json, false),
+            (
+                Shaping::TextOrCalls,
+                format!("<tool_call>\n{call}\n</tool_call>"),
+                Hermes,
+                true,
+            ),
+            (
+                Shaping::TextOrCalls,
+                format!("```xml\n<tool_call>\n{call}\n</tool_call>\n```"),
+                Hermes,
+                false,
+            ),
+            (Shaping::Free, call.to_string(), Json, false),
+            (Shaping::Other, call.to_string(), Json, false),
+        ] {
+            assert_eq!(
+                shaping.shaped(&reply, format),
+                shaped,
+                "{shaping:?} {reply:?}"
+            );
         }
     }
 
