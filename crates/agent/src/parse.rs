@@ -655,6 +655,17 @@ mod tests {
                 "",
                 None,
             ),
+            // An element written twice is the list of both values, not the
+            // last one alone: validation then says a list is no number.
+            (
+                "```json\n<tool_call>\n  <name>spotify.play</name>\n  <arguments>\n    <artist>Taylor Swift</artist>\n    <duration>20</duration>\n    <duration>15</duration>\n    <duration>[5]</duration>\n  </arguments>\n</tool_call>\n```",
+                vec![call(
+                    "spotify.play",
+                    json!({"artist": "Taylor Swift", "duration": [20, 15, [5]]}),
+                )],
+                "",
+                None,
+            ),
             (
                 "```json\n<tool_call>\n<name>list_todos</name>\n</tool_call>\n```",
                 vec![call("list_todos", json!({}))],

@@ -7,7 +7,8 @@
 //! this way, so an element in prose is never taken for a call. An element's
 //! text is read as JSON where it is a JSON scalar or value (`10`, `true`,
 //! `[1, 2]`), and as a string otherwise; an element holding elements is an
-//! object. Nothing here guesses at the schema: the loop validates and
+//! object; an element written more than once is the list of its values.
+//! Nothing here guesses at the schema: the loop validates and
 //! repairs the arguments as it does for any call.
 
 use serde_json::{Map, Value};
@@ -55,6 +56,8 @@ pub(super) fn read_call(reply: &str, pos: usize, end: usize) -> Option<(ParsedCa
 /// something other than elements and whitespace is there.
 fn children(reply: &str, from: usize, to: usize, depth: usize) -> Option<Map<String, Value>> {
     let mut out = Map::new();
+    // Tags already turned into a list of their values.
+    let mut repeated: Vec<&str> = Vec::new();
     let mut at = skip_space(reply, from, to);
     while at < to {
         let (tag, body, after) = element(reply, at, to)?;
@@ -67,7 +70,22 @@ fn children(reply: &str, from: usize, to: usize, depth: usize) -> Option<Map<Str
         } else {
             scalar(body)
         };
-        out.insert(tag.to_string(), value);
+        // An element written again is a list of its values, as XML has
+        // it (`<duration>20</duration><duration>15</duration>`, where a
+        // model meant two calls): keeping only one would drop what the
+        // model wrote without a word, and validation says what is wrong
+        // with a list where the schema wants one value.
+        match out.get_mut(tag) {
+            Some(Value::Array(items)) if repeated.contains(&tag) => items.push(value),
+            Some(first) => {
+                let first = first.take();
+                out.insert(tag.to_string(), Value::Array(vec![first, value]));
+                repeated.push(tag);
+            }
+            None => {
+                out.insert(tag.to_string(), value);
+            }
+        }
         at = skip_space(reply, after, to);
     }
     Some(out)
