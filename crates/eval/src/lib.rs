@@ -174,11 +174,10 @@ pub async fn run_bfcl<P: Provider + 'static>(
             .collect();
         let shaped = provider.take_shaped();
         let format = provider.call_format();
-        let replies: Vec<Generation> = shaped.iter().map(|(_, g)| g.clone()).collect();
         tracing::debug!(
             record = %record.id,
             mode = ?mode,
-            replies = ?replies.iter().map(|r| r.text.as_str()).collect::<Vec<_>>(),
+            replies = ?shaped.iter().map(|(_, r)| r.text.as_str()).collect::<Vec<_>>(),
             correct = bfcl::score(&made, &record.expected),
             "evaluated"
         );
@@ -195,7 +194,7 @@ pub async fn run_bfcl<P: Provider + 'static>(
                 score.replies_with_call += 1;
             }
         }
-        generations.extend(replies);
+        generations.extend(shaped.into_iter().map(|(_, g)| g));
         score.records += 1;
         if bfcl::score(&made, &record.expected) {
             score.correct += 1;

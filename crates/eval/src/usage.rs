@@ -34,9 +34,9 @@ pub struct Usage {
 
 impl Usage {
     /// The totals of these generations.
-    pub fn of(generations: &[Generation]) -> Self {
+    pub fn of<'a>(generations: impl IntoIterator<Item = &'a Generation>) -> Self {
         let mut usage = Self::default();
-        for (i, g) in generations.iter().enumerate() {
+        for (i, g) in generations.into_iter().enumerate() {
             if i > 0 {
                 usage.later_input_tokens += u64::from(g.input_tokens.unwrap_or(0));
                 usage.later_cached_tokens += u64::from(g.cached_tokens.unwrap_or(0));
@@ -149,8 +149,7 @@ impl<P: Provider + ?Sized> UsageMeter<P> {
 
     /// The totals so far.
     pub fn usage(&self) -> Usage {
-        let log = self.log.lock();
-        Usage::of(&log.iter().map(|(_, g)| g.clone()).collect::<Vec<_>>())
+        Usage::of(self.log.lock().iter().map(|(_, g)| g))
     }
 
     /// Takes the generations recorded so far, leaving the log empty.
