@@ -70,6 +70,15 @@ pub enum CallFormat {
 }
 
 impl CallFormat {
+    /// The text every call in this format begins with: what a reply that
+    /// takes a "text or calls" constraint's call branch opens with.
+    pub fn opening(self) -> &'static str {
+        match self {
+            Self::Json => "{",
+            Self::Hermes => "<tool_call>",
+        }
+    }
+
     /// Writes one call the way the model is taught to write it: JSON with
     /// a space after each `:` and `,` (`{"name": "search", "arguments":
     /// {"query": "tent"}}`), the form a constrained reply takes (the
@@ -82,7 +91,7 @@ impl CallFormat {
             spaced_json(&serde_json::json!({"name": call.name, "arguments": call.arguments}));
         match self {
             Self::Json => body.to_string(),
-            Self::Hermes => format!("<tool_call>\n{body}\n</tool_call>"),
+            Self::Hermes => format!("{}\n{body}\n</tool_call>", self.opening()),
         }
     }
 

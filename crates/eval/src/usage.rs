@@ -119,13 +119,9 @@ impl Shaping {
     /// prose, or inside it (a fenced block), was spelled by the model on
     /// the prose branch, which no schema shapes.
     pub fn shaped(self, reply: &str, format: CallFormat) -> bool {
-        let opening = match format {
-            CallFormat::Json => "{",
-            CallFormat::Hermes => "<tool_call>",
-        };
         match self {
             Self::CallsOnly => true,
-            Self::TextOrCalls => reply.trim_start().starts_with(opening),
+            Self::TextOrCalls => reply.trim_start().starts_with(format.opening()),
             Self::Free | Self::Other => false,
         }
     }
