@@ -78,8 +78,7 @@ fn children(reply: &str, from: usize, to: usize, depth: usize) -> Option<Map<Str
         match out.get_mut(tag) {
             Some(Value::Array(items)) if repeated.contains(&tag) => items.push(value),
             Some(first) => {
-                let first = first.take();
-                out.insert(tag.to_string(), Value::Array(vec![first, value]));
+                *first = Value::Array(vec![first.take(), value]);
                 repeated.push(tag);
             }
             None => {
