@@ -228,8 +228,10 @@ impl ConstraintEngine {
         };
         let info = TokRxInfo::new(size as u32, first_eos);
         let trie = TokTrie::from(&info, &token_bytes).with_eos_tokens(&eos);
-        let tool_call_token = trie.get_special_token("<tool_call>").is_some();
-        let starting_with = |byte: u8| {
+        let hermes_opening = CallFormat::Hermes.opening();
+        let tool_call_token = trie.get_special_token(hermes_opening).is_some();
+        let starting_with = |format: CallFormat| {
+            let byte = first_byte(format);
             let mut bits = vec![0u32; size.div_ceil(32)];
             for id in 0..size as u32 {
                 if trie.token(id).first() == Some(&byte) {
@@ -242,11 +244,11 @@ impl ConstraintEngine {
         // a Hermes call (the grammar names that token), and it belongs with
         // the call's first tokens: its bytes carry the special-token marker,
         // not `<`.
-        let mut hermes_starts = starting_with(b'<');
-        if let Some(id) = trie.get_special_token("<tool_call>") {
+        let mut hermes_starts = starting_with(CallFormat::Hermes);
+        if let Some(id) = trie.get_special_token(hermes_opening) {
             Arc::make_mut(&mut hermes_starts)[id as usize / 32] |= 1 << (id % 32);
         }
-        let call_starts = [starting_with(b'{'), hermes_starts];
+        let call_starts = [starting_with(CallFormat::Json), hermes_starts];
         let quote_tokens = Arc::new(
             (0..size as u32)
                 .filter(|&id| trie.token(id).first() == Some(&b'"'))
@@ -612,14 +614,16 @@ pub struct ConstraintMatcher {
 /// Whether `output` begins a call (after any whitespace: the model may
 /// start its reply on a new line) rather than prose.
 fn starts_a_call(output: &[u8], format: CallFormat) -> bool {
-    let opens = match format {
-        CallFormat::Json => b'{',
-        CallFormat::Hermes => b'<',
-    };
     output
         .iter()
         .find(|b| !b.is_ascii_whitespace())
-        .is_some_and(|&b| b == opens)
+        .is_some_and(|&b| b == first_byte(format))
+}
+
+/// The byte every call of `format` begins with, as text
+/// ([`CallFormat::opening`]).
+fn first_byte(format: CallFormat) -> u8 {
+    format.opening().as_bytes()[0]
 }
 
 impl std::fmt::Debug for ConstraintMatcher {
