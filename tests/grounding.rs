@@ -7,9 +7,9 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use webmcp_agents::agent::{
     AgentStreamPart, Constraint, ConstraintMode, Decoding, FinishReason, GenerateRequest,
-    LocalLoopOptions, ToolAnnotations, ToolDefinition, messages, policy::Policy,
+    LocalLoopOptions, Steered, ToolAnnotations, ToolDefinition, messages, policy::Policy,
 };
-use wma_testkit::{InMemoryToolHost, ScriptedProvider};
+use wma_testkit::{InMemoryToolHost, ScriptedProvider, ScriptedReply};
 
 use crate::support::*;
 
@@ -625,6 +625,45 @@ async fn a_call_the_baseline_does_not_earn_is_reported_as_held_back() {
             "baseline {baseline_on}, neutral {neutral}: {:?}",
             fired(&parts)
         );
+    }
+}
+
+/// The decoding's pulls are rules like the others: where the provider says
+/// the copy bias or the call threshold changed the model's choice, the
+/// step says so, and a call that reached the policy's limits says which;
+/// an attempt with no constraint reports none of them.
+#[tokio::test]
+async fn a_pull_that_changed_the_models_choice_is_a_rule_event() {
+    let steered = Steered {
+        call_threshold: true,
+        copy_bias: 2,
+        ..Steered::default()
+    };
+    let calls = (0..4)
+        .map(|_| call("search_products", json!({"query": "backpack"})))
+        .collect::<Vec<_>>()
+        .join("\n");
+    for constrained in [true, false] {
+        let provider = ScriptedProvider::new([
+            ScriptedReply::text(calls.clone()).steered(steered),
+            ScriptedReply::text("Found the Summit Backpack."),
+        ])
+        .with_constraints(constrained)
+        .with_call_probability(0.01);
+        let parts = run_all(
+            provider,
+            ask("Find me a backpack.", annotated_shop()),
+            small_model_with(|p| p.move_on = false),
+        )
+        .await;
+        let fired = fired(&parts);
+        for rule in ["call-threshold", "copy-bias", "max-calls"] {
+            assert_eq!(
+                fired.iter().any(|r| r == rule),
+                constrained,
+                "{rule}, constrained {constrained}: {fired:?}"
+            );
+        }
     }
 }
 

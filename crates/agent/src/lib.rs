@@ -73,6 +73,7 @@ mod provider;
 mod rank;
 mod run;
 pub mod scripted;
+mod steered;
 mod tool;
 mod validate;
 
@@ -90,7 +91,7 @@ pub use parse::parse_tool_calls;
 pub use part::{AgentStreamPart, FinishReason};
 pub use provider::{
     CallFormat, Constraint, Decoding, GenerateRequest, Generation, InSession, Progress, ProgressFn,
-    PromptMessage, PromptRole, Provider, ProviderInfo, SpacedFormatter,
+    PromptMessage, PromptRole, Provider, ProviderInfo, SpacedFormatter, Steered,
 };
 pub use run::{ConstraintMode, LocalLoopOptions, run_local_agent};
 pub use tool::{

@@ -861,6 +861,28 @@ pub(crate) enum Rule {
     PushTowardRelated,
     /// See [`Policy::echo_retry`].
     EchoRetry,
+    /// See [`Policy::call_threshold`]: the first token went to a call
+    /// where the model ranked prose first.
+    CallThreshold,
+    /// See [`Policy::copy_bias`]: it changed the model's first choice
+    /// inside a call's arguments.
+    CopyBias,
+    /// See [`Policy::no_prompt_names_in_values`]: a value was kept from
+    /// beginning with one of the prompt's names.
+    NoPromptNamesInValues,
+    /// A value was kept from beginning with the worked example's
+    /// placeholder (`"<query>"`), under every policy.
+    NoPlaceholderValues,
+    /// See [`Policy::finish_cut_calls`]: a call the token limit cut was
+    /// finished.
+    FinishCutCalls,
+    /// See [`Policy::max_string_chars`]: a string argument reached it.
+    MaxStringChars,
+    /// See [`Policy::max_array_items`]: an array argument reached it.
+    MaxArrayItems,
+    /// See [`Policy::max_calls`]: the reply held as many calls as it
+    /// allows.
+    MaxCalls,
 }
 
 impl Rule {
@@ -900,6 +922,14 @@ impl Rule {
             Self::SayIgnoredFailure => "say-ignored-failure",
             Self::PushTowardRelated => "push-toward-related",
             Self::EchoRetry => "echo-retry",
+            Self::CallThreshold => "call-threshold",
+            Self::CopyBias => "copy-bias",
+            Self::NoPromptNamesInValues => "no-prompt-names-in-values",
+            Self::NoPlaceholderValues => "no-placeholder-values",
+            Self::FinishCutCalls => "finish-cut-calls",
+            Self::MaxStringChars => "max-string-chars",
+            Self::MaxArrayItems => "max-array-items",
+            Self::MaxCalls => "max-calls",
         }
     }
 }

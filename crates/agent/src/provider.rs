@@ -290,6 +290,31 @@ pub struct Generation {
     /// call for the same prompt with the newest user turn's words removed,
     /// when the provider measured it.
     pub call_baseline: Option<f32>,
+    /// Where the decoding's pulls changed the model's own choice, as far
+    /// as the provider can tell; all zero where it cannot.
+    pub steered: Steered,
+}
+
+/// Where a constrained generation's pulls ([`Decoding`]) changed what the
+/// model itself ranked first: the loop reports each as the rule that asked
+/// for it, so a pull that acted is seen in the trace and counted in the
+/// ledger like any other rule. "The model's own choice" is its most likely
+/// token among those the grammar allows, before the pull.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Steered {
+    /// The call threshold settled the first token for a call where the
+    /// model ranked prose first.
+    pub call_threshold: bool,
+    /// Tokens of call arguments where the copy bias changed the model's
+    /// first choice.
+    pub copy_bias: u32,
+    /// Tokens of call arguments where the names a value may not begin
+    /// with ([`Decoding::avoid_in_values`]) took the model's first choice
+    /// away.
+    pub avoided_names: u32,
+    /// Tokens written to finish a call the token limit cut
+    /// ([`Decoding::finish_cut_calls`]).
+    pub finished_cut_call: u32,
 }
 
 impl Generation {

@@ -37,6 +37,7 @@ use crate::provider::{
     Constraint, Decoding, GenerateRequest, Generation, PromptMessage, PromptRole, Provider,
 };
 use crate::rank::rank_tools;
+use crate::steered::decoding_events;
 use crate::tool::{PageContext, SubAgentInfo, ToolAnnotations, ToolDefinition};
 use crate::validate::{ArgsError, ValidatorCache};
 
@@ -558,6 +559,15 @@ impl<P: Provider + 'static> Run<P> {
             };
             self.report_push(&generation, &plan.request.decoding);
             let reply = parse_tool_calls(&generation.text);
+            if plan.request.constraint.is_some() {
+                self.report(decoding_events(
+                    &generation,
+                    &plan.request.decoding,
+                    &reply,
+                    &plan.offered,
+                    self.policy.no_prompt_names_in_values,
+                ));
+            }
             if let Some(problem) = self.problem(&generation.text, &reply, &plan) {
                 if repaired {
                     // On a step that offered no tool because a lookup

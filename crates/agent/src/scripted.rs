@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use crate::{
     CallFormat, Constraint, GenerateRequest, Generation, Progress, ProgressFn, PromptRole,
-    Provider, ProviderError, ProviderInfo,
+    Provider, ProviderError, ProviderInfo, Steered,
 };
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
@@ -29,6 +29,9 @@ pub struct ScriptedReply {
     pub delay: Option<Duration>,
     /// Fail with this message instead of answering.
     pub fail: Option<String>,
+    /// Where the reply says the decoding's pulls changed the model's
+    /// choice (a constrained provider's report, for tests of the loop's).
+    pub steered: Steered,
 }
 
 impl ScriptedReply {
@@ -38,6 +41,7 @@ impl ScriptedReply {
             text: text.into(),
             delay: None,
             fail: None,
+            steered: Steered::default(),
         }
     }
 
@@ -47,12 +51,19 @@ impl ScriptedReply {
             text: String::new(),
             delay: None,
             fail: Some(message.into()),
+            steered: Steered::default(),
         }
     }
 
     /// The same reply after a delay.
     pub fn delayed(mut self, delay: Duration) -> Self {
         self.delay = Some(delay);
+        self
+    }
+
+    /// The same reply, reported as steered by the decoding's pulls.
+    pub fn steered(mut self, steered: Steered) -> Self {
+        self.steered = steered;
         self
     }
 }
@@ -382,6 +393,7 @@ impl ScriptedProvider {
             cached_tokens: None,
             call_probability: self.call_probability.filter(|_| text_or_calls),
             call_baseline: self.call_baseline.filter(|_| baseline),
+            steered: reply.steered,
         })
     }
 }

@@ -795,6 +795,9 @@ impl Provider for OpenAiProvider {
                 .as_deref()
                 .map(wire::call_probability),
             call_baseline: None,
+            // A server does not say where its grammar or logit biases
+            // changed the model's choice.
+            steered: Default::default(),
         })
     }
 

@@ -82,7 +82,7 @@ use llguidance::{Matcher, ParserFactory};
 use parking_lot::Mutex;
 use serde_json::{Map, Value, json};
 use tokenizers::Tokenizer;
-use wma_agent::{CallFormat, Constraint, Decoding, ToolDefinition};
+use wma_agent::{CallFormat, Constraint, Decoding, Steered, ToolDefinition};
 
 use crate::copy::{AvoidNames, CopyBias, Position, mask_unless_all, value_position};
 use crate::encode::PromptEncoder;
@@ -381,6 +381,7 @@ impl ConstraintEngine {
             quote_tokens: Arc::clone(&self.quote_tokens),
             control: Arc::clone(&self.control),
             closing: Arc::clone(&self.closing),
+            steered: Steered::default(),
         })
     }
 
@@ -609,6 +610,8 @@ pub struct ConstraintMatcher {
     control: Arc<Vec<u32>>,
     /// How far each token goes towards closing an open call.
     closing: Arc<[Vec<i16>; 2]>,
+    /// Where the pulls changed the model's own choice so far.
+    steered: Steered,
 }
 
 /// Whether `output` begins a call (after any whitespace: the model may
@@ -660,6 +663,7 @@ impl ConstraintMatcher {
             quote_tokens: Arc::clone(&self.quote_tokens),
             control: Arc::clone(&self.control),
             closing: Arc::clone(&self.closing),
+            steered: self.steered,
         }
     }
 
@@ -678,7 +682,9 @@ impl ConstraintMatcher {
             let p = call_probability(logits, &starts);
             self.call_probability = Some(p);
             if self.call_threshold.is_some_and(|t| p >= t) {
+                let own = first_choice(logits);
                 apply_bits(&starts, logits);
+                self.steered.call_threshold = own != first_choice(logits);
             }
         }
         // Where the reply stands (in a value or not) is read once per token,
@@ -689,7 +695,11 @@ impl ConstraintMatcher {
             if let Position::InsideNumber(start) = position {
                 bound_number_digits(&self.output[start..], logits, &self.env);
             }
+            // Each pull is counted where it changed the token the model
+            // ranked first, so that the loop can say which of them acted.
+            let mut own = None;
             if let Some(copy) = self.copy.as_ref() {
+                let before = first_choice(logits);
                 copy.apply(
                     &self.output,
                     position,
@@ -698,9 +708,18 @@ impl ConstraintMatcher {
                     &self.quote_tokens,
                     &self.control,
                 );
+                let after = first_choice(logits);
+                if after != before {
+                    self.steered.copy_bias += 1;
+                }
+                own = Some(after);
             }
             if let Some(avoid) = self.avoid.as_ref() {
+                let before = own.unwrap_or_else(|| first_choice(logits));
                 avoid.apply(&self.output, position, logits, &self.env);
+                if first_choice(logits) != before {
+                    self.steered.avoided_names += 1;
+                }
             }
         }
         self.mask_time += started.elapsed();
@@ -718,7 +737,8 @@ impl ConstraintMatcher {
     /// call the token limit cut short becomes a whole one that validates.
     /// Leaves the logits alone right after a backslash in a string, where
     /// any escape the grammar allows will do.
-    pub fn close_out(&self, logits: &mut [f32]) {
+    pub fn close_out(&mut self, logits: &mut [f32]) {
+        self.steered.finished_cut_call += 1;
         let scores = match string_state(&self.output) {
             StringState::Outside => &self.closing[0],
             StringState::Inside => &self.closing[1],
@@ -784,6 +804,12 @@ impl ConstraintMatcher {
     /// The call threshold this matcher settles the first token by.
     pub fn call_threshold(&self) -> Option<f32> {
         self.call_threshold
+    }
+
+    /// Where the pulls changed the model's own choice so far (see
+    /// [`Steered`]).
+    pub fn steered(&self) -> Steered {
+        self.steered
     }
 
     /// The probability the model gave a call at the first token, once
@@ -1156,6 +1182,18 @@ fn bound_number_digits(number: &[u8], logits: &mut [f32], env: &TokEnv) {
         .filter(|&t| logits[t].is_finite() && too_long(t))
         .collect();
     mask_unless_all(logits, &masked);
+}
+
+/// The token the logits rank first (the lowest id among equals), if any
+/// is allowed.
+fn first_choice(logits: &[f32]) -> Option<usize> {
+    let mut best: Option<(usize, f32)> = None;
+    for (id, &l) in logits.iter().enumerate() {
+        if l.is_finite() && best.is_none_or(|(_, b)| l > b) {
+            best = Some((id, l));
+        }
+    }
+    best.map(|(id, _)| id)
 }
 
 /// The softmax mass of the tokens in `bits` among the finite logits.

@@ -664,6 +664,7 @@ impl Loaded {
             finish_reason: Some(reason.as_str().to_string()),
             call_probability: matcher.as_ref().and_then(|m| m.call_probability()),
             call_baseline,
+            steered: matcher.as_ref().map(|m| m.steered()).unwrap_or_default(),
         })
     }
 }

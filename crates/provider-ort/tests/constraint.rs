@@ -695,6 +695,41 @@ fn the_copy_bias_lifts_the_persons_words_inside_string_arguments_only() {
     );
 }
 
+/// The copy bias is counted where it changed the token the model ranked
+/// first, and only there: the loop reports it as the rule's event.
+#[test]
+fn the_copy_bias_counts_the_choices_it_changed() {
+    let f = fixture();
+    let c = Constraint::CallsOnly { tools: tools() };
+    let id = |t: &str| f.tokenizer.token_to_id(t).unwrap() as usize;
+    let phrases = ["waterproof backpack".to_string()];
+    let prefix = r#"{"name": "search", "arguments": {"query": ""#;
+    let ids = f
+        .tokenizer
+        .encode(prefix, false)
+        .unwrap()
+        .get_ids()
+        .to_vec();
+    for (own, changed) in [("the", 1), ("water", 0)] {
+        let copy = wma_provider_ort::copy::CopyBias::new(&phrases, 3.0);
+        let mut m = f
+            .engine
+            .matcher(&c, CallFormat::Json, &small_model())
+            .unwrap()
+            .with_copy_bias(copy);
+        m.feed(&ids).unwrap();
+        let mut l = vec![0.0f32; 49152];
+        l[id(own)] = 1.0;
+        m.mask_logits(&mut l).unwrap();
+        assert_eq!(
+            m.steered().copy_bias,
+            changed,
+            "the model ranked {own:?} first"
+        );
+        assert_eq!(m.steered().avoided_names, 0);
+    }
+}
+
 #[test]
 fn a_shaped_argument_copies_only_phrases_of_its_shape() {
     let f = fixture();

@@ -280,6 +280,7 @@ impl Provider for TokenModel {
             finish_reason: Some("stop".to_string()),
             call_probability: None,
             call_baseline: None,
+            steered: Default::default(),
         })
     }
 
