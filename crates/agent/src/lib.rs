@@ -30,7 +30,7 @@
 //! - Engines, which the ONNX Runtime and OpenAI-compatible providers and the
 //!   runtime's actors implement: [`Provider`], [`ProviderInfo`],
 //!   [`ProviderError`], [`GenerateRequest`], [`Generation`], [`PromptMessage`],
-//!   [`PromptRole`], [`CallFormat`], [`Constraint`], [`Decoding`],
+//!   [`PromptRole`], [`CallFormat`], [`Constraint`], [`Decoding`], [`Steered`],
 //!   [`Progress`], [`ProgressFn`], [`InSession`] (the runtime's sessions),
 //!   [`SpacedFormatter`] (chat templates that print JSON as Python does),
 //!   and [`parse_tool_calls`] (the OpenAI-compatible provider and the
