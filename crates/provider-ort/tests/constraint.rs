@@ -638,6 +638,21 @@ fn logits_after(
     copy: Option<wma_provider_ort::copy::CopyBias>,
     prefix: &str,
 ) -> Vec<f32> {
+    let mut m = matcher_after(f, c, decoding, copy, prefix);
+    let mut l = vec![0.0f32; 49152];
+    m.mask_logits(&mut l).unwrap();
+    l
+}
+
+/// A matcher under constraint `c` and `decoding`, with the copy bias
+/// `copy`, that has read `prefix`.
+fn matcher_after(
+    f: &Fixture,
+    c: &Constraint,
+    decoding: &Decoding,
+    copy: Option<wma_provider_ort::copy::CopyBias>,
+    prefix: &str,
+) -> wma_provider_ort::ConstraintMatcher {
     let ids = f
         .tokenizer
         .encode(prefix, false)
@@ -650,9 +665,7 @@ fn logits_after(
         .unwrap()
         .with_copy_bias(copy);
     assert_eq!(m.feed(&ids).unwrap(), ids.len(), "{prefix}");
-    let mut l = vec![0.0f32; 49152];
-    m.mask_logits(&mut l).unwrap();
-    l
+    m
 }
 
 /// The logits after `prefix` with a copy bias of 3 for `phrases`, held to
@@ -704,20 +717,9 @@ fn the_copy_bias_counts_the_choices_it_changed() {
     let id = |t: &str| f.tokenizer.token_to_id(t).unwrap() as usize;
     let phrases = ["waterproof backpack".to_string()];
     let prefix = r#"{"name": "search", "arguments": {"query": ""#;
-    let ids = f
-        .tokenizer
-        .encode(prefix, false)
-        .unwrap()
-        .get_ids()
-        .to_vec();
     for (own, changed) in [("the", 1), ("water", 0)] {
         let copy = wma_provider_ort::copy::CopyBias::new(&phrases, 3.0);
-        let mut m = f
-            .engine
-            .matcher(&c, CallFormat::Json, &small_model())
-            .unwrap()
-            .with_copy_bias(copy);
-        m.feed(&ids).unwrap();
+        let mut m = matcher_after(&f, &c, &small_model(), copy, prefix);
         let mut l = vec![0.0f32; 49152];
         l[id(own)] = 1.0;
         m.mask_logits(&mut l).unwrap();
