@@ -284,7 +284,7 @@ pub struct Policy {
     /// values a tool may need (a long query, a note's text); a tiny model
     /// that never closes a string is finished at the token limit by
     /// `finish_cut_calls` instead. Measured alone, a cap of 100 changed
-    /// no task of the suite for either model and no BFCL record.
+    /// no task of the suite for either model and no BFCL figure.
     pub max_string_chars: Option<u32>,
     /// The most items of an array argument where the schema sets no bound.
     /// Default 16.
