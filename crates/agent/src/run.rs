@@ -557,7 +557,6 @@ impl<P: Provider + 'static> Run<P> {
                 Ok(g) => g,
                 Err(end) => return Some(end),
             };
-            self.report_push(&generation, &plan.request.decoding);
             let reply = parse_tool_calls(&generation.text);
             if plan.request.constraint.is_some() {
                 self.report(decoding_events(
@@ -978,27 +977,6 @@ impl<P: Provider + 'static> Run<P> {
         Span::current().record("wma.outcome", "answer");
         self.emit(AgentStreamPart::Text { text });
         End::Finish(reason)
-    }
-
-    /// Reports a push of the call threshold that the neutral baseline held
-    /// back (`call-baseline`).
-    fn report_push(&self, generation: &Generation, decoding: &Decoding) {
-        if let (Some(p), Some(neutral), Some(threshold)) = (
-            generation.call_probability,
-            generation.call_baseline,
-            decoding.call_threshold,
-        ) && p >= threshold
-            && p < neutral
-        {
-            self.report(vec![Fired {
-                rule: Rule::CallBaseline,
-                detail: format!(
-                    "no push to a call: it had {:.2}%, and {:.2}% without the request's words",
-                    p * 100.0,
-                    neutral * 100.0
-                ),
-            }]);
-        }
     }
 
     /// How a bad reply is repaired (step 8): held to calls, or, where no

@@ -1,5 +1,5 @@
 //! The decoding's pulls as rule events: where a constrained generation's
-//! call threshold, copy bias, avoided names, finish of a cut call or limits
+//! call threshold (or the neutral baseline that held it back), copy bias, avoided names, finish of a cut call or limits
 //! changed what the model wrote, the loop reports the rule that asked for
 //! it, as it reports every other rule. The provider says where a pull
 //! changed the model's first choice ([`Steered`]); the limits are read
@@ -25,6 +25,23 @@ pub(crate) fn decoding_events(
     prompt_names: bool,
 ) -> Vec<Fired> {
     let mut fired = Vec::new();
+    // A push of the call threshold that the neutral baseline held back.
+    if let (Some(p), Some(neutral), Some(threshold)) = (
+        generation.call_probability,
+        generation.call_baseline,
+        decoding.call_threshold,
+    ) && p >= threshold
+        && p < neutral
+    {
+        fired.push(Fired {
+            rule: Rule::CallBaseline,
+            detail: format!(
+                "no push to a call: it had {:.2}%, and {:.2}% without the request's words",
+                p * 100.0,
+                neutral * 100.0
+            ),
+        });
+    }
     let Steered {
         call_threshold,
         copy_bias,
