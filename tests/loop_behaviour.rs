@@ -813,6 +813,25 @@ async fn a_repeated_call_is_flagged_once_then_the_run_stops() {
 }
 
 #[tokio::test]
+async fn a_run_that_stops_on_a_failing_call_says_what_failed() {
+    // The same failing call three times: the person is told the tool's
+    // error, which rephrasing the request cannot fix, not only that the run
+    // went in circles.
+    let same = call("add_to_cart", json!({"product_id": "p-404"}));
+    let provider = ScriptedProvider::new([same.clone(), same.clone(), same]);
+    let parts = run_all(provider, ask("add p-404", shop()), reference()).await;
+    assert_finish(&parts, FinishReason::Loop);
+    assert_eq!(
+        texts(&parts).last().unwrap(),
+        &format!(
+            "{}\n\n{}",
+            messages::not_done("Error [tool_failed]: product p-404 is out of stock"),
+            messages::CIRCLES
+        )
+    );
+}
+
+#[tokio::test]
 async fn the_same_call_with_a_different_answer_is_not_a_loop() {
     let host = Arc::new(InMemoryToolHost::new());
     let counter = std::sync::atomic::AtomicU32::new(0);

@@ -1546,6 +1546,7 @@ impl<P: Provider + 'static> Run<P> {
             let repeated = self.seen.get(&key) == Some(&answer);
             self.seen.insert(key, answer.clone());
             let mut for_model = truncate_chars(&answer, RESULT_CHARS);
+            let failed = outcome.is_err();
             match outcome {
                 Ok(output) => {
                     self.emit(AgentStreamPart::ToolResult {
@@ -1587,19 +1588,23 @@ impl<P: Provider + 'static> Run<P> {
                 }
                 if self.loop_flagged {
                     Span::current().record("wma.outcome", "circles");
-                    self.emit(AgentStreamPart::Text {
-                        // What was done (or found) is worth more to the
-                        // person than how the run ended.
-                        text: match (&self.rules.last_action, &self.last_result) {
-                            (Some(done), _) => Some(gist(done, &self.request_text)),
-                            (None, Some(found)) => Some(found.gist(&self.request_text)),
-                            (None, None) => None,
-                        }
-                        .map_or_else(
-                            || messages::CIRCLES.to_string(),
-                            |done| format!("{done}\n\n{}", messages::CIRCLES),
-                        ),
-                    });
+                    // What was done (or found) is worth more to the person
+                    // than how the run ended; a call that kept failing is
+                    // why it ended, and its error is what no rephrasing of
+                    // the request can fix.
+                    let done = match (&self.rules.last_action, &self.last_result) {
+                        (Some(done), _) => Some(gist(done, &self.request_text)),
+                        (None, Some(found)) => Some(found.gist(&self.request_text)),
+                        (None, None) => None,
+                    };
+                    let failure = failed.then(|| messages::not_done(&answer));
+                    let text = done
+                        .into_iter()
+                        .chain(failure)
+                        .chain([messages::CIRCLES.to_string()])
+                        .collect::<Vec<_>>()
+                        .join("\n\n");
+                    self.emit(AgentStreamPart::Text { text });
                     return Some(End::Finish(FinishReason::Loop));
                 }
                 self.loop_flagged = true;
