@@ -345,7 +345,8 @@ struct TasksArgs {
     /// Only the tasks of this domain; repeatable.
     #[arg(long = "domain")]
     domains: Vec<String>,
-    /// Only this task; repeatable.
+    /// Only this task (`berlin-total`, or `duckdb/berlin-total` as the
+    /// progress lines print it); repeatable.
     #[arg(long = "task")]
     names: Vec<String>,
     /// Only the tasks of this half of the suite: `dev` (the tasks rules are

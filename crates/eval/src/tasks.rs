@@ -477,8 +477,10 @@ fn find_peers(file: &Path) -> Option<PathBuf> {
 }
 
 /// The tasks at `path` that a run of the suite takes: those of `domains`
-/// and `names` (any, when empty) in `half` (`dev`, `test` or `all`). An
-/// error when none fits, or when a name given is not there.
+/// and `names` (any, when empty) in `half` (`dev`, `test` or `all`). A
+/// name is a task's own (`berlin-total`) or, as the progress lines print
+/// it, its domain's and its own (`duckdb/berlin-total`). An error when
+/// none fits, or when a name given is not there.
 pub fn select(
     path: &Path,
     domains: &[String],
@@ -490,24 +492,30 @@ pub fn select(
         "all" => None,
         other => Some(other.parse()?),
     };
+    let named = |t: &Task, name: &str| {
+        name == t.name
+            || name
+                .split_once('/')
+                .is_some_and(|(domain, own)| domain == t.domain && own == t.name)
+    };
     tasks.retain(|t| {
         (domains.is_empty() || domains.contains(&t.domain))
-            && (names.is_empty() || names.contains(&t.name))
+            && (names.is_empty() || names.iter().any(|n| named(t, n)))
             && wanted.is_none_or(|h| t.half == h)
     });
-    if tasks.is_empty() {
-        return Err(format!(
-            "no task of {} fits --domain, --task and --half",
-            path.display()
-        ));
-    }
     for name in names {
-        if !tasks.iter().any(|t| &t.name == name) {
+        if !tasks.iter().any(|t| named(t, name)) {
             return Err(format!(
                 "there is no task named `{name}` in {} (of --half {half})",
                 path.display(),
             ));
         }
+    }
+    if tasks.is_empty() {
+        return Err(format!(
+            "no task of {} fits --domain, --task and --half",
+            path.display()
+        ));
     }
     Ok(tasks)
 }
@@ -2481,6 +2489,26 @@ mod tests {
                 .lines()
                 .any(|l| l.starts_with(&one) && l.ends_with("| - |")),
             "{table}"
+        );
+    }
+
+    /// A task is picked by its own name or by the `domain/name` the progress
+    /// lines print; a name that is not there is an error that names it.
+    #[test]
+    fn a_task_is_picked_by_its_name_or_as_the_progress_lines_print_it() {
+        let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../configs/tasks");
+        let pick = |name: &str| select(&suite, &[], &[name.to_string()], "all");
+        let own = pick("berlin-total").unwrap();
+        assert_eq!(own.len(), 1);
+        let printed = pick("duckdb/berlin-total").unwrap();
+        assert_eq!(
+            (printed.len(), printed[0].name.as_str()),
+            (1, "berlin-total")
+        );
+        let wrong_domain = pick("shop/berlin-total").unwrap_err();
+        assert!(
+            wrong_domain.contains("`shop/berlin-total`"),
+            "{wrong_domain}"
         );
     }
 
