@@ -825,7 +825,7 @@ async fn a_run_that_stops_on_a_failing_call_says_what_failed() {
         texts(&parts).last().unwrap(),
         &format!(
             "{}\n\n{}",
-            messages::not_done("Error [tool_failed]: product p-404 is out of stock"),
+            messages::last_call_failed("Error [tool_failed]: product p-404 is out of stock"),
             messages::CIRCLES
         )
     );

@@ -22,7 +22,13 @@ pub const NO_ANSWER: &str = "I could not work out an answer to that. Please reph
 /// The model's reply was nothing but the loop's own words after a call
 /// failed: the failure is what the person needs to know.
 pub fn not_done(failure: &str) -> String {
-    format!("I could not do that. The last call failed: {failure}")
+    format!("I could not do that. {}", last_call_failed(failure))
+}
+
+/// The call a run stopped on kept failing: said after what the run did
+/// before it, which may have been what the person asked for.
+pub fn last_call_failed(failure: &str) -> String {
+    format!("The last call failed: {failure}")
 }
 
 /// Said after an answer that passes over the last failed call, even after

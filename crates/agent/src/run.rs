@@ -1597,7 +1597,7 @@ impl<P: Provider + 'static> Run<P> {
                         (None, Some(found)) => Some(found.gist(&self.request_text)),
                         (None, None) => None,
                     };
-                    let failure = failed.then(|| messages::not_done(&answer));
+                    let failure = failed.then(|| messages::last_call_failed(&answer));
                     let text = done
                         .into_iter()
                         .chain(failure)
