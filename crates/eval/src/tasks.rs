@@ -503,10 +503,17 @@ pub fn select(
             && (names.is_empty() || names.iter().any(|n| named(t, n)))
             && wanted.is_none_or(|h| t.half == h)
     });
+    // The filters a name was looked for under: a task of another domain is
+    // there, but not for this run.
+    let scope = if domains.is_empty() {
+        format!("of --half {half}")
+    } else {
+        format!("of --domain {} and --half {half}", domains.join(", "))
+    };
     for name in names {
         if !tasks.iter().any(|t| named(t, name)) {
             return Err(format!(
-                "there is no task named `{name}` in {} (of --half {half})",
+                "there is no task named `{name}` in {} ({scope})",
                 path.display(),
             ));
         }
@@ -2509,6 +2516,12 @@ mod tests {
         assert!(
             wrong_domain.contains("`shop/berlin-total`"),
             "{wrong_domain}"
+        );
+        let filtered =
+            select(&suite, &["shop".into()], &["berlin-total".into()], "all").unwrap_err();
+        assert!(
+            filtered.contains("of --domain shop and --half all"),
+            "{filtered}"
         );
     }
 
