@@ -33,6 +33,11 @@ use crate::rank::score_tools;
 use crate::tool::ToolDefinition;
 use crate::validate::{ArgsError, ValidatorCache};
 
+/// The detail of the event a rule reports when it stood down for a request
+/// in another language (it decides on English words): the rule did not
+/// act, and a ledger counts it apart from the rules that did.
+pub const STOOD_DOWN: &str = "stood down: it reads English words and the request is not English";
+
 /// The named policies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -602,8 +607,7 @@ impl Policy {
             if on {
                 fired.push(Fired {
                     rule,
-                    detail: "stood down: it reads English words and the request is not English"
-                        .to_string(),
+                    detail: STOOD_DOWN.to_string(),
                 });
             }
         };
@@ -2665,6 +2669,21 @@ mod tests {
     use super::*;
     use crate::tool::ToolAnnotations;
     use serde_json::json;
+
+    /// A request in another language turns the English-reading rules off,
+    /// and each one that was on says so with the stand-down detail, which
+    /// the ledgers count apart from the rules that acted.
+    #[test]
+    fn rules_that_read_english_stand_down_and_say_so() {
+        let small = Policy::small_model();
+        let (english, said) = small.for_language(true);
+        assert!(said.is_empty());
+        assert!(english.read_only_questions);
+        let (other, said) = small.for_language(false);
+        assert!(!other.read_only_questions && !other.question_lookup_retry);
+        assert!(said.iter().any(|f| f.rule == Rule::ReadOnlyQuestions));
+        assert!(said.iter().all(|f| f.detail == STOOD_DOWN), "{said:?}");
+    }
 
     fn tool(name: &str, schema: Value, read_only: bool) -> ToolDefinition {
         ToolDefinition {

@@ -156,8 +156,8 @@ pub async fn run_bfcl<P: Provider + 'static>(
                 .collect()
                 .await;
         for part in &parts {
-            if let AgentStreamPart::Rule { rule, .. } = part {
-                *score.rules.entry(rule.clone()).or_default() += 1;
+            if let AgentStreamPart::Rule { rule, detail } = part {
+                *score.rules.entry(ledger_key(rule, detail)).or_default() += 1;
             }
         }
         let made: Vec<MadeCall> = parts
@@ -259,6 +259,17 @@ pub fn bfcl_table(rows: &[BfclRow]) -> String {
         ));
     }
     out
+}
+
+/// The name a rule event is counted under in a ledger: the rule's own, or
+/// with "(stood down)" where it stood down for a request in another
+/// language, which is no action of the rule.
+pub fn ledger_key(rule: &str, detail: &str) -> String {
+    if detail == wma_agent::policy::STOOD_DOWN {
+        format!("{rule} (stood down)")
+    } else {
+        rule.to_string()
+    }
 }
 
 /// The rules that fired with constraints on (`on` of each row), rule →
@@ -588,6 +599,20 @@ mod tests {
     use wma_agent::scripted::ScriptedProvider;
 
     use super::*;
+
+    /// A rule that stood down for a request in another language did not
+    /// act: the ledgers count it under a name of its own.
+    #[test]
+    fn a_rule_that_stood_down_is_counted_apart() {
+        assert_eq!(
+            ledger_key("read-only-questions", wma_agent::policy::STOOD_DOWN),
+            "read-only-questions (stood down)"
+        );
+        assert_eq!(
+            ledger_key("read-only-questions", "withheld add_todo"),
+            "read-only-questions"
+        );
+    }
 
     fn record() -> Record {
         Record {

@@ -1857,7 +1857,9 @@ pub fn summarize(
     for tagged in parts {
         match &tagged.part {
             AgentStreamPart::MessageStart { .. } => run.steps += 1,
-            AgentStreamPart::Rule { rule, .. } => run.rules.push(rule.clone()),
+            AgentStreamPart::Rule { rule, detail } => {
+                run.rules.push(crate::ledger_key(rule, detail))
+            }
             AgentStreamPart::ToolCall {
                 name, arguments, ..
             } => {
