@@ -778,12 +778,13 @@ async fn under_constraints_call_now_needs_some_weight_on_a_call() {
 
 #[tokio::test]
 async fn a_reply_of_the_loops_own_words_is_retried_as_calls() {
-    // The reply only repeats the loop's restatement: no answer at all.
+    // The reply only repeats the loop's restatement: no answer at all, to
+    // a request a tool relates to (`view_cart`).
     let echo = "Do the next step for it, or answer me if it is done.";
     let replies = || {
         ScriptedProvider::new([
             echo.to_string(),
-            call("search_products", json!({"query": "circle"})),
+            call("view_cart", json!({})),
             "Found it.".to_string(),
         ])
         .with_constraints(true)
@@ -792,7 +793,7 @@ async fn a_reply_of_the_loops_own_words_is_retried_as_calls() {
     let provider = replies();
     let parts = run_all(
         provider.clone(),
-        ask("Get the area of a circle", annotated_shop()),
+        ask("Get the cart", annotated_shop()),
         inline(),
     )
     .await;
@@ -807,12 +808,37 @@ async fn a_reply_of_the_loops_own_words_is_retried_as_calls() {
     let provider = replies();
     let parts = run_all(
         provider.clone(),
-        ask("Get the area of a circle", annotated_shop()),
+        ask("Get the cart", annotated_shop()),
         small_model_with(|p| p.echo_retry = false),
     )
     .await;
     assert_eq!(provider.requests().len(), 1);
     assert_finish(&parts, FinishReason::Unrepaired);
+}
+
+#[tokio::test]
+async fn an_echo_is_not_forced_into_a_call_no_tool_relates_to() {
+    // Nothing in the shop relates to a general question: made to call, the
+    // model would search the shop for it.
+    let echo = "Do the next step for it, or answer me if it is done.";
+    let provider = ScriptedProvider::new([
+        echo.to_string(),
+        call("search_products", json!({"query": "continents"})),
+        "Found it.".to_string(),
+    ])
+    .with_constraints(true)
+    .with_call_probability(call_now_probability() / 10.0);
+    let parts = run_all(
+        provider.clone(),
+        ask("How many continents are there?", annotated_shop()),
+        inline(),
+    )
+    .await;
+    assert!(!fired(&parts).contains(&"echo-retry".to_string()));
+    assert!(fired(&parts).contains(&"push-toward-related".to_string()));
+    assert_eq!(provider.requests().len(), 1, "no retry");
+    assert_finish(&parts, FinishReason::Unrepaired);
+    assert_eq!(texts(&parts).pop().unwrap(), messages::NO_ANSWER);
 }
 
 /// The small-model policy's least call probability for the named-tool retry.

@@ -424,9 +424,11 @@ pub struct Policy {
     /// `PolicyState::related`: a term of the request in a tool's name, two
     /// in its description and arguments, or one in the agent's
     /// instructions). Where no tool offered relates, the call threshold is
-    /// held back, and the repair of a bad call may answer in text instead
-    /// of being held to calls: a model that began a call to a tool that
-    /// does something else is not made to finish one. Default: on.
+    /// held back, the repair of a bad call may answer in text instead of
+    /// being held to calls, and a reply of the loop's own words is not
+    /// retried as calls only (`echo_retry`): a model that began a call to
+    /// a tool that does something else is not made to finish one, nor one
+    /// that echoed the prompt made to start one. Default: on.
     pub push_toward_related: bool,
     /// A prose reply that says nothing but the loop's own words (it only
     /// repeats the prompt's sentences, as `no_prompt_echo_answers` reads
@@ -437,8 +439,10 @@ pub struct Policy {
     /// replied "The next step for it is to call it now.", then, corrected,
     /// "Call the tool again with fixed arguments, or tell me what went
     /// wrong.", and the run ended with no answer. It reads only the reply
-    /// against the loop's own words: it holds for any tool set. Default:
-    /// on.
+    /// against the loop's own words: it holds for any tool set. Where no
+    /// tool offered relates to the request (as `push_toward_related` reads
+    /// it, when that is on) the echo is not retried: a forced call there
+    /// is a call to a tool that does something else. Default: on.
     pub echo_retry: bool,
 }
 

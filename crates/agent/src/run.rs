@@ -833,17 +833,29 @@ impl<P: Provider + 'static> Run<P> {
         plan: &StepPlan,
     ) -> Option<Attempt> {
         // A reply of the loop's own words alone is no answer: while a tool
-        // can be called, the model gets to call one instead.
+        // that relates to the request can be called, the model gets to call
+        // one instead. Where none relates, a forced call is a call to a tool
+        // that does something else (Qwen2.5-Coder, asked how many
+        // continents there are, echoed "The next step for it is to call
+        // read_text_file." and was made to read a file that does not
+        // exist): the corrections below and the answer's own checks take it.
         if self.policy.echo_retry
             && !plan.offered.is_empty()
             && self.constrains(&plan.shown)
             && without_prompt_echoes(text, &plan.request.messages).is_some_and(|k| k.is_empty())
         {
-            let fired = Fired {
-                rule: Rule::EchoRetry,
-                detail: "retried a reply of the loop's own words as calls only".to_string(),
-            };
-            return Some(self.retry_as_calls(text, fired));
+            if !plan.unrelated {
+                let fired = Fired {
+                    rule: Rule::EchoRetry,
+                    detail: "retried a reply of the loop's own words as calls only".to_string(),
+                };
+                return Some(self.retry_as_calls(text, fired));
+            }
+            self.report(vec![Fired {
+                rule: Rule::PushTowardRelated,
+                detail: "no calls-only retry of a reply of the loop's own words: no tool offered relates to the request"
+                    .to_string(),
+            }]);
         }
         // A plain reply that ignores the last failed call.
         if let Some(failure) = self
