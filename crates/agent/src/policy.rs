@@ -109,7 +109,7 @@ pub(crate) const MEASURED_MODELS: [MeasuredModel; 2] = [
     MeasuredModel {
         name: "Qwen2.5-Coder-0.5B-Instruct",
         policy: PolicyName::SmallModel,
-        measured: "dev half: small-model 22/51, reference 15/51",
+        measured: "dev half: small-model 23/51, reference 15/51",
     },
 ];
 
