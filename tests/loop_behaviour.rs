@@ -509,20 +509,6 @@ async fn correction_c_a_reply_that_echoes_a_result_is_replaced_by_its_gist() {
     assert_eq!(texts(&parts), vec!["Added p-17 to the cart"]);
 }
 
-/// A result copied back inside markup (a fence, the chat template's own
-/// result tags) is still a copy: the markup says nothing.
-#[tokio::test]
-async fn correction_c_an_echo_wrapped_in_markup_is_replaced_by_its_gist() {
-    let provider = ScriptedProvider::new([
-        call("add_to_cart", json!({"product_id": "p-17"})),
-        "```json\n<tool_response>\n{\"ok\": true, \"message\": \"Added p-17 to the cart\"}\n</tool_response>\n```"
-            .to_string(),
-    ]);
-    let parts = run_all(provider, ask("add p-17 to my cart", shop()), reference()).await;
-    assert_finish(&parts, FinishReason::Stop);
-    assert_eq!(texts(&parts), vec!["Added p-17 to the cart"]);
-}
-
 /// Prose beside a call that copies the worked example's words is the
 /// loop's, not the model's: it is not shown, and the history keeps the call
 /// without it, so the next step has nothing of it to copy.

@@ -2048,38 +2048,6 @@ fn words(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// `text` without its markup: the lines that open or close a fenced block
-/// (```, with any info string) and tags (`<name>`, `</name>`, `<name/>`),
-/// which say how a text is framed, not what it says.
-fn without_markup(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for line in text.lines().filter(|l| !l.trim_start().starts_with("```")) {
-        let mut rest = line;
-        while let Some(open) = rest.find('<') {
-            out.push_str(&rest[..open]);
-            let after = &rest[open + 1..];
-            let name = after.trim_start_matches('/');
-            let tag_len = name
-                .find(|c: char| !(c.is_alphanumeric() || matches!(c, '_' | '-' | ':')))
-                .filter(|&n| n > 0 && name[n..].trim_start_matches('/').starts_with('>'));
-            match tag_len {
-                Some(n) => {
-                    let closing = name[n..].find('>').unwrap_or(0);
-                    rest = &name[n + closing + 1..];
-                    out.push(' ');
-                }
-                None => {
-                    out.push('<');
-                    rest = after;
-                }
-            }
-        }
-        out.push_str(rest);
-        out.push('\n');
-    }
-    out
-}
-
 /// Whether a plain reply admits that the last call failed. A reply that does
 /// not is the "it worked!" a small model likes to make up.
 fn acknowledges_failure(reply: &str, failure: &str) -> bool {
@@ -2118,13 +2086,9 @@ fn tells_user_to_act(reply: &str, shown: &[ToolDefinition]) -> bool {
 }
 
 /// Whether a plain reply only repeats an earlier tool result: nearly all of
-/// its words come from one result, or it is that result. Markup is no
-/// content: a fence's lines (with their info string) and tags are left
-/// out of the reply's words, so a result copied into a fence or into the
-/// chat template's own result tags (Qwen2.5-Coder answered with a to-do
-/// list inside ```json and `<tool_response>`) is an echo as well.
+/// its words come from one result, or it is that result.
 fn echoes_a_result(reply: &str, results: &[String]) -> bool {
-    let reply_words = words(&without_markup(reply));
+    let reply_words = words(reply);
     if reply_words.len() < 3 {
         return false;
     }
@@ -2224,13 +2188,5 @@ mod tests {
             "I found the Summit 30L Backpack for you, it costs 99 dollars and is in stock.",
             &results
         ));
-        // The same words framed in a fence and the template's result tags.
-        assert!(echoes_a_result(
-            "```json\n<tool_response>\n[\"id\": \"p-17\", \"title\": \"Summit 30L Backpack\"]\n</tool_response>\n```",
-            &results
-        ));
-        // Words inside angle brackets that are no tag stay.
-        assert_eq!(without_markup("a < b and <tag/> c>d"), "a < b and   c>d\n");
-        assert_eq!(without_markup("```json\n<x>1</x>\n```"), " 1 \n");
     }
 }
